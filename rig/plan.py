@@ -1,0 +1,240 @@
+"""Step 2 of the rig's flow: the plan, a pure function from config to processes.
+
+``build_plan`` turns a :class:`~rig.config.RigConfig` into the exact argv, environment, ports and
+log path of every process the cluster will start. It reads no files and starts nothing, so
+``pdrig plan`` can print it and the GPU profiles can be unit-tested argument by argument on a
+machine without GPUs. ``busy_ports`` is the one impure helper: it asks the OS which of the
+plan's ports are taken before anything is launched.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+import socket
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from rig.config import InstanceConfig, RigConfig
+
+# Environment every CPU server needs (measured; FIELD_NOTES.md "Environment a CPU server needs"):
+CPU_ENV = {
+    # Without it vLLM loads AVX-512 kernels and dies with SIGILL on AVX2-only hosts.
+    "VLLM_TARGET_DEVICE": "cpu",
+    # GiB of KV space; without it start-up fails vLLM's memory-utilization check.
+    # --num-gpu-blocks-override then caps the blocks as on GPU.
+    "VLLM_CPU_KVCACHE_SPACE": "1",
+    # The default binds every server's OpenMP threads to core 0.
+    "VLLM_CPU_OMP_THREADS_BIND": "nobind",
+}
+COMMON_ENV = {
+    "HF_HUB_OFFLINE": "1",  # the CPU machines reach no model hub; GPU profiles may override
+    "PYTHONUNBUFFERED": "1",  # log lines reach the log file when written
+}
+
+
+@dataclass(frozen=True)
+class ProcessSpec:
+    """Everything needed to start and check one process.
+
+    ``env`` holds only what the rig adds to the inherited environment. ``ready_ports`` are TCP
+    ports that must accept a connection before the process counts as ready (the NIXL side
+    channel of a vLLM instance).
+    """
+
+    name: str
+    role: str  # "prefill" | "decode" | "mooncake-master"
+    argv: tuple[str, ...]
+    env: dict[str, str]
+    log_path: str
+    host: str
+    port: int
+    health_path: str = "/health"
+    served_model: str | None = None
+    ready_ports: tuple[int, ...] = ()
+    nice: int = 0
+    gpu_ids: tuple[int, ...] = ()
+    files: dict[str, str] = field(default_factory=dict)  # path -> content written before start
+
+    @property
+    def base_url(self) -> str:
+        """``http://host:port`` of the process's HTTP server."""
+        host = "127.0.0.1" if self.host in ("0.0.0.0", "::") else self.host
+        return f"http://{host}:{self.port}"
+
+    def shell_line(self) -> str:
+        """The command as one copy-pasteable line (display only; the rig never runs a shell)."""
+        env = " ".join(f"{k}={shlex.quote(v)}" for k, v in sorted(self.env.items()))
+        return f"{env} {shlex.join(self.argv)}".strip()
+
+
+@dataclass(frozen=True)
+class Plan:
+    """The processes of one topology, in start order (a Mooncake master before the engines)."""
+
+    name: str
+    run_dir: str
+    model_path: str
+    processes: tuple[ProcessSpec, ...]
+
+    def by_name(self, name: str) -> ProcessSpec:
+        """The process called ``name``; raises KeyError if there is none."""
+        for p in self.processes:
+            if p.name == name:
+                return p
+        raise KeyError(name)
+
+    def to_json(self) -> dict[str, Any]:
+        """A JSON-able dict of the plan (what ``pdrig plan --json`` prints)."""
+        return {"name": self.name, "run_dir": self.run_dir, "model_path": self.model_path,
+                "processes": [asdict(p) for p in self.processes]}
+
+
+def side_channel_port(cfg: RigConfig, inst: InstanceConfig) -> int:
+    """The NIXL side-channel port of ``inst``: explicit, or base port + the instance's index."""
+    if inst.side_channel_port is not None:
+        return inst.side_channel_port
+    index = [i.name for _, i in cfg.instances()].index(inst.name)
+    return cfg.nixl.side_channel_base_port + index
+
+
+def kv_transfer_config(cfg: RigConfig, role: str, inst: InstanceConfig) -> dict[str, Any]:
+    """The ``--kv-transfer-config`` JSON for ``inst``.
+
+    Prefill is the KV producer and decode the consumer: decode pulls the KV from prefill
+    (NixlConnector's pull mode). Mooncake modes are built by ``rig.mooncake``.
+    """
+    kv_role = "kv_producer" if role == "prefill" else "kv_consumer"
+    mode = inst.connector or cfg.connector
+    if mode != "nixl":
+        from rig import mooncake  # only the store modes need it
+
+        index = [i.name for _, i in cfg.instances()].index(inst.name)
+        return mooncake.kv_transfer_config(
+            mode=mode, kv_role=kv_role, device=cfg.device,
+            lookup_rpc_port=cfg.mooncake.lookup_rpc_base_port + index,
+            kv_buffer_device=cfg.nixl.kv_buffer_device,
+            nixl_extra=_nixl_extra(cfg))
+    out: dict[str, Any] = {"kv_connector": "NixlConnector", "kv_role": kv_role,
+                           "kv_buffer_device": cfg.nixl.kv_buffer_device}
+    if _nixl_extra(cfg):
+        out["kv_connector_extra_config"] = _nixl_extra(cfg)
+    return out
+
+
+def _nixl_extra(cfg: RigConfig) -> dict[str, Any]:
+    return {} if cfg.nixl.num_threads is None else {"num_threads": cfg.nixl.num_threads}
+
+
+def vllm_argv(cfg: RigConfig, role: str, inst: InstanceConfig, model_path: str, python: str) -> list[str]:
+    """The argv of one vLLM OpenAI server.
+
+    ``{python}`` and ``{model}`` in ``launch.command`` are substituted; without ``{model}`` the
+    model goes in ``--model``. Flag names are vLLM's engine args (vllm/engine/arg_utils.py).
+    """
+    cmd = [c.replace("{python}", python).replace("{model}", model_path) for c in cfg.launch.command]
+    argv = list(cmd)
+    if not any("{model}" in c for c in cfg.launch.command):
+        argv += ["--model", model_path]
+    argv += [
+        "--served-model-name", cfg.model.served_name,
+        "--host", cfg.launch.host,
+        "--port", str(inst.port),
+        "--block-size", str(cfg.block_size),
+        "--max-model-len", str(cfg.max_model_len),
+        "--dtype", cfg.dtype,
+        "--seed", str(cfg.launch.seed),
+        "--kv-transfer-config", json.dumps(kv_transfer_config(cfg, role, inst), separators=(",", ":")),
+    ]
+    if inst.num_gpu_blocks_override is not None:
+        argv += ["--num-gpu-blocks-override", str(inst.num_gpu_blocks_override)]
+    if inst.gpu_memory_utilization is not None:
+        argv += ["--gpu-memory-utilization", str(inst.gpu_memory_utilization)]
+    if inst.tensor_parallel_size != 1:
+        argv += ["--tensor-parallel-size", str(inst.tensor_parallel_size)]
+    if inst.speculative is not None:
+        argv += ["--speculative-config", json.dumps(inst.speculative.to_vllm_json(), separators=(",", ":"))]
+    argv += ["--enable-prefix-caching" if inst.enable_prefix_caching else "--no-enable-prefix-caching"]
+    if cfg.launch.enforce_eager:
+        argv += ["--enforce-eager"]
+    return argv + list(cfg.launch.extra_args) + list(inst.extra_args)
+
+
+def instance_env(cfg: RigConfig, inst: InstanceConfig) -> dict[str, str]:
+    """Environment the rig adds for ``inst`` (device defaults < launch.env < instance env)."""
+    env = dict(COMMON_ENV)
+    if cfg.device == "cpu":
+        env.update(CPU_ENV)
+    else:
+        env["CUDA_VISIBLE_DEVICES"] = ",".join(str(g) for g in inst.gpu_ids)
+    env["VLLM_NIXL_SIDE_CHANNEL_HOST"] = cfg.nixl.side_channel_host
+    env["VLLM_NIXL_SIDE_CHANNEL_PORT"] = str(side_channel_port(cfg, inst))
+    if cfg.nixl.ucx_tls:
+        env["UCX_TLS"] = cfg.nixl.ucx_tls
+    if cfg.nixl.ucx_net_devices:
+        env["UCX_NET_DEVICES"] = cfg.nixl.ucx_net_devices
+    env.update(cfg.launch.env)
+    env.update(inst.env)
+    return env
+
+
+def build_plan(cfg: RigConfig, run_dir: str | Path, model_path: str, python: str) -> Plan:
+    """Config -> the processes of the topology (pure: no I/O).
+
+    ``model_path`` is the resolved model (the tiny model's directory or a real model id);
+    ``python`` is substituted for ``{python}`` in ``launch.command``.
+    """
+    run_dir = str(run_dir)
+    procs: list[ProcessSpec] = []
+    if any((i.connector or cfg.connector) in ("mooncake-store", "nixl+store") for _, i in cfg.instances()):
+        from rig import mooncake
+
+        procs.append(mooncake.master_process(cfg, run_dir))
+    for role, inst in cfg.instances():
+        env = instance_env(cfg, inst)
+        files: dict[str, str] = {}
+        if (inst.connector or cfg.connector) in ("mooncake-store", "nixl+store"):
+            from rig import mooncake
+
+            path, content = mooncake.instance_store_file(cfg, run_dir, inst.name)
+            env["MOONCAKE_CONFIG_PATH"] = path
+            files[path] = content
+        procs.append(ProcessSpec(
+            name=inst.name, role=role,
+            argv=tuple(vllm_argv(cfg, role, inst, model_path, python)),
+            env=env,
+            log_path=str(Path(run_dir) / "logs" / f"{inst.name}.log"),
+            host=cfg.launch.host, port=inst.port,
+            served_model=cfg.model.served_name,
+            ready_ports=(side_channel_port(cfg, inst),),
+            nice=cfg.launch.nice,
+            gpu_ids=tuple(inst.gpu_ids),
+            files=files,
+        ))
+    return Plan(name=cfg.name, run_dir=run_dir, model_path=model_path, processes=tuple(procs))
+
+
+def _port_ports(spec: ProcessSpec) -> list[int]:
+    return [spec.port, *spec.ready_ports]
+
+
+def busy_ports(plan: Plan, names: list[str] | None = None) -> list[tuple[str, int]]:
+    """``(process, port)`` pairs of the plan whose port cannot be bound right now.
+
+    Checked by binding each port on the process's host (SO_REUSEADDR, so a port in TIME_WAIT
+    from a previous run is not reported). Only ``names`` are checked when given.
+    """
+    busy = []
+    for spec in plan.processes:
+        if names is not None and spec.name not in names:
+            continue
+        host = "127.0.0.1" if spec.host in ("0.0.0.0", "::") else spec.host
+        for port in _port_ports(spec):
+            with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+                s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+                try:
+                    s.bind((host, port))
+                except OSError:
+                    busy.append((spec.name, port))
+    return busy
