@@ -1,0 +1,229 @@
+"""The P/D client: the two-hop request exactly as vLLM's disaggregated proxy makes it.
+
+1. Prefill hop: POST ``/v1/completions`` to P with ``max_tokens: 1`` and
+   ``kv_transfer_params = {do_remote_decode: true, do_remote_prefill: false, remote_*: null}``.
+   P computes the prompt's KV, keeps its blocks for decode and answers with
+   ``kv_transfer_params`` (``do_remote_prefill: true``, ``remote_block_ids``,
+   ``remote_engine_id``, ``remote_host``/``remote_port`` of its NIXL side channel, ...).
+2. Decode hop: POST the same prompt and sampling parameters to D with P's
+   ``kv_transfer_params``; D pulls the KV blocks over NIXL and generates.
+
+(vLLM: tests/v1/kv_connector/nixl_integration/toy_proxy_server.py; the NixlConnector's
+``request_finished`` builds P's answer.) Prompts are token-ID lists and every request sets
+``temperature: 0``, ``ignore_eos: true`` and ``return_token_ids: true``, so token counts are
+exact and outputs comparable token by token with a non-disaggregated reference
+(:func:`PDClient.direct`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import httpx
+
+PREFILL_PARAMS = {"do_remote_decode": True, "do_remote_prefill": False, "remote_engine_id": None,
+                  "remote_block_ids": None, "remote_host": None, "remote_port": None}
+
+
+@dataclass
+class Hop:
+    """One HTTP request of a P/D exchange (or a direct reference request).
+
+    ``latency_s`` is wall time from send to full answer (seconds); ``ttft_s`` is set for
+    streamed answers. ``token_ids`` are the generated token IDs.
+    """
+
+    instance: str
+    status: int | None = None
+    latency_s: float | None = None
+    ttft_s: float | None = None
+    usage: dict[str, Any] | None = None
+    token_ids: list[int] | None = None
+    text: str | None = None
+    finish_reason: str | None = None
+    kv_transfer_params: dict[str, Any] | None = None
+    error: str | None = None
+
+
+@dataclass
+class PDRecord:
+    """Everything the rig saw of one P/D request.
+
+    ``outcome``: ok | timeout | http_error | empty | cancelled | stalled | connection_error.
+    ``decode_sent_at`` is monotonic seconds; ``verdict_after_s`` the time from sending to D
+    until the rig decided (a stall diagnosis or the answer).
+    """
+
+    request_id: str
+    prompt_len: int
+    max_tokens: int
+    prompt: list[int] = field(repr=False, default_factory=list)
+    prefill: Hop | None = None
+    decode: Hop | None = None
+    outcome: str = "pending"
+    diagnosis: str = ""
+    decode_sent_at: float | None = None
+    verdict_after_s: float | None = None
+
+    @property
+    def completion_tokens(self) -> int | None:
+        """Completion tokens reported by D's ``usage`` (None without an answer)."""
+        return (self.decode.usage or {}).get("completion_tokens") if self.decode else None
+
+    @property
+    def total_tokens(self) -> int | None:
+        """Total tokens reported by D's ``usage`` (None without an answer)."""
+        return (self.decode.usage or {}).get("total_tokens") if self.decode else None
+
+    def to_json(self) -> dict[str, Any]:
+        """JSON-able dict (the prompt itself is left out; its length and seed identify it)."""
+        d = asdict(self)
+        d.pop("prompt")
+        return d
+
+
+def completion_body(model: str, prompt: list[int], max_tokens: int, **extra: Any) -> dict[str, Any]:
+    """The ``/v1/completions`` body every rig request uses (greedy, exact token counts)."""
+    return {"model": model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0,
+            "ignore_eos": True, "return_token_ids": True, **extra}
+
+
+def _error_text(r: httpx.Response) -> str:
+    try:
+        body = r.json()
+        msg = body.get("error", {}).get("message") if isinstance(body.get("error"), dict) else body.get("message")
+        return f"HTTP {r.status_code}: {msg or r.text[:300]}"
+    except ValueError:
+        return f"HTTP {r.status_code}: {r.text[:300]}"
+
+
+def _fill_from_completion(hop: Hop, body: dict[str, Any]) -> None:
+    choice = (body.get("choices") or [{}])[0]
+    hop.usage = body.get("usage")
+    hop.token_ids = choice.get("token_ids")
+    hop.text = choice.get("text")
+    hop.finish_reason = choice.get("finish_reason")
+    hop.kv_transfer_params = body.get("kv_transfer_params")
+
+
+class PDClient:
+    """Async client for P/D and direct requests against vLLM OpenAI servers.
+
+    One ``httpx.AsyncClient`` is shared (connection pooling); ``timeout_s`` bounds each hop.
+    """
+
+    def __init__(self, model: str, timeout_s: float = 60.0, max_connections: int = 256):
+        self.model = model
+        self.http = httpx.AsyncClient(
+            timeout=httpx.Timeout(timeout_s, connect=10.0),
+            limits=httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections))
+
+    async def aclose(self) -> None:
+        """Close the connection pool."""
+        await self.http.aclose()
+
+    async def _post(self, hop: Hop, url: str, body: dict[str, Any]) -> Hop:
+        t0 = time.monotonic()
+        try:
+            r = await self.http.post(f"{url}/v1/completions", json=body)
+        except httpx.TimeoutException as e:
+            hop.error = f"timeout: {type(e).__name__}"
+            hop.latency_s = time.monotonic() - t0
+            return hop
+        except httpx.HTTPError as e:
+            hop.error = f"connection error: {type(e).__name__}: {e}"
+            hop.latency_s = time.monotonic() - t0
+            return hop
+        hop.latency_s = time.monotonic() - t0
+        hop.status = r.status_code
+        if r.status_code != 200:
+            hop.error = _error_text(r)
+            return hop
+        _fill_from_completion(hop, r.json())
+        return hop
+
+    async def prefill(self, name: str, url: str, prompt: list[int], max_tokens: int) -> Hop:
+        """The prefill hop: ``max_tokens: 1`` plus ``do_remote_decode`` (see module docstring).
+
+        ``max_tokens`` is the decode's cap; it is not sent to P but kept for symmetry of calls.
+        """
+        body = completion_body(self.model, prompt, 1, kv_transfer_params=dict(PREFILL_PARAMS))
+        return await self._post(Hop(instance=name), url, body)
+
+    async def decode(self, name: str, url: str, prompt: list[int], max_tokens: int,
+                     kv_transfer_params: dict[str, Any]) -> Hop:
+        """The decode hop: same prompt, P's ``kv_transfer_params``."""
+        body = completion_body(self.model, prompt, max_tokens, kv_transfer_params=kv_transfer_params)
+        return await self._post(Hop(instance=name), url, body)
+
+    async def direct(self, name: str, url: str, prompt: list[int], max_tokens: int) -> Hop:
+        """A non-disaggregated request (no ``kv_transfer_params``): the parity reference."""
+        return await self._post(Hop(instance=name), url, completion_body(self.model, prompt, max_tokens))
+
+    async def stream(self, name: str, url: str, prompt: list[int], max_tokens: int,
+                     kv_transfer_params: dict[str, Any] | None = None) -> Hop:
+        """A streamed request (SSE); fills ``ttft_s`` and concatenates the delta ``token_ids``.
+
+        Cancelling the awaiting task closes the connection, which makes vLLM abort the request.
+        """
+        hop = Hop(instance=name)
+        extra: dict[str, Any] = {"stream": True, "stream_options": {"include_usage": True}}
+        if kv_transfer_params is not None:
+            extra["kv_transfer_params"] = kv_transfer_params
+        body = completion_body(self.model, prompt, max_tokens, **extra)
+        t0 = time.monotonic()
+        tokens: list[int] = []
+        text: list[str] = []
+        try:
+            async with self.http.stream("POST", f"{url}/v1/completions", json=body) as r:
+                hop.status = r.status_code
+                if r.status_code != 200:
+                    await r.aread()
+                    hop.error = _error_text(r)
+                    return hop
+                async for line in r.aiter_lines():
+                    if not line.startswith("data: ") or line == "data: [DONE]":
+                        continue
+                    chunk = json.loads(line[6:])
+                    if chunk.get("usage"):
+                        hop.usage = chunk["usage"]
+                    for choice in chunk.get("choices") or []:
+                        ids = choice.get("token_ids") or []
+                        if (ids or choice.get("text")) and hop.ttft_s is None:
+                            hop.ttft_s = time.monotonic() - t0
+                        tokens.extend(ids)
+                        text.append(choice.get("text") or "")
+                        hop.finish_reason = choice.get("finish_reason") or hop.finish_reason
+        except httpx.TimeoutException as e:
+            hop.error = f"timeout: {type(e).__name__}"
+        except httpx.HTTPError as e:
+            hop.error = f"connection error: {type(e).__name__}: {e}"
+        hop.latency_s = time.monotonic() - t0
+        hop.token_ids, hop.text = tokens, "".join(text)
+        return hop
+
+
+def classify(hop: Hop | None) -> str:
+    """The outcome class of a finished hop: ok | timeout | http_error | connection_error | empty."""
+    if hop is None:
+        return "cancelled"
+    if hop.error:
+        if hop.error.startswith("timeout"):
+            return "timeout"
+        return "http_error" if hop.status is not None else "connection_error"
+    if not hop.token_ids:
+        return "empty"
+    return "ok"
+
+
+async def cancel_task(task: asyncio.Task) -> None:
+    """Cancel ``task`` and wait for it to finish (closing its HTTP connection)."""
+    task.cancel()
+    try:
+        await task
+    except (asyncio.CancelledError, Exception):
+        pass

@@ -1,0 +1,239 @@
+"""Step 3 of the rig's flow: the cluster, i.e. the processes of a plan, alive and supervised.
+
+Each process starts in its own session/process group (so a terminal Ctrl-C reaches the rig, not
+the servers, and teardown can kill a server together with its EngineCore and worker children)
+with stdout+stderr in its own log file under the run directory. An instance is *ready* when its
+process is alive, ``/health`` answers 200, ``/v1/models`` lists the served model and its NIXL
+side-channel port accepts connections. A process that exits before it is ready fails the start
+at once with the tail of its log.
+
+Teardown (SIGTERM to the group, SIGKILL after a grace period) runs on every exit path: the
+context manager, ``atexit``, and the signal handlers the CLI installs; a :class:`~rig.reaper.Reaper`
+process covers the paths no Python code survives (SIGKILL, interpreter crash). The rig never
+uses ``pkill -f``: it kills only the process groups it created.
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import signal
+import socket
+import subprocess
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+
+from rig.plan import Plan, ProcessSpec
+from rig.reaper import Reaper, kill_groups
+
+# Lines that mean an engine is broken even if it still answers /health.
+FATAL_PATTERNS = (
+    "Cannot get",  # "Cannot get N free blocks from the pool" (vllm/v1/core/block_pool.py)
+    "EngineCore encountered a fatal error",
+    "EngineDeadError",
+    "Traceback (most recent call last)",
+    "Segmentation fault",
+    "Illegal instruction",
+    "core dumped",
+)
+
+
+class ClusterError(RuntimeError):
+    """A process could not be started or made ready; ``log_tail`` holds its last log lines."""
+
+    def __init__(self, message: str, name: str = "", log_tail: str = ""):
+        super().__init__(message + (f"\n--- last lines of {name}'s log ---\n{log_tail}" if log_tail else ""))
+        self.name = name
+        self.log_tail = log_tail
+
+
+def log_tail(path: str | Path, lines: int = 25) -> str:
+    """The last ``lines`` lines of a log file ('' if it does not exist)."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            size = f.tell()
+            f.seek(max(0, size - 64 * 1024))
+            return "\n".join(f.read().decode("utf-8", "replace").splitlines()[-lines:])
+    except OSError:
+        return ""
+
+
+def scan_fatal(path: str | Path, start_offset: int = 0) -> list[str]:
+    """Log lines at or after byte ``start_offset`` that match :data:`FATAL_PATTERNS`."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(start_offset)
+            text = f.read().decode("utf-8", "replace")
+    except OSError:
+        return []
+    return [ln.strip() for ln in text.splitlines() if any(p in ln for p in FATAL_PATTERNS)]
+
+
+def log_size(path: str | Path) -> int:
+    """Current size of a log file in bytes (0 if missing); marks where a scenario's lines start."""
+    try:
+        return os.path.getsize(path)
+    except OSError:
+        return 0
+
+
+@dataclass
+class Running:
+    """A started process: its spec, Popen handle and when it became ready (monotonic s)."""
+
+    spec: ProcessSpec
+    popen: subprocess.Popen
+    started_at: float
+    ready_after_s: float | None = None
+
+
+class Cluster:
+    """Start, watch and stop the processes of a :class:`~rig.plan.Plan`.
+
+    Use as a context manager; ``stop_all`` is also registered with ``atexit``. ``start`` may be
+    called several times with different names: the edge suite keeps the prefill instance and
+    swaps decode instances between phases.
+    """
+
+    def __init__(self, plan: Plan, startup_timeout_s: float, grace_s: float = 10.0):
+        self.plan = plan
+        self.startup_timeout_s = startup_timeout_s
+        self.grace_s = grace_s
+        self.procs: dict[str, Running] = {}
+        self._reaper = Reaper(grace_s)
+        atexit.register(self.stop_all)
+
+    # -- lifecycle ---------------------------------------------------------------------------
+
+    def __enter__(self) -> "Cluster":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop_all()
+
+    def start(self, names: list[str]) -> dict[str, float]:
+        """Start the named processes together and wait until all are ready.
+
+        Returns ``{name: seconds to ready}``. Raises ClusterError when a process exits before
+        it is ready (with its log tail) or is not ready within ``startup_timeout_s``; the
+        processes already started stay registered for teardown.
+        """
+        from rig.plan import busy_ports
+
+        todo = [n for n in names if n not in self.procs]
+        busy = busy_ports(self.plan, todo)
+        if busy:
+            raise ClusterError("ports already in use (another run or server?): " +
+                               ", ".join(f"{n}:{p}" for n, p in busy) +
+                               "; stop that process or change the ports in the config")
+        for name in todo:
+            self._spawn(self.plan.by_name(name))
+        with ThreadPoolExecutor(max_workers=max(1, len(todo))) as pool:
+            results = list(pool.map(self._wait_ready, todo))
+        return dict(zip(todo, results))
+
+    def _spawn(self, spec: ProcessSpec) -> None:
+        for path, content in spec.files.items():
+            Path(path).parent.mkdir(parents=True, exist_ok=True)
+            Path(path).write_text(content)
+        Path(spec.log_path).parent.mkdir(parents=True, exist_ok=True)
+        log = open(spec.log_path, "ab")
+        env = {**os.environ, **spec.env}
+        popen = subprocess.Popen(list(spec.argv), env=env, stdout=log, stderr=subprocess.STDOUT,
+                                 stdin=subprocess.DEVNULL, start_new_session=True)
+        log.close()
+        self._reaper.add(popen.pid)  # start_new_session: pgid == pid
+        if spec.nice:
+            # Before the server has spawned its EngineCore/workers, so they inherit it.
+            try:
+                os.setpriority(os.PRIO_PROCESS, popen.pid, spec.nice)
+            except OSError:
+                pass
+        self.procs[spec.name] = Running(spec=spec, popen=popen, started_at=time.monotonic())
+
+    def _wait_ready(self, name: str) -> float:
+        run = self.procs[name]
+        spec = run.spec
+        deadline = run.started_at + self.startup_timeout_s
+        with httpx.Client(timeout=3.0) as http:
+            while True:
+                rc = run.popen.poll()
+                if rc is not None:
+                    raise ClusterError(f"{name} exited with code {rc} before it was ready",
+                                       name, log_tail(spec.log_path))
+                if self._is_ready(http, spec):
+                    run.ready_after_s = time.monotonic() - run.started_at
+                    return run.ready_after_s
+                if time.monotonic() > deadline:
+                    raise ClusterError(f"{name} was not ready within {self.startup_timeout_s:.0f} s "
+                                       "(timeouts.startup_s)", name, log_tail(spec.log_path))
+                time.sleep(0.5)
+
+    @staticmethod
+    def _is_ready(http: httpx.Client, spec: ProcessSpec) -> bool:
+        try:
+            if http.get(spec.base_url + spec.health_path).status_code != 200:
+                return False
+            if spec.served_model is not None:
+                models = http.get(spec.base_url + "/v1/models").json()
+                if spec.served_model not in {m.get("id") for m in models.get("data", [])}:
+                    return False
+        except (httpx.HTTPError, ValueError):
+            return False
+        host = "127.0.0.1" if spec.host in ("0.0.0.0", "::") else spec.host
+        for port in spec.ready_ports:
+            try:
+                with socket.create_connection((host, port), timeout=1.0):
+                    pass
+            except OSError:
+                return False
+        return True
+
+    def stop(self, names: list[str]) -> None:
+        """Stop the named processes (SIGTERM to each group, SIGKILL after the grace period)."""
+        runs = [self.procs.pop(n) for n in names if n in self.procs]
+        if not runs:
+            return
+        kill_groups({r.popen.pid for r in runs}, self.grace_s)
+        for r in runs:
+            try:
+                r.popen.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                pass
+            self._reaper.remove(r.popen.pid)
+
+    def stop_all(self) -> None:
+        """Stop every process and close the reaper; safe to call more than once."""
+        self.stop(list(self.procs))
+        if self._reaper is not None:
+            self._reaper.close()
+            self._reaper = None  # type: ignore[assignment]
+        atexit.unregister(self.stop_all)
+
+    # -- observation -------------------------------------------------------------------------
+
+    def exit_codes(self) -> dict[str, int | None]:
+        """``{name: None while alive, else the exit code}`` of every started process."""
+        return {n: r.popen.poll() for n, r in self.procs.items()}
+
+    def dead(self) -> dict[str, int]:
+        """The started processes that have exited, with their exit codes."""
+        return {n: rc for n, rc in self.exit_codes().items() if rc is not None}
+
+    def url(self, name: str) -> str:
+        """Base URL of process ``name``."""
+        return self.plan.by_name(name).base_url
+
+
+def install_signal_handlers() -> None:
+    """Turn SIGTERM (and SIGHUP) into KeyboardInterrupt so ``finally``/``with`` teardown runs."""
+    def _raise(signum, _frame):
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, _raise)

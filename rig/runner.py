@@ -1,0 +1,231 @@
+"""Runs a suite end to end: config -> plan -> cluster -> workload -> observations -> verdict -> report.
+
+Scenarios are grouped into *phases* by the (prefill, decode) pair they need, in suite order.
+The cluster keeps what the next phase still needs (the prefill instance) and swaps the rest,
+so each topology is started once and reused by all its scenarios. On a 2-core CPU host this
+also keeps two servers running at a time instead of four (each idle CPU instance with NIXL
+spins about two cores; see configs/cpu-tiny.yaml).
+
+The report is rewritten after every scenario and once more on the way out, whatever the way
+out is (pass, fail, exception, Ctrl-C, SIGTERM), so the run directory always holds what was
+observed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+import time
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+
+import httpx
+import yaml
+
+from rig import metrics as m
+from rig.client import PDClient
+from rig.cluster import Cluster, ClusterError, log_size, scan_fatal
+from rig.config import ConfigError, RigConfig, ScenarioConfig
+from rig.observations import ScenarioObservation, SnapshotStore, TransferEvidence, wait_idle
+from rig.plan import Plan, build_plan
+from rig.report import RunResult, print_summary, write_report
+from rig.tiny_model import ensure_tiny_model
+from rig.verdict import judge
+from rig.workload.edge import Endpoint, run_edge
+from rig.workload.prompts import make_prompt
+
+
+def new_run_dir(cfg: RigConfig, label: str | None = None) -> Path:
+    """``<run_root>/<YYYYmmdd-HHMMSS>-<label or config name>``, created (never reused)."""
+    stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
+    base = Path(cfg.run_root) / f"{stamp}-{label or cfg.name}"
+    d, n = base, 1
+    while d.exists():
+        n += 1
+        d = base.with_name(f"{base.name}-{n}")
+    (d / "logs").mkdir(parents=True)
+    return d
+
+
+def resolve_model(cfg: RigConfig) -> str:
+    """The model argument for vLLM: the built tiny model's directory, a local path or a hub id.
+
+    Raises ConfigError when ``model.source: path`` names a directory that does not exist.
+    """
+    if cfg.model.source == "tiny":
+        return str(ensure_tiny_model(cfg.model.tiny, Path(cfg.cache_dir) / "models").resolve())
+    if cfg.model.source == "path":
+        p = Path(cfg.model.path or "")
+        if not p.is_dir():
+            raise ConfigError(f"model.path: {str(p)!r} is not a directory; give a local model "
+                              "directory or use model.source: hub on a machine with hub access")
+        return str(p.resolve())
+    return str(cfg.model.path)
+
+
+@dataclass(frozen=True)
+class Phase:
+    """Scenarios that share one (prefill, decode) pair."""
+
+    prefill: str
+    decode: str
+    scenarios: tuple[ScenarioConfig, ...]
+
+
+def phases_of(cfg: RigConfig, scenarios: list[ScenarioConfig]) -> list[Phase]:
+    """Group ``scenarios`` by their (prefill, decode) pair, keeping first-appearance order."""
+    order: list[tuple[str, str]] = []
+    groups: dict[tuple[str, str], list[ScenarioConfig]] = {}
+    for sc in scenarios:
+        key = (sc.prefill or cfg.prefill[0].name, sc.decode or cfg.decode[0].name)
+        if key not in groups:
+            order.append(key)
+            groups[key] = []
+        groups[key].append(sc)
+    return [Phase(p, d, tuple(groups[(p, d)])) for p, d in order]
+
+
+def select_scenarios(cfg: RigConfig, names: list[str] | None) -> list[ScenarioConfig]:
+    """The scenarios to run: all, or those named (raises ConfigError for an unknown name)."""
+    if not names:
+        return list(cfg.scenarios)
+    known = {s.name: s for s in cfg.scenarios}
+    unknown = [n for n in names if n not in known]
+    if unknown:
+        raise ConfigError(f"--scenario: unknown {unknown}; this config has {sorted(known)}")
+    return [known[n] for n in names]
+
+
+class SuiteRunner:
+    """Runs the selected scenarios of a config against a cluster it starts and stops."""
+
+    def __init__(self, cfg: RigConfig, scenarios: list[ScenarioConfig], run_dir: Path, quiet: bool = False):
+        self.cfg = cfg
+        self.scenarios = scenarios
+        self.run_dir = run_dir
+        self.quiet = quiet
+        self.result = RunResult(name=cfg.name, run_dir=str(run_dir), config=cfg.model_dump(mode="json"))
+
+    def log(self, msg: str) -> None:
+        """Progress line on stderr (the report is the real output)."""
+        if not self.quiet:
+            print(f"[pdrig {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+
+    def run(self) -> RunResult:
+        """Run everything; always writes the report. Never raises for failures of the system
+        under test; KeyboardInterrupt (Ctrl-C, SIGTERM via the CLI's handlers) is recorded as
+        ``interrupted`` and re-raised after teardown and the report."""
+        t0 = time.monotonic()
+        cluster: Cluster | None = None
+        interrupted: BaseException | None = None
+        try:
+            model_path = resolve_model(self.cfg)
+            plan = build_plan(self.cfg, self.run_dir, model_path, sys.executable)
+            self.result.plan = plan.to_json()
+            (self.run_dir / "plan.json").write_text(json.dumps(plan.to_json(), indent=1))
+            (self.run_dir / "config.yaml").write_text(yaml.safe_dump(self.result.config, sort_keys=False))
+            cluster = Cluster(plan, self.cfg.timeouts.startup_s, self.cfg.timeouts.shutdown_grace_s)
+            asyncio.run(self._run_phases(cluster, plan))
+        except KeyboardInterrupt as e:
+            self.result.status, self.result.error = "interrupted", f"interrupted ({e or 'SIGINT'})"
+            interrupted = e
+        except (ClusterError, ConfigError) as e:
+            self.result.status, self.result.error = "error", str(e)
+        except Exception as e:  # the rig's own bug: keep the evidence, then report it
+            self.result.status, self.result.error = "error", f"{type(e).__name__}: {e}"
+            import traceback
+
+            (self.run_dir / "rig-traceback.txt").write_text(traceback.format_exc())
+        finally:
+            if cluster is not None:
+                t_stop = time.monotonic()
+                cluster.stop_all()
+                self.result.timings["teardown"] = time.monotonic() - t_stop
+            self.result.timings["total"] = time.monotonic() - t0
+            self.result.finish_status()
+            write_report(self.result)
+            if not self.quiet:
+                print_summary(self.result)
+        if interrupted is not None:
+            raise interrupted
+        return self.result
+
+    async def _run_phases(self, cluster: Cluster, plan: Plan) -> None:
+        timeouts = self.cfg.timeouts
+        store = SnapshotStore(self.run_dir)
+        client = PDClient(self.cfg.model.served_name, timeout_s=max(timeouts.request_s, 5.0))
+        http = httpx.AsyncClient(timeout=10.0)
+        extra = [p.name for p in plan.processes if p.role == "mooncake-master"]
+        try:
+            for i, ph in enumerate(phases_of(self.cfg, self.scenarios)):
+                needed = set(extra) | {ph.prefill, ph.decode}
+                stale = [n for n in cluster.procs if n not in needed]
+                if stale:
+                    self.log(f"stopping {', '.join(stale)}")
+                    await asyncio.to_thread(cluster.stop, stale)
+                self.log(f"phase {i + 1}: starting {', '.join(n for n in sorted(needed) if n not in cluster.procs) or 'nothing new'}")
+                t = time.monotonic()
+                await asyncio.to_thread(cluster.start, [n for n in [*extra, ph.prefill, ph.decode]])
+                self.result.timings[f"startup phase {i + 1}"] = time.monotonic() - t
+                t = time.monotonic()
+                version = await self._warm_up(client, http, cluster, ph)
+                self.result.vllm_version = self.result.vllm_version or version
+                self.result.timings[f"warm-up phase {i + 1}"] = time.monotonic() - t
+                for sc in ph.scenarios:
+                    self.log(f"scenario {sc.name} on {ph.prefill} -> {ph.decode}")
+                    obs = await self._scenario(sc, ph, cluster, client, http, store, version)
+                    self.result.observations.append(obs)
+                    verdict = judge(sc, obs)
+                    self.result.verdicts.append(verdict)
+                    self.log(f"  {verdict.verdict}: {verdict.reason[:200]}")
+                    write_report(self.result)
+        finally:
+            store.close()
+            await client.aclose()
+            await http.aclose()
+
+    async def _warm_up(self, client: PDClient, http: httpx.AsyncClient, cluster: Cluster, ph: Phase) -> str:
+        """One short direct request per instance (pays JIT/first-request costs outside the
+        scenarios' deadlines); returns the vLLM version reported by the decode's ``/version``."""
+        for name in (ph.prefill, ph.decode):
+            hop = await client.direct(name, cluster.url(name), make_prompt(8, 7), 2)
+            if hop.error:
+                raise ClusterError(f"warm-up request to {name} failed: {hop.error}", name)
+        try:
+            return (await http.get(cluster.url(ph.decode) + "/version")).json().get("version", "")
+        except (httpx.HTTPError, ValueError):
+            return ""
+
+    async def _scenario(self, sc: ScenarioConfig, ph: Phase, cluster: Cluster, client: PDClient,
+                        http: httpx.AsyncClient, store: SnapshotStore, version: str) -> ScenarioObservation:
+        timeouts = self.cfg.timeouts
+        obs = ScenarioObservation(scenario=sc.name, decode=ph.decode, prefill=ph.prefill, vllm_version=version)
+        t0 = time.monotonic()
+        logs = {n: cluster.plan.by_name(n).log_path for n in cluster.procs}
+        offsets = {n: log_size(p) for n, p in logs.items()}
+        p = Endpoint(ph.prefill, cluster.url(ph.prefill))
+        d = Endpoint(ph.decode, cluster.url(ph.decode))
+        try:
+            before = {e.name: await m.scrape(http, e.url, e.name) for e in (p, d)}
+            for s in before.values():
+                store.save(f"{sc.name}-before", s)
+            await run_edge(sc, client, http, p, d, sc.deadline_s or timeouts.request_s,
+                           timeouts.stall_window_s, timeouts.metrics_interval_s, store, obs)
+            after_d = await m.scrape(http, d.url, d.name)
+            store.save(f"{sc.name}-after", after_d)
+            obs.evidence = TransferEvidence.between(before[d.name], after_d)
+            # D first (the subject), then P, which may hold blocks for an abandoned transfer
+            # until its kv_lease_duration (30 s by default) expires.
+            for e in (d, p):
+                obs.drains.append(await wait_idle(http, e.name, e.url, before[e.name].value(m.KV_USAGE),
+                                                  timeouts.drain_s))
+            for e in (p, d):
+                store.save(f"{sc.name}-idle", await m.scrape(http, e.url, e.name))
+        except httpx.HTTPError as e:
+            obs.error = f"metrics unavailable: {type(e).__name__}: {e}"
+        obs.dead = cluster.dead()
+        obs.fatal_lines = {n: scan_fatal(path, offsets[n]) for n, path in logs.items()}
+        obs.wall_s = time.monotonic() - t0
+        return obs

@@ -1,0 +1,93 @@
+"""The stall detector: tells a request that is stuck from one that is slow, from ``/metrics``.
+
+vLLM's own P/D e2e test for the 0.32.0 admission livelock waits 60 s and says "timed out". The
+rig samples the decode instance about once a second while requests are outstanding and calls it
+a stall when, for ``window_s`` seconds, requests wait (``num_requests_waiting > 0``), none runs
+(``num_requests_running == 0``) and nothing that measures progress moves (generated and prompt
+tokens, KV usage, KV-fetch stages, NIXL transfers, preemptions, finished requests). The
+diagnosis quotes the frozen values, e.g.::
+
+    admission livelock on decode: waiting=1 (capacity) running=0 kv=0.0% kv_fetch
+    waiting_to_start=1, unchanged for 8.0 s
+
+The detector is pure (``feed`` snapshots, get a verdict) so it is tested on recorded sequences.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from rig import metrics as m
+
+# Everything whose change means the engine is doing something.
+_PROGRESS = (m.GENERATION_TOKENS, m.PROMPT_TOKENS, m.KV_USAGE, m.NIXL_XFER_COUNT, m.PREEMPTIONS,
+             m.REQUEST_SUCCESS, m.RUNNING, m.WAITING)
+
+
+@dataclass(frozen=True)
+class Stall:
+    """A detected stall: where, since when (monotonic seconds), how long, and why."""
+
+    instance: str
+    since: float
+    duration_s: float
+    diagnosis: str
+
+
+def _signature(s: m.MetricSnapshot) -> tuple:
+    """The values that must all stay constant for the engine to count as frozen."""
+    fetch = tuple(sorted(s.by_label(m.KV_FETCH_BY_STAGE, "stage").items()))
+    reasons = tuple(sorted(s.by_label(m.WAITING_BY_REASON, "reason").items()))
+    return tuple(s.value(n) for n in _PROGRESS) + (fetch, reasons)
+
+
+def _is_blocked(s: m.MetricSnapshot) -> bool:
+    return s.value(m.WAITING) > 0 and s.value(m.RUNNING) == 0
+
+
+def describe(s: m.MetricSnapshot, duration_s: float) -> str:
+    """Human diagnosis of a frozen snapshot (see module docstring for the format).
+
+    "admission livelock" when requests wait for capacity with the KV cache essentially empty
+    (the engine has room it will not use); "stall" otherwise.
+    """
+    waiting = s.value(m.WAITING)
+    kv = s.value(m.KV_USAGE)
+    reasons = {k: v for k, v in s.by_label(m.WAITING_BY_REASON, "reason").items() if v > 0}
+    fetch = {k: v for k, v in s.by_label(m.KV_FETCH_BY_STAGE, "stage").items() if v > 0}
+    kind = "admission livelock" if reasons.get("capacity", 0) > 0 and kv < 0.5 else "stall"
+    reason_txt = f" ({', '.join(sorted(reasons))})" if reasons else ""
+    fetch_txt = "".join(f" kv_fetch {k}={v:g}" for k, v in sorted(fetch.items()))
+    return (f"{kind} on {s.instance}: waiting={waiting:g}{reason_txt} running={s.value(m.RUNNING):g} "
+            f"kv={kv * 100:.1f}%{fetch_txt}, unchanged for {duration_s:.1f} s")
+
+
+class StallDetector:
+    """Feed snapshots of one instance in time order; ``feed`` returns a :class:`Stall` once the
+    blocked-and-frozen state has lasted ``window_s`` seconds (snapshot ``t`` is monotonic s).
+
+    Any change of the progress signature, or the blocked condition ending, restarts the window.
+    """
+
+    def __init__(self, window_s: float):
+        if window_s <= 0:
+            raise ValueError(f"stall window must be > 0 s (got {window_s})")
+        self.window_s = window_s
+        self._since: float | None = None
+        self._sig: tuple | None = None
+
+    def feed(self, s: m.MetricSnapshot) -> Stall | None:
+        """Add one snapshot; return a Stall when the window is reached, else None."""
+        if not _is_blocked(s):
+            self._since, self._sig = None, None
+            return None
+        sig = _signature(s)
+        if sig != self._sig:
+            self._since, self._sig = s.t, sig
+            return None
+        assert self._since is not None
+        duration = s.t - self._since
+        if duration >= self.window_s:
+            return Stall(instance=s.instance, since=self._since, duration_s=duration,
+                         diagnosis=describe(s, duration))
+        return None

@@ -1,0 +1,142 @@
+"""Step 6 of the rig's flow: the verdict, from observations and the scenario's expectation.
+
+Every scenario gets named checks (completed in its deadline, token counts, KV really pulled over
+NIXL, parity with the reference, no process died, no fatal log line, instances idle again).
+Then the expectation decides, like pytest's *strict* xfail:
+
+- no known issue for this vLLM version: PASS when every check holds, else FAIL;
+- a known issue whose version range contains the server's version: XFAIL when its symptom
+  (e.g. a stall) is observed and the checks the symptom does not explain still hold; XPASS when
+  everything passes (which fails the run: "known issue fixed: update the expectation"); FAIL
+  for any other failure;
+- ERROR when the rig itself could not run the scenario.
+
+A run passes when every scenario is PASS or XFAIL.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from rig.config import ScenarioConfig
+from rig.observations import ScenarioObservation
+from rig.parity import summarize
+
+PASSING = ("PASS", "XFAIL")
+# Checks a known issue's symptom can explain; the others must hold even for an XFAIL.
+SYMPTOM_CHECKS = ("completed", "token-counts", "kv-pulled", "parity")
+
+
+@dataclass(frozen=True)
+class Check:
+    """One named check: ``ok`` and a short human ``detail``."""
+
+    name: str
+    ok: bool
+    detail: str
+
+
+@dataclass
+class ScenarioVerdict:
+    """The verdict of one scenario with the checks it rests on."""
+
+    scenario: str
+    verdict: str  # PASS | FAIL | XFAIL | XPASS | ERROR
+    expectation: str
+    reason: str
+    checks: list[Check] = field(default_factory=list)
+
+    @property
+    def passed(self) -> bool:
+        """True for PASS and XFAIL."""
+        return self.verdict in PASSING
+
+    def to_json(self) -> dict[str, Any]:
+        """JSON-able dict."""
+        return asdict(self)
+
+
+def _checks(sc: ScenarioConfig, obs: ScenarioObservation) -> list[Check]:
+    recs = obs.records
+    out: list[Check] = []
+    bad = [r for r in recs if r.outcome != "ok"]
+    out.append(Check("completed", not bad and bool(recs),
+                     f"{len(recs) - len(bad)}/{len(recs)} completed" +
+                     (f"; {bad[0].request_id}: {bad[0].outcome} {bad[0].diagnosis}".rstrip() if bad else "")))
+    exp = sc.expect
+    wrong = []
+    for r in recs:
+        if r.outcome != "ok":
+            continue
+        if exp.completion_tokens is not None and r.completion_tokens != exp.completion_tokens:
+            wrong.append(f"{r.request_id}: completion_tokens {r.completion_tokens} != {exp.completion_tokens}")
+        if exp.total_tokens is not None and r.total_tokens != exp.total_tokens:
+            wrong.append(f"{r.request_id}: total_tokens {r.total_tokens} != {exp.total_tokens}")
+        if r.decode and r.decode.token_ids is not None and r.completion_tokens is not None \
+                and len(r.decode.token_ids) != r.completion_tokens:
+            wrong.append(f"{r.request_id}: {len(r.decode.token_ids)} token_ids but usage says {r.completion_tokens}")
+    answered = sum(r.outcome == "ok" for r in recs)
+    out.append(Check("token-counts", not wrong and answered > 0,
+                     "; ".join(wrong) or (f"as expected ({exp.completion_tokens} + prompt = {exp.total_tokens})"
+                                          if answered else "no answer to count")))
+    ev = obs.evidence
+    pulled = ev is not None and ev.nixl_bytes > 0 and ev.external_prompt_tokens > 0
+    out.append(Check("kv-pulled", pulled and answered > 0,
+                     (f"nixl {ev.nixl_bytes:.0f} B in {ev.nixl_transfers:.0f} transfers, "
+                      f"{ev.external_prompt_tokens:.0f} prompt tokens from external_kv_transfer")
+                     if ev else "no decode metrics"))
+    if sc.parity:
+        ps = summarize(obs.parity)
+        first = next((p for p in obs.parity if p and p.status != "equal"), None)
+        out.append(Check("parity", ps["compared"] == answered and ps["diverged"] == 0 and ps["refused"] == 0
+                         and answered > 0,
+                         f"{ps['equal']}/{answered} equal" + (f"; {first.describe()}" if first else "")))
+    out.append(Check("alive", not obs.dead,
+                     "all processes alive" if not obs.dead else
+                     "died: " + ", ".join(f"{n} (exit {rc})" for n, rc in obs.dead.items())))
+    fatal = {k: v for k, v in obs.fatal_lines.items() if v}
+    out.append(Check("no-fatal-log", not fatal,
+                     "no fatal log lines" if not fatal else
+                     "; ".join(f"{k}: {v[0][:160]}" for k, v in fatal.items())))
+    not_idle = [d for d in obs.drains if not d.idle]
+    out.append(Check("idle-after", not not_idle and bool(obs.drains),
+                     "; ".join(d.describe() for d in (not_idle or obs.drains)) or "not checked"))
+    return out
+
+
+def _symptom_seen(symptom: str, obs: ScenarioObservation) -> bool:
+    if symptom == "stall":
+        return any(r.outcome == "stalled" for r in obs.records)
+    return any(r.outcome not in ("ok", "stalled") for r in obs.records)
+
+
+def judge(sc: ScenarioConfig, obs: ScenarioObservation) -> ScenarioVerdict:
+    """The verdict for scenario ``sc`` from ``obs`` (rules in the module docstring)."""
+    ki = sc.known_issue if (sc.known_issue and obs.vllm_version and
+                            sc.known_issue.applies_to(obs.vllm_version)) else None
+    expectation = (f"xfail: {ki.id} ({ki.symptom}) on vLLM {ki.affects}" if ki else "pass")
+    if obs.error:
+        return ScenarioVerdict(sc.name, "ERROR", expectation, obs.error)
+    checks = _checks(sc, obs)
+    failed = [c for c in checks if not c.ok]
+    if ki is None:
+        if not failed:
+            return ScenarioVerdict(sc.name, "PASS", expectation, "all checks hold", checks)
+        return ScenarioVerdict(sc.name, "FAIL", expectation,
+                               "; ".join(f"{c.name}: {c.detail}" for c in failed), checks)
+    if not failed:
+        return ScenarioVerdict(sc.name, "XPASS", expectation,
+                               f"known issue fixed: update the expectation ({ki.id} no longer reproduces "
+                               f"on vLLM {obs.vllm_version})", checks)
+    collateral = [c for c in failed if c.name not in SYMPTOM_CHECKS]
+    if _symptom_seen(ki.symptom, obs) and not collateral:
+        diag = obs.stall_diagnosis or next((r.diagnosis for r in obs.records if r.diagnosis), "")
+        return ScenarioVerdict(sc.name, "XFAIL", expectation, f"{ki.id}: {diag}", checks)
+    return ScenarioVerdict(sc.name, "FAIL", expectation,
+                           "; ".join(f"{c.name}: {c.detail}" for c in (collateral or failed)), checks)
+
+
+def run_passed(verdicts: list[ScenarioVerdict]) -> bool:
+    """True when every scenario is PASS or XFAIL (and there is at least one)."""
+    return bool(verdicts) and all(v.passed for v in verdicts)

@@ -1,0 +1,132 @@
+"""The edge workload: exact-length prompts at block and ``max_model_len`` edges, through P/D.
+
+For each scenario the rig sends ``concurrent`` distinct prompts of exactly ``prompt_tokens``
+token IDs through the two hops, while a watcher samples the decode instance's ``/metrics``
+about every ``metrics_interval_s`` and feeds a :class:`~rig.stall.StallDetector`. When the
+detector fires, the outstanding decode requests are cancelled (the client disconnects, so vLLM
+drops them) and marked ``stalled`` with the diagnosis and the time from sending to D until the
+verdict. Then each answered request is compared with a non-disaggregated reference served by
+the prefill instance (:mod:`rig.parity`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass
+
+import httpx
+
+from rig import metrics as m
+from rig.client import PDClient, PDRecord, cancel_task, classify
+from rig.config import ScenarioConfig
+from rig.observations import ScenarioObservation, SnapshotStore
+from rig.parity import compare
+from rig.stall import StallDetector
+from rig.workload.prompts import make_prompt, seed_of
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    """An instance by name and base URL."""
+
+    name: str
+    url: str
+
+
+async def _pd_one(client: PDClient, rec: PDRecord, p: Endpoint, d: Endpoint,
+                  decode_tasks: dict[str, asyncio.Task]) -> None:
+    rec.prefill = await client.prefill(p.name, p.url, rec.prompt, rec.max_tokens)
+    if classify(rec.prefill) != "ok" or not rec.prefill.kv_transfer_params:
+        rec.outcome = classify(rec.prefill)
+        if rec.outcome == "ok":
+            rec.outcome = "http_error"
+            rec.diagnosis = "prefill answered without kv_transfer_params (is P a kv_producer?)"
+        else:
+            rec.diagnosis = f"prefill: {rec.prefill.error or 'empty answer'}"
+        return
+    rec.decode_sent_at = time.monotonic()
+    task = asyncio.create_task(client.decode(d.name, d.url, rec.prompt, rec.max_tokens,
+                                             rec.prefill.kv_transfer_params))
+    decode_tasks[rec.request_id] = task
+    try:
+        rec.decode = await task
+    except asyncio.CancelledError:
+        if rec.outcome == "stalled":  # the watcher cancelled it with a diagnosis
+            return
+        raise
+    rec.verdict_after_s = time.monotonic() - rec.decode_sent_at
+    rec.outcome = classify(rec.decode)
+    if rec.outcome != "ok":
+        rec.diagnosis = f"decode: {rec.decode.error or 'empty answer'}"
+
+
+async def _watch(http: httpx.AsyncClient, d: Endpoint, window_s: float, interval_s: float,
+                 records: list[PDRecord], decode_tasks: dict[str, asyncio.Task],
+                 store: SnapshotStore | None, scenario: str) -> str:
+    """Sample D until all requests are done; on a stall cancel the outstanding decode hops."""
+    detector = StallDetector(window_s)
+    while any(r.outcome == "pending" for r in records):
+        try:
+            snap = await m.scrape(http, d.url, d.name)
+        except (httpx.HTTPError, ValueError):
+            await asyncio.sleep(interval_s)
+            continue
+        if store:
+            store.sample(scenario, snap)
+        stall = detector.feed(snap)
+        if stall:
+            now = time.monotonic()
+            for r in records:
+                task = decode_tasks.get(r.request_id)
+                if r.outcome == "pending" and task is not None and not task.done():
+                    r.outcome, r.diagnosis = "stalled", stall.diagnosis
+                    r.verdict_after_s = now - (r.decode_sent_at or now)
+                    await cancel_task(task)
+            return stall.diagnosis
+        await asyncio.sleep(interval_s)
+    return ""
+
+
+async def run_edge(sc: ScenarioConfig, client: PDClient, http: httpx.AsyncClient, p: Endpoint,
+                   d: Endpoint, deadline_s: float, window_s: float, interval_s: float,
+                   store: SnapshotStore | None, obs: ScenarioObservation) -> None:
+    """Run one edge scenario, filling ``obs.records``, ``obs.parity`` and ``obs.stall_diagnosis``.
+
+    Each request has ``deadline_s`` seconds for both hops; past it the request is ``timeout``.
+    """
+    seed = sc.seed if sc.seed is not None else seed_of(sc.name)
+    obs.records = [PDRecord(request_id=f"{sc.name}-{i}", prompt_len=sc.prompt_tokens,
+                            max_tokens=sc.max_tokens, prompt=make_prompt(sc.prompt_tokens, seed + i))
+                   for i in range(sc.concurrent)]
+    decode_tasks: dict[str, asyncio.Task] = {}
+
+    async def bounded(rec: PDRecord) -> None:
+        try:
+            async with asyncio.timeout(deadline_s):
+                await _pd_one(client, rec, p, d, decode_tasks)
+        except TimeoutError:
+            rec.outcome = "timeout"
+            rec.diagnosis = f"no answer within the {deadline_s:.0f} s deadline"
+            if rec.decode_sent_at:
+                rec.verdict_after_s = time.monotonic() - rec.decode_sent_at
+
+    watcher = asyncio.create_task(_watch(http, d, window_s, interval_s, obs.records, decode_tasks, store, sc.name))
+    try:
+        await asyncio.gather(*(bounded(r) for r in obs.records))
+    finally:
+        for r in obs.records:
+            if r.outcome == "pending":
+                r.outcome = "cancelled"
+        obs.stall_diagnosis = await watcher if not watcher.cancelled() else ""
+
+    obs.parity = [None] * len(obs.records)
+    if sc.parity:
+        for i, rec in enumerate(obs.records):
+            if rec.outcome != "ok" or rec.decode is None:
+                continue
+            ref = await client.direct(p.name, p.url, rec.prompt, rec.max_tokens)
+            if ref.error or ref.token_ids is None:
+                rec.diagnosis = f"parity reference failed: {ref.error or 'no token_ids'}"
+                continue
+            obs.parity[i] = compare(rec.decode.token_ids or [], ref.token_ids, rec.max_tokens, rec.max_tokens)

@@ -1,0 +1,534 @@
+#!/usr/bin/env python3
+"""A small fake of vLLM 0.32.0's OpenAI server, for pdrig's integration tests and benchmarks.
+
+Takes the argv the rig gives ``python -m vllm.entrypoints.openai.api_server`` (unknown ones are
+ignored): ``.venv/bin/python tests/fake_vllm.py --model M --port 8100 --block-size 32
+--kv-transfer-config '{"kv_connector":"NixlConnector","kv_role":"kv_producer"}'``.
+Serves GET /health, /version, /v1/models, /metrics and POST /v1/completions (token-ID or string
+prompts, streaming or not, NIXL-style P/D ``kv_transfer_params``). Deterministic "model": token
+i = blake2b(prompt + earlier outputs) % 1024, so P, D and a direct request agree. Capacity:
+``--num-gpu-blocks-override - 1`` blocks of ``--block-size`` tokens, ``--max-num-seqs`` seqs; a
+request takes cdiv(prompt + completion, block_size) blocks up front, waiting FIFO until free.
+
+Environment:
+  VLLM_NIXL_SIDE_CHANNEL_PORT  if set, a TCP listener on 127.0.0.1:PORT that accepts and closes;
+                               also reported as remote_port (VLLM_NIXL_SIDE_CHANNEL_HOST: host)
+  FAKE_VLLM_FAULT              fault to inject (below; default none)
+  FAKE_VLLM_FAULT_ARG          integer/float argument of the fault
+  FAKE_VLLM_VERSION            version reported by /version (default 0.32.0)
+  FAKE_VLLM_STARTUP_DELAY      seconds before /health answers 200 (503 before; default 0.5)
+  FAKE_VLLM_TOKEN_LATENCY      seconds per generated token (default 0.002)
+
+Faults (FAKE_VLLM_FAULT):
+  exit-before-ready  traceback ending "RuntimeError: fake engine failed to start", exit 1
+  crash-mid-request  on the Nth completion (ARG, default 1): log "EngineCore encountered a
+                     fatal error" + traceback, os._exit(1) while the request is in flight
+  stall              decode-side requests (kv_transfer_params.do_remote_prefill on a consumer)
+                     are never admitted: waiting 1 (reason capacity, kv fetch stage
+                     waiting_to_start) until the client disconnects (vLLM 0.32.0's livelock)
+  http500            every completion answers HTTP 500 with vLLM's error JSON
+  diverge-at         decode-side requests emit (tok+1) % 1024 at output position ARG (0-based)
+  leak-kv            blocks of finished requests are never freed
+  empty-stream       completions answer 200 with zero tokens and empty text
+  fatal-log          serves normally; after the first completion logs
+                     "ERROR ... Cannot get 3 free blocks from the pool"
+"""
+from __future__ import annotations
+
+import signal
+import sys
+
+if __name__ == "__main__":  # SIGTERM exits 0 even while the imports below are still running
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+# ruff: noqa: E402 - the imports below come after that handler on purpose
+import argparse
+import asyncio
+import collections
+import functools
+import hashlib
+import itertools
+import json
+import os
+import time
+import traceback
+import uuid
+from collections.abc import Iterator
+from http import HTTPStatus
+
+from aiohttp import web
+from aiohttp.abc import AbstractAccessLogger
+from prometheus_client import (CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge,
+                               Histogram, generate_latest)
+
+FAULTS = ("exit-before-ready", "crash-mid-request", "stall", "http500", "diverge-at",
+          "leak-kv", "empty-stream", "fatal-log")
+FAULT = os.environ.get("FAKE_VLLM_FAULT") or None
+FAULT_ARG = os.environ.get("FAKE_VLLM_FAULT_ARG") or ""
+VERSION = os.environ.get("FAKE_VLLM_VERSION", "0.32.0")
+STARTUP_DELAY = float(os.environ.get("FAKE_VLLM_STARTUP_DELAY", "0.5"))
+TOKEN_LATENCY = float(os.environ.get("FAKE_VLLM_TOKEN_LATENCY", "0.002"))
+VOCAB = 1024
+KV_BYTES_PER_TOKEN = 512  # whole blocks move: 65,536 B for a 126-token prompt at block size 32
+# Buckets from vllm/v1/metrics/buckets.py and .../kv_connector/v1/nixl/stats.py
+TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0,
+                7.5, 10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0)
+LATENCY_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0,
+                   60.0, 120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0)
+XFER_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.2, 0.3, 0.5, 0.75, 1.0, 5.0)
+BYTES_BUCKETS = tuple(2 ** (10 + i) for i in range(1, 25, 2))
+dumps = functools.partial(json.dumps, ensure_ascii=False, separators=(",", ":"))  # as FastAPI
+
+
+def log(level: str, msg: str, where: str = "api_server.py:1", proc: str = "APIServer") -> None:
+    """Write one vLLM-style log line to stderr."""
+    ts = time.strftime("%m-%d %H:%M:%S")
+    print(f"({proc} pid={os.getpid()}) {level} {ts} [{where}] {msg}", file=sys.stderr, flush=True)
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """Parse the subset of ``vllm serve`` arguments the fake uses; ignore the rest."""
+    p = argparse.ArgumentParser(add_help=False)
+    p.add_argument("--model", default="fake-model")
+    p.add_argument("--served-model-name", nargs="+", default=None)
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, required=True)
+    for name, default in (("--block-size", 16), ("--max-model-len", 2048),
+                          ("--num-gpu-blocks-override", 1000), ("--max-num-seqs", 256)):
+        p.add_argument(name, type=int, default=default)
+    p.add_argument("--kv-transfer-config", type=json.loads, default=None)
+    p.add_argument("--speculative-config", type=json.loads, default=None)  # accepted, ignored
+    args, _unknown = p.parse_known_args(argv)
+    args.served_model_name = (args.served_model_name or [args.model])[0]
+    role = (args.kv_transfer_config or {}).get("kv_role")
+    args.producer, args.consumer = role in ("kv_producer", "kv_both"), role in ("kv_consumer", "kv_both")
+    return args
+
+
+def cdiv(a: int, b: int) -> int:
+    """Ceiling division."""
+    return -(-a // b)
+
+
+def tok_bytes(tokens: list[int]) -> bytes:
+    """Serialize token IDs for hashing."""
+    return b"".join(t.to_bytes(4, "little") for t in tokens)
+
+
+def detokenize(tokens: list[int]) -> str:
+    """Map token IDs to printable text (one CJK character per token)."""
+    return "".join(chr(0x3400 + t % 6000) for t in tokens)
+
+
+def generate(prompt: list[int], n: int, diverge: int = -1) -> Iterator[int]:
+    """The deterministic "model": next token = blake2b(all tokens so far) % VOCAB (+1 at ``diverge``)."""
+    h = hashlib.blake2b(tok_bytes(prompt), digest_size=8)
+    for i in range(n):
+        tok = (int.from_bytes(h.copy().digest(), "little") + (i == diverge)) % VOCAB
+        h.update(tok_bytes([tok]))
+        yield tok
+
+
+def block_hashes(tokens: list[int], bs: int) -> list[bytes]:
+    """Chained hashes of the full blocks of ``tokens`` (vLLM's prefix-cache keys)."""
+    out, prev = [], b""
+    for i in range(0, len(tokens) - bs + 1, bs):
+        prev = hashlib.blake2b(prev + tok_bytes(tokens[i:i + bs]), digest_size=16).digest()
+        out.append(prev)
+    return out
+
+
+# (attribute, type, vLLM name, extra labels, help): vllm/v1/metrics/loggers.py, nixl/stats.py
+METRICS = (
+    ("running", Gauge, "vllm:num_requests_running", (), "Number of requests in model execution batches."),
+    ("waiting", Gauge, "vllm:num_requests_waiting", (), "Number of requests waiting to be processed."),
+    ("by_reason", Gauge, "vllm:num_requests_waiting_by_reason", ("reason",), "Waiting requests by reason."),
+    ("kv_fetch", Gauge, "vllm:num_requests_kv_fetch_by_stage", ("stage",),
+     "Number of waiting requests by async KV load stage."),
+    ("kv_usage", Gauge, "vllm:kv_cache_usage_perc", (), "KV-cache usage. 1 means 100 percent usage."),
+    ("preemptions", Counter, "vllm:num_preemptions", (), "Cumulative number of preemption from the engine."),
+    ("pc_queries", Counter, "vllm:prefix_cache_queries", (), "Prefix cache queries, in queried tokens."),
+    ("pc_hits", Counter, "vllm:prefix_cache_hits", (), "Prefix cache hits, in cached tokens."),
+    ("ext_queries", Counter, "vllm:external_prefix_cache_queries", (), "External prefix cache queries."),
+    ("ext_hits", Counter, "vllm:external_prefix_cache_hits", (), "External prefix cache hits."),
+    ("prompt_tokens", Counter, "vllm:prompt_tokens", (), "Number of prefill tokens processed."),
+    ("by_source", Counter, "vllm:prompt_tokens_by_source", ("source",), "Number of prompt tokens by source."),
+    ("gen_tokens", Counter, "vllm:generation_tokens", (), "Number of generation tokens processed."),
+    ("success", Counter, "vllm:request_success", ("finished_reason",),
+     "Count of successfully processed requests."),
+    ("ttft", Histogram, "vllm:time_to_first_token_seconds", (), "Histogram of time to first token."),
+    ("e2e", Histogram, "vllm:e2e_request_latency_seconds", (), "Histogram of e2e request latency."),
+    ("xfer_time", Histogram, "vllm:nixl_xfer_time_seconds", (), "Histogram of transfer duration for NIXL "
+     "KV Cache transfers."),
+    ("xfer_bytes", Histogram, "vllm:nixl_bytes_transferred", (), "Histogram of bytes transferred per NIXL "
+     "KV Cache transfers."),
+    ("xfer_failed", Counter, "vllm:nixl_num_failed_transfers", (), "Number of failed NIXL transfers."),
+)
+BUCKETS = {"ttft": TTFT_BUCKETS, "e2e": LATENCY_BUCKETS, "xfer_time": XFER_BUCKETS,
+           "xfer_bytes": BYTES_BUCKETS}
+LABEL_VALUES = {"reason": ("capacity", "deferred"),
+                "stage": ("waiting_to_start", "in_progress", "completed_waiting"),
+                "source": ("local_compute", "local_cache_hit", "external_kv_transfer"),
+                "finished_reason": ("stop", "length", "abort", "error", "repetition")}
+
+
+class Metrics:
+    """vLLM's Prometheus metrics in an own registry; every label set is created up front as vLLM."""
+
+    def __init__(self, args: argparse.Namespace):
+        self.registry, self.lv = CollectorRegistry(), [args.served_model_name, "0"]
+        self.connector = args.kv_transfer_config is not None  # NIXL metrics exist only with one
+        for attr, cls, name, extra, doc in METRICS:
+            metric = None
+            if (attr != "kv_fetch" or args.consumer) and (not attr.startswith("xfer") or self.connector):
+                kw = {"buckets": BUCKETS[attr]} if cls is Histogram else {}
+                metric = cls(name, doc, ["model_name", "engine", *extra], registry=self.registry, **kw)
+                for values in itertools.product(*(LABEL_VALUES[label] for label in extra)):
+                    metric.labels(*self.lv, *values)
+            setattr(self, attr, metric)
+
+
+class Req:
+    """One completion request as the scheduler sees it."""
+
+    def __init__(self, rid: str, prompt: list[int], need: int, remote: bool, stalled: bool):
+        self.rid, self.prompt, self.need, self.remote, self.stalled = rid, prompt, need, remote, stalled
+        self.admitted = asyncio.get_running_loop().create_future()
+        self.blocks: list[int] = []
+        self.state = "queued"  # queued -> transfer (D pulling KV) -> running -> done
+
+
+class Engine:
+    """Block pool, FIFO admission and prefix cache; sets the scheduler gauges on demand."""
+
+    def __init__(self, args: argparse.Namespace, metrics: Metrics):
+        self.args, self.m = args, metrics
+        self.total = max(args.num_gpu_blocks_override - 1, 0)
+        self.free = collections.deque(range(1, self.total + 1))
+        self.queue: collections.deque[Req] = collections.deque()
+        self.active: set[Req] = set()
+        self.seen: set[bytes] = set()
+
+    def submit(self, req: Req) -> None:
+        """Queue a request and admit whatever fits."""
+        self.queue.append(req)
+        self._admit()
+
+    def _admit(self) -> None:
+        while self.queue:
+            r = self.queue[0]
+            if r.stalled or len(self.free) < r.need or len(self.active) >= self.args.max_num_seqs:
+                return
+            self.queue.popleft()
+            r.blocks = [self.free.popleft() for _ in range(r.need)]
+            r.state = "transfer" if r.remote else "running"
+            self.active.add(r)
+            r.admitted.set_result(None)
+
+    def release(self, r: Req, leak: bool = False) -> None:
+        """Drop a finished or aborted request; free its blocks unless ``leak``."""
+        if r in self.queue:
+            self.queue.remove(r)
+        if r in self.active:
+            self.active.discard(r)
+            if not leak:
+                self.free.extend(r.blocks)
+        r.state = "done"
+        self._admit()
+
+    def cache_lookup(self, prompt: list[int]) -> int:
+        """Tokens of ``prompt`` hit in the local prefix cache (full blocks of prompt[:-1])."""
+        bs, hits = self.args.block_size, 0
+        for h in block_hashes(prompt[:-1], bs):
+            if h not in self.seen:
+                break
+            hits += bs
+        self.seen.update(block_hashes(prompt, bs))
+        return hits
+
+    def update_gauges(self) -> None:
+        """Set the scheduler gauges from the current state (called on each scrape)."""
+        m, lv = self.m, self.m.lv
+        transfer = sum(r.state == "transfer" for r in self.active)
+        m.running.labels(*lv).set(len(self.active) - transfer)
+        m.waiting.labels(*lv).set(len(self.queue) + transfer)
+        m.by_reason.labels(*lv, "capacity").set(len(self.queue))
+        m.by_reason.labels(*lv, "deferred").set(transfer)  # WAITING_FOR_REMOTE_KVS: skipped
+        if m.kv_fetch is not None:
+            m.kv_fetch.labels(*lv, "waiting_to_start").set(sum(r.remote for r in self.queue))
+            m.kv_fetch.labels(*lv, "in_progress").set(transfer)
+            m.kv_fetch.labels(*lv, "completed_waiting").set(0)
+        m.kv_usage.labels(*lv).set(1.0 - len(self.free) / self.total if self.total else 0.0)
+
+
+def error_response(message: str, status: int = 400, err_type: str = "BadRequestError",
+                   param: str | None = None) -> web.Response:
+    """vLLM's ErrorResponse JSON (vllm/entrypoints/serve/engine/protocol.py)."""
+    body = {"error": {"message": message, "type": err_type, "param": param, "code": status}}
+    return web.json_response(body, status=status, dumps=dumps)
+
+
+def log_exception(msg: str, exc: BaseException, where: str) -> None:
+    """Log ``msg`` as EngineCore would, followed by a Python traceback of ``exc``."""
+    try:
+        raise exc
+    except BaseException:
+        log("ERROR", msg, where, "EngineCore")
+        traceback.print_exc()
+        sys.stderr.flush()
+
+
+class Server:
+    """The aiohttp application: routes, request handling, fault injection."""
+
+    def __init__(self, args: argparse.Namespace):
+        self.args, self.metrics = args, Metrics(args)
+        self.engine = Engine(args, self.metrics)
+        self.engine_id = str(uuid.uuid4())
+        self.ready_at = time.monotonic() + STARTUP_DELAY
+        self.n_completions, self.fatal_logged = 0, False
+        self.side_port = int(os.environ.get("VLLM_NIXL_SIDE_CHANNEL_PORT", "5600"))
+        self.side_host = os.environ.get("VLLM_NIXL_SIDE_CHANNEL_HOST", "127.0.0.1")
+        self.app = web.Application()
+        self.app.add_routes([web.get("/health", self.health), web.get("/version", self.version),
+                             web.get("/v1/models", self.models), web.get("/metrics", self.scrape),
+                             web.post("/v1/completions", self.completions)])
+
+    async def health(self, _request: web.Request) -> web.Response:
+        """200 once the startup delay has passed, 503 before."""
+        return web.Response(status=200 if time.monotonic() >= self.ready_at else 503)
+
+    async def version(self, _request: web.Request) -> web.Response:
+        """``{"version": ...}`` as vllm/entrypoints/serve/instrumentator/basic.py."""
+        return web.json_response({"version": VERSION}, dumps=dumps)
+
+    async def models(self, _request: web.Request) -> web.Response:
+        """OpenAI model list with one ModelCard (vllm/entrypoints/openai/models/serving.py)."""
+        now, a = int(time.time()), self.args
+        perm = {"id": f"modelperm-{uuid.uuid4().hex}", "object": "model_permission", "created": now,
+                "allow_create_engine": False, "allow_sampling": True, "allow_logprobs": True,
+                "allow_search_indices": False, "allow_view": True, "allow_fine_tuning": False,
+                "organization": "*", "group": None, "is_blocking": False}
+        card = {"id": a.served_model_name, "object": "model", "created": now, "owned_by": "vllm",
+                "root": a.model, "parent": None, "max_model_len": a.max_model_len, "permission": [perm]}
+        return web.json_response({"object": "list", "data": [card]}, dumps=dumps)
+
+    async def scrape(self, _request: web.Request) -> web.Response:
+        """GET /metrics: Prometheus text exposition of the fake's own registry."""
+        self.engine.update_gauges()
+        return web.Response(body=generate_latest(self.metrics.registry),
+                            headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+    def _validate(self, body: dict) -> tuple[list[int], int] | web.Response:
+        """Return (prompt token IDs, completion token count) or vLLM's error response."""
+        a, model, prompt = self.args, body.get("model"), body.get("prompt")
+        if model and model != a.served_model_name:
+            return error_response(f"The model `{model}` does not exist. Valid aliases: "
+                                  f"{a.served_model_name}.", 404, "NotFoundError", "model")
+        if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (list, str)):
+            prompt = prompt[0]
+        if isinstance(prompt, str):
+            prompt = list(prompt.encode("utf-8"))  # "tokenizer": one token per byte
+        if not isinstance(prompt, list) or not all(type(t) is int and 0 <= t < 2 ** 31 for t in prompt):
+            return error_response("prompt must be a string or a list of token IDs (one prompt)")
+        n, mml = len(prompt), a.max_model_len
+        if n == 0:  # vllm/v1/engine/input_processor.py
+            return error_response("The decoder prompt cannot be empty")
+        if n > mml:  # vllm/renderers/params.py (_token_len_check) via VLLMValidationError.__str__
+            return error_response(
+                f"This model's maximum context length is {mml} tokens. However, your prompt contains "
+                f"{n} input tokens, which exceeds this limit even without any output tokens. Please "
+                f"reduce the length of the input prompt. (parameter=input_tokens, value={n})",
+                param="input_tokens")
+        if n == mml:  # vllm/v1/engine/input_processor.py
+            return error_response(
+                f"The decoder prompt (length {n}) plus the number of requested output tokens (at least "
+                f"1) is longer than the maximum model length of {mml}. Make sure that `max_model_len` "
+                f"is no smaller than the number of text tokens (prompt + requested output tokens).")
+        max_tokens = body.get("max_tokens", 16)
+        if max_tokens is not None and (type(max_tokens) is not int or max_tokens < 1):
+            return error_response(f"max_tokens must be at least 1, got {max_tokens}.", param="max_tokens")
+        return prompt, min(mml - n, max_tokens or mml)  # get_max_tokens() clamps, never rejects
+
+    async def completions(self, request: web.Request) -> web.StreamResponse:
+        """POST /v1/completions: a CompletionResponse, or an SSE stream of CompletionStreamResponse."""
+        self.n_completions += 1
+        if FAULT == "http500":
+            return error_response("EngineCore encountered an issue. See stack trace (above) for the "
+                                  "root cause.", 500, "InternalServerError")
+        try:
+            body = await request.json()
+            checked = self._validate(body) if isinstance(body, dict) else error_response("Invalid body")
+        except ValueError:
+            checked = error_response("Invalid JSON body")
+        if isinstance(checked, web.Response):
+            return checked
+        prompt, n_out = checked
+        a, m, lv = self.args, self.metrics, self.metrics.lv
+        ktp = body.get("kv_transfer_params") or {}
+        is_p = a.producer and bool(ktp.get("do_remote_decode"))  # P: prefill, hand KV to D
+        is_d = a.consumer and bool(ktp.get("do_remote_prefill"))  # D: pull KV from P, decode
+        n_out = 0 if FAULT == "empty-stream" else 1 if is_p else n_out
+        rid = f"cmpl-{request.headers.get('X-Request-Id') or body.get('request_id') or uuid.uuid4().hex}"
+        req = Req(f"{rid}-0", prompt, cdiv(len(prompt) + n_out, a.block_size), is_d,
+                  FAULT == "stall" and is_d)
+        crash_at = (min(1, n_out - 1) if FAULT == "crash-mid-request"
+                    and self.n_completions == int(float(FAULT_ARG or 1)) else -1)
+        diverge = int(float(FAULT_ARG or 0)) if FAULT == "diverge-at" and is_d else -1
+        stream, ret_ids = bool(body.get("stream")), bool(body.get("return_token_ids"))
+        opts = body.get("stream_options") or {}
+        created, t0, resp, finished, toks = int(time.time()), time.monotonic(), None, False, []
+        head = {"id": rid, "object": "text_completion", "created": created, "model": a.served_model_name}
+        try:
+            self.engine.submit(req)
+            await req.admitted
+            if self._count_prompt(req, ktp):  # D pulls the prompt's KV: waiting, stage in_progress
+                await asyncio.sleep(TOKEN_LATENCY)
+            req.state = "running"
+            if stream:
+                resp = web.StreamResponse(headers={"Content-Type": "text/event-stream; charset=utf-8"})
+                await resp.prepare(request)
+            for i, tok in enumerate(generate(prompt, n_out, diverge)):
+                await asyncio.sleep(TOKEN_LATENCY)
+                if i == crash_at:
+                    log_exception("EngineCore encountered a fatal error.",
+                                  RuntimeError("fake engine core died mid-request"), "core.py:1512")
+                    os._exit(1)
+                toks.append(tok)
+                m.gen_tokens.labels(*lv).inc()
+                if i == 0:
+                    m.ttft.labels(*lv).observe(time.monotonic() - t0)
+                if stream:  # one chunk per engine step, as completion_stream_generator
+                    choice = {"index": 0, "text": detokenize(toks[-1:]), "logprobs": None,
+                              "finish_reason": "length" if i == n_out - 1 else None, "stop_reason": None,
+                              "prompt_token_ids": prompt if ret_ids and i == 0 else None,
+                              "token_ids": toks[-1:] if ret_ids else None}
+                    chunk = {**head, "choices": [choice]}
+                    if opts.get("include_usage") and opts.get("continuous_usage_stats"):
+                        chunk["usage"] = usage(len(prompt), i + 1)
+                    await resp.write(f"data: {dumps(chunk)}\n\n".encode())
+            finished = True
+            m.success.labels(*lv, "length").inc()
+            m.e2e.labels(*lv).observe(time.monotonic() - t0)
+        except (asyncio.CancelledError, ConnectionResetError) as e:
+            log("INFO", f"Aborted request {req.rid}.", "async_llm.py:1")
+            if isinstance(e, asyncio.CancelledError):
+                raise
+            return resp
+        finally:
+            self.engine.release(req, leak=finished and FAULT == "leak-kv")
+        if FAULT == "fatal-log" and not self.fatal_logged:
+            self.fatal_logged = True
+            log("ERROR", "Cannot get 3 free blocks from the pool", "block_pool.py:679", "EngineCore")
+        if not stream:
+            choice = {"index": 0, "text": detokenize(toks), "logprobs": None, "finish_reason": "length",
+                      "stop_reason": None, "token_ids": toks if ret_ids else None, "prompt_logprobs": None,
+                      "prompt_token_ids": prompt if ret_ids else None, "routed_experts": None}
+            return web.json_response({
+                **head, "choices": [choice], "service_tier": None, "system_fingerprint": None,
+                "usage": {**usage(len(prompt), len(toks)), "prompt_tokens_details": None,
+                          "completion_tokens_details": None},
+                "kv_transfer_params": self._kv_params(req) if is_p else None,
+                "ec_transfer_params": None, "metrics": None}, dumps=dumps)
+        try:  # streams carry no kv_transfer_params (as vLLM)
+            if opts.get("include_usage"):
+                final = {**head, "choices": [], "usage": usage(len(prompt), len(toks))}
+                await resp.write(f"data: {dumps(final)}\n\n".encode())
+            await resp.write(b"data: [DONE]\n\n")
+            await resp.write_eof()
+        except ConnectionResetError:
+            pass
+        return resp
+
+    def _count_prompt(self, req: Req, ktp: dict) -> int:
+        """Count prompt tokens by source at admission (as the scheduler); return pulled tokens."""
+        m, lv, bs, n = self.metrics, self.metrics.lv, self.args.block_size, len(req.prompt)
+        local, ext = self.engine.cache_lookup(req.prompt), 0
+        if req.remote and ktp.get("remote_block_ids") and all(
+                k in ktp for k in ("remote_engine_id", "remote_request_id", "remote_host", "remote_port")):
+            ext = max(0, min(int(ktp.get("remote_num_tokens") or n), n) - local)  # nixl pull_scheduler
+        m.pc_queries.labels(*lv).inc(n)
+        m.pc_hits.labels(*lv).inc(local)
+        if m.connector:
+            m.ext_queries.labels(*lv).inc(n - local)
+            m.ext_hits.labels(*lv).inc(ext)
+        m.prompt_tokens.labels(*lv).inc(n)
+        for src, k in (("local_compute", n - local - ext), ("local_cache_hit", local),
+                       ("external_kv_transfer", ext)):
+            m.by_source.labels(*lv, src).inc(k)
+        if ext and m.connector:
+            m.xfer_bytes.labels(*lv).observe(cdiv(ext, bs) * bs * KV_BYTES_PER_TOKEN)
+            m.xfer_time.labels(*lv).observe(TOKEN_LATENCY)
+        return ext
+
+    def _kv_params(self, req: Req) -> dict:
+        """P's kv_transfer_params: NixlConnector request_finished's key set (nixl/pull_scheduler.py)."""
+        n = len(req.prompt)
+        return {"do_remote_prefill": True, "do_remote_decode": False,
+                "remote_block_ids": [req.blocks[:cdiv(n, self.args.block_size)]],
+                "remote_engine_id": self.engine_id, "remote_request_id": req.rid,
+                "remote_host": self.side_host, "remote_port": self.side_port, "tp_size": 1,
+                "dcp_size": 1, "pp_size": 1, "remote_num_tokens": n,
+                "remote_blocks_expiry_time": None, "transfer_mode": "pull"}
+
+
+def usage(prompt_tokens: int, completion_tokens: int) -> dict:
+    """UsageInfo fields in vLLM's order."""
+    return {"prompt_tokens": prompt_tokens, "total_tokens": prompt_tokens + completion_tokens,
+            "completion_tokens": completion_tokens}
+
+
+class AccessLogger(AbstractAccessLogger):
+    """uvicorn-style access lines; /health and /metrics polls are left out to keep logs light."""
+
+    def log(self, request, response, time):  # noqa: A002 - aiohttp's signature
+        if request.path not in ("/health", "/metrics"):
+            peer = request.transport.get_extra_info("peername") if request.transport else None
+            who, ver = f"{peer[0]}:{peer[1]}" if peer else "-", "%d.%d" % tuple(request.version)
+            print(f'INFO:     {who} - "{request.method} {request.path_qs} HTTP/{ver}" {response.status} '
+                  f'{HTTPStatus(response.status).phrase}', file=sys.stderr, flush=True)
+
+
+async def serve(args: argparse.Namespace) -> int:
+    """Run the HTTP server (and side channel) until SIGTERM/SIGINT; return the exit code."""
+    loop, stop = asyncio.get_running_loop(), asyncio.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    server = Server(args)
+    runner = web.AppRunner(server.app, handler_cancellation=True, shutdown_timeout=0.2,
+                           access_log_class=AccessLogger)
+    await runner.setup()
+    await web.TCPSite(runner, args.host, args.port).start()
+    side = None
+    if os.environ.get("VLLM_NIXL_SIDE_CHANNEL_PORT"):  # NIXL side channel stand-in: accept, close
+        side = await asyncio.start_server(lambda _r, w: w.close(), "127.0.0.1", server.side_port)
+    loop.call_later(STARTUP_DELAY, lambda: print(
+        f"INFO:     Application startup complete.\nINFO:     Uvicorn running on "
+        f"http://{args.host}:{args.port} (Press CTRL+C to quit)", file=sys.stderr, flush=True))
+    await stop.wait()
+    print("INFO:     Shutting down", file=sys.stderr, flush=True)
+    if side is not None:
+        side.close()
+    await runner.cleanup()
+    print(f"INFO:     Finished server process [{os.getpid()}]", file=sys.stderr, flush=True)
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point: parse vLLM's argv, apply the start-up fault, serve."""
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))  # clean exit even before the loop runs
+    args = parse_args(argv)
+    print(f"INFO:     Started server process [{os.getpid()}]", file=sys.stderr, flush=True)
+    log("INFO", f"vLLM API server version {VERSION}")
+    log("INFO", f"args: {vars(args)}", "utils.py:1")
+    if FAULT and FAULT not in FAULTS:
+        log("WARNING", f"unknown FAKE_VLLM_FAULT={FAULT!r} ignored")
+    if FAULT == "exit-before-ready":
+        time.sleep(min(STARTUP_DELAY, 0.2))
+        log_exception("EngineCore failed to start.", RuntimeError("fake engine failed to start"),
+                      "core.py:1")
+        return 1
+    return asyncio.run(serve(args))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
