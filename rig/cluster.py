@@ -20,6 +20,7 @@ import os
 import signal
 import socket
 import subprocess
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -29,6 +30,9 @@ import httpx
 
 from rig.plan import Plan, ProcessSpec
 from rig.reaper import Reaper, kill_groups
+
+# Set by the CLI's signal handlers (install_signal_handlers): stop waiting for servers to start.
+INTERRUPTED = threading.Event()
 
 # Lines that mean an engine is broken even if it still answers /health.
 FATAL_PATTERNS = (
@@ -80,6 +84,54 @@ def log_size(path: str | Path) -> int:
         return os.path.getsize(path)
     except OSError:
         return 0
+
+
+def lower_group_priority(pid: int, nice: int) -> None:
+    """Give a freshly started server's scheduling group a lower CPU share than the rig's.
+
+    Linux's ``sched_autogroup`` puts every session (each server runs in its own) in a
+    scheduling group; across groups the CPU is shared per group and a task's nice counts only
+    inside its group. The group's nice (``/proc/PID/autogroup``) is what gives the rig's client
+    and metrics sampler priority over the servers. Measured on a 2-core host during vLLM
+    0.32.0's admission livelock: a nice-0 sampler woke up to 12.4 s late with only the task
+    nice set, and at most 11 ms with the autogroup nice. Failures (no autogroup, no
+    permission) are ignored: priority is an aid, not a requirement.
+    """
+    try:
+        Path(f"/proc/{pid}/autogroup").write_text(str(nice))
+    except OSError:
+        pass
+
+
+def lower_engine_priority(pid: int, nice: int) -> int:
+    """Set nice ``nice`` on every thread of the child processes of server ``pid``.
+
+    On a CPU host each idle vLLM instance with NIXL spins about two cores (the worker's
+    SpinCondition loop and NIXL's UCX progress thread). Left at the API server's priority, they
+    starve the API server of their own instance: its ``/metrics`` went unanswered for up to
+    10 s during the livelock. The children are EngineCore and the workers; the API server
+    process itself keeps its priority. Linux nice is per thread, hence the walk over
+    ``/proc/<pid>/task``. Returns the number of threads changed.
+    """
+    import psutil
+
+    changed = 0
+    try:
+        children = psutil.Process(pid).children(recursive=True)
+    except psutil.Error:
+        return 0
+    for child in children:
+        try:
+            tids = [int(t) for t in os.listdir(f"/proc/{child.pid}/task")]
+        except OSError:
+            continue
+        for tid in tids:
+            try:
+                os.setpriority(os.PRIO_PROCESS, tid, nice)
+                changed += 1
+            except OSError:
+                pass
+    return changed
 
 
 @dataclass
@@ -149,11 +201,7 @@ class Cluster:
         log.close()
         self._reaper.add(popen.pid)  # start_new_session: pgid == pid
         if spec.nice:
-            # Before the server has spawned its EngineCore/workers, so they inherit it.
-            try:
-                os.setpriority(os.PRIO_PROCESS, popen.pid, spec.nice)
-            except OSError:
-                pass
+            lower_group_priority(popen.pid, spec.nice)
         self.procs[spec.name] = Running(spec=spec, popen=popen, started_at=time.monotonic())
 
     def _wait_ready(self, name: str) -> float:
@@ -168,11 +216,16 @@ class Cluster:
                                        name, log_tail(spec.log_path))
                 if self._is_ready(http, spec):
                     run.ready_after_s = time.monotonic() - run.started_at
+                    if spec.nice:
+                        lower_engine_priority(run.popen.pid, spec.nice)
                     return run.ready_after_s
                 if time.monotonic() > deadline:
                     raise ClusterError(f"{name} was not ready within {self.startup_timeout_s:.0f} s "
                                        "(timeouts.startup_s)", name, log_tail(spec.log_path))
-                time.sleep(0.5)
+                # The runner waits here in a worker thread, which a signal cannot interrupt; an
+                # interrupted rig would otherwise wait for the server to become ready (minutes).
+                if INTERRUPTED.wait(0.5):
+                    raise ClusterError(f"start of {name} interrupted", name)
 
     @staticmethod
     def _is_ready(http: httpx.Client, spec: ProcessSpec) -> bool:
@@ -199,7 +252,7 @@ class Cluster:
         runs = [self.procs.pop(n) for n in names if n in self.procs]
         if not runs:
             return
-        kill_groups({r.popen.pid for r in runs}, self.grace_s)
+        kill_groups({r.popen.pid for r in runs}, self.grace_s, reap=lambda: [r.popen.poll() for r in runs])
         for r in runs:
             try:
                 r.popen.wait(timeout=5)
@@ -231,9 +284,14 @@ class Cluster:
 
 
 def install_signal_handlers() -> None:
-    """Turn SIGTERM (and SIGHUP) into KeyboardInterrupt so ``finally``/``with`` teardown runs."""
+    """Turn SIGINT, SIGTERM and SIGHUP into KeyboardInterrupt so ``finally``/``with`` teardown runs."""
     def _raise(signum, _frame):
-        raise KeyboardInterrupt(f"signal {signum}")
+        INTERRUPTED.set()  # ends start-up waits in worker threads (Cluster._wait_ready)
+        raise KeyboardInterrupt(f"signal {signal.Signals(signum).name}")
 
-    for sig in (signal.SIGTERM, signal.SIGHUP):
+    INTERRUPTED.clear()
+
+    # SIGINT too: a job started in the background by a non-interactive shell inherits SIGINT
+    # as ignored, and Python then installs no KeyboardInterrupt handler of its own.
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
         signal.signal(sig, _raise)

@@ -34,6 +34,7 @@ from rig.report import RunResult, print_summary, write_report
 from rig.tiny_model import ensure_tiny_model
 from rig.verdict import judge
 from rig.workload.edge import Endpoint, run_edge
+from rig.workload.waves import judge_wave, run_wave_scenario  # issue #4: prefix/pressure waves
 from rig.workload.prompts import make_prompt
 
 
@@ -107,6 +108,7 @@ class SuiteRunner:
         self.run_dir = run_dir
         self.quiet = quiet
         self.result = RunResult(name=cfg.name, run_dir=str(run_dir), config=cfg.model_dump(mode="json"))
+        self.waves: dict = {}  # issue #4: scenario name -> rig.workload.waves.WaveResult
 
     def log(self, msg: str) -> None:
         """Progress line on stderr (the report is the real output)."""
@@ -156,7 +158,9 @@ class SuiteRunner:
         timeouts = self.cfg.timeouts
         store = SnapshotStore(self.run_dir)
         client = PDClient(self.cfg.model.served_name, timeout_s=max(timeouts.request_s, 5.0))
-        http = httpx.AsyncClient(timeout=10.0)
+        # A fresh connection per scrape: on a keep-alive connection, D's /metrics answered up to
+        # 4.6 s late during the 0.32.0 livelock on a 2-core host, against < 1 s for new ones.
+        http = httpx.AsyncClient(timeout=10.0, limits=httpx.Limits(max_keepalive_connections=0))
         extra = [p.name for p in plan.processes if p.role == "mooncake-master"]
         try:
             for i, ph in enumerate(phases_of(self.cfg, self.scenarios)):
@@ -177,7 +181,8 @@ class SuiteRunner:
                     self.log(f"scenario {sc.name} on {ph.prefill} -> {ph.decode}")
                     obs = await self._scenario(sc, ph, cluster, client, http, store, version)
                     self.result.observations.append(obs)
-                    verdict = judge(sc, obs)
+                    verdict = (judge_wave(sc, obs, self.waves.get(sc.name), self.result.extra_sections)
+                               if sc.kind != "edge" else judge(sc, obs))  # issue #4: wave verdict + section
                     self.result.verdicts.append(verdict)
                     self.log(f"  {verdict.verdict}: {verdict.reason[:200]}")
                     write_report(self.result)
@@ -211,8 +216,11 @@ class SuiteRunner:
             before = {e.name: await m.scrape(http, e.url, e.name) for e in (p, d)}
             for s in before.values():
                 store.save(f"{sc.name}-before", s)
-            await run_edge(sc, client, http, p, d, sc.deadline_s or timeouts.request_s,
-                           timeouts.stall_window_s, timeouts.metrics_interval_s, store, obs)
+            if sc.kind == "edge":
+                await run_edge(sc, client, http, p, d, sc.deadline_s or timeouts.request_s,
+                               timeouts.stall_window_s, timeouts.metrics_interval_s, store, obs)
+            else:  # issue #4: a prefix/pressure wave (rig/workload/waves.py); evidence and drains below
+                self.waves[sc.name] = await run_wave_scenario(sc, self.cfg, p, d, http, store, self.run_dir, self.quiet)
             after_d = await m.scrape(http, d.url, d.name)
             store.save(f"{sc.name}-after", after_d)
             obs.evidence = TransferEvidence.between(before[d.name], after_d)
