@@ -185,11 +185,50 @@ class Expectation(_Strict):
     total_tokens: int | None = Field(None, ge=0)
 
 
+# --- issue #4: prefix and pressure waves (rig/workload/waves.py) -------------------------------
+WAVE_KINDS = ("prefix-wave", "pressure-wave")
+CancelPoint = Literal["before-prefill", "between", "during-decode"]
+# Defaults of prompt_tokens / max_tokens for wave kinds (short: cpu-tiny's decode has 4-5 usable
+# blocks of 32 tokens and max_model_len 128). Edge scenarios must still give both.
+WAVE_DEFAULT_PROMPT_TOKENS, WAVE_DEFAULT_MAX_TOKENS = 48, 8
+
+
+class WaveConfig(_Strict):
+    """A prefix wave or a pressure wave (``ScenarioConfig.kind`` prefix-wave / pressure-wave).
+
+    Prefix wave: ``groups`` x ``per_group`` requests; the prompts of one group share a
+    ``prefix_tokens`` prefix and differ in a unique suffix (prompt_tokens - prefix_tokens tokens).
+    Pressure wave: ``requests`` distinct prompts. Both run at ``concurrency`` with a fraction
+    ``cancel_fraction`` cancelled on purpose at ``cancel_points`` (round robin).
+    """
+
+    requests: int = Field(2048, ge=1, description="pressure wave: number of requests (R)")
+    concurrency: int = Field(64, ge=1, description="requests in flight at most (C)")
+    cancel_fraction: float = Field(0.0, ge=0, le=1, description="fraction cancelled on purpose (X)")
+    cancel_points: list[CancelPoint] = Field(
+        default_factory=lambda: ["before-prefill", "between", "during-decode"], min_length=1,
+        description="where intentional cancels happen: before P answers, between P and D, "
+                    "during D's stream (after its first token)")
+    cancel_prefill_after_s: float = Field(
+        0.005, ge=0, description="a before-prefill cancel fires this long after P was sent")
+    groups: int = Field(4, ge=1, description="prefix wave: prefix groups (G)")
+    per_group: int = Field(8, ge=1, description="prefix wave: requests per group (N)")
+    prefix_tokens: int = Field(32, ge=0, description="prefix wave: shared prefix length (K)")
+    stream: Literal["always", "never", "mixed"] = Field(
+        "mixed", description="D hop streamed (SSE) or not; mixed = every other request; "
+                             "during-decode cancels are always streamed")
+    parity_fraction: float = Field(0.1, ge=0, le=1,
+                                   description="share of completed requests compared with a direct request to P")
+    client: Literal["raw", "aiohttp", "httpx"] = Field(
+        "raw", description="HTTP client of the engine's hot path (scripts/bench_workload.py compares them)")
+    sample_interval_s: float = Field(1.0, gt=0, description="metrics timeline sampling period")
+
+
 class ScenarioConfig(_Strict):
     """One crafted workload with its expectation (``kind`` selects the workload)."""
 
     name: str = Field(pattern=NAME_PATTERN)
-    kind: Literal["edge"] = "edge"
+    kind: Literal["edge", "prefix-wave", "pressure-wave"] = "edge"
     description: str = ""
     prefill: str | None = Field(None, description="instance name; None = the first prefill")
     decode: str | None = Field(None, description="instance name; None = the first decode")
@@ -201,6 +240,36 @@ class ScenarioConfig(_Strict):
     deadline_s: float | None = Field(None, gt=0, description="None = timeouts.request_s")
     parity: bool = Field(True, description="compare tokens with a non-disaggregated reference")
     seed: int | None = Field(None, description="prompt seed; None = derived from the name")
+    wave: WaveConfig | None = Field(None, description="prefix-wave / pressure-wave settings (issue #4)")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _wave_defaults(cls, data: Any) -> Any:  # issue #4
+        """Wave kinds get default prompt_tokens / max_tokens / wave; edge must give both tokens."""
+        if isinstance(data, dict) and data.get("kind") in WAVE_KINDS:
+            data = dict(data)
+            data.setdefault("prompt_tokens", WAVE_DEFAULT_PROMPT_TOKENS)
+            data.setdefault("max_tokens", WAVE_DEFAULT_MAX_TOKENS)
+            if data.get("wave") is None:
+                data["wave"] = {}
+        return data
+
+    @model_validator(mode="after")
+    def _wave_consistent(self) -> "ScenarioConfig":  # issue #4
+        if self.kind not in WAVE_KINDS:
+            if self.wave is not None:
+                raise ValueError(f"wave: only for kind prefix-wave or pressure-wave (kind is {self.kind!r})")
+            return self
+        w = self.wave
+        if self.kind == "prefix-wave" and w is not None and w.prefix_tokens >= self.prompt_tokens:
+            raise ValueError(
+                f"wave.prefix_tokens {w.prefix_tokens} must be below prompt_tokens {self.prompt_tokens} "
+                "(every prompt is the group's prefix plus a unique suffix of at least one token)")
+        if w is not None and w.cancel_fraction > 0 and "during-decode" in w.cancel_points \
+                and self.max_tokens < 2:
+            raise ValueError("wave.cancel_points has during-decode, which needs max_tokens >= 2 "
+                             "(the cancel comes after the first token)")
+        return self
 
 
 class RigConfig(_Strict):
@@ -242,10 +311,13 @@ class RigConfig(_Strict):
         if dup:
             raise ValueError(f"instance names must be unique; repeated: {sorted(dup)}")
         ports: dict[int, str] = {}
-        for _, inst in self.instances():
-            for label, port in (("port", inst.port), ("side_channel_port", inst.side_channel_port)):
-                if port is None:
-                    continue
+        for index, (_, inst) in enumerate(self.instances()):
+            # An unset side_channel_port is nixl.side_channel_base_port + index (rig.plan), which
+            # can collide with another instance's explicit port.
+            side = (("side_channel_port", inst.side_channel_port) if inst.side_channel_port is not None
+                    else ("side_channel_port (nixl.side_channel_base_port + index)",
+                          self.nixl.side_channel_base_port + index))
+            for label, port in (("port", inst.port), side):
                 if port in ports:
                     raise ValueError(f"{inst.name}.{label} {port} is already used by {ports[port]}")
                 ports[port] = f"{inst.name}.{label}"
@@ -367,6 +439,10 @@ def load_config(path: str | Path, overrides: list[str] | None = None) -> RigConf
         raise ConfigError(f"{p}: not valid YAML: {e}") from None
     if not isinstance(data, dict):
         raise ConfigError(f"{p}: the top level must be a mapping of fields")
+    overrides = overrides or []
+    # Overrides of scenarios apply after the suite is read (so they can name its scenarios);
+    # all others before (so --set suite=... picks the suite).
+    apply_overrides(data, [o for o in overrides if not o.startswith("scenarios.")])
     if data.get("suite"):
         suite = p.parent / str(data["suite"])
         try:
@@ -376,7 +452,7 @@ def load_config(path: str | Path, overrides: list[str] | None = None) -> RigConf
         if not isinstance(loaded, list):
             raise ConfigError(f"{suite}: a suite file is a YAML list of scenarios")
         data["scenarios"] = loaded + list(data.get("scenarios") or [])
-    apply_overrides(data, overrides or [])
+    apply_overrides(data, [o for o in overrides if o.startswith("scenarios.")])
     try:
         return RigConfig.model_validate(data)
     except ValidationError as e:

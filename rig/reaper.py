@@ -18,6 +18,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 
 
 def _alive(pgid: int) -> bool:
@@ -30,15 +31,24 @@ def _alive(pgid: int) -> bool:
         return True
 
 
-def kill_groups(pgids: set[int], grace_s: float) -> None:
-    """SIGTERM every process group in ``pgids``, wait up to ``grace_s`` seconds, SIGKILL the rest."""
+def kill_groups(pgids: set[int], grace_s: float, reap: Callable[[], object] | None = None) -> None:
+    """SIGTERM every process group in ``pgids``, wait up to ``grace_s`` seconds, SIGKILL the rest.
+
+    ``reap`` is called while waiting: a caller whose children lead the groups passes a function
+    that reaps them (``Popen.poll``). An exited but unreaped leader is a zombie that still counts
+    as a group member, so without it every stop would wait the whole grace period.
+    """
     for pg in pgids:
         try:
             os.killpg(pg, signal.SIGTERM)
         except ProcessLookupError:
             pass
     deadline = time.monotonic() + grace_s
-    while time.monotonic() < deadline and any(_alive(pg) for pg in pgids):
+    while time.monotonic() < deadline:
+        if reap is not None:
+            reap()
+        if not any(_alive(pg) for pg in pgids):
+            break
         time.sleep(0.1)
     for pg in pgids:
         try:

