@@ -143,7 +143,10 @@ class PDClient:
         if r.status_code != 200:
             hop.error = _error_text(r)
             return hop
-        _fill_from_completion(hop, r.json())
+        try:
+            _fill_from_completion(hop, r.json())
+        except ValueError:
+            hop.error = f"HTTP 200 with a body that is not JSON: {r.text[:200]!r}"
         return hop
 
     async def prefill(self, name: str, url: str, prompt: list[int], max_tokens: int) -> Hop:

@@ -127,6 +127,12 @@ def render_junit(result: RunResult) -> str:
             n_err += 1
             ET.SubElement(case, "error", message=v.reason[:1000]).text = v.reason
         ET.SubElement(case, "system-out").text = v.expectation
+    if result.status in ("error", "interrupted"):
+        # A run that ends early must not look green to CI just because no scenario failed.
+        n_err += 1
+        case = ET.SubElement(suite, "testcase", classname=f"pdrig.{result.name}", name="pdrig-run")
+        ET.SubElement(case, "error", message=f"run {result.status}: {result.error}"[:1000]).text = result.error
+        suite.set("tests", str(len(result.verdicts) + 1))
     suite.set("failures", str(n_fail))
     suite.set("errors", str(n_err))
     suite.set("skipped", str(n_skip))

@@ -108,6 +108,7 @@ class SuiteRunner:
         self.run_dir = run_dir
         self.quiet = quiet
         self.result = RunResult(name=cfg.name, run_dir=str(run_dir), config=cfg.model_dump(mode="json"))
+        self._log_offsets: dict[str, int] = {}  # instance -> byte offset of its log not yet scanned
         self.waves: dict = {}  # issue #4: scenario name -> rig.workload.waves.WaveResult
 
     def log(self, msg: str) -> None:
@@ -173,6 +174,9 @@ class SuiteRunner:
                 t = time.monotonic()
                 await asyncio.to_thread(cluster.start, [n for n in [*extra, ph.prefill, ph.decode]])
                 self.result.timings[f"startup phase {i + 1}"] = time.monotonic() - t
+                # Fatal log lines count from the phase start (warm-up included), each once.
+                for n in cluster.procs:
+                    self._log_offsets.setdefault(n, log_size(cluster.plan.by_name(n).log_path))
                 t = time.monotonic()
                 version = await self._warm_up(client, http, cluster, ph)
                 self.result.vllm_version = self.result.vllm_version or version
@@ -197,7 +201,9 @@ class SuiteRunner:
         for name in (ph.prefill, ph.decode):
             hop = await client.direct(name, cluster.url(name), make_prompt(8, 7), 2)
             if hop.error:
-                raise ClusterError(f"warm-up request to {name} failed: {hop.error}", name)
+                # Not fatal: the scenarios will meet the same failure and be judged on it.
+                self.log(f"warm-up request to {name} failed: {hop.error}")
+                self.result.timings.setdefault(f"warm-up failed {name}", 0.0)
         try:
             return (await http.get(cluster.url(ph.decode) + "/version")).json().get("version", "")
         except (httpx.HTTPError, ValueError):
@@ -209,7 +215,6 @@ class SuiteRunner:
         obs = ScenarioObservation(scenario=sc.name, decode=ph.decode, prefill=ph.prefill, vllm_version=version)
         t0 = time.monotonic()
         logs = {n: cluster.plan.by_name(n).log_path for n in cluster.procs}
-        offsets = {n: log_size(p) for n, p in logs.items()}
         p = Endpoint(ph.prefill, cluster.url(ph.prefill))
         d = Endpoint(ph.decode, cluster.url(ph.decode))
         try:
@@ -232,8 +237,13 @@ class SuiteRunner:
             for e in (p, d):
                 store.save(f"{sc.name}-idle", await m.scrape(http, e.url, e.name))
         except httpx.HTTPError as e:
-            obs.error = f"metrics unavailable: {type(e).__name__}: {e}"
+            # An instance that died is an observation (the `alive` check fails), not a rig error.
+            if not cluster.dead():
+                obs.error = f"metrics unavailable: {type(e).__name__}: {e}"
         obs.dead = cluster.dead()
-        obs.fatal_lines = {n: scan_fatal(path, offsets[n]) for n, path in logs.items()}
+        obs.fatal_lines = {}
+        for n, path in logs.items():
+            obs.fatal_lines[n] = scan_fatal(path, self._log_offsets.get(n, 0))
+            self._log_offsets[n] = log_size(path)
         obs.wall_s = time.monotonic() - t0
         return obs

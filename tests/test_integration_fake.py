@@ -200,10 +200,6 @@ def test_kv_leak_fails_idle_after(suite):
     assert checks(v)["completed"][0] and checks(v)["parity"][0]
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "rig/runner.py bug: _scenario takes the log offsets after the phase's warm-up, so a fatal line "
-    "logged during warm-up (the fake logs it after its first completion, which is the warm-up "
-    "request) is never scanned by any scenario; the scenario PASSes"))
 def test_fatal_log_fails(suite):
     v = verdict(suite, "fatal")
     assert v.verdict == "FAIL"
@@ -218,10 +214,6 @@ def test_crash_mid_request_does_not_pass(suite):
     assert "EngineCore encountered a fatal error" in log
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "rig/runner.py bug: after the decode dies, _scenario's post-workload scrape of D raises "
-    "httpx.ConnectError, which is recorded as obs.error ('metrics unavailable'), so the verdict is "
-    "ERROR (the rig failed) instead of FAIL with the alive check naming the dead decode"))
 def test_crash_mid_request_fails_alive(suite):
     v = verdict(suite, "crash")
     assert v.verdict == "FAIL"
@@ -278,10 +270,6 @@ def test_http500_does_not_pass_and_names_it(base_dir):
     assert "HTTP 500" in result.error + " ".join(v.reason for v in result.verdicts)
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "rig/runner.py: _warm_up sends a direct request to every instance and raises ClusterError on "
-    "any error, so a decode answering HTTP 500 makes the whole run status 'error' with no "
-    "scenario verdict (junit.xml has 0 testcases) instead of a FAIL naming HTTP 500"))
 def test_http500_fails_completed(base_dir):
     result, _ = run_suite(base_dir / "http500", decodes={"decode": {"env": {"FAKE_VLLM_FAULT": "http500"}}},
                           scenarios=[scenario("pass", "decode")])

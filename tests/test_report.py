@@ -119,7 +119,11 @@ def test_junit_without_scenarios(tmp_path):
     r = RunResult(name="cpu-tiny", run_dir=str(tmp_path / "r"), config={}, status="error",
                   error="prefill exited with code 1 before it was ready")
     root = ET.parse(write_report(r) / "junit.xml").getroot()
-    assert root.get("tests") == "0" and root.findall("testcase") == []
+    # A run that died before any scenario must not look green: one synthetic error testcase.
+    (case,) = root.findall("testcase")
+    assert root.get("tests") == "1" and root.get("errors") == "1"
+    assert case.get("name") == "pdrig-run"
+    assert "prefill exited with code 1" in case.find("error").get("message")
 
 
 def test_summary_md(result):
@@ -178,4 +182,6 @@ def test_rewritten_report_reflects_latest_state(result):
     result.status = "interrupted"
     d = write_report(result)
     assert json.loads((d / "report.json").read_text())["status"] == "interrupted"
-    assert ET.parse(d / "junit.xml").getroot().get("tests") == "2"
+    root = ET.parse(d / "junit.xml").getroot()
+    assert root.get("tests") == "3"  # two scenarios + the interrupted run itself
+    assert [c.get("name") for c in root.findall("testcase")][-1] == "pdrig-run"
