@@ -63,13 +63,14 @@ def cmd_e2e(args: argparse.Namespace) -> int:
     from rig.runner import SuiteRunner, new_run_dir, select_scenarios
 
     cfg = load_config(args.config, args.overrides)
-    preflight(cfg)
+    if not args.attach:
+        preflight(cfg)
     scenarios = select_scenarios(cfg, args.scenario)
     if not scenarios:
         raise ConfigError(f"{args.config}: no scenarios to run (add a suite: or scenarios:)")
     run_dir = new_run_dir(cfg)
     print(f"[pdrig] run directory: {run_dir}", file=sys.stderr, flush=True)
-    result = SuiteRunner(cfg, scenarios, run_dir, quiet=args.quiet).run()
+    result = SuiteRunner(cfg, scenarios, run_dir, quiet=args.quiet, attach=args.attach).run()
     return 0 if result.status == "passed" else 1
 
 
@@ -148,6 +149,9 @@ def build_parser() -> argparse.ArgumentParser:
     _config_args(p)
     p.add_argument("--scenario", action="append", help="run only this scenario (repeatable)")
     p.add_argument("--quiet", action="store_true", help="no progress lines")
+    p.add_argument("--attach", action="store_true",
+                   help="the instances already run at the config's host:ports (e.g. Docker Compose): "
+                        "judge them, start and stop nothing")
     p.set_defaults(func=cmd_e2e)
     p = sub.add_parser("plan", help="print every process's argv/env/ports without starting anything")
     _config_args(p)

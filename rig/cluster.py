@@ -55,6 +55,29 @@ class ClusterError(RuntimeError):
         self.log_tail = log_tail
 
 
+RUN_MARKER = "PDRIG_RUN_DIR"
+
+
+def processes_of_run(run_dir: str | Path) -> list[int]:
+    """PIDs of live processes whose environment carries this run's marker (Linux /proc).
+
+    Every process the cluster starts, and every child it spawns, inherits ``PDRIG_RUN_DIR``;
+    after teardown this list must be empty.
+    """
+    want = f"{RUN_MARKER}={Path(run_dir).resolve()}".encode()
+    pids = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/environ", "rb") as f:
+                if want in f.read().split(b"\0"):
+                    pids.append(int(entry))
+        except OSError:
+            continue
+    return pids
+
+
 def log_tail(path: str | Path, lines: int = 25) -> str:
     """The last ``lines`` lines of a log file ('' if it does not exist)."""
     try:
@@ -139,7 +162,7 @@ class Running:
     """A started process: its spec, Popen handle and when it became ready (monotonic s)."""
 
     spec: ProcessSpec
-    popen: subprocess.Popen
+    popen: subprocess.Popen | None  # None when attached to a process the rig did not start
     started_at: float
     ready_after_s: float | None = None
 
@@ -152,8 +175,11 @@ class Cluster:
     swaps decode instances between phases.
     """
 
-    def __init__(self, plan: Plan, startup_timeout_s: float, grace_s: float = 10.0):
+    def __init__(self, plan: Plan, startup_timeout_s: float, grace_s: float = 10.0, attach: bool = False):
         self.plan = plan
+        # attach: the processes run elsewhere (e.g. Docker Compose): check readiness, never
+        # start or stop anything. Liveness then means "still answers /health".
+        self.attach = attach
         self.startup_timeout_s = startup_timeout_s
         self.grace_s = grace_s
         self.procs: dict[str, Running] = {}
@@ -178,7 +204,7 @@ class Cluster:
         from rig.plan import busy_ports
 
         todo = [n for n in names if n not in self.procs]
-        busy = busy_ports(self.plan, todo)
+        busy = [] if self.attach else busy_ports(self.plan, todo)
         if busy:
             raise ClusterError("ports already in use (another run or server?): " +
                                ", ".join(f"{n}:{p}" for n, p in busy) +
@@ -190,12 +216,17 @@ class Cluster:
         return dict(zip(todo, results))
 
     def _spawn(self, spec: ProcessSpec) -> None:
+        if self.attach:
+            self.procs[spec.name] = Running(spec=spec, popen=None, started_at=time.monotonic())
+            return
         for path, content in spec.files.items():
             Path(path).parent.mkdir(parents=True, exist_ok=True)
             Path(path).write_text(content)
         Path(spec.log_path).parent.mkdir(parents=True, exist_ok=True)
         log = open(spec.log_path, "ab")
-        env = {**os.environ, **spec.env}
+        # The marker is inherited by EngineCore and workers, so leak checks can find every
+        # process of a run (rig.cluster.processes_of_run) whatever its argv looks like.
+        env = {**os.environ, **spec.env, RUN_MARKER: str(Path(self.plan.run_dir).resolve())}
         popen = subprocess.Popen(list(spec.argv), env=env, stdout=log, stderr=subprocess.STDOUT,
                                  stdin=subprocess.DEVNULL, start_new_session=True)
         log.close()
@@ -210,13 +241,13 @@ class Cluster:
         deadline = run.started_at + self.startup_timeout_s
         with httpx.Client(timeout=3.0) as http:
             while True:
-                rc = run.popen.poll()
+                rc = run.popen.poll() if run.popen is not None else None
                 if rc is not None:
                     raise ClusterError(f"{name} exited with code {rc} before it was ready",
                                        name, log_tail(spec.log_path))
                 if self._is_ready(http, spec):
                     run.ready_after_s = time.monotonic() - run.started_at
-                    if spec.nice:
+                    if spec.nice and run.popen is not None:
                         lower_engine_priority(run.popen.pid, spec.nice)
                     return run.ready_after_s
                 if time.monotonic() > deadline:
@@ -249,7 +280,7 @@ class Cluster:
 
     def stop(self, names: list[str]) -> None:
         """Stop the named processes (SIGTERM to each group, SIGKILL after the grace period)."""
-        runs = [self.procs.pop(n) for n in names if n in self.procs]
+        runs = [r for r in (self.procs.pop(n) for n in names if n in self.procs) if r.popen is not None]
         if not runs:
             return
         kill_groups({r.popen.pid for r in runs}, self.grace_s, reap=lambda: [r.popen.poll() for r in runs])
@@ -272,7 +303,16 @@ class Cluster:
 
     def exit_codes(self) -> dict[str, int | None]:
         """``{name: None while alive, else the exit code}`` of every started process."""
-        return {n: r.popen.poll() for n, r in self.procs.items()}
+        return {n: (r.popen.poll() if r.popen is not None else self._attached_exit(r.spec))
+                for n, r in self.procs.items()}
+
+    @staticmethod
+    def _attached_exit(spec: ProcessSpec) -> int | None:
+        """For attached processes: None while /health answers 200, else -1 ("gone")."""
+        try:
+            return None if httpx.get(spec.base_url + spec.health_path, timeout=5).status_code == 200 else -1
+        except httpx.HTTPError:
+            return -1
 
     def dead(self) -> dict[str, int]:
         """The started processes that have exited, with their exit codes."""

