@@ -5,6 +5,7 @@
     pdrig up    [--config F] [--instances a,b]                      start a topology until Ctrl-C
     pdrig build-model [--config F]                                  build (or find) the tiny model
     pdrig compose [--config F] [--image I] [-o FILE]                render docker-compose.yml
+    pdrig wave prefix|pressure [--endpoints F | --prefill URL --decode URL] ...   a manual wave
 
 Exit codes: 0 all expectations hold; 1 a scenario failed (FAIL/XPASS/ERROR); 2 bad config or
 environment; 130 interrupted.
@@ -170,6 +171,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--run-dir", default="./runs", help="host directory mounted for logs")
     p.add_argument("-o", "--output", default="docker-compose.yml", help="output file, - for stdout")
     p.set_defaults(func=cmd_compose)
+    from rig.wave_cli import add_wave_parser  # `pdrig wave prefix|pressure` (rig/wave_cli.py)
+
+    add_wave_parser(sub)
     return ap
 
 

@@ -219,16 +219,42 @@ class WaveConfig(_Strict):
                              "during-decode cancels are always streamed")
     parity_fraction: float = Field(0.1, ge=0, le=1,
                                    description="share of completed requests compared with a direct request to P")
-    client: Literal["raw", "aiohttp", "httpx"] = Field(
-        "raw", description="HTTP client of the engine's hot path (scripts/bench_workload.py compares them)")
+    client: Literal["aiohttp", "httpx"] = Field(
+        "aiohttp", description="HTTP client of the engine's hot path (scripts/bench_workload.py compares them)")
     sample_interval_s: float = Field(1.0, gt=0, description="metrics timeline sampling period")
+
+
+# --- issue #3: Mooncake store scenarios (rig/workload/store.py) -------------------------------
+STORE_KINDS = ("store-roundtrip", "prefix-wave-store", "long-generation")
+
+
+class StoreScenarioConfig(_Strict):
+    """Settings of the store kinds (``ScenarioConfig.kind`` store-roundtrip / prefix-wave-store /
+    long-generation); ``None`` on a store scenario means these defaults. Prompt length and output
+    length stay ``prompt_tokens`` / ``max_tokens``.
+    """
+
+    requests: int = Field(2, ge=1, description="store-roundtrip: distinct prompts (one after another); "
+                                               "long-generation: requests sent together")
+    groups: int = Field(3, ge=1, description="prefix-wave-store: prefix groups")
+    per_group: int = Field(2, ge=1, description="prefix-wave-store: requests per group in each wave")
+    waves: int = Field(2, ge=1, description="prefix-wave-store: waves, each over every group")
+    prefix_tokens: int = Field(96, ge=1, description="prefix-wave-store: shared prefix length; whole "
+                                                     "blocks of it are what D can load from the store")
+    concurrency: int = Field(4, ge=1, description="prefix-wave-store: requests in flight at most")
+    route: Literal["store", "pd", "mixed"] = Field(
+        "mixed", description="prefix-wave-store: a request goes plainly to D (prefix from the store), "
+                             "two-hop P->D over NIXL, or alternately")
+    put_wait_s: float = Field(15, gt=0, description="wait this long for P's puts to reach the master "
+                                                    "before D asks for the same prefix")
 
 
 class ScenarioConfig(_Strict):
     """One crafted workload with its expectation (``kind`` selects the workload)."""
 
     name: str = Field(pattern=NAME_PATTERN)
-    kind: Literal["edge", "prefix-wave", "pressure-wave"] = "edge"
+    kind: Literal["edge", "prefix-wave", "pressure-wave",
+                  "store-roundtrip", "prefix-wave-store", "long-generation"] = "edge"  # store kinds: issue #3
     description: str = ""
     prefill: str | None = Field(None, description="instance name; None = the first prefill")
     decode: str | None = Field(None, description="instance name; None = the first decode")
@@ -240,7 +266,11 @@ class ScenarioConfig(_Strict):
     deadline_s: float | None = Field(None, gt=0, description="None = timeouts.request_s")
     parity: bool = Field(True, description="compare tokens with a non-disaggregated reference")
     seed: int | None = Field(None, description="prompt seed; None = derived from the name")
+    tamper: Literal["swap-prompt"] | None = Field(
+        None, description="negative control: 'swap-prompt' sends D a different prompt of the same "
+                          "length with P's kv_transfer_params; PASS means the rig caught it")
     wave: WaveConfig | None = Field(None, description="prefix-wave / pressure-wave settings (issue #4)")
+    store: StoreScenarioConfig | None = Field(None, description="store kinds' settings (issue #3)")
 
     @model_validator(mode="before")
     @classmethod
@@ -303,6 +333,17 @@ class RigConfig(_Strict):
             if inst.name == name:
                 return inst
         raise KeyError(name)
+
+    @model_validator(mode="after")
+    def _mooncake(self) -> "RigConfig":  # issue #3: the only Mooncake validator
+        """Refuse at config time what cannot work with Mooncake (rig.mooncake.config_problems):
+        mooncake-p2p on cpu, colliding Mooncake ports, store scenarios on a non-store topology."""
+        from rig import mooncake
+
+        problems = mooncake.config_problems(self)
+        if problems:
+            raise ValueError("; ".join(problems))
+        return self
 
     @model_validator(mode="after")
     def _consistent(self) -> "RigConfig":

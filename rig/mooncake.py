@@ -1,7 +1,9 @@
-"""Mooncake pieces of a P/D topology: master argv, store config, kv-transfer-config JSON.
+"""Mooncake pieces of a P/D topology: master argv, store config, kv-transfer-config JSON, and
+the master process / per-instance files and environment that rig.plan puts into a topology.
 
-Pure functions only: nothing here imports vLLM, torch or the ``mooncake`` package (importing
-``mooncake.store`` already needs ``libibverbs.so.1``). The rules below were read from vLLM
+Nothing here imports vLLM, torch or the ``mooncake`` package (importing ``mooncake.store``
+already needs ``libibverbs.so.1``); the builders are pure, :func:`master_binary` looks for the
+binary on disk and :func:`preflight` / :func:`missing_system_libraries` probe the machine. The rules below were read from vLLM
 0.32.0's source (``vllm/distributed/mooncake_store.py``,
 ``vllm/distributed/kv_transfer/kv_connector/v1/{multi_connector.py,mooncake/,nixl/}``,
 ``vllm/config/kv_transfer.py``) and checked with live CPU servers and
@@ -22,6 +24,7 @@ Modes of :func:`kv_transfer_config`:
 from __future__ import annotations
 
 import ctypes
+import json
 import importlib.util
 import os
 import shutil
@@ -231,7 +234,8 @@ def store_client_env(
     }
 
 
-def _nixl_child(kv_role: str, device: str, kv_buffer_device: str) -> dict[str, Any]:
+def _nixl_child(kv_role: str, device: str, kv_buffer_device: str,
+                extra: dict[str, Any] | None = None) -> dict[str, Any]:
     allowed = NIXL_BUFFER_DEVICES.get(device)
     if allowed is None:
         raise ValueError(
@@ -244,8 +248,11 @@ def _nixl_child(kv_role: str, device: str, kv_buffer_device: str) -> dict[str, A
             f"got {kv_buffer_device!r} (vLLM raises '{device} with {kv_buffer_device} "
             "kv_buffer is not supported.')"
         )
-    return {"kv_connector": "NixlConnector", "kv_role": kv_role,
-            "kv_buffer_device": kv_buffer_device}
+    out: dict[str, Any] = {"kv_connector": "NixlConnector", "kv_role": kv_role,
+                           "kv_buffer_device": kv_buffer_device}
+    if extra:
+        out["kv_connector_extra_config"] = dict(extra)
+    return out
 
 
 def _store_child(kv_role: str, lookup_rpc_port: int | None) -> dict[str, Any]:
@@ -267,6 +274,7 @@ def kv_transfer_config(
     device: str,
     lookup_rpc_port: int | None,
     kv_buffer_device: str,
+    nixl_extra: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """The ``--kv-transfer-config`` JSON object for one vLLM instance.
 
@@ -275,7 +283,10 @@ def kv_transfer_config(
     ``lookup_rpc_port`` is the store connector's per-instance ID, an int that only names an IPC
     socket (required by the store modes, distinct per instance on a host; ignored by ``nixl``
     and ``mooncake-p2p``); ``kv_buffer_device`` is NIXL's staging device
-    (``cpu`` on a CPU machine; ignored by the store-only and p2p modes).
+    (``cpu`` on a CPU machine; ignored by the store-only and p2p modes); ``nixl_extra`` is the
+    NIXL connector's ``kv_connector_extra_config`` (e.g. ``{"num_threads": 4}``; rig.plan passes
+    ``nixl.num_threads``), added to the NIXL child of ``nixl`` / ``nixl+store`` when non-empty and
+    ignored by the other modes.
 
     Role semantics (vLLM 0.32.0 source, verified live for nixl, mooncake-store, nixl+store):
     the store connector puts blocks only for ``kv_producer``/``kv_both`` (or with
@@ -296,11 +307,11 @@ def kv_transfer_config(
     if kv_role not in KV_ROLES:
         raise ValueError(f"unknown kv_role {kv_role!r}; vLLM accepts {', '.join(KV_ROLES)}")
     if mode == "nixl":
-        return _nixl_child(kv_role, device, kv_buffer_device)
+        return _nixl_child(kv_role, device, kv_buffer_device, nixl_extra)
     if mode == "mooncake-store":
         return _store_child(kv_role, lookup_rpc_port)
     if mode == "nixl+store":
-        children = [_nixl_child(kv_role, device, kv_buffer_device),
+        children = [_nixl_child(kv_role, device, kv_buffer_device, nixl_extra),
                     _store_child(kv_role, lookup_rpc_port)]
         return {"kv_connector": "MultiConnector", "kv_role": kv_role,
                 "kv_connector_extra_config": {"connectors": children}}
@@ -406,3 +417,233 @@ def find_master_binary(venv: str | os.PathLike[str] | None = None) -> str | None
         if found:
             return found
     return None
+
+
+# ------------------------------------------------------------------ topology pieces (issue #3)
+#
+# What rig.plan asks of this module when an instance uses a store mode: the master as a
+# supervised process (:func:`master_process`), each instance's MOONCAKE_CONFIG_PATH file
+# (:func:`instance_store_file`) and store-client environment (:func:`instance_store_env`), plus
+# the checks the config validator and the CLI's preflight run (:func:`config_problems`,
+# :func:`preflight`). Still no import of vLLM, torch or ``mooncake``.
+
+MASTER_NAME = "mooncake-master"  # process name and role in the plan (rig.compose keys on the role)
+MASTER_ROLE = "mooncake-master"
+STORE_MODES: tuple[str, ...] = ("mooncake-store", "nixl+store")
+
+# TCP ports of each instance's store client, derived from the master's RPC port so the config
+# needs no extra field: instance i (index in RigConfig.instances(), prefill first) gets
+#   [b, b+3]  MC_MIN_RPC_PORT..MC_MAX_RPC_PORT  (transfer-engine RPC + TcpTransport listeners; 2 spare)
+#   [b+4, b+5] MC_STORE_CLIENT_MIN_PORT..MAX    (the port in the segment name; not a listener)
+# with b = mooncake.rpc_port + CLIENT_PORT_OFFSET + CLIENT_PORT_STRIDE * i. Keep rpc_port below
+# the kernel's ephemeral range (32768+) so no outgoing connection holds one of them.
+CLIENT_PORT_OFFSET = 10
+CLIENT_PORT_STRIDE = 8
+CLIENT_RPC_PORTS = 4
+CLIENT_SEGMENT_PORTS = 2
+
+PIP_INSTALL_HINT = ("pip install mooncake-transfer-engine-non-cuda==0.3.13.post1 msgpack "
+                    "(`make setup`; on GPU nodes mooncake-transfer-engine)")
+
+
+def instance_mode(cfg: Any, inst: Any) -> str:
+    """The connector mode of ``inst`` (its own, else the config's top-level ``connector``)."""
+    return inst.connector or cfg.connector
+
+
+def uses_store(cfg: Any) -> bool:
+    """True when any instance of ``cfg`` runs a store mode (the topology then has a master)."""
+    return any(instance_mode(cfg, i) in STORE_MODES for _, i in cfg.instances())
+
+
+def master_url(cfg: Any) -> str:
+    """``http://host:metrics_port`` of the master's admin server (/health, /metrics)."""
+    host = "127.0.0.1" if cfg.mooncake.host in ("0.0.0.0", "::") else cfg.mooncake.host
+    return f"http://{host}:{cfg.mooncake.metrics_port}"
+
+
+def master_binary(cfg: Any) -> str:
+    """``mooncake.master_binary``, else the ELF found by :func:`find_master_binary`, else the
+    bare name ``mooncake_master`` (resolved on PATH at start; :func:`preflight` refuses a run
+    where it cannot be found, so ``pdrig plan`` still works on a machine without Mooncake)."""
+    return cfg.mooncake.master_binary or find_master_binary() or MASTER_BINARY_NAME
+
+
+def master_process(cfg: Any, run_dir: str | os.PathLike[str]) -> Any:
+    """The :class:`~rig.plan.ProcessSpec` of ``mooncake_master`` for ``cfg`` (role ``mooncake-master``).
+
+    Argv from :func:`master_argv` (RPC, HTTP metadata and metrics/admin ports on
+    ``mooncake.host``); log ``<run_dir>/logs/mooncake-master.log`` (``GLOG_logtostderr=1`` keeps
+    glog's files out of /tmp); readiness = ``GET /health`` 200 on the metrics port (measured:
+    ``{"status":"ok",...,"service_ready":true}`` about 1 s after start) plus the RPC and metadata
+    ports accepting connections; no ``/v1/models`` check (``served_model`` None). Nice 0: the
+    master is idle most of the time and every put/get of both engines goes through it, so it is
+    not pushed below the servers (under CPU starvation its metadata PUTs were seen timing out).
+    Only the binary lookup touches the file system (see :func:`master_binary`).
+    """
+    from rig.plan import ProcessSpec
+
+    mc = cfg.mooncake
+    return ProcessSpec(
+        name=MASTER_NAME, role=MASTER_ROLE,
+        argv=tuple(master_argv(master_binary(cfg), mc.host, mc.rpc_port, mc.http_metadata_port,
+                               mc.metrics_port)),
+        env={"GLOG_logtostderr": "1", "PYTHONUNBUFFERED": "1"},
+        log_path=str(Path(run_dir) / "logs" / f"{MASTER_NAME}.log"),
+        host=mc.host, port=mc.metrics_port, health_path="/health", served_model=None,
+        ready_ports=(mc.rpc_port, mc.http_metadata_port), nice=0,
+    )
+
+
+def store_file_path(run_dir: str | os.PathLike[str], inst_name: str) -> str:
+    """``<run_dir>/mooncake/<inst_name>.json``: the instance's MOONCAKE_CONFIG_PATH."""
+    return str(Path(run_dir) / "mooncake" / f"{inst_name}.json")
+
+
+def instance_store_file(cfg: Any, run_dir: str | os.PathLike[str], inst_name: str) -> tuple[str, str]:
+    """``(path, JSON text)`` of instance ``inst_name``'s MOONCAKE_CONFIG_PATH file.
+
+    The text is :func:`store_config` for the config's master with the instance's segment
+    (``mooncake.global_segment_size_mb``) and staging buffer (``local_buffer_size_mb``), MiB
+    written as bytes. Raises KeyError for an unknown instance, ValueError as store_config does.
+    """
+    cfg.instance(inst_name)  # KeyError for a name that is not in the topology
+    mc = cfg.mooncake
+    content = store_config(mc.host, mc.rpc_port, mc.http_metadata_port,
+                           mc.global_segment_size_mb << 20, mc.local_buffer_size_mb << 20, mc.protocol)
+    return store_file_path(run_dir, inst_name), json.dumps(content, indent=1) + "\n"
+
+
+def client_port_ranges(cfg: Any, inst_name: str) -> tuple[tuple[int, int], tuple[int, int]]:
+    """``(rpc_range, segment_range)`` of ``inst_name``'s store client (layout above
+    :data:`CLIENT_PORT_OFFSET`). Raises KeyError for an unknown instance."""
+    names = [i.name for _, i in cfg.instances()]
+    if inst_name not in names:
+        raise KeyError(inst_name)
+    base = cfg.mooncake.rpc_port + CLIENT_PORT_OFFSET + CLIENT_PORT_STRIDE * names.index(inst_name)
+    rpc = (base, base + CLIENT_RPC_PORTS - 1)
+    seg = (rpc[1] + 1, rpc[1] + CLIENT_SEGMENT_PORTS)
+    return rpc, seg
+
+
+def instance_store_env(cfg: Any, run_dir: str | os.PathLike[str], inst_name: str) -> dict[str, str]:
+    """Environment of a store-mode instance: :func:`store_client_env` for its config file and
+    port ranges, with ``VLLM_RPC_BASE_PATH`` = ``<run_dir>/mooncake`` (the lookup IPC socket of
+    this run lives there, not in a /tmp shared with other rigs). ``VLLM_HOST_IP`` /
+    ``MC_TCP_BIND_ADDRESS`` are ``mooncake.host``. Includes ``MOONCAKE_CONFIG_PATH``.
+    """
+    rpc, seg = client_port_ranges(cfg, inst_name)
+    host = "127.0.0.1" if cfg.mooncake.host in ("0.0.0.0", "::") else cfg.mooncake.host
+    return store_client_env(store_file_path(run_dir, inst_name), host, rpc, seg,
+                            rpc_base_path=str(Path(run_dir) / "mooncake"))
+
+
+def port_map(cfg: Any) -> dict[str, int]:
+    """Every TCP port the Mooncake side of ``cfg`` uses, ``{label: port}`` (empty without a
+    store mode): the master's three and each store instance's client ranges (label e.g.
+    ``"decode's store client (MC_MIN_RPC_PORT..MC_MAX_RPC_PORT 8518-8521)"``)."""
+    if not uses_store(cfg):
+        return {}
+    mc = cfg.mooncake
+    out = {"mooncake.rpc_port": mc.rpc_port, "mooncake.http_metadata_port": mc.http_metadata_port,
+           "mooncake.metrics_port": mc.metrics_port}
+    for _, inst in cfg.instances():
+        if instance_mode(cfg, inst) not in STORE_MODES:
+            continue
+        rpc, seg = client_port_ranges(cfg, inst.name)
+        for (lo, hi), what in ((rpc, "MC_MIN_RPC_PORT..MC_MAX_RPC_PORT"),
+                               (seg, "MC_STORE_CLIENT_MIN_PORT..MC_STORE_CLIENT_MAX_PORT")):
+            for port in range(lo, hi + 1):
+                out[f"{inst.name}'s store client port {port} ({what} {lo}-{hi})"] = port
+    return out
+
+
+def config_problems(cfg: Any) -> list[str]:
+    """What makes ``cfg`` unusable for Mooncake, one message per problem (empty = fine).
+
+    Checked at config time (rig.config's RigConfig validator): ``mooncake-p2p`` on a CPU
+    device (:data:`MOONCAKE_P2P_CPU_REFUSAL`); Mooncake ports that collide with each other or
+    with an instance's HTTP / NIXL side-channel port, or fall outside 1..65535; store scenarios
+    (``store-roundtrip``, ``prefix-wave-store``, ``long-generation``) whose prefill or decode
+    does not run a store mode (there would be no store traffic to judge); a ``store:`` section on
+    another kind; a ``store-roundtrip`` prompt without one full block before its last token (D
+    loads only full blocks and always computes the block holding the last prompt token).
+    """
+    problems: list[str] = []
+    if cfg.device == "cpu":
+        where = (["connector"] if cfg.connector == "mooncake-p2p" and
+                 any(i.connector is None for _, i in cfg.instances()) else [])
+        where += [f"{i.name}.connector" for _, i in cfg.instances() if i.connector == "mooncake-p2p"]
+        if where:
+            problems.append(f"{', '.join(where)}: {MOONCAKE_P2P_CPU_REFUSAL}")
+    if uses_store(cfg):
+        taken: dict[int, str] = {}
+        for index, (_, inst) in enumerate(cfg.instances()):
+            taken[inst.port] = f"{inst.name}.port"
+            side = inst.side_channel_port if inst.side_channel_port is not None \
+                else cfg.nixl.side_channel_base_port + index
+            taken.setdefault(side, f"{inst.name}.side_channel_port")
+        reported: set[str] = set()
+        for label, port in port_map(cfg).items():
+            group = label.split(" (", 1)[-1]  # one message per client range
+            if not 1 <= port <= 65535:
+                if group not in reported:
+                    reported.add(group)
+                    problems.append(f"{label}: outside 1..65535; lower mooncake.rpc_port")
+            elif port in taken:
+                if group not in reported:
+                    reported.add(group)
+                    problems.append(
+                        f"{label} collides with {taken[port]} ({port}); change mooncake ports (store "
+                        f"clients use mooncake.rpc_port+{CLIENT_PORT_OFFSET} onwards, "
+                        f"{CLIENT_PORT_STRIDE} ports per instance) or the other port")
+            else:
+                taken[port] = label
+    from rig.config import STORE_KINDS
+
+    for sc in cfg.scenarios:
+        if sc.kind not in STORE_KINDS:
+            if getattr(sc, "store", None) is not None:
+                problems.append(f"scenario {sc.name}: store: is only for kinds {', '.join(STORE_KINDS)}")
+            continue
+        plain = []
+        for role, ref, pool in (("prefill", sc.prefill, cfg.prefill), ("decode", sc.decode, cfg.decode)):
+            inst = next((i for i in pool if i.name == ref), pool[0] if ref is None else None)
+            if inst is not None and instance_mode(cfg, inst) not in STORE_MODES:
+                plain.append(f"{role} {inst.name} ({instance_mode(cfg, inst)})")
+        if plain:
+            problems.append(f"scenario {sc.name} (kind {sc.kind}) needs a store connector "
+                            f"({' or '.join(STORE_MODES)}) on prefill and decode; not on {', '.join(plain)}")
+        if sc.kind == "store-roundtrip" and sc.prompt_tokens <= cfg.block_size:
+            problems.append(
+                f"scenario {sc.name}: prompt_tokens {sc.prompt_tokens} must exceed block_size "
+                f"{cfg.block_size}: D loads only full blocks before the last prompt token "
+                f"(floor((n-1)/{cfg.block_size}) x {cfg.block_size} tokens)")
+        st = getattr(sc, "store", None)
+        if sc.kind == "prefix-wave-store" and (st.prefix_tokens if st else 96) >= sc.prompt_tokens:
+            problems.append(f"scenario {sc.name}: store.prefix_tokens {st.prefix_tokens if st else 96} must be "
+                            f"below prompt_tokens {sc.prompt_tokens} (each prompt = shared prefix + unique suffix)")
+    return problems
+
+
+def preflight(cfg: Any) -> None:
+    """Refuse, before anything starts, a store topology this machine cannot run.
+
+    Raises :class:`rig.config.ConfigError` naming each missing shared library with its Debian
+    package and the apt-get line (:func:`describe_missing_libraries`), or the missing
+    ``mooncake_master`` with the pip line. Does nothing when no instance uses a store mode.
+    """
+    from rig.config import ConfigError
+
+    if not uses_store(cfg):
+        return
+    missing = missing_system_libraries()
+    if missing:
+        raise ConfigError(describe_missing_libraries(missing) +
+                          f" (config {cfg.name!r} uses the Mooncake store)")
+    binary = master_binary(cfg)
+    found = (os.path.isfile(binary) and os.access(binary, os.X_OK)) if os.sep in binary \
+        else shutil.which(binary) is not None
+    if not found:
+        raise ConfigError(f"mooncake_master not found ({binary!r}; mooncake.master_binary); "
+                          f"install it with: {PIP_INSTALL_HINT}")

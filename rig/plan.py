@@ -198,7 +198,7 @@ def build_plan(cfg: RigConfig, run_dir: str | Path, model_path: str, python: str
             from rig import mooncake
 
             path, content = mooncake.instance_store_file(cfg, run_dir, inst.name)
-            env["MOONCAKE_CONFIG_PATH"] = path
+            env.update(mooncake.instance_store_env(cfg, run_dir, inst.name))  # issue #3: config path + MC_* ports
             files[path] = content
         procs.append(ProcessSpec(
             name=inst.name, role=role,

@@ -120,6 +120,8 @@ def judge(sc: ScenarioConfig, obs: ScenarioObservation) -> ScenarioVerdict:
         return ScenarioVerdict(sc.name, "ERROR", expectation, obs.error)
     checks = _checks(sc, obs)
     failed = [c for c in checks if not c.ok]
+    if sc.tamper:
+        return _judge_tampered(sc, checks)
     if ki is None:
         if not failed:
             return ScenarioVerdict(sc.name, "PASS", expectation, "all checks hold", checks)
@@ -135,6 +137,24 @@ def judge(sc: ScenarioConfig, obs: ScenarioObservation) -> ScenarioVerdict:
         return ScenarioVerdict(sc.name, "XFAIL", expectation, f"{ki.id}: {diag}", checks)
     return ScenarioVerdict(sc.name, "FAIL", expectation,
                            "; ".join(f"{c.name}: {c.detail}" for c in (collateral or failed)), checks)
+
+
+def _judge_tampered(sc: ScenarioConfig, checks: list[Check]) -> ScenarioVerdict:
+    """A negative control passes when the tampering is *caught*: by parity (the answer differs
+    from the reference of the prompt D was given) or by an error; and nothing else broke."""
+    by = {c.name: c for c in checks}
+    caught = [c for c in (by.get("parity"), by.get("completed")) if c is not None and not c.ok]
+    collateral = [c for c in checks if not c.ok and c.name not in SYMPTOM_CHECKS]
+    expectation = f"caught: {sc.tamper}"
+    if caught and not collateral:
+        return ScenarioVerdict(sc.name, "PASS", expectation,
+                               f"tampering caught by {caught[0].name}: {caught[0].detail}", checks)
+    if collateral:
+        return ScenarioVerdict(sc.name, "FAIL", expectation,
+                               "; ".join(f"{c.name}: {c.detail}" for c in collateral), checks)
+    return ScenarioVerdict(sc.name, "FAIL", expectation,
+                           f"{sc.tamper} passed silently: the answer matched the reference of the "
+                           "prompt D was given, so parity cannot vouch for the KV", checks)
 
 
 def run_passed(verdicts: list[ScenarioVerdict]) -> bool:

@@ -40,7 +40,7 @@ def test_cpu_tiny_loads_with_its_suite():
     assert [i.name for _, i in cfg.instances()] == ["prefill", "decode", "decode-6blk", "decode-nospec"]
     assert [s.name for s in cfg.scenarios] == [
         "edge-126", "edge-127", "edge-96-block-boundary", "edge-96-pair",
-        "edge-126-6blk", "edge-127-6blk", "edge-126-nospec", "edge-127-nospec"]
+        "edge-126-6blk", "edge-127-6blk", "edge-126-nospec", "edge-127-nospec", "canary-swapped-prompt"]
     e126 = cfg.scenarios[0]
     assert (e126.decode, e126.prompt_tokens, e126.max_tokens) == ("decode", 126, 2)
     assert (e126.expect.completion_tokens, e126.expect.total_tokens) == (2, 128)

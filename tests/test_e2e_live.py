@@ -97,6 +97,16 @@ def test_controls_pass_with_parity_and_transfer(edge_run, name, completion, tota
     assert ev["nixl_bytes"] > 0 and ev["external_prompt_tokens"] > 0
 
 
+def test_replayed_kv_params_with_another_prompt_are_caught(edge_run):
+    """Issue #5's negative control: D given P's kv_transfer_params for prompt A but prompt B
+    attends over the wrong KV; the rig must catch it (parity or an error), never pass it."""
+    _, _, report = edge_run
+    verdict, obs = _scenario(report, "canary-swapped-prompt")
+    assert verdict["verdict"] == "PASS", verdict["reason"]
+    assert verdict["reason"].startswith("tampering caught by")
+    assert obs["parity"][0] is None or obs["parity"][0]["status"] == "diverged"
+
+
 def test_run_directory_holds_every_artifact(edge_run):
     _, run_dir, report = edge_run
     for f in ("report.json", "junit.xml", "summary.md", "plan.json", "config.yaml", "metrics/timeline.jsonl"):

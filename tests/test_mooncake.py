@@ -252,3 +252,247 @@ def test_find_master_binary_ignores_non_executable(tmp_path):
     os.chmod(f, 0o644)
     assert mc.find_master_binary(venv) is None
     assert mc.find_master_binary(tmp_path / "absent") is None
+
+
+# --- the topology: master process, per-instance files and env, plan (issue #3) ------------------
+
+from pathlib import Path  # noqa: E402
+
+import jsonschema  # noqa: E402
+import yaml  # noqa: E402
+
+from rig import compose  # noqa: E402
+from rig.config import ConfigError, load_config  # noqa: E402
+from rig.plan import build_plan  # noqa: E402
+
+ROOT = Path(__file__).resolve().parent.parent
+CPU_MC = ROOT / "configs" / "cpu-tiny-mooncake.yaml"
+H200_MC = ROOT / "configs" / "h200-mooncake.yaml"
+CPU_TINY = ROOT / "configs" / "cpu-tiny.yaml"
+RUN = "/runs/r1"
+
+
+def mc_cfg(overrides=None, path=CPU_MC):
+    return load_config(path, overrides)
+
+
+def mc_plan(overrides=None, path=CPU_MC):
+    return build_plan(mc_cfg(overrides, path), RUN, "/m/tiny", "/venv/bin/python")
+
+
+def test_master_process_spec():
+    cfg = mc_cfg(["mooncake.master_binary=/opt/mc/mooncake_master"])
+    spec = mc.master_process(cfg, RUN)
+    assert spec.name == spec.role == "mooncake-master"
+    assert list(spec.argv) == mc.master_argv("/opt/mc/mooncake_master", "127.0.0.1", 8540, 8541, 8542)
+    assert spec.port == 8542 and spec.health_path == "/health" and spec.base_url == "http://127.0.0.1:8542"
+    assert spec.served_model is None  # cluster readiness skips /v1/models
+    assert spec.ready_ports == (8540, 8541)
+    assert spec.log_path == f"{RUN}/logs/mooncake-master.log"
+    assert spec.env["GLOG_logtostderr"] == "1"
+    assert spec.nice == 0 and spec.files == {}
+
+
+def test_master_binary_found_or_bare_name(monkeypatch):
+    cfg = mc_cfg()
+    monkeypatch.setattr(mc, "find_master_binary", lambda venv=None: "/found/mooncake_master")
+    assert mc.master_process(cfg, RUN).argv[0] == "/found/mooncake_master"
+    monkeypatch.setattr(mc, "find_master_binary", lambda venv=None: None)
+    assert mc.master_process(cfg, RUN).argv[0] == "mooncake_master"  # `pdrig plan` still works
+
+
+def test_instance_store_file_is_store_config_json():
+    cfg = mc_cfg()
+    path, text = mc.instance_store_file(cfg, RUN, "decode")
+    assert path == f"{RUN}/mooncake/decode.json"
+    assert json.loads(text) == mc.store_config("127.0.0.1", 8540, 8541, 64 << 20, 32 << 20, "tcp")
+    with pytest.raises(KeyError):
+        mc.instance_store_file(cfg, RUN, "nope")
+
+
+def test_client_port_ranges_disjoint_and_documented():
+    cfg = mc_cfg()
+    assert mc.client_port_ranges(cfg, "prefill") == ((8550, 8553), (8554, 8555))
+    assert mc.client_port_ranges(cfg, "decode") == ((8558, 8561), (8562, 8563))
+    ports = list(mc.port_map(cfg).values())
+    assert len(ports) == len(set(ports)) == 3 + 2 * 6
+
+
+def test_instance_store_env():
+    env = mc.instance_store_env(mc_cfg(), RUN, "prefill")
+    assert env == {
+        "MOONCAKE_CONFIG_PATH": f"{RUN}/mooncake/prefill.json", "VLLM_HOST_IP": "127.0.0.1",
+        "MC_TCP_BIND_ADDRESS": "127.0.0.1", "MC_MIN_RPC_PORT": "8550", "MC_MAX_RPC_PORT": "8553",
+        "MC_STORE_CLIENT_MIN_PORT": "8554", "MC_STORE_CLIENT_MAX_PORT": "8555",
+        "VLLM_RPC_BASE_PATH": f"{RUN}/mooncake"}
+
+
+def test_kv_transfer_config_nixl_extra():
+    out = mc.kv_transfer_config("nixl+store", "kv_producer", "cpu", 5840, "cpu", nixl_extra={"num_threads": 4})
+    assert out["kv_connector_extra_config"]["connectors"][0] == {
+        "kv_connector": "NixlConnector", "kv_role": "kv_producer", "kv_buffer_device": "cpu",
+        "kv_connector_extra_config": {"num_threads": 4}}
+    assert "kv_connector_extra_config" not in mc.kv_transfer_config(
+        "nixl+store", "kv_producer", "cpu", 5840, "cpu", nixl_extra={})["kv_connector_extra_config"]["connectors"][0]
+    assert mc.kv_transfer_config("mooncake-store", "kv_consumer", "cpu", 5841, "cpu",
+                                 nixl_extra={"num_threads": 4}) == mc.kv_transfer_config(
+        "mooncake-store", "kv_consumer", "cpu", 5841, "cpu")
+
+
+def _kv(spec) -> dict:
+    argv = list(spec.argv)
+    return json.loads(argv[argv.index("--kv-transfer-config") + 1])
+
+
+def test_plan_of_cpu_tiny_mooncake():
+    plan = mc_plan()
+    assert [(p.name, p.role) for p in plan.processes] == [
+        ("mooncake-master", "mooncake-master"), ("prefill", "prefill"), ("decode", "decode")]
+    for name, role, lookup in (("prefill", "kv_producer", 5840), ("decode", "kv_consumer", 5841)):
+        spec = plan.by_name(name)
+        assert _kv(spec) == {
+            "kv_connector": "MultiConnector", "kv_role": role,
+            "kv_connector_extra_config": {"connectors": [
+                {"kv_connector": "NixlConnector", "kv_role": role, "kv_buffer_device": "cpu"},
+                {"kv_connector": "MooncakeStoreConnector", "kv_role": role,
+                 "kv_connector_extra_config": {"lookup_rpc_port": lookup}}]}}
+        path = f"{RUN}/mooncake/{name}.json"
+        assert spec.env["MOONCAKE_CONFIG_PATH"] == path and list(spec.files) == [path]
+        assert json.loads(spec.files[path])["master_server_address"] == "127.0.0.1:8540"
+        assert spec.env["MC_TCP_BIND_ADDRESS"] == spec.env["VLLM_HOST_IP"] == "127.0.0.1"
+        assert spec.env["VLLM_RPC_BASE_PATH"] == f"{RUN}/mooncake"
+    d = plan.by_name("decode")
+    argv = list(d.argv)
+    assert argv[argv.index("--num-gpu-blocks-override") + 1] == "9"
+    assert argv[argv.index("--max-model-len") + 1] == "256"
+    assert "--speculative-config" not in argv
+
+
+def test_plan_mooncake_store_only_and_mixed_modes():
+    plan = mc_plan(["connector=mooncake-store"])
+    assert _kv(plan.by_name("prefill")) == {
+        "kv_connector": "MooncakeStoreConnector", "kv_role": "kv_producer",
+        "kv_connector_extra_config": {"lookup_rpc_port": 5840}}
+    # A per-instance mode: the master still comes first; a NIXL-only instance gets no store env.
+    plan = build_plan(load_config(CPU_TINY, ["decode.decode-6blk.connector=nixl+store"]), RUN, "/m", "py")
+    assert plan.processes[0].role == "mooncake-master"
+    assert "MOONCAKE_CONFIG_PATH" not in plan.by_name("decode").env
+    assert _kv(plan.by_name("decode-6blk"))["kv_connector"] == "MultiConnector"
+    assert _kv(plan.by_name("decode"))["kv_connector"] == "NixlConnector"
+
+
+def test_plan_passes_nixl_threads_to_the_nixl_child():
+    kv = _kv(mc_plan(["nixl.num_threads=3"]).by_name("decode"))
+    assert kv["kv_connector_extra_config"]["connectors"][0]["kv_connector_extra_config"] == {"num_threads": 3}
+
+
+def test_h200_mooncake_plan():
+    plan = mc_plan(path=H200_MC)
+    kv = _kv(plan.by_name("decode"))
+    assert kv["kv_connector_extra_config"]["connectors"][0]["kv_buffer_device"] == "cuda"
+    assert plan.by_name("decode").env["CUDA_VISIBLE_DEVICES"] == "0"
+    assert json.loads(plan.by_name("prefill").files[f"{RUN}/mooncake/prefill.json"])["global_segment_size"] == 1 << 30
+    assert [s.name for s in mc_cfg(path=H200_MC).scenarios] == [s.name for s in mc_cfg().scenarios]
+
+
+def test_compose_renders_the_mooncake_profile():
+    cfg = mc_cfg()
+    plan = compose.container_plan(cfg)
+    doc = compose.render_compose(cfg, plan, "pdrig:test", "/srv/run", model_dir_host="/srv/tiny")
+    schema = json.loads((ROOT / "tests" / "data" / "compose-spec.json").read_text())
+    assert list(jsonschema.Draft202012Validator(schema).iter_errors(doc)) == []
+    assert doc["services"]["mooncake-master"]["command"][0] == "mooncake_master"
+    assert doc["services"]["decode"]["depends_on"]["mooncake-master"] == {"condition": "service_healthy"}
+    files = compose.container_files(cfg, plan, "/srv/run")
+    assert json.loads(files["/srv/run/mooncake/decode.json"])["master_server_address"] == "mooncake-master:8540"
+
+
+# --- refusals at config time ---------------------------------------------------------------------
+
+
+def test_mooncake_p2p_refused_on_cpu_at_config_time():
+    with pytest.raises(ConfigError) as e:
+        load_config(CPU_TINY, ["connector=mooncake-p2p"])
+    assert mc.MOONCAKE_P2P_CPU_REFUSAL in str(e.value) and "connector:" in str(e.value)
+    assert str(e.value).count("needs an accelerator") == 1  # once, not per instance
+    with pytest.raises(ConfigError, match=r"decode-6blk\.connector: mode 'mooncake-p2p'"):
+        load_config(CPU_TINY, ["decode.decode-6blk.connector=mooncake-p2p"])
+
+
+def test_mooncake_p2p_allowed_on_cuda():
+    cfg = load_config(ROOT / "configs" / "h200.yaml", ["connector=mooncake-p2p"])
+    kv = _kv(build_plan(cfg, RUN, "m", "py").by_name("decode"))
+    assert kv["kv_connector"] == "MooncakeConnector"
+
+
+def test_mooncake_port_collisions_refused():
+    with pytest.raises(ConfigError, match=r"prefill's store client port 8230 .* collides with decode\.port"):
+        mc_cfg(["mooncake.rpc_port=8220"])
+    with pytest.raises(ConfigError, match="mooncake.metrics_port collides with mooncake.rpc_port"):
+        mc_cfg(["mooncake.metrics_port=8540"])
+    with pytest.raises(ConfigError, match="outside 1..65535"):
+        mc_cfg(["mooncake.rpc_port=65530"])
+    load_config(CPU_TINY, ["mooncake.rpc_port=8200"])  # no store mode: Mooncake ports unused
+
+
+def test_store_scenarios_need_store_connectors():
+    with pytest.raises(ConfigError, match=r"store-roundtrip \(kind store-roundtrip\) needs a store connector"):
+        mc_cfg(["connector=nixl"])
+    with pytest.raises(ConfigError, match=r"not on decode decode \(nixl\)"):
+        mc_cfg(["decode.decode.connector=nixl"])
+
+
+def test_store_section_only_on_store_kinds_and_roundtrip_length(tmp_path):
+    data = yaml.safe_load(CPU_MC.read_text())
+    data["suite"] = None
+    data["scenarios"] = [{"name": "e", "prompt_tokens": 40, "max_tokens": 2, "store": {"requests": 1}}]
+    p = tmp_path / "c.yaml"
+    p.write_text(yaml.safe_dump(data))
+    with pytest.raises(ConfigError, match="store: is only for kinds"):
+        load_config(p)
+    data["scenarios"] = [{"name": "r", "kind": "store-roundtrip", "prompt_tokens": 32, "max_tokens": 2}]
+    p.write_text(yaml.safe_dump(data))
+    with pytest.raises(ConfigError, match="prompt_tokens 32 must exceed block_size 32"):
+        load_config(p)
+    data["scenarios"] = [{"name": "w", "kind": "prefix-wave-store", "prompt_tokens": 96, "max_tokens": 2}]
+    p.write_text(yaml.safe_dump(data))
+    with pytest.raises(ConfigError, match="prefix_tokens 96 must be below prompt_tokens 96"):
+        load_config(p)
+    data["scenarios"] = [{"name": "x", "kind": "store-roundtrip", "prompt_tokens": 40, "max_tokens": 2,
+                          "store": {"bogus": 1}}]
+    p.write_text(yaml.safe_dump(data))
+    with pytest.raises(ConfigError, match=r"store\.bogus: unknown field"):
+        load_config(p)
+
+
+def test_mooncake_suite_loads():
+    cfg = mc_cfg()
+    assert [(s.name, s.kind) for s in cfg.scenarios] == [
+        ("store-roundtrip", "store-roundtrip"), ("prefix-wave-store", "prefix-wave-store"),
+        ("long-generation", "long-generation")]
+    assert cfg.scenarios[0].store.requests == 2
+
+
+# --- preflight ---------------------------------------------------------------------------------------
+
+
+def test_preflight_names_missing_libraries(monkeypatch):
+    monkeypatch.setattr(mc, "missing_system_libraries", lambda *a: ["libibverbs.so.1", "libnl-3.so.200"])
+    with pytest.raises(ConfigError) as e:
+        mc.preflight(mc_cfg())
+    msg = str(e.value)
+    assert "libibverbs.so.1 (Debian package libibverbs1)" in msg and "libnl-3.so.200" in msg
+    assert "apt-get install -y libibverbs1 libnl-3-200" in msg
+    mc.preflight(load_config(CPU_TINY))  # NIXL only: no Mooncake check
+
+
+def test_preflight_missing_master(monkeypatch, tmp_path):
+    monkeypatch.setattr(mc, "missing_system_libraries", lambda *a: [])
+    with pytest.raises(ConfigError, match="mooncake_master not found.*pip install mooncake-transfer-engine-non-cuda"):
+        mc.preflight(mc_cfg([f"mooncake.master_binary={tmp_path}/absent"]))
+    monkeypatch.setenv("PATH", str(tmp_path))
+    with pytest.raises(ConfigError, match="mooncake_master not found"):
+        mc.preflight(mc_cfg(["mooncake.master_binary=mooncake_master"]))
+    _make_exe(tmp_path / "mooncake_master")
+    mc.preflight(mc_cfg(["mooncake.master_binary=mooncake_master"]))
+    mc.preflight(mc_cfg([f"mooncake.master_binary={tmp_path}/mooncake_master"]))

@@ -44,7 +44,7 @@ def test_common_shape(profile):
     assert [p.name for p in plan.processes] == INSTANCES  # the edge suite's instance names
     assert [p.role for p in plan.processes] == ["prefill", "decode", "decode", "decode"]
     cfg = load_config(CONFIGS / f"{profile}.yaml")
-    assert {s.decode for s in cfg.scenarios} <= set(INSTANCES) and len(cfg.scenarios) == 8
+    assert {s.decode for s in cfg.scenarios} <= set(INSTANCES) and len(cfg.scenarios) == 9
     for p in plan.processes:
         a = p.argv
         assert flag(a, "--host") == "127.0.0.1" and p.host == "127.0.0.1"

@@ -198,3 +198,34 @@ def test_no_records_fails():
 
 def test_run_passed_needs_a_verdict():
     assert not run_passed([])
+
+
+# ---------------------------------------------------------------- negative controls (tamper)
+
+def test_tampered_prompt_caught_by_parity_passes():
+    obs = passing_obs()
+    obs.parity = [ParityResult("diverged", position=0, pd_token=966, ref_token=336)]
+    v = judge(sc(tamper="swap-prompt"), obs)
+    assert v.verdict == "PASS" and v.reason.startswith("tampering caught by parity")
+    assert "diverged at 0: 966 != 336" in v.reason
+
+
+def test_tampered_prompt_caught_by_error_passes():
+    obs = passing_obs()
+    obs.records[0].outcome, obs.records[0].diagnosis = "http_error", "decode: HTTP 400: bad transfer"
+    obs.parity = [None]
+    v = judge(sc(tamper="swap-prompt"), obs)
+    assert v.verdict == "PASS" and "caught by" in v.reason
+
+
+def test_tampered_prompt_passing_silently_fails():
+    v = judge(sc(tamper="swap-prompt"), passing_obs())
+    assert v.verdict == "FAIL" and "passed silently" in v.reason
+
+
+def test_tampered_prompt_with_a_dead_instance_fails():
+    obs = passing_obs()
+    obs.parity = [ParityResult("diverged", position=2, pd_token=1, ref_token=2)]
+    obs.dead = {"decode": 1}
+    v = judge(sc(tamper="swap-prompt"), obs)
+    assert v.verdict == "FAIL" and v.reason.startswith("alive:")

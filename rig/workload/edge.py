@@ -35,7 +35,7 @@ class Endpoint:
 
 
 async def _pd_one(client: PDClient, rec: PDRecord, p: Endpoint, d: Endpoint,
-                  decode_tasks: dict[str, asyncio.Task]) -> None:
+                  decode_tasks: dict[str, asyncio.Task], tamper_prompt: list[int] | None = None) -> None:
     rec.prefill = await client.prefill(p.name, p.url, rec.prompt, rec.max_tokens)
     if classify(rec.prefill) != "ok" or not rec.prefill.kv_transfer_params:
         rec.outcome = classify(rec.prefill)
@@ -46,6 +46,10 @@ async def _pd_one(client: PDClient, rec: PDRecord, p: Endpoint, d: Endpoint,
             rec.diagnosis = f"prefill: {rec.prefill.error or 'empty answer'}"
         return
     rec.decode_sent_at = time.monotonic()
+    if tamper_prompt is not None:
+        # Negative control: D gets another prompt with P's KV. The reference (and so parity)
+        # uses the prompt D was given, so wrong KV shows up as a divergence.
+        rec.prompt = tamper_prompt
     task = asyncio.create_task(client.decode(d.name, d.url, rec.prompt, rec.max_tokens,
                                              rec.prefill.kv_transfer_params))
     decode_tasks[rec.request_id] = task
@@ -104,7 +108,9 @@ async def run_edge(sc: ScenarioConfig, client: PDClient, http: httpx.AsyncClient
     async def bounded(rec: PDRecord) -> None:
         try:
             async with asyncio.timeout(deadline_s):
-                await _pd_one(client, rec, p, d, decode_tasks)
+                swapped = (make_prompt(sc.prompt_tokens, seed + 1_000_003 + int(rec.request_id.rsplit("-", 1)[1]))
+                           if sc.tamper == "swap-prompt" else None)
+                await _pd_one(client, rec, p, d, decode_tasks, swapped)
         except TimeoutError:
             rec.outcome = "timeout"
             rec.diagnosis = f"no answer within the {deadline_s:.0f} s deadline"
