@@ -53,6 +53,9 @@ def preflight(cfg: RigConfig) -> None:
                 f"config {cfg.name!r} has device: cuda, but this machine has no usable NVIDIA GPU "
                 "(nvidia-smi missing or failing). Run it on a GPU node after `make setup PROFILE=gpu`, "
                 "or use the CPU default: make e2e CONFIG=configs/cpu-tiny.yaml")
+    from rig import mooncake
+
+    mooncake.preflight(cfg)  # store modes: names a missing libibverbs/libnl or mooncake_master
     exe = cfg.launch.command[0]
     if exe != "{python}" and shutil.which(exe) is None:
         raise ConfigError(f"launch.command[0]: {exe!r} is not on PATH; run `make setup` "

@@ -245,7 +245,7 @@ class Cluster:
                 if rc is not None:
                     raise ClusterError(f"{name} exited with code {rc} before it was ready",
                                        name, log_tail(spec.log_path))
-                if self._is_ready(http, spec):
+                if self._is_ready(http, spec) and self._owns_port(run):
                     run.ready_after_s = time.monotonic() - run.started_at
                     if spec.nice and run.popen is not None:
                         lower_engine_priority(run.popen.pid, spec.nice)
@@ -277,6 +277,33 @@ class Cluster:
             except OSError:
                 return False
         return True
+
+    @staticmethod
+    def _owns_port(run: Running) -> bool:
+        """True when the process listening on the instance's port is ours (or a child of ours).
+
+        vLLM binds its HTTP port before engine start-up but listens only after it, so a port
+        check before launch passes even when another server uses the same port; that server
+        would then answer our readiness probes. Attached processes and hosts where listening
+        sockets cannot be attributed (no permission) are taken on trust.
+        """
+        if run.popen is None:
+            return True
+        import psutil
+
+        try:
+            ours = {run.popen.pid} | {c.pid for c in psutil.Process(run.popen.pid).children(recursive=True)}
+            owners = {c.pid for c in psutil.net_connections(kind="tcp")
+                      if c.status == psutil.CONN_LISTEN and c.laddr and c.laddr.port == run.spec.port}
+        except (psutil.Error, OSError):
+            return True
+        if None in owners or not owners:
+            return True
+        if owners & ours:
+            return True
+        raise ClusterError(f"{run.spec.name}: port {run.spec.port} is answered by another process "
+                           f"(pid {sorted(owners)}), not the one the rig started; change the port or "
+                           "stop that server", run.spec.name, log_tail(run.spec.log_path))
 
     def stop(self, names: list[str]) -> None:
         """Stop the named processes (SIGTERM to each group, SIGKILL after the grace period)."""

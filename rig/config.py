@@ -187,6 +187,15 @@ class Expectation(_Strict):
 
 # --- issue #4: prefix and pressure waves (rig/workload/waves.py) -------------------------------
 WAVE_KINDS = ("prefix-wave", "pressure-wave")
+
+
+class RetrievalConfig(_Strict):
+    """Identifier retrieval (rig/workload/retrieval.py): needle prompts as text, real models."""
+
+    requests: int = Field(8, ge=1, description="needle prompts, each at another depth")
+    context_words: int = Field(1500, ge=10, description="filler words around the needle (~1.3 tokens each)")
+    reference: str | None = Field(None, description="instance serving the non-disaggregated reference; "
+                                                    "None = the prefill instance")
 CancelPoint = Literal["before-prefill", "between", "during-decode"]
 # Defaults of prompt_tokens / max_tokens for wave kinds (short: cpu-tiny's decode has 4-5 usable
 # blocks of 32 tokens and max_model_len 128). Edge scenarios must still give both.
@@ -254,7 +263,8 @@ class ScenarioConfig(_Strict):
 
     name: str = Field(pattern=NAME_PATTERN)
     kind: Literal["edge", "prefix-wave", "pressure-wave",
-                  "store-roundtrip", "prefix-wave-store", "long-generation"] = "edge"  # store kinds: issue #3
+                  "store-roundtrip", "prefix-wave-store", "long-generation",  # store kinds: issue #3
+                  "retrieval"] = "edge"
     description: str = ""
     prefill: str | None = Field(None, description="instance name; None = the first prefill")
     decode: str | None = Field(None, description="instance name; None = the first decode")
@@ -271,6 +281,14 @@ class ScenarioConfig(_Strict):
                           "length with P's kv_transfer_params; PASS means the rig caught it")
     wave: WaveConfig | None = Field(None, description="prefix-wave / pressure-wave settings (issue #4)")
     store: StoreScenarioConfig | None = Field(None, description="store kinds' settings (issue #3)")
+    retrieval: RetrievalConfig | None = Field(None, description="kind retrieval's settings (issue #5)")
+
+    @model_validator(mode="after")
+    def _retrieval_consistent(self) -> "ScenarioConfig":
+        if (self.kind == "retrieval") != (self.retrieval is not None):
+            raise ValueError("retrieval: give it exactly when kind is 'retrieval' "
+                             f"(kind is {self.kind!r}; retrieval is {'set' if self.retrieval else 'missing'})")
+        return self
 
     @model_validator(mode="before")
     @classmethod

@@ -32,10 +32,8 @@ from rig.observations import ScenarioObservation, SnapshotStore, TransferEvidenc
 from rig.plan import Plan, build_plan
 from rig.report import RunResult, print_summary, write_report
 from rig.tiny_model import ensure_tiny_model
-from rig.verdict import judge
-from rig.workload.edge import Endpoint, run_edge
-from rig.workload.waves import judge_wave, run_wave_scenario  # issue #4: prefix/pressure waves
-from rig.workload.store import STORE_KINDS, StoreContext, judge_store, run_store_scenario  # issue #3
+from rig.workload.edge import Endpoint
+from rig.workload.kinds import KINDS, ScenarioContext
 from rig.workload.prompts import make_prompt
 
 
@@ -112,8 +110,8 @@ class SuiteRunner:
         self.quiet = quiet
         self.result = RunResult(name=cfg.name, run_dir=str(run_dir), config=cfg.model_dump(mode="json"))
         self._log_offsets: dict[str, int] = {}  # instance -> byte offset of its log not yet scanned
-        self.waves: dict = {}  # issue #4: scenario name -> rig.workload.waves.WaveResult
-        self.stores: dict = {}  # issue #3: scenario name -> rig.workload.store.StoreObservation
+        # scenario -> what its kind returned (wave statistics, store counters, retrieval rates)
+        self.kind_results: dict[str, object] = {}
 
     def log(self, msg: str) -> None:
         """Progress line on stderr (the report is the real output)."""
@@ -188,12 +186,10 @@ class SuiteRunner:
                 self.result.timings[f"warm-up phase {i + 1}"] = time.monotonic() - t
                 for sc in ph.scenarios:
                     self.log(f"scenario {sc.name} on {ph.prefill} -> {ph.decode}")
-                    obs = await self._scenario(sc, ph, cluster, client, http, store, version)
+                    obs, kind_result = await self._scenario(sc, ph, cluster, client, http, store, version)
                     self.result.observations.append(obs)
-                    verdict = (judge_store(sc, obs, self.stores.get(sc.name), self.result.extra_sections)
-                               if sc.kind in STORE_KINDS else  # issue #3: store verdict + section
-                               judge_wave(sc, obs, self.waves.get(sc.name), self.result.extra_sections)
-                               if sc.kind != "edge" else judge(sc, obs))  # issue #4: wave verdict + section
+                    self.kind_results[sc.name] = kind_result
+                    verdict = KINDS[sc.kind].judge(sc, obs, kind_result, self.result.extra_sections)
                     self.result.verdicts.append(verdict)
                     self.log(f"  {verdict.verdict}: {verdict.reason[:200]}")
                     write_report(self.result)
@@ -217,8 +213,11 @@ class SuiteRunner:
             return ""
 
     async def _scenario(self, sc: ScenarioConfig, ph: Phase, cluster: Cluster, client: PDClient,
-                        http: httpx.AsyncClient, store: SnapshotStore, version: str) -> ScenarioObservation:
+                        http: httpx.AsyncClient, store: SnapshotStore,
+                        version: str) -> tuple[ScenarioObservation, object]:
+        """Run one scenario of any kind; returns its observation and the kind's own result."""
         timeouts = self.cfg.timeouts
+        kind_result: object = None
         obs = ScenarioObservation(scenario=sc.name, decode=ph.decode, prefill=ph.prefill, vllm_version=version)
         t0 = time.monotonic()
         logs = {n: cluster.plan.by_name(n).log_path for n in cluster.procs}
@@ -228,14 +227,8 @@ class SuiteRunner:
             before = {e.name: await m.scrape(http, e.url, e.name) for e in (p, d)}
             for s in before.values():
                 store.save(f"{sc.name}-before", s)
-            if sc.kind == "edge":
-                await run_edge(sc, client, http, p, d, sc.deadline_s or timeouts.request_s,
-                               timeouts.stall_window_s, timeouts.metrics_interval_s, store, obs)
-            elif sc.kind in STORE_KINDS:  # issue #3: Mooncake store scenarios (rig/workload/store.py)
-                self.stores[sc.name] = await run_store_scenario(
-                    sc, StoreContext.of(self.cfg, cluster, p, d, client, http, store, self.run_dir), obs)
-            else:  # issue #4: a prefix/pressure wave (rig/workload/waves.py); evidence and drains below
-                self.waves[sc.name] = await run_wave_scenario(sc, self.cfg, p, d, http, store, self.run_dir, self.quiet)
+            ctx = ScenarioContext(self.cfg, cluster, p, d, client, http, store, self.run_dir, self.quiet)
+            kind_result = await KINDS[sc.kind].run(sc, ctx, obs)
             after_d = await m.scrape(http, d.url, d.name)
             store.save(f"{sc.name}-after", after_d)
             obs.evidence = TransferEvidence.between(before[d.name], after_d)
@@ -256,4 +249,4 @@ class SuiteRunner:
             obs.fatal_lines[n] = scan_fatal(path, self._log_offsets.get(n, 0))
             self._log_offsets[n] = log_size(path)
         obs.wall_s = time.monotonic() - t0
-        return obs
+        return obs, kind_result

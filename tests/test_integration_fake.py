@@ -334,3 +334,23 @@ def test_attach_judges_running_endpoints_and_leaves_them_running(base_dir):
         assert outside.dead() == {}, "attach mode must not stop servers it did not start"
     finally:
         outside.stop_all()
+
+
+def test_retrieval_kind_runs_text_prompts_through_pd(base_dir):
+    """kind: retrieval sends text needle prompts through P/D and to the reference; the fake
+    'model' cannot retrieve, so both rates are 0, parity must hold and the run passes."""
+    sc = {"name": "needles", "kind": "retrieval", "decode": "decode", "prompt_tokens": 100,
+          "max_tokens": 6, "expect": {"completion_tokens": 6}, "retrieval": {"requests": 3, "context_words": 40}}
+    tmp = base_dir / "retrieval"
+    tmp.mkdir(parents=True, exist_ok=True)
+    data = fake_config(tmp, decodes={"decode": {"num_gpu_blocks_override": 64}}, scenarios=[sc])
+    data["max_model_len"] = 2048  # the fake tokenizes text as bytes: ~500 tokens per prompt
+    cfg = load_config(write_config(tmp, data))
+    run_dir = new_run_dir(cfg)
+    result = SuiteRunner(cfg, list(cfg.scenarios), run_dir, quiet=True).run()
+    (v,) = result.verdicts
+    assert v.verdict == "PASS", v.reason
+    checks = {c.name: c for c in v.checks}
+    assert checks["retrieval"].ok and "P/D 0/3 (0%), reference 0/3 (0%)" in checks["retrieval"].detail
+    assert checks["parity"].ok and checks["kv-pulled"].ok
+    assert "### Retrieval `needles`" in (run_dir / "summary.md").read_text()

@@ -365,7 +365,7 @@ def test_suite_runner_runs_the_waves_suite_on_fakes(tmp_path):
     assert (run_dir / "waves" / "pressure-wave-ci-timeline.png").is_file()
     assert (run_dir / "metrics" / "timeline.jsonl").stat().st_size > 0
     # D has 5 usable blocks (2 requests of 48 + 8 tokens) and 16 in flight: the queue was seen
-    pressure = runner.waves["pressure-wave-ci"]
+    pressure = runner.kind_results["pressure-wave-ci"]
     assert pressure.usable_blocks == {"prefill": 63, "decode-6blk": 5}
     assert pressure.peaks["decode-6blk"]["waiting"] > 0 and pressure.peaks["decode-6blk"]["running"] >= 1
 
