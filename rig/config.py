@@ -336,7 +336,8 @@ class RigConfig(_Strict):
     prefill: list[InstanceConfig] = Field(min_length=1)
     decode: list[InstanceConfig] = Field(min_length=1)
     timeouts: TimeoutsConfig = Field(default_factory=TimeoutsConfig)
-    suite: str | None = Field(None, description="YAML list of scenarios, relative to the config file")
+    suite: str | list[str] | None = Field(
+        None, description="YAML file(s) listing scenarios, relative to the config file")
     scenarios: list[ScenarioConfig] = Field(default_factory=list)
     run_root: str = Field("runs", description="run directories go under this (relative to cwd)")
     cache_dir: str = Field(".cache", description="built models etc. (relative to cwd)")
@@ -502,15 +503,19 @@ def load_config(path: str | Path, overrides: list[str] | None = None) -> RigConf
     # Overrides of scenarios apply after the suite is read (so they can name its scenarios);
     # all others before (so --set suite=... picks the suite).
     apply_overrides(data, [o for o in overrides if not o.startswith("scenarios.")])
-    if data.get("suite"):
-        suite = p.parent / str(data["suite"])
+    suites = data.get("suite") or []
+    loaded_all: list = []
+    for name in [suites] if isinstance(suites, str) else list(suites):
+        suite = p.parent / str(name)
         try:
             loaded = yaml.safe_load(suite.read_text()) or []
         except (OSError, yaml.YAMLError) as e:
             raise ConfigError(f"{p}: suite: cannot read {str(suite)!r}: {e}") from None
         if not isinstance(loaded, list):
             raise ConfigError(f"{suite}: a suite file is a YAML list of scenarios")
-        data["scenarios"] = loaded + list(data.get("scenarios") or [])
+        loaded_all += loaded
+    if loaded_all:
+        data["scenarios"] = loaded_all + list(data.get("scenarios") or [])
     apply_overrides(data, [o for o in overrides if o.startswith("scenarios.")])
     try:
         return RigConfig.model_validate(data)

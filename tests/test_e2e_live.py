@@ -43,7 +43,9 @@ def _only_run_dir(root: Path) -> Path:
 def edge_run(tmp_path_factory):
     _require_vllm()
     root = tmp_path_factory.mktemp("edge-runs")
-    proc = subprocess.run([*PDRIG, "e2e", "--config", "configs/cpu-tiny.yaml", "--set", f"run_root={root}"],
+    # The CI-sized waves (issue #4) join the edge run's prefill -> decode-6blk phase: no extra start.
+    proc = subprocess.run([*PDRIG, "e2e", "--config", "configs/cpu-tiny.yaml", "--set", f"run_root={root}",
+                           "--set", "suite=[suites/edge.yaml, suites/waves.yaml]"],
                           cwd=ROOT, capture_output=True, text=True, timeout=1500)
     run_dir = _only_run_dir(root)
     report = json.loads((run_dir / "report.json").read_text())
@@ -105,6 +107,26 @@ def test_replayed_kv_params_with_another_prompt_are_caught(edge_run):
     assert verdict["verdict"] == "PASS", verdict["reason"]
     assert verdict["reason"].startswith("tampering caught by")
     assert obs["parity"][0] is None or obs["parity"][0]["status"] == "diverged"
+
+
+def test_prefix_wave_hits_the_cache_it_should(edge_run):
+    _, run_dir, report = edge_run
+    verdict, _ = _scenario(report, "prefix-wave-ci")
+    assert verdict["verdict"] == "PASS", verdict["reason"]
+    checks = {c["name"]: c for c in verdict["checks"]}
+    assert checks["prefix-hits"]["ok"] and "expected 5888" in checks["prefix-hits"]["detail"]
+    assert checks["parity"]["ok"] and checks["idle-after"]["ok"]
+
+
+def test_pressure_wave_with_cancellations_is_clean_and_drains(edge_run):
+    _, run_dir, report = edge_run
+    verdict, _ = _scenario(report, "pressure-wave-ci")
+    assert verdict["verdict"] == "PASS", verdict["reason"]
+    checks = {c["name"]: c for c in verdict["checks"]}
+    for name in ("completed", "no-errors", "no-empty", "kv-pulled", "idle-after", "alive"):
+        assert checks[name]["ok"], (name, checks[name]["detail"])
+    assert (run_dir / "waves" / "pressure-wave-ci-timeline.png").stat().st_size > 10_000
+    assert "pressure-wave-ci-timeline.png" in (run_dir / "summary.md").read_text()
 
 
 def test_run_directory_holds_every_artifact(edge_run):
