@@ -57,7 +57,9 @@ class ScenarioVerdict:
         return asdict(self)
 
 
-def _checks(sc: ScenarioConfig, obs: ScenarioObservation) -> list[Check]:
+def completion_checks(sc: ScenarioConfig, obs: ScenarioObservation) -> list[Check]:
+    """``completed`` (every request ``ok``) and ``token-counts`` (``usage`` as ``sc.expect``
+    says, and as many ``token_ids`` as ``usage`` claims): the checks every kind shares."""
     recs = obs.records
     out: list[Check] = []
     bad = [r for r in recs if r.outcome != "ok"]
@@ -80,6 +82,12 @@ def _checks(sc: ScenarioConfig, obs: ScenarioObservation) -> list[Check]:
     out.append(Check("token-counts", not wrong and answered > 0,
                      "; ".join(wrong) or (f"as expected ({exp.completion_tokens} + prompt = {exp.total_tokens})"
                                           if answered else "no answer to count")))
+    return out
+
+
+def _checks(sc: ScenarioConfig, obs: ScenarioObservation) -> list[Check]:
+    out = completion_checks(sc, obs)
+    answered = sum(r.outcome == "ok" for r in obs.records)
     ev = obs.evidence
     pulled = ev is not None and ev.nixl_bytes > 0 and ev.external_prompt_tokens > 0
     out.append(Check("kv-pulled", pulled and answered > 0,

@@ -65,6 +65,19 @@ async def _pd_one(client: PDClient, rec: PDRecord, p: Endpoint, d: Endpoint,
         rec.diagnosis = f"decode: {rec.decode.error or 'empty answer'}"
 
 
+async def cancel_stalled(records: list[PDRecord], decode_tasks: dict[str, asyncio.Task], diagnosis: str) -> None:
+    """Mark every pending request whose decode hop is in flight ``stalled`` with ``diagnosis``
+    and the time since it was sent to D, then cancel the hop (the client disconnects, so vLLM
+    drops the request)."""
+    now = time.monotonic()
+    for r in records:
+        task = decode_tasks.get(r.request_id)
+        if r.outcome == "pending" and task is not None and not task.done():
+            r.outcome, r.diagnosis = "stalled", diagnosis
+            r.verdict_after_s = now - (r.decode_sent_at or now)
+            await cancel_task(task)
+
+
 async def _watch(http: httpx.AsyncClient, d: Endpoint, window_s: float, interval_s: float,
                  records: list[PDRecord], decode_tasks: dict[str, asyncio.Task],
                  store: SnapshotStore | None, scenario: str) -> str:
@@ -80,13 +93,7 @@ async def _watch(http: httpx.AsyncClient, d: Endpoint, window_s: float, interval
             store.sample(scenario, snap)
         stall = detector.feed(snap)
         if stall:
-            now = time.monotonic()
-            for r in records:
-                task = decode_tasks.get(r.request_id)
-                if r.outcome == "pending" and task is not None and not task.done():
-                    r.outcome, r.diagnosis = "stalled", stall.diagnosis
-                    r.verdict_after_s = now - (r.decode_sent_at or now)
-                    await cancel_task(task)
+            await cancel_stalled(records, decode_tasks, stall.diagnosis)
             return stall.diagnosis
         await asyncio.sleep(interval_s)
     return ""

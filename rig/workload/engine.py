@@ -106,20 +106,25 @@ class _StreamState:
 
 
 class Transport(Protocol):
-    """The three hops of a wave over one HTTP client. Hops never raise for HTTP problems: they
+    """The hops of a wave over one HTTP client. Hops never raise for HTTP problems: they
     return a :class:`~rig.client.Hop` whose ``error`` starts with ``timeout``, ``HTTP <code>`` or
     ``connection error`` (see :func:`rig.client.classify`); cancellation propagates."""
 
     name: str
 
-    async def prefill(self, ep: Endpoint, prompt: list[int]) -> Hop: ...
+    async def prefill(self, ep: Endpoint, prompt: list[int]) -> Hop:
+        """The prefill hop (``max_tokens: 1``, ``do_remote_decode``); P answers with ``kv_transfer_params``."""
 
     async def decode(self, ep: Endpoint, prompt: list[int], max_tokens: int, ktp: dict[str, Any],
-                     stream: bool, stop_after_tokens: int | None = None) -> Hop: ...
+                     stream: bool, stop_after_tokens: int | None = None) -> Hop:
+        """The decode hop with P's ``kv_transfer_params`` (``ktp``); streamed when ``stream``, closed
+        after ``stop_after_tokens`` streamed tokens (an intentional cancellation during D's stream)."""
 
-    async def direct(self, ep: Endpoint, prompt: list[int], max_tokens: int) -> Hop: ...
+    async def direct(self, ep: Endpoint, prompt: list[int], max_tokens: int) -> Hop:
+        """A non-disaggregated request: the parity reference."""
 
-    async def aclose(self) -> None: ...
+    async def aclose(self) -> None:
+        """Close the client's connections."""
 
 
 class HttpxTransport:
@@ -133,10 +138,13 @@ class HttpxTransport:
         self.model = model
 
     async def prefill(self, ep: Endpoint, prompt: list[int]) -> Hop:
+        """The prefill hop (``max_tokens: 1``, ``do_remote_decode``); P answers with ``kv_transfer_params``."""
         return await self.client.prefill(ep.name, ep.url, prompt, 1)
 
     async def decode(self, ep: Endpoint, prompt: list[int], max_tokens: int, ktp: dict[str, Any],
                      stream: bool, stop_after_tokens: int | None = None) -> Hop:
+        """The decode hop with P's ``kv_transfer_params`` (``ktp``); streamed when ``stream``, closed
+        after ``stop_after_tokens`` streamed tokens (an intentional cancellation during D's stream)."""
         if not stream:
             return await self.client.decode(ep.name, ep.url, prompt, max_tokens, ktp)
         hop = Hop(instance=ep.name)
@@ -163,9 +171,11 @@ class HttpxTransport:
         return hop
 
     async def direct(self, ep: Endpoint, prompt: list[int], max_tokens: int) -> Hop:
+        """A non-disaggregated request: the parity reference."""
         return await self.client.direct(ep.name, ep.url, prompt, max_tokens)
 
     async def aclose(self) -> None:
+        """Close the client's connections."""
         await self.client.aclose()
 
 
@@ -209,11 +219,14 @@ class AiohttpTransport:
         return hop
 
     async def prefill(self, ep: Endpoint, prompt: list[int]) -> Hop:
+        """The prefill hop (``max_tokens: 1``, ``do_remote_decode``); P answers with ``kv_transfer_params``."""
         body = completion_body(self.model, prompt, 1, kv_transfer_params=dict(PREFILL_PARAMS))
         return await self._post(Hop(instance=ep.name), ep.url, body)
 
     async def decode(self, ep: Endpoint, prompt: list[int], max_tokens: int, ktp: dict[str, Any],
                      stream: bool, stop_after_tokens: int | None = None) -> Hop:
+        """The decode hop with P's ``kv_transfer_params`` (``ktp``); streamed when ``stream``, closed
+        after ``stop_after_tokens`` streamed tokens (an intentional cancellation during D's stream)."""
         if not stream:
             body = completion_body(self.model, prompt, max_tokens, kv_transfer_params=ktp)
             return await self._post(Hop(instance=ep.name), ep.url, body)
@@ -243,9 +256,11 @@ class AiohttpTransport:
         return hop
 
     async def direct(self, ep: Endpoint, prompt: list[int], max_tokens: int) -> Hop:
+        """A non-disaggregated request: the parity reference."""
         return await self._post(Hop(instance=ep.name), ep.url, completion_body(self.model, prompt, max_tokens))
 
     async def aclose(self) -> None:
+        """Close the client's connections."""
         await self.session.close()
 
 

@@ -56,13 +56,13 @@ from typing import Any
 import httpx
 
 from rig import metrics as m
-from rig.client import Hop, PDClient, PDRecord, cancel_task, classify
+from rig.client import Hop, PDClient, PDRecord, classify
 from rig.config import STORE_KINDS, RigConfig, ScenarioConfig, StoreScenarioConfig
 from rig.observations import ScenarioObservation, SnapshotStore
 from rig.parity import compare, summarize
 from rig.stall import StallDetector
-from rig.verdict import Check, ScenarioVerdict
-from rig.workload.edge import Endpoint
+from rig.verdict import Check, ScenarioVerdict, completion_checks
+from rig.workload.edge import Endpoint, cancel_stalled
 from rig.workload.prompts import make_prompt, seed_of
 
 __all__ = ["STORE_KINDS", "StoreContext", "StoreObservation", "run_store_scenario", "judge_store",
@@ -406,13 +406,7 @@ async def _watch(ctx: StoreContext, sc: ScenarioConfig, records: list[PDRecord],
             prev = snap
             stall = detector.feed(snap)
             if stall:
-                now = time.monotonic()
-                for r in records:
-                    task = tasks.get(r.request_id)
-                    if r.outcome == "pending" and task is not None and not task.done():
-                        r.outcome, r.diagnosis = "stalled", stall.diagnosis
-                        r.verdict_after_s = now - (r.decode_sent_at or now)
-                        await cancel_task(task)
+                await cancel_stalled(records, tasks, stall.diagnosis)
                 return stall.diagnosis
         try:
             await asyncio.wait_for(done.wait(), t.metrics_interval_s)
@@ -721,26 +715,8 @@ def _ratio(v: float | None) -> str:
 def store_checks(sc: ScenarioConfig, obs: ScenarioObservation, so: StoreObservation) -> list[Check]:
     """The named checks of a store scenario (see the module docstring)."""
     recs = obs.records
-    out: list[Check] = []
-    bad = [r for r in recs if r.outcome != "ok"]
-    out.append(Check("completed", not bad and bool(recs),
-                     f"{len(recs) - len(bad)}/{len(recs)} completed" +
-                     (f"; {bad[0].request_id}: {bad[0].outcome} {bad[0].diagnosis}".rstrip() if bad else "")))
-    exp = sc.expect
-    wrong = []
-    for r in recs:
-        if r.outcome != "ok":
-            continue
-        if exp.completion_tokens is not None and r.completion_tokens != exp.completion_tokens:
-            wrong.append(f"{r.request_id}: completion_tokens {r.completion_tokens} != {exp.completion_tokens}")
-        if exp.total_tokens is not None and r.total_tokens != exp.total_tokens:
-            wrong.append(f"{r.request_id}: total_tokens {r.total_tokens} != {exp.total_tokens}")
-        if r.decode and r.decode.token_ids is not None and r.completion_tokens is not None \
-                and len(r.decode.token_ids) != r.completion_tokens:
-            wrong.append(f"{r.request_id}: {len(r.decode.token_ids)} token_ids but usage says {r.completion_tokens}")
+    out = completion_checks(sc, obs)
     answered = sum(r.outcome == "ok" for r in recs)
-    out.append(Check("token-counts", not wrong and answered > 0, "; ".join(wrong) or
-                     (f"{answered} answers as expected" if answered else "no answer to count")))
     if sc.parity:
         ps = summarize(obs.parity)
         first = next((p for p in obs.parity if p and p.status != "equal"), None)
