@@ -114,7 +114,7 @@ def test_prefix_wave_hits_the_cache_it_should(edge_run):
     verdict, _ = _scenario(report, "prefix-wave-ci")
     assert verdict["verdict"] == "PASS", verdict["reason"]
     checks = {c["name"]: c for c in verdict["checks"]}
-    assert checks["prefix-hits"]["ok"] and "expected 5888" in checks["prefix-hits"]["detail"]
+    assert checks["prefix-hits"]["ok"] and "expected 896" in checks["prefix-hits"]["detail"]
     assert checks["parity"]["ok"] and checks["idle-after"]["ok"]
 
 

@@ -335,7 +335,8 @@ def test_suite_files_validate_against_cpu_tiny(tmp_path):
         assert s.prompt_tokens + s.max_tokens <= cfg.max_model_len and s.prompt_tokens <= 60
     pw = names["prefix-wave-ci"].wave
     assert wv.prefix_fits(pw.groups, pw.per_group, pw.concurrency, pw.prefix_tokens, 56, cfg.block_size, 63)[0]
-    assert 100 <= pw.groups * pw.per_group <= 500 and 100 <= names["pressure-wave-ci"].wave.requests <= 500
+    # CI-sized: ~0.2-0.5 P/D requests/s on a 2-core host (idle instances spin), so tens, not hundreds
+    assert 20 <= pw.groups * pw.per_group <= 500 and 50 <= names["pressure-wave-ci"].wave.requests <= 500
     big = load_config(ROOT / "configs" / "cpu-tiny.yaml", ["suite=suites/pressure.yaml"])  # as `make pressure`
     assert [s.kind for s in big.scenarios] == ["prefix-wave", "pressure-wave"]
     assert big.scenarios[1].wave.requests == 2048 and big.timeouts.drain_s > 30
@@ -359,12 +360,12 @@ def test_suite_runner_runs_the_waves_suite_on_fakes(tmp_path):
     checks = {c.name for c in verdicts["pressure-wave-ci"].checks}
     assert {"alive", "no-fatal-log", "idle-after", "kv-pulled", "no-errors", "no-empty"} <= checks
     hits = next(c for c in verdicts["prefix-wave-ci"].checks if c.name == "prefix-hits")
-    assert hits.ok and "P hits 5888 tokens, expected 5888" in hits.detail
+    assert hits.ok and "P hits 896 tokens, expected 896" in hits.detail
     summary = (run_dir / "summary.md").read_text()
     assert "## prefix-wave `prefix-wave-ci`: PASS" in summary and "## pressure-wave `pressure-wave-ci`: PASS" in summary
     assert (run_dir / "waves" / "pressure-wave-ci-timeline.png").is_file()
     assert (run_dir / "metrics" / "timeline.jsonl").stat().st_size > 0
-    # D has 5 usable blocks (2 requests of 48 + 8 tokens) and 16 in flight: the queue was seen
+    # D has 5 usable blocks (2 requests of 48 + 8 tokens) and 8 in flight: the queue was seen
     pressure = runner.kind_results["pressure-wave-ci"]
     assert pressure.usable_blocks == {"prefill": 63, "decode-6blk": 5}
     assert pressure.peaks["decode-6blk"]["waiting"] > 0 and pressure.peaks["decode-6blk"]["running"] >= 1
