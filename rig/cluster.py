@@ -219,6 +219,8 @@ class Cluster:
         if self.attach:
             self.procs[spec.name] = Running(spec=spec, popen=None, started_at=time.monotonic())
             return
+        for d in spec.dirs:
+            Path(d).mkdir(parents=True, exist_ok=True)
         for path, content in spec.files.items():
             Path(path).parent.mkdir(parents=True, exist_ok=True)
             Path(path).write_text(content)

@@ -528,14 +528,29 @@ def client_port_ranges(cfg: Any, inst_name: str) -> tuple[tuple[int, int], tuple
 
 def instance_store_env(cfg: Any, run_dir: str | os.PathLike[str], inst_name: str) -> dict[str, str]:
     """Environment of a store-mode instance: :func:`store_client_env` for its config file and
-    port ranges, with ``VLLM_RPC_BASE_PATH`` = ``<run_dir>/mooncake`` (the lookup IPC socket of
-    this run lives there, not in a /tmp shared with other rigs). ``VLLM_HOST_IP`` /
+    port ranges, with ``VLLM_RPC_BASE_PATH`` = :func:`ipc_dir` (this run's IPC sockets live
+    there, not in a /tmp shared with other rigs). ``VLLM_HOST_IP`` /
     ``MC_TCP_BIND_ADDRESS`` are ``mooncake.host``. Includes ``MOONCAKE_CONFIG_PATH``.
     """
     rpc, seg = client_port_ranges(cfg, inst_name)
     host = "127.0.0.1" if cfg.mooncake.host in ("0.0.0.0", "::") else cfg.mooncake.host
     return store_client_env(store_file_path(run_dir, inst_name), host, rpc, seg,
-                            rpc_base_path=str(Path(run_dir) / "mooncake"))
+                            rpc_base_path=ipc_dir(run_dir))
+
+
+def ipc_dir(run_dir: str | os.PathLike[str]) -> str:
+    """A short per-run directory for IPC sockets: ``<tmp>/pdrig-<10 hex of the run dir>``.
+
+    ``VLLM_RPC_BASE_PATH`` holds the store connector's lookup socket *and* vLLM's own engine
+    IPC sockets (``<dir>/<uuid4>``); a Unix socket path has at most 107 characters, which a run
+    directory under pytest's temp tree exceeded ("ipc path ... is longer than 107 characters").
+    Hashing the run directory keeps it per run, so concurrent rigs do not share sockets.
+    """
+    import hashlib
+    import tempfile
+
+    digest = hashlib.sha1(str(Path(run_dir).resolve()).encode()).hexdigest()[:10]
+    return str(Path(tempfile.gettempdir()) / f"pdrig-{digest}")
 
 
 def port_map(cfg: Any) -> dict[str, int]:

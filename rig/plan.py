@@ -56,6 +56,7 @@ class ProcessSpec:
     nice: int = 0
     gpu_ids: tuple[int, ...] = ()
     files: dict[str, str] = field(default_factory=dict)  # path -> content written before start
+    dirs: tuple[str, ...] = ()  # directories created before start (e.g. an IPC socket dir)
 
     @property
     def base_url(self) -> str:
@@ -198,7 +199,7 @@ def build_plan(cfg: RigConfig, run_dir: str | Path, model_path: str, python: str
             from rig import mooncake
 
             path, content = mooncake.instance_store_file(cfg, run_dir, inst.name)
-            env.update(mooncake.instance_store_env(cfg, run_dir, inst.name))  # issue #3: config path + MC_* ports
+            env.update(mooncake.instance_store_env(cfg, run_dir, inst.name))  # config path, MC_* ports, IPC dir
             files[path] = content
         procs.append(ProcessSpec(
             name=inst.name, role=role,
@@ -211,6 +212,7 @@ def build_plan(cfg: RigConfig, run_dir: str | Path, model_path: str, python: str
             nice=cfg.launch.nice,
             gpu_ids=tuple(inst.gpu_ids),
             files=files,
+            dirs=tuple(d for d in (env.get("VLLM_RPC_BASE_PATH"),) if d),
         ))
     return Plan(name=cfg.name, run_dir=run_dir, model_path=model_path, processes=tuple(procs))
 

@@ -324,7 +324,7 @@ def test_instance_store_env():
         "MOONCAKE_CONFIG_PATH": f"{RUN}/mooncake/prefill.json", "VLLM_HOST_IP": "127.0.0.1",
         "MC_TCP_BIND_ADDRESS": "127.0.0.1", "MC_MIN_RPC_PORT": "8550", "MC_MAX_RPC_PORT": "8553",
         "MC_STORE_CLIENT_MIN_PORT": "8554", "MC_STORE_CLIENT_MAX_PORT": "8555",
-        "VLLM_RPC_BASE_PATH": f"{RUN}/mooncake"}
+        "VLLM_RPC_BASE_PATH": mc.ipc_dir(RUN)}
 
 
 def test_kv_transfer_config_nixl_extra():
@@ -360,7 +360,8 @@ def test_plan_of_cpu_tiny_mooncake():
         assert spec.env["MOONCAKE_CONFIG_PATH"] == path and list(spec.files) == [path]
         assert json.loads(spec.files[path])["master_server_address"] == "127.0.0.1:8540"
         assert spec.env["MC_TCP_BIND_ADDRESS"] == spec.env["VLLM_HOST_IP"] == "127.0.0.1"
-        assert spec.env["VLLM_RPC_BASE_PATH"] == f"{RUN}/mooncake"
+        assert spec.env["VLLM_RPC_BASE_PATH"] == mc.ipc_dir(RUN)
+        assert spec.dirs == (mc.ipc_dir(RUN),)
     d = plan.by_name("decode")
     argv = list(d.argv)
     assert argv[argv.index("--num-gpu-blocks-override") + 1] == "9"
@@ -496,3 +497,12 @@ def test_preflight_missing_master(monkeypatch, tmp_path):
     _make_exe(tmp_path / "mooncake_master")
     mc.preflight(mc_cfg(["mooncake.master_binary=mooncake_master"]))
     mc.preflight(mc_cfg([f"mooncake.master_binary={tmp_path}/mooncake_master"]))
+
+
+def test_ipc_dir_fits_a_unix_socket_path_even_for_deep_run_dirs(tmp_path):
+    """vLLM puts <VLLM_RPC_BASE_PATH>/<uuid4> sockets there; Unix socket paths max 107 chars.
+    A run directory under pytest's temp tree broke that when the dir was inside the run dir."""
+    deep = tmp_path / ("x" * 60) / "runs" / "20261129-192525-cpu-tiny-mooncake"
+    d = mc.ipc_dir(deep)
+    assert len(d) + 1 + 36 <= 107
+    assert d == mc.ipc_dir(deep) and d != mc.ipc_dir(tmp_path / "other-run")
