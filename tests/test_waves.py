@@ -314,7 +314,9 @@ def _cpu_tiny_with(suite: str, tmp: Path, fake: bool = False) -> Path:
     if fake:  # the same topology served by tests/fake_vllm.py on free ports
         data["model"] = {"source": "hub", "path": "fake", "served_name": "tiny"}
         data["launch"]["command"] = ["{python}", str(ROOT / "tests" / "fake_vllm.py")]
-        data["launch"]["env"] = {"FAKE_VLLM_STARTUP_DELAY": "0"}
+        data["launch"]["env"] = {"FAKE_VLLM_STARTUP_DELAY": "0",
+                                  # ~0.3 s per request: D (2 requests at a time) queues visibly
+                                  "FAKE_VLLM_TOKEN_LATENCY": "0.04"}
         data["launch"]["nice"] = 0
         data["nixl"]["side_channel_base_port"] = free_port()
         for inst in data["prefill"] + data["decode"]:
