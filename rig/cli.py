@@ -8,7 +8,8 @@
     pdrig wave prefix|pressure [--endpoints F | --prefill URL --decode URL] ...   a manual wave
 
 Exit codes: 0 all expectations hold; 1 a scenario failed (FAIL/XPASS/ERROR); 2 bad config or
-environment; 130 interrupted.
+environment (refused before anything starts); 3 the run itself broke (a server did not start, a
+port clash, the rig's own error; the report says which); 130 interrupted.
 """
 
 from __future__ import annotations
@@ -75,7 +76,7 @@ def cmd_e2e(args: argparse.Namespace) -> int:
     run_dir = new_run_dir(cfg)
     print(f"[pdrig] run directory: {run_dir}", file=sys.stderr, flush=True)
     result = SuiteRunner(cfg, scenarios, run_dir, quiet=args.quiet, attach=args.attach).run()
-    return 0 if result.status == "passed" else 1
+    return {"passed": 0, "failed": 1}.get(result.status, 3)
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
@@ -130,18 +131,28 @@ def cmd_up(args: argparse.Namespace) -> int:
 
 
 def cmd_compose(args: argparse.Namespace) -> int:
-    """Render docker-compose.yml from the config (see rig/compose.py)."""
+    """Render docker-compose.yml from the config (rig/compose.py) and the files it mounts.
+
+    The containers see the plan built by ``compose.container_plan``; the host run directory
+    (``--run-dir``) and a local model directory (the tiny model is built if needed) are mounted.
+    """
     from rig import compose
+    from rig.runner import resolve_model
 
     cfg = load_config(args.config, args.overrides)
-    model = cfg.model.path or f"/models/tiny-qwen3-{cfg.model.tiny.cache_key()}"
-    plan = build_plan(cfg, "/runs", model, "python3")
-    text = compose.compose_yaml(cfg, plan, image=args.image or compose.default_image(cfg), run_dir_host=args.run_dir)
+    plan = compose.container_plan(cfg)
+    run_dir_host = str(Path(args.run_dir).resolve())
+    model_dir_host = resolve_model(cfg) if cfg.model.source != "hub" else None
+    image = args.image or ("pdrig:gpu" if cfg.device == "cuda" else "pdrig:cpu")  # docker/README.md tags
+    text = compose.compose_yaml(cfg, plan, image=image, run_dir_host=run_dir_host, model_dir_host=model_dir_host)
+    for path, content in compose.container_files(cfg, plan, run_dir_host).items():
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        Path(path).write_text(content)
     if args.output == "-":
         print(text)
     else:
         Path(args.output).write_text(text)
-        print(f"wrote {args.output}")
+        print(f"wrote {args.output} (image {image}; run directory {run_dir_host})")
     return 0
 
 

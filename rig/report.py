@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from rig.observations import ScenarioObservation
@@ -167,16 +168,18 @@ _STYLE = {"PASS": "green", "XFAIL": "yellow", "XPASS": "bold red", "FAIL": "bold
 
 def print_summary(result: RunResult, console: Console | None = None) -> None:
     """The verdict table and the run directory on the terminal."""
-    console = console or Console()
+    # Off a terminal (CI logs, redirects) rich would wrap at 80 columns, one word per line.
+    console = console or (Console() if Console().is_terminal else Console(width=240))
     rows = scenario_rows(result)
     table = Table(title=f"pdrig {result.name}: {result.status.upper()}", show_lines=False)
     for col in (rows[0] if rows else {"scenario": ""}):
         table.add_column(col, overflow="fold", max_width=70 if col == "diagnosis" else None)
     for r in rows:
-        table.add_row(*[f"[{_STYLE.get(v, '')}]{v}[/]" if k == "verdict" else str(v) for k, v in r.items()])
+        # Cell text comes from servers and logs: escape it, "[/dev/shm]" must not be markup.
+        table.add_row(*[f"[{_STYLE.get(v, '')}]{v}[/]" if k == "verdict" else escape(str(v)) for k, v in r.items()])
     console.print(table)
     if result.error:
-        console.print(f"[bold red]error:[/] {result.error}")
+        console.print(f"[bold red]error:[/] {escape(result.error)}")
     if result.timings:
         console.print("timings: " + ", ".join(f"{k} {v:.1f} s" for k, v in result.timings.items()))
-    console.print(f"run directory: {result.run_dir}")
+    console.print(f"run directory: {escape(result.run_dir)}")

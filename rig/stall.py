@@ -66,23 +66,30 @@ class StallDetector:
     """Feed snapshots of one instance in time order; ``feed`` returns a :class:`Stall` once the
     blocked-and-frozen state has lasted ``window_s`` seconds (snapshot ``t`` is monotonic s).
 
-    Any change of the progress signature, or the blocked condition ending, restarts the window.
+    Any change of the progress signature, the blocked condition ending, or a gap between two
+    samples longer than ``max_gap_s`` (default half the window) restarts the window.
     """
 
-    def __init__(self, window_s: float):
+    def __init__(self, window_s: float, max_gap_s: float | None = None):
         if window_s <= 0:
             raise ValueError(f"stall window must be > 0 s (got {window_s})")
         self.window_s = window_s
+        # Two samples far apart prove nothing about the time between them (a starved observer
+        # or a slow scrape): a gap longer than this restarts the window. Default: half the window.
+        self.max_gap_s = window_s / 2 if max_gap_s is None else max_gap_s
         self._since: float | None = None
         self._sig: tuple | None = None
+        self._last_t: float | None = None
 
     def feed(self, s: m.MetricSnapshot) -> Stall | None:
         """Add one snapshot; return a Stall when the window is reached, else None."""
+        gap = self._last_t is not None and s.t - self._last_t > self.max_gap_s
+        self._last_t = s.t
         if not _is_blocked(s):
             self._since, self._sig = None, None
             return None
         sig = _signature(s)
-        if sig != self._sig:
+        if sig != self._sig or gap:
             self._since, self._sig = s.t, sig
             return None
         assert self._since is not None

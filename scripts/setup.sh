@@ -66,7 +66,9 @@ os_libs_for_mooncake() {
 
 if [ "$PROFILE" = cpu ]; then
   torch_src=()
-  if ! "$VENV/bin/python" -m pip download --quiet --no-deps -d "$(mktemp -d)" "torch==2.13.0+cpu" >/dev/null 2>&1; then
+  probe_dir=$(mktemp -d)
+  trap 'rm -rf "$probe_dir"' EXIT
+  if ! "$VENV/bin/python" -m pip download --quiet --no-deps -d "$probe_dir" "torch==2.13.0+cpu" >/dev/null 2>&1; then
     say "torch 2.13.0+cpu not found locally; using $TORCH_CPU_INDEX"
     torch_src=(--extra-index-url "$TORCH_CPU_INDEX")
   fi

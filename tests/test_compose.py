@@ -251,3 +251,19 @@ def test_container_plan_uses_the_images_master_binary(monkeypatch):
     assert seen == {"binary": "mooncake_master", "run_dir": "/rig/run", "model": "/rig/model",
                     "python": "python3"}
     assert cfg.mooncake.master_binary is None  # the caller's config is untouched
+
+
+@pytest.mark.parametrize("profile", ["cpu-tiny", "l4x2", "cpu-tiny-mooncake"])
+def test_pdrig_compose_cli_writes_a_valid_file(profile, tmp_path):
+    """`pdrig compose` / `make compose` end to end: the CLI path users run, not only the module."""
+    from rig import cli
+
+    out = tmp_path / "docker-compose.yml"
+    code = cli.main(["compose", "--config", f"configs/{profile}.yaml", "--set", f"cache_dir={tmp_path / 'cache'}",
+                     "--run-dir", str(tmp_path / "runs"), "-o", str(out)])
+    assert code == 0
+    doc = yaml.safe_load(out.read_text())
+    assert schema_errors(doc) == []
+    assert {"prefill", "decode"} <= set(doc["services"])
+    published = [p for svc in doc["services"].values() for p in svc.get("ports", [])]
+    assert published and all(p["host_ip"] == "127.0.0.1" for p in published)

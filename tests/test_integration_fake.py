@@ -33,7 +33,7 @@ DECODES = {
     "decode-leak": {"env": {"FAKE_VLLM_FAULT": "leak-kv"}},
     "decode-fatal": {"env": {"FAKE_VLLM_FAULT": "fatal-log"}},
     # Completion 1 is the runner's warm-up; completion 2 is the scenario's decode hop.
-    "decode-crash": {"env": {"FAKE_VLLM_FAULT": "crash-mid-request", "FAKE_VLLM_FAULT_ARG": "2"}},
+    "decode-crash": {"env": {"FAKE_VLLM_FAULT": "crash-mid-request", "FAKE_VLLM_FAULT_ARG": "3"}},  # 3rd: after the warm-up's direct and P/D requests
 }
 SCENARIOS = [
     scenario("pass", "decode"),

@@ -160,3 +160,14 @@ def test_describe_without_reason_labels():
 def test_window_must_be_positive(window):
     with pytest.raises(ValueError, match="stall window must be > 0 s"):
         StallDetector(window)
+
+
+def test_a_sampling_gap_restarts_the_window():
+    """Two samples 26 s apart prove nothing about the time between them (a starved observer):
+    no stall may be declared from them; the window restarts at the sample after the gap."""
+    det = StallDetector(8.0)
+    assert det.feed(snap(0.0)) is None
+    assert det.feed(snap(26.0)) is None  # the gap restarts the window
+    assert feed_all(det, [snap(t) for t in (28.0, 30.0, 32.0)]) == []
+    stall = det.feed(snap(34.0))
+    assert stall is not None and stall.since == 26.0 and stall.duration_s == 8.0
