@@ -46,6 +46,27 @@ FATAL_PATTERNS = (
 )
 
 
+# vLLM's own words when a decode worker read KV blocks the prefill had already released: the
+# NIXL lease (kv_lease_duration, 30 s) expired while the request waited on decode. The answer is
+# HTTP 200 with tokens computed from stale or reused blocks (measured: a pressure wave on a
+# starved 2-core host diverged at token 0 with these lines in prefill's log).
+KV_INTEGRITY_PATTERNS = (
+    "Potentially invalid KV blocks",  # vllm/.../nixl/pull_worker.py
+    "Releasing expired KV blocks",  # vllm/.../nixl/base_worker.py
+)
+
+
+def scan_kv_integrity(path: str | Path, start_offset: int = 0) -> list[str]:
+    """Log lines at or after byte ``start_offset`` matching :data:`KV_INTEGRITY_PATTERNS`."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(start_offset)
+            text = f.read().decode("utf-8", "replace")
+    except OSError:
+        return []
+    return [ln.strip() for ln in text.splitlines() if any(p in ln for p in KV_INTEGRITY_PATTERNS)]
+
+
 class ClusterError(RuntimeError):
     """A process could not be started or made ready; ``log_tail`` holds its last log lines."""
 

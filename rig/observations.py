@@ -112,6 +112,7 @@ class ScenarioObservation:
     parity: list[ParityResult | None] = field(default_factory=list)
     evidence: TransferEvidence | None = None
     fatal_lines: dict[str, list[str]] = field(default_factory=dict)
+    kv_integrity_lines: dict[str, list[str]] = field(default_factory=dict)  # lease expiry (cluster.py)
     dead: dict[str, int] = field(default_factory=dict)
     drains: list[DrainResult] = field(default_factory=list)
     stall_diagnosis: str = ""
@@ -126,7 +127,8 @@ class ScenarioObservation:
             "records": [r.to_json() for r in self.records],
             "parity": [p.to_json() if p else None for p in self.parity],
             "evidence": self.evidence.__dict__ if self.evidence else None,
-            "fatal_lines": self.fatal_lines, "dead": self.dead,
+            "fatal_lines": self.fatal_lines, "kv_integrity_lines": self.kv_integrity_lines,
+            "dead": self.dead,
             "drains": [d.__dict__ for d in self.drains],
             "stall_diagnosis": self.stall_diagnosis, "vllm_version": self.vllm_version,
             "wall_s": self.wall_s, "error": self.error,

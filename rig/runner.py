@@ -26,7 +26,7 @@ import yaml
 
 from rig import metrics as m
 from rig.client import PDClient
-from rig.cluster import Cluster, ClusterError, log_size, scan_fatal
+from rig.cluster import Cluster, ClusterError, log_size, scan_fatal, scan_kv_integrity
 from rig.config import ConfigError, RigConfig, ScenarioConfig
 from rig.observations import ScenarioObservation, SnapshotStore, TransferEvidence, wait_idle
 from rig.plan import Plan, build_plan
@@ -256,6 +256,7 @@ class SuiteRunner:
         obs.fatal_lines = {}
         for n, path in logs.items():
             obs.fatal_lines[n] = scan_fatal(path, self._log_offsets.get(n, 0))
+            obs.kv_integrity_lines[n] = scan_kv_integrity(path, self._log_offsets.get(n, 0))
             self._log_offsets[n] = log_size(path)
         obs.wall_s = time.monotonic() - t0
         return obs, kind_result

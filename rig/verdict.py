@@ -24,8 +24,9 @@ from rig.observations import ScenarioObservation
 from rig.parity import summarize
 
 PASSING = ("PASS", "XFAIL")
-# Checks a known issue's symptom can explain; the others must hold even for an XFAIL.
-SYMPTOM_CHECKS = ("completed", "token-counts", "kv-pulled", "parity")
+# Checks a known issue's symptom can explain; the others must hold even for an XFAIL. A stalled
+# request the rig abandons leaves its blocks on P to expire, hence kv-integrity.
+SYMPTOM_CHECKS = ("completed", "token-counts", "kv-pulled", "parity", "kv-integrity")
 
 
 @dataclass(frozen=True)
@@ -113,10 +114,20 @@ def _checks(sc: ScenarioConfig, obs: ScenarioObservation) -> list[Check]:
     out.append(Check("no-fatal-log", not fatal,
                      "no fatal log lines" if not fatal else
                      "; ".join(f"{k}: {v[0][:160]}" for k, v in fatal.items())))
+    out.append(kv_integrity_check(obs))
     not_idle = [d for d in obs.drains if not d.idle]
     out.append(Check("idle-after", not not_idle and bool(obs.drains),
                      "; ".join(d.describe() for d in (not_idle or obs.drains)) or "not checked"))
     return out
+
+
+def kv_integrity_check(obs: ScenarioObservation) -> Check:
+    """``kv-integrity``: vLLM logged no NIXL lease expiry during the scenario
+    (rig.cluster.KV_INTEGRITY_PATTERNS): decode must never read blocks prefill released."""
+    lines = {k: v for k, v in obs.kv_integrity_lines.items() if v}
+    return Check("kv-integrity", not lines,
+                 "no KV lease expiry logged" if not lines else
+                 "; ".join(f"{k}: {len(v)} lines, e.g. {v[0][v[0].find(']') + 1:][:150].strip()}" for k, v in lines.items()))
 
 
 def _symptom_seen(symptom: str, obs: ScenarioObservation) -> bool:

@@ -78,7 +78,7 @@ def test_pass():
     assert v.verdict == "PASS" and v.passed and v.expectation == "pass"
     assert v.reason == "all checks hold"
     assert checks_of(v) == {"completed": True, "token-counts": True, "kv-pulled": True, "parity": True,
-                            "alive": True, "no-fatal-log": True, "idle-after": True}
+                            "alive": True, "no-fatal-log": True, "kv-integrity": True, "idle-after": True}
     assert run_passed([v])
 
 
@@ -229,3 +229,24 @@ def test_tampered_prompt_with_a_dead_instance_fails():
     obs.dead = {"decode": 1}
     v = judge(sc(tamper="swap-prompt"), obs)
     assert v.verdict == "FAIL" and v.reason.startswith("alive:")
+
+
+# ---------------------------------------------------------------- KV lease expiry (kv-integrity)
+
+EXPIRED = ("(Worker pid=6561) ERROR 11-29 19:43:00 [pull_worker.py:667] Potentially invalid KV blocks for "
+           "unrecognized request cmpl-bf31-0-a9a3 were retrieved by a decode worker. They may have expired.")
+
+
+def test_lease_expiry_on_prefill_fails_an_otherwise_passing_scenario():
+    obs = passing_obs()
+    obs.kv_integrity_lines = {"prefill": [EXPIRED]}
+    v = judge(sc(), obs)
+    assert v.verdict == "FAIL" and v.reason.startswith("kv-integrity: prefill: 1 lines")
+    assert "Potentially invalid KV blocks" in v.reason
+
+
+def test_lease_expiry_after_an_abandoned_stall_is_explained_by_the_known_issue():
+    obs = passing_obs(records=[stalled_record()], parity=[None], stall_diagnosis=DIAG)
+    obs.kv_integrity_lines = {"prefill": [EXPIRED]}
+    v = judge(sc(known_issue=LIVELOCK), obs)
+    assert v.verdict == "XFAIL"

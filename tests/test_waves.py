@@ -152,7 +152,7 @@ def test_small_pressure_wave_passes_against_healthy_fakes(healthy, tmp_path):
     assert set(s["cancel_points"]) <= {"before-prefill", "between", "during-decode"}
     assert s["throughput_req_s"] > 0 and s["latency_s"]["p50"] > 0
     assert {c.name for c in v.checks} == {"completed", "no-errors", "no-empty", "token-counts", "kv-pulled",
-                                          "parity", "idle-after"}
+                                          "parity", "kv-integrity", "idle-after"}
     assert res.parity["compared"] == 18 and res.parity["equal"] == 18
     # a stream cut after its first token may still finish on a zero-latency fake (a race)
     assert 180 <= res.deltas["decode"]["request_success"] <= 180 + s["cancel_points"].get("during-decode", 0)

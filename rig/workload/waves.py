@@ -47,7 +47,7 @@ from rig.config import RigConfig, ScenarioConfig, WaveConfig
 from rig.observations import KV_EPS, DrainResult, ScenarioObservation, SnapshotStore, wait_idle
 from rig.progress import WaveProgress
 from rig.timeline import TimelineSampler, plot_timeline
-from rig.verdict import Check, ScenarioVerdict
+from rig.verdict import Check, ScenarioVerdict, kv_integrity_check
 from rig.workload.edge import Endpoint
 from rig.workload.engine import WaveEngine, WaveRecord, WaveRequest, make_transport, plan_cancels
 from rig.workload.prompts import make_prompt, prefix_group_prompts, seed_of
@@ -501,6 +501,7 @@ def wave_checks(sc: ScenarioConfig, obs: ScenarioObservation, wave: WaveResult) 
                          "died: " + ", ".join(f"{n} (exit {rc})" for n, rc in obs.dead.items())))
         out.append(Check("no-fatal-log", not fatal, "no fatal log lines" if not fatal else
                          "; ".join(f"{k}: {v[0][:160]}" for k, v in fatal.items())))
+    out.append(kv_integrity_check(obs))
     drains = obs.drains or wave.drains
     not_idle = [dr for dr in drains if not dr.idle]
     out.append(Check("idle-after", bool(drains) and not not_idle,
