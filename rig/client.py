@@ -223,6 +223,18 @@ def classify(hop: Hop | None) -> str:
     return "ok"
 
 
+def prefill_failure(hop: Hop) -> tuple[str, str] | None:
+    """``(outcome, diagnosis)`` when a prefill hop cannot lead to a decode hop, else None: an
+    error class from :func:`classify`, or an answer without ``kv_transfer_params`` (P is not a
+    KV producer)."""
+    outcome = classify(hop)
+    if outcome == "ok" and hop.kv_transfer_params:
+        return None
+    if outcome == "ok":
+        return "http_error", "prefill answered without kv_transfer_params (is P a kv_producer?)"
+    return outcome, f"prefill: {hop.error or 'empty answer'}"
+
+
 async def cancel_task(task: asyncio.Task) -> None:
     """Cancel ``task`` and wait for it to finish (closing its HTTP connection)."""
     task.cancel()

@@ -58,13 +58,7 @@ KV_INTEGRITY_PATTERNS = (
 
 def scan_kv_integrity(path: str | Path, start_offset: int = 0) -> list[str]:
     """Log lines at or after byte ``start_offset`` matching :data:`KV_INTEGRITY_PATTERNS`."""
-    try:
-        with open(path, "rb") as f:
-            f.seek(start_offset)
-            text = f.read().decode("utf-8", "replace")
-    except OSError:
-        return []
-    return [ln.strip() for ln in text.splitlines() if any(p in ln for p in KV_INTEGRITY_PATTERNS)]
+    return scan_log(path, start_offset, KV_INTEGRITY_PATTERNS)
 
 
 class ClusterError(RuntimeError):
@@ -111,15 +105,21 @@ def log_tail(path: str | Path, lines: int = 25) -> str:
         return ""
 
 
-def scan_fatal(path: str | Path, start_offset: int = 0) -> list[str]:
-    """Log lines at or after byte ``start_offset`` that match :data:`FATAL_PATTERNS`."""
+def scan_log(path: str | Path, start_offset: int, patterns: tuple[str, ...]) -> list[str]:
+    """Lines of a log file at or after byte ``start_offset`` containing any of ``patterns``
+    ([] for a missing file)."""
     try:
         with open(path, "rb") as f:
             f.seek(start_offset)
             text = f.read().decode("utf-8", "replace")
     except OSError:
         return []
-    return [ln.strip() for ln in text.splitlines() if any(p in ln for p in FATAL_PATTERNS)]
+    return [ln.strip() for ln in text.splitlines() if any(p in ln for p in patterns)]
+
+
+def scan_fatal(path: str | Path, start_offset: int = 0) -> list[str]:
+    """Log lines at or after byte ``start_offset`` that match :data:`FATAL_PATTERNS`."""
+    return scan_log(path, start_offset, FATAL_PATTERNS)
 
 
 def log_size(path: str | Path) -> int:

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import httpx
 
 from rig import metrics as m
-from rig.client import PDClient, PDRecord, cancel_task, classify
+from rig.client import PDClient, PDRecord, cancel_task, classify, prefill_failure
 from rig.config import ScenarioConfig
 from rig.observations import ScenarioObservation, SnapshotStore
 from rig.parity import compare
@@ -37,13 +37,9 @@ class Endpoint:
 async def _pd_one(client: PDClient, rec: PDRecord, p: Endpoint, d: Endpoint,
                   decode_tasks: dict[str, asyncio.Task], tamper_prompt: list[int] | None = None) -> None:
     rec.prefill = await client.prefill(p.name, p.url, rec.prompt, rec.max_tokens)
-    if classify(rec.prefill) != "ok" or not rec.prefill.kv_transfer_params:
-        rec.outcome = classify(rec.prefill)
-        if rec.outcome == "ok":
-            rec.outcome = "http_error"
-            rec.diagnosis = "prefill answered without kv_transfer_params (is P a kv_producer?)"
-        else:
-            rec.diagnosis = f"prefill: {rec.prefill.error or 'empty answer'}"
+    failure = prefill_failure(rec.prefill)
+    if failure:
+        rec.outcome, rec.diagnosis = failure
         return
     rec.decode_sent_at = time.monotonic()
     if tamper_prompt is not None:

@@ -56,7 +56,7 @@ from typing import Any
 import httpx
 
 from rig import metrics as m
-from rig.client import Hop, PDClient, PDRecord, classify
+from rig.client import Hop, PDClient, PDRecord, classify, prefill_failure
 from rig.config import STORE_KINDS, RigConfig, ScenarioConfig, StoreScenarioConfig
 from rig.observations import ScenarioObservation, SnapshotStore
 from rig.parity import compare, summarize
@@ -421,13 +421,9 @@ async def _send(ctx: StoreContext, rec: PDRecord, route: str) -> None:
     c = ctx.client
     if route == "pd":
         rec.prefill = await c.prefill(ctx.p.name, ctx.p.url, rec.prompt, rec.max_tokens)
-        if classify(rec.prefill) != "ok" or not rec.prefill.kv_transfer_params:
-            rec.outcome = classify(rec.prefill)
-            if rec.outcome == "ok":
-                rec.outcome = "http_error"
-                rec.diagnosis = "prefill answered without kv_transfer_params (is P a kv_producer?)"
-            else:
-                rec.diagnosis = f"prefill: {rec.prefill.error or 'empty answer'}"
+        failure = prefill_failure(rec.prefill)
+        if failure:
+            rec.outcome, rec.diagnosis = failure
             return
         rec.decode_sent_at = time.monotonic()
         rec.decode = await c.decode(ctx.d.name, ctx.d.url, rec.prompt, rec.max_tokens,
