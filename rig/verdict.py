@@ -121,13 +121,24 @@ def _checks(sc: ScenarioConfig, obs: ScenarioObservation) -> list[Check]:
     return out
 
 
-def kv_integrity_check(obs: ScenarioObservation) -> Check:
-    """``kv-integrity``: vLLM logged no NIXL lease expiry during the scenario
-    (rig.cluster.KV_INTEGRITY_PATTERNS): decode must never read blocks prefill released."""
-    lines = {k: v for k, v in obs.kv_integrity_lines.items() if v}
-    return Check("kv-integrity", not lines,
-                 "no KV lease expiry logged" if not lines else
-                 "; ".join(f"{k}: {len(v)} lines, e.g. {v[0][v[0].find(']') + 1:][:150].strip()}" for k, v in lines.items()))
+def kv_integrity_check(obs: ScenarioObservation, answered_ids: set[str] | None = None) -> Check:
+    """``kv-integrity``: no request of this scenario that D *answered* had its KV read after
+    prefill released it. vLLM's prefill logs ``Potentially invalid KV blocks for unrecognized
+    request <id> ... They may have expired`` (vllm/.../nixl/pull_worker.py) naming its own request
+    id, which it returned to us as ``kv_transfer_params.remote_request_id``; a match is stale KV
+    that reached a client as HTTP 200. Lines for abandoned requests (stalls, cancellations) and
+    "Releasing expired KV blocks ... retrieved by 0 remote worker(s)" are lease housekeeping.
+    ``answered_ids`` defaults to the ids of ``obs.records`` with outcome ok (or a parity
+    divergence, which is what stale KV looks like)."""
+    if answered_ids is None:
+        answered_ids = {(r.prefill.kv_transfer_params or {}).get("remote_request_id")
+                        for r in obs.records if r.outcome == "ok" and r.prefill is not None} - {None}
+    hits = [ln for lines in obs.kv_integrity_lines.values() for ln in lines
+            if "Potentially invalid KV blocks" in ln and any(i and i in ln for i in answered_ids)]
+    return Check("kv-integrity", not hits,
+                 "no answered request read released KV blocks" if not hits else
+                 f"{len(hits)} answered request(s) read KV blocks prefill had released (lease expired): "
+                 + hits[0][hits[0].find("Potentially"):][:160])
 
 
 def _symptom_seen(symptom: str, obs: ScenarioObservation) -> bool:

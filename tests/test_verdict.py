@@ -235,14 +235,25 @@ def test_tampered_prompt_with_a_dead_instance_fails():
 
 EXPIRED = ("(Worker pid=6561) ERROR 11-29 19:43:00 [pull_worker.py:667] Potentially invalid KV blocks for "
            "unrecognized request cmpl-bf31-0-a9a3 were retrieved by a decode worker. They may have expired.")
+HOUSEKEEPING = ("(Worker pid=6561) WARNING 11-29 19:41:05 [base_worker.py:3032] Releasing expired KV blocks "
+                "for request cmpl-bb0d-0-a89b which were retrieved by 0 remote worker(s) before lease expired.")
 
 
-def test_lease_expiry_on_prefill_fails_an_otherwise_passing_scenario():
+def test_answered_request_that_read_released_blocks_fails():
     obs = passing_obs()
+    obs.records[0].prefill.kv_transfer_params = {"do_remote_prefill": True, "remote_request_id": "cmpl-bf31-0-a9a3"}
     obs.kv_integrity_lines = {"prefill": [EXPIRED]}
     v = judge(sc(), obs)
-    assert v.verdict == "FAIL" and v.reason.startswith("kv-integrity: prefill: 1 lines")
+    assert v.verdict == "FAIL" and v.reason.startswith("kv-integrity: 1 answered request(s) read KV blocks")
     assert "Potentially invalid KV blocks" in v.reason
+
+
+def test_lease_housekeeping_and_other_requests_do_not_fail():
+    obs = passing_obs()
+    obs.records[0].prefill.kv_transfer_params = {"do_remote_prefill": True, "remote_request_id": "cmpl-mine-0-1"}
+    obs.kv_integrity_lines = {"prefill": [EXPIRED, HOUSEKEEPING]}  # an abandoned request's, and expiry bookkeeping
+    v = judge(sc(), obs)
+    assert v.verdict == "PASS", v.reason
 
 
 def test_lease_expiry_after_an_abandoned_stall_is_explained_by_the_known_issue():

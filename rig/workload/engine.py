@@ -327,6 +327,7 @@ class WaveRecord:
     t_end: float | None = None
     token_ids: list[int] | None = None
     parity: str | None = None
+    remote_request_id: str | None = None  # P's id for the KV it holds (kv_transfer_params)
 
     @property
     def intentional(self) -> bool:
@@ -449,6 +450,7 @@ class WaveEngine:
             rec.status, rec.cancel_point = "cancelled", "between"
             return
         rec.decode = d.name
+        rec.remote_request_id = hop.kv_transfer_params.get("remote_request_id")
         cut = 1 if req.cancel_at == "during-decode" else None
         sent = time.monotonic()
         hop = await tr.decode(d, req.prompt, req.max_tokens, hop.kv_transfer_params,

@@ -501,7 +501,8 @@ def wave_checks(sc: ScenarioConfig, obs: ScenarioObservation, wave: WaveResult) 
                          "died: " + ", ".join(f"{n} (exit {rc})" for n, rc in obs.dead.items())))
         out.append(Check("no-fatal-log", not fatal, "no fatal log lines" if not fatal else
                          "; ".join(f"{k}: {v[0][:160]}" for k, v in fatal.items())))
-    out.append(kv_integrity_check(obs))
+    out.append(kv_integrity_check(obs, {r.remote_request_id for r in recs
+                                        if r.remote_request_id and r.status in ("ok", "parity_mismatch")}))
     drains = obs.drains or wave.drains
     not_idle = [dr for dr in drains if not dr.idle]
     out.append(Check("idle-after", bool(drains) and not not_idle,
