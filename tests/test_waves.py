@@ -367,10 +367,10 @@ def test_suite_runner_runs_the_waves_suite_on_fakes(tmp_path):
     assert "## prefix-wave `prefix-wave-ci`: PASS" in summary and "## pressure-wave `pressure-wave-ci`: PASS" in summary
     assert (run_dir / "waves" / "pressure-wave-ci-timeline.png").is_file()
     assert (run_dir / "metrics" / "timeline.jsonl").stat().st_size > 0
-    # D has 5 usable blocks (2 requests of 48 + 8 tokens) and 8 in flight: the queue was seen
+    # D has 5 usable blocks; the CI pressure wave keeps 3 one-block requests in flight (no queue)
     pressure = runner.kind_results["pressure-wave-ci"]
     assert pressure.usable_blocks == {"prefill": 63, "decode-6blk": 5}
-    assert pressure.peaks["decode-6blk"]["waiting"] > 0 and pressure.peaks["decode-6blk"]["running"] >= 1
+    assert pressure.peaks["decode-6blk"]["running"] >= 1
 
 
 # ------------------------------------------------------------------------------------ progress
