@@ -92,16 +92,21 @@ def completion_body(model: str, prompt: list[int], max_tokens: int, **extra: Any
             "ignore_eos": True, "return_token_ids": True, **extra}
 
 
-def _error_text(r: httpx.Response) -> str:
+def error_text(status: int, text: str) -> str:
+    """``HTTP <code>: <message>`` from vLLM's error JSON (``{"error": {"message": ...}}`` or
+    ``{"message": ...}``), else the first 300 characters of the body."""
     try:
-        body = r.json()
-        msg = body.get("error", {}).get("message") if isinstance(body.get("error"), dict) else body.get("message")
-        return f"HTTP {r.status_code}: {msg or r.text[:300]}"
+        body = json.loads(text)
+        err = body.get("error") if isinstance(body, dict) else None
+        msg = err.get("message") if isinstance(err, dict) else (body.get("message") if isinstance(body, dict) else None)
+        return f"HTTP {status}: {msg or text[:300]}"
     except ValueError:
-        return f"HTTP {r.status_code}: {r.text[:300]}"
+        return f"HTTP {status}: {text[:300]}"
 
 
-def _fill_from_completion(hop: Hop, body: dict[str, Any]) -> None:
+def fill_from_completion(hop: Hop, body: dict[str, Any]) -> None:
+    """Copy usage, token IDs, text, finish reason and ``kv_transfer_params`` of a
+    ``/v1/completions`` answer into ``hop``."""
     choice = (body.get("choices") or [{}])[0]
     hop.usage = body.get("usage")
     hop.token_ids = choice.get("token_ids")
@@ -141,10 +146,10 @@ class PDClient:
         hop.latency_s = time.monotonic() - t0
         hop.status = r.status_code
         if r.status_code != 200:
-            hop.error = _error_text(r)
+            hop.error = error_text(r.status_code, r.text)
             return hop
         try:
-            _fill_from_completion(hop, r.json())
+            fill_from_completion(hop, r.json())
         except ValueError:
             hop.error = f"HTTP 200 with a body that is not JSON: {r.text[:200]!r}"
         return hop
@@ -186,7 +191,7 @@ class PDClient:
                 hop.status = r.status_code
                 if r.status_code != 200:
                     await r.aread()
-                    hop.error = _error_text(r)
+                    hop.error = error_text(r.status_code, r.text)
                     return hop
                 async for line in r.aiter_lines():
                     if not line.startswith("data: ") or line == "data: [DONE]":

@@ -41,7 +41,7 @@ from typing import Any, Protocol
 
 import httpx
 
-from rig.client import PREFILL_PARAMS, Hop, PDClient, classify, completion_body
+from rig.client import PREFILL_PARAMS, Hop, PDClient, classify, completion_body, error_text, fill_from_completion
 from rig.parity import compare
 from rig.workload.edge import Endpoint
 
@@ -49,26 +49,6 @@ CANCEL_POINTS = ("before-prefill", "between", "during-decode")
 ERROR_CLASSES = ("timeout", "http_error", "connection_error", "empty", "cancelled", "parity_mismatch")
 STREAM_EXTRA = {"stream": True, "stream_options": {"include_usage": True}}
 _JSON_HEADERS = {"Content-Type": "application/json"}
-
-
-def _error_text(status: int, raw: bytes) -> str:
-    """``HTTP <code>: <message>`` from vLLM's error JSON (as rig.client does for httpx)."""
-    text = raw.decode("utf-8", "replace")
-    try:
-        body = json.loads(text)
-        err = body.get("error") if isinstance(body, dict) else None
-        msg = err.get("message") if isinstance(err, dict) else (body.get("message") if isinstance(body, dict) else None)
-        return f"HTTP {status}: {msg or text[:300]}"
-    except ValueError:
-        return f"HTTP {status}: {text[:300]}"
-
-
-def _fill(hop: Hop, body: dict[str, Any]) -> None:
-    choice = (body.get("choices") or [{}])[0]
-    hop.usage = body.get("usage")
-    hop.token_ids = choice.get("token_ids")
-    hop.finish_reason = choice.get("finish_reason")
-    hop.kv_transfer_params = body.get("kv_transfer_params")
 
 
 class _StreamState:
@@ -155,7 +135,7 @@ class HttpxTransport:
             async with self.client.http.stream("POST", f"{ep.url}/v1/completions", json=body) as r:
                 hop.status = r.status_code
                 if r.status_code != 200:
-                    hop.error = _error_text(r.status_code, await r.aread())
+                    hop.error = error_text(r.status_code, (await r.aread()).decode("utf-8", "replace"))
                 else:
                     async for line in r.aiter_lines():
                         if line.startswith("data: ") and st.feed(line[6:]):
@@ -210,10 +190,10 @@ class AiohttpTransport:
         if hop.error:
             return hop
         if hop.status != 200:
-            hop.error = _error_text(hop.status, raw)
+            hop.error = error_text(hop.status, raw.decode("utf-8", "replace"))
             return hop
         try:
-            _fill(hop, json.loads(raw))
+            fill_from_completion(hop, json.loads(raw))
         except ValueError as e:
             hop.error = f"connection error: answer is not JSON: {e}"
         return hop
@@ -239,7 +219,7 @@ class AiohttpTransport:
                                          headers=_JSON_HEADERS) as r:
                 hop.status = r.status
                 if r.status != 200:
-                    hop.error = _error_text(r.status, await r.read())
+                    hop.error = error_text(r.status, (await r.read()).decode("utf-8", "replace"))
                 else:
                     async for line in r.content:
                         if line.startswith(b"data: ") and st.feed(line[6:]):
