@@ -89,7 +89,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
         print(json.dumps(plan.to_json(), indent=1))
         return 0
     for p in plan.processes:
-        print(f"# {p.name} ({p.role}) http://{p.host}:{p.port}  log {p.log_path}")
+        where = f"  nice {p.nice}" * bool(p.nice) + f"  cpus {','.join(map(str, p.cpus))}" * bool(p.cpus)
+        print(f"# {p.name} ({p.role}) http://{p.host}:{p.port}  log {p.log_path}{where}")
         print(p.shell_line())
         print()
     busy = busy_ports(plan)

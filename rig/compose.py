@@ -185,6 +185,8 @@ def _service(cfg: RigConfig, plan: Plan, index: int, image: str, run_dir_host: s
     deps = _depends_on(plan, index)
     if deps:
         svc["depends_on"] = deps
+    if spec.cpus:
+        svc["cpuset"] = ",".join(map(str, spec.cpus))  # the instance's `cpus` (CPU affinity)
     if spec.gpu_ids:
         svc["deploy"] = {"resources": {"reservations": {"devices": [
             {"driver": "nvidia", "device_ids": [str(g) for g in spec.gpu_ids],

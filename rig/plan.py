@@ -55,6 +55,7 @@ class ProcessSpec:
     ready_ports: tuple[int, ...] = ()
     nice: int = 0
     gpu_ids: tuple[int, ...] = ()
+    cpus: tuple[int, ...] = ()  # CPU affinity of every process/thread of the server; () = all
     files: dict[str, str] = field(default_factory=dict)  # path -> content written before start
     dirs: tuple[str, ...] = ()  # directories created before start (e.g. an IPC socket dir)
 
@@ -125,7 +126,9 @@ def kv_transfer_config(cfg: RigConfig, role: str, inst: InstanceConfig) -> dict[
 
 
 def _nixl_extra(cfg: RigConfig) -> dict[str, Any]:
-    return {} if cfg.nixl.num_threads is None else {"num_threads": cfg.nixl.num_threads}
+    """The NIXL ``kv_connector_extra_config`` keys the config sets (None = vLLM's default)."""
+    extra = {"num_threads": cfg.nixl.num_threads, "kv_lease_duration": cfg.nixl.kv_lease_duration}
+    return {k: v for k, v in extra.items() if v is not None}
 
 
 def vllm_argv(cfg: RigConfig, role: str, inst: InstanceConfig, model_path: str, python: str) -> list[str]:
@@ -211,6 +214,7 @@ def build_plan(cfg: RigConfig, run_dir: str | Path, model_path: str, python: str
             ready_ports=(side_channel_port(cfg, inst),),
             nice=cfg.launch.nice,
             gpu_ids=tuple(inst.gpu_ids),
+            cpus=tuple(inst.cpus or ()),
             files=files,
             dirs=tuple(d for d in (env.get("VLLM_RPC_BASE_PATH"),) if d),
         ))

@@ -24,6 +24,7 @@ from pathlib import Path
 import httpx
 import yaml
 
+from rig import aio
 from rig import metrics as m
 from rig.client import PDClient
 from rig.cluster import Cluster, ClusterError, log_size, scan_fatal, scan_kv_integrity
@@ -32,6 +33,7 @@ from rig.observations import ScenarioObservation, SnapshotStore, TransferEvidenc
 from rig.plan import Plan, build_plan
 from rig.report import RunResult, print_summary, write_report
 from rig.tiny_model import ensure_tiny_model
+from rig.verdict import ScenarioVerdict
 from rig.workload.edge import Endpoint
 from rig.workload.kinds import KINDS, ScenarioContext
 from rig.workload.prompts import make_prompt
@@ -112,6 +114,9 @@ class SuiteRunner:
         self._log_offsets: dict[str, int] = {}  # instance -> byte offset of its log not yet scanned
         # scenario -> what its kind returned (wave statistics, store counters, retrieval rates)
         self.kind_results: dict[str, object] = {}
+        # The scenario in flight and its observation as filled so far: kept in the report
+        # (ERROR, "interrupted mid-scenario") when Ctrl-C or a crash stops the run inside it.
+        self._in_flight: tuple[ScenarioConfig, ScenarioObservation] | None = None
 
     def log(self, msg: str) -> None:
         """Progress line on stderr (the report is the real output)."""
@@ -133,10 +138,11 @@ class SuiteRunner:
             (self.run_dir / "config.yaml").write_text(yaml.safe_dump(self.result.config, sort_keys=False))
             cluster = Cluster(plan, self.cfg.timeouts.startup_s, self.cfg.timeouts.shutdown_grace_s,
                               attach=self.attach)
-            asyncio.run(self._run_phases(cluster, plan))
+            aio.run(self._run_phases(cluster, plan))
         except KeyboardInterrupt as e:
             self.result.status, self.result.error = "interrupted", f"interrupted ({e or 'SIGINT'})"
             interrupted = e
+            self._keep_partial("interrupted mid-scenario")
         except (ClusterError, ConfigError) as e:
             self.result.status, self.result.error = "error", str(e)
         except Exception as e:  # the rig's own bug: keep the evidence, then report it
@@ -144,6 +150,7 @@ class SuiteRunner:
             import traceback
 
             (self.run_dir / "rig-traceback.txt").write_text(traceback.format_exc())
+            self._keep_partial(f"the rig failed mid-scenario: {type(e).__name__}: {e}")
         finally:
             if cluster is not None:
                 t_stop = time.monotonic()
@@ -157,6 +164,22 @@ class SuiteRunner:
         if interrupted is not None:
             raise interrupted
         return self.result
+
+    def _keep_partial(self, why: str) -> None:
+        """Put the scenario that was in flight into the result as an ERROR verdict with its
+        partial observation (records answered so far, stall diagnosis, log lines)."""
+        if self._in_flight is None:
+            return
+        sc, obs = self._in_flight
+        self._in_flight = None
+        done = sum(r.outcome not in ("pending", "") for r in obs.records)
+        obs.error = obs.error or f"{why}: partial observation ({done}/{len(obs.records)} requests finished)"
+        self.result.observations.append(obs)
+        try:  # the kind's own judge gives ERROR (obs.error is set) with the scenario's expectation
+            verdict = KINDS[sc.kind].judge(sc, obs, None, self.result.extra_sections)
+        except Exception:  # a judge that needs what the interrupted run never produced
+            verdict = ScenarioVerdict(sc.name, "ERROR", "pass", obs.error)
+        self.result.verdicts.append(verdict)
 
     async def _run_phases(self, cluster: Cluster, plan: Plan) -> None:
         timeouts = self.cfg.timeouts
@@ -187,6 +210,7 @@ class SuiteRunner:
                 for sc in ph.scenarios:
                     self.log(f"scenario {sc.name} on {ph.prefill} -> {ph.decode}")
                     obs, kind_result = await self._scenario(sc, ph, cluster, client, http, store, version)
+                    self._in_flight = None
                     self.result.observations.append(obs)
                     self.kind_results[sc.name] = kind_result
                     verdict = KINDS[sc.kind].judge(sc, obs, kind_result, self.result.extra_sections)
@@ -228,6 +252,7 @@ class SuiteRunner:
         timeouts = self.cfg.timeouts
         kind_result: object = None
         obs = ScenarioObservation(scenario=sc.name, decode=ph.decode, prefill=ph.prefill, vllm_version=version)
+        self._in_flight = (sc, obs)
         t0 = time.monotonic()
         logs = {n: cluster.plan.by_name(n).log_path for n in cluster.procs}
         p = Endpoint(ph.prefill, cluster.url(ph.prefill))

@@ -10,6 +10,12 @@ diagnosis quotes the frozen values, e.g.::
     admission livelock on decode: waiting=1 (capacity) running=0 kv=0.0% kv_fetch
     waiting_to_start=1, unchanged for 8.0 s
 
+A frozen state with a KV read in flight (``kv_fetch in_progress > 0``) is judged against the
+longer ``transfer_window_s``: ``/metrics`` cannot show a NIXL read's own progress, and on a
+starved 2-core CI host one 4-block read took more than 8 s before it completed (measured on
+vLLM 0.32.0, decode-6blk, edge-126). The livelock's signature (``waiting_to_start``) keeps
+the short window.
+
 The detector is pure (``feed`` snapshots, get a verdict) so it is tested on recorded sequences.
 """
 
@@ -62,18 +68,27 @@ def describe(s: m.MetricSnapshot, duration_s: float) -> str:
             f"kv={kv * 100:.1f}%{fetch_txt}, unchanged for {duration_s:.1f} s")
 
 
+def _transfer_in_flight(s: m.MetricSnapshot) -> bool:
+    return s.by_label(m.KV_FETCH_BY_STAGE, "stage").get("in_progress", 0) > 0
+
+
 class StallDetector:
     """Feed snapshots of one instance in time order; ``feed`` returns a :class:`Stall` once the
-    blocked-and-frozen state has lasted ``window_s`` seconds (snapshot ``t`` is monotonic s).
+    blocked-and-frozen state has lasted ``window_s`` seconds (snapshot ``t`` is monotonic s),
+    or ``transfer_window_s`` seconds (default: ``window_s``) while a KV read is in flight.
 
     Any change of the progress signature, the blocked condition ending, or a gap between two
     samples longer than ``max_gap_s`` (default half the window) restarts the window.
+
+    Raises ValueError for a window <= 0 s.
     """
 
-    def __init__(self, window_s: float, max_gap_s: float | None = None):
-        if window_s <= 0:
-            raise ValueError(f"stall window must be > 0 s (got {window_s})")
+    def __init__(self, window_s: float, max_gap_s: float | None = None,
+                 transfer_window_s: float | None = None):
+        if window_s <= 0 or (transfer_window_s is not None and transfer_window_s <= 0):
+            raise ValueError(f"stall windows must be > 0 s (got {window_s}, {transfer_window_s})")
         self.window_s = window_s
+        self.transfer_window_s = max(window_s, transfer_window_s or window_s)
         # Two samples far apart prove nothing about the time between them (a starved observer
         # or a slow scrape): a gap longer than this restarts the window. Default: half the window.
         self.max_gap_s = window_s / 2 if max_gap_s is None else max_gap_s
@@ -94,7 +109,51 @@ class StallDetector:
             return None
         assert self._since is not None
         duration = s.t - self._since
-        if duration >= self.window_s:
+        if duration >= (self.transfer_window_s if _transfer_in_flight(s) else self.window_s):
             return Stall(instance=s.instance, since=self._since, duration_s=duration,
                          diagnosis=describe(s, duration))
         return None
+
+
+@dataclass
+class StallEpisode:
+    """One stall of one instance, from the first moment it counted as frozen (``since``,
+    monotonic s) for ``duration_s`` seconds (until the last sample that still showed it)."""
+
+    instance: str
+    since: float
+    duration_s: float
+    diagnosis: str
+
+
+class StallEpisodes:
+    """Stall episodes of several instances from one stream of snapshots (a wave's timeline).
+
+    Each instance gets its own :class:`StallDetector`; consecutive stalls with the same start are
+    one episode, whose duration and diagnosis grow with it. ``episodes`` is in start order.
+    """
+
+    def __init__(self, window_s: float, transfer_window_s: float | None = None):
+        self.window_s, self.transfer_window_s = window_s, transfer_window_s
+        self.episodes: list[StallEpisode] = []
+        self._detectors: dict[str, StallDetector] = {}
+        self._open: dict[str, StallEpisode] = {}
+
+    def feed(self, s: m.MetricSnapshot) -> StallEpisode | None:
+        """Add one snapshot of ``s.instance``; returns the episode it extends or opens, if any."""
+        det = self._detectors.get(s.instance)
+        if det is None:
+            det = self._detectors[s.instance] = StallDetector(self.window_s,
+                                                              transfer_window_s=self.transfer_window_s)
+        stall = det.feed(s)
+        if stall is None:
+            self._open.pop(s.instance, None)
+            return None
+        ep = self._open.get(s.instance)
+        if ep is not None and ep.since == stall.since:
+            ep.duration_s, ep.diagnosis = stall.duration_s, stall.diagnosis
+            return ep
+        ep = StallEpisode(stall.instance, stall.since, stall.duration_s, stall.diagnosis)
+        self.episodes.append(ep)
+        self._open[s.instance] = ep
+        return ep

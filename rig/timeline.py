@@ -22,6 +22,7 @@ from typing import Any
 import httpx
 
 from rig import metrics as m
+from rig.stall import StallEpisodes
 from rig.observations import SnapshotStore
 from rig.workload.edge import Endpoint
 
@@ -45,13 +46,15 @@ class TimelineSampler:
     """Scrapes ``endpoints`` every ``interval_s`` seconds between :meth:`start` and :meth:`stop`.
 
     ``rows`` holds every sample, ``latest`` the last row per instance, ``peaks`` the maxima of
-    running / waiting / KV usage per instance, ``scrape_errors`` the failed scrapes. ``on_sample``
+    running / waiting / KV usage per instance, ``scrape_errors`` the failed scrapes; ``stalls``
+    (optional, :class:`rig.stall.StallEpisodes`) is fed every snapshot. ``on_sample``
     (optional) is called with each round's rows.
     """
 
     def __init__(self, http: httpx.AsyncClient, endpoints: list[Endpoint], store: SnapshotStore | None,
-                 scenario: str, interval_s: float = 1.0):
+                 scenario: str, interval_s: float = 1.0, stalls: StallEpisodes | None = None):
         self.http, self.endpoints, self.store = http, endpoints, store
+        self.stalls = stalls  # fed every snapshot: stall episodes of every instance
         self.scenario, self.interval_s = scenario, interval_s
         self.rows: list[dict[str, Any]] = []
         self.latest: dict[str, dict[str, Any]] = {}
@@ -74,6 +77,8 @@ class TimelineSampler:
                 raise snap
             if self.store is not None:
                 self.store.sample(self.scenario, snap)
+            if self.stalls is not None:
+                self.stalls.feed(snap)
             row = row_of(snap, self.scenario, self.t0)
             self.rows.append(row)
             self.latest[snap.instance] = row

@@ -22,7 +22,6 @@ Wire-up in rig/cli.py ``build_parser``: ``from rig.wave_cli import add_wave_pars
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import sys
 import time
@@ -31,6 +30,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
+from rig import aio
 from rig.config import ConfigError, RigConfig
 
 DEFAULT_CONFIG = "configs/cpu-tiny.yaml"
@@ -217,7 +217,10 @@ async def _run(args: argparse.Namespace, cfg: RigConfig | None, sc: Any, ps: lis
             print(f"[pdrig wave] {sc.kind} {sc.name} -> {run_dir} (seed {sc.seed}; P {', '.join(e.url for e in ps)}; "
                   f"D {', '.join(e.url for e in ds)})", file=sys.stderr, flush=True)
         wave = await run_wave(sc, model, ps, ds, http, store, run_dir / "waves", deadline_s=deadline,
-                              usable_blocks=blocks, block_size=block_size, max_model_len=mml, progress=progress)
+                              usable_blocks=blocks, block_size=block_size, max_model_len=mml, progress=progress,
+                              **({"stall_window_s": cfg.timeouts.stall_window_s,
+                                  "transfer_window_s": cfg.timeouts.kv_transfer_s,
+                                  "kv_lease_s": float(cfg.nixl.kv_lease_duration or 30)} if cfg else {}))
         after = {}
         for e in ds:
             try:
@@ -285,7 +288,7 @@ def cmd_wave(args: argparse.Namespace) -> int:
             n += 1
             run_dir = base.with_name(f"{base.name}-{n}")
         run_dir.mkdir(parents=True)
-    return asyncio.run(_run(args, cfg, sc, ps, ds, known, run_dir))
+    return aio.run(_run(args, cfg, sc, ps, ds, known, run_dir))
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -167,7 +167,8 @@ def main() -> int:
     ap.add_argument("--clients", default="aiohttp,httpx")
     ap.add_argument("--modes", default="engine,wave")
     ap.add_argument("--streams", default="never,always,mixed", help="stream modes of the engine runs")
-    ap.add_argument("--loops", default="asyncio", help="asyncio and/or uvloop (comma list)")
+    ap.add_argument("--loops", default="uvloop,asyncio",
+                    help="uvloop (what the rig uses, rig/aio.py) and/or asyncio (comma list)")
     ap.add_argument("--requests", type=int, default=2048)
     ap.add_argument("--concurrency", type=int, default=64)
     ap.add_argument("--prompt-tokens", type=int, default=48)

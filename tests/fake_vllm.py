@@ -24,8 +24,9 @@ Faults (FAKE_VLLM_FAULT):
   crash-mid-request  on the Nth completion (ARG, default 1): log "EngineCore encountered a
                      fatal error" + traceback, os._exit(1) while the request is in flight
   stall              decode-side requests (kv_transfer_params.do_remote_prefill on a consumer)
-                     are never admitted: waiting 1 (reason capacity, kv fetch stage
-                     waiting_to_start) until the client disconnects (vLLM 0.32.0's livelock)
+                     of at least ARG prompt tokens (default 0) are never admitted: waiting 1
+                     (reason capacity, kv fetch stage waiting_to_start) until the client
+                     disconnects (vLLM 0.32.0's livelock)
   http500            every completion answers HTTP 500 with vLLM's error JSON
   diverge-at         decode-side requests emit (tok+1) % 1024 at output position ARG (0-based)
   leak-kv            blocks of finished requests are never freed
@@ -370,7 +371,7 @@ class Server:
         n_out = 0 if FAULT == "empty-stream" else 1 if is_p else n_out
         rid = f"cmpl-{request.headers.get('X-Request-Id') or body.get('request_id') or uuid.uuid4().hex}"
         req = Req(f"{rid}-0", prompt, cdiv(len(prompt) + n_out, a.block_size), is_d,
-                  FAULT == "stall" and is_d)
+                  FAULT == "stall" and is_d and len(prompt) >= int(float(FAULT_ARG or 0)))
         crash_at = (min(1, n_out - 1) if FAULT == "crash-mid-request"
                     and self.n_completions == int(float(FAULT_ARG or 1)) else -1)
         diverge = int(float(FAULT_ARG or 0)) if FAULT == "diverge-at" and is_d else -1

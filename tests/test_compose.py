@@ -121,6 +121,7 @@ def test_cpu_services():
         assert svc["environment"]["UCX_TLS"] == "tcp,self"
         assert {"type": "bind", "source": MODEL_HOST, "target": "/rig/model", "read_only": True} in svc["volumes"]
         assert "HF_TOKEN" not in svc["environment"]
+        assert svc["cpuset"] == ("0" if p.role == "prefill" else "1")  # the instances' `cpus`
     assert "volumes" not in doc  # no hub cache for a local model
 
 

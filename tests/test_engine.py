@@ -299,3 +299,16 @@ def test_plan_cancels():
         plan_cancels(10, 0.5, ["later"], 1)
 
 
+
+
+def test_the_rig_runs_its_event_loop_on_uvloop_when_installed():
+    # rig/aio.py: uvloop is a dependency of the rig (pyproject) and measurably cheaper per hop.
+    import asyncio
+
+    from rig import aio
+
+    async def loop_type() -> str:
+        return type(asyncio.get_running_loop()).__module__
+
+    assert aio.loop_name() == "uvloop"
+    assert aio.run(loop_type()).startswith("uvloop")

@@ -314,6 +314,51 @@ def test_cluster_processes_are_visible_then_gone(base_dir):
     assert wait_no_survivors(str(tmp), within_s=10) == {}
 
 
+def _allowed_cpus(pid: int) -> str:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("Cpus_allowed_list:"):
+            return line.split(":", 1)[1].strip()
+    raise AssertionError(f"no Cpus_allowed_list for {pid}")
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two CPUs to pin P and D apart")
+def test_cluster_pins_each_server_to_its_cpus(base_dir):
+    # cpu-tiny puts P on CPU 0 and D on CPU 1 (3.6x P/D throughput on a 2-core host): every
+    # thread of each server must carry its own affinity, the rig's own process none of it.
+    from rig.cluster import Cluster
+    from rig.plan import build_plan
+    from rig.runner import resolve_model
+
+    first, second = sorted(os.sched_getaffinity(0))[:2]
+    tmp = base_dir / "pinned"
+    tmp.mkdir()
+    cfg = load_config(write_config(tmp, fake_config(tmp)),
+                      [f"prefill.prefill.cpus=[{first}]", f"decode.decode.cpus=[{second}]"])
+    plan = build_plan(cfg, tmp / "run", resolve_model(cfg), sys.executable)
+    with Cluster(plan, startup_timeout_s=30, grace_s=3) as cluster:
+        cluster.start(["prefill", "decode"])
+        for name, cpu in (("prefill", first), ("decode", second)):
+            pid = cluster.procs[name].popen.pid
+            tids = os.listdir(f"/proc/{pid}/task")
+            assert {_allowed_cpus(int(t)) for t in tids} == {str(cpu)}, name
+    assert len(os.sched_getaffinity(0)) >= 2  # the rig itself was not pinned
+
+
+def test_cluster_refuses_a_cpu_the_host_does_not_offer(base_dir):
+    from rig.cluster import Cluster, ClusterError
+    from rig.plan import build_plan
+    from rig.runner import resolve_model
+
+    tmp = base_dir / "badcpu"
+    tmp.mkdir()
+    cfg = load_config(write_config(tmp, fake_config(tmp)), ["decode.decode.cpus=[4095]"])
+    plan = build_plan(cfg, tmp / "run", resolve_model(cfg), sys.executable)
+    with Cluster(plan, startup_timeout_s=30, grace_s=3) as cluster:
+        with pytest.raises(ClusterError, match=r"decode.cpus lists CPU\(s\) \[4095\].*--set decode.decode.cpus=null"):
+            cluster.start(["prefill", "decode"])
+        assert cluster.procs == {}  # refused before anything started
+
+
 def test_attach_judges_running_endpoints_and_leaves_them_running(base_dir):
     """`pdrig e2e --attach` (the Compose path): the servers run elsewhere; the rig must judge
     them exactly as its own, and neither start nor stop anything."""

@@ -25,7 +25,8 @@ def plan_of(overrides: list[str] | None = None):
 
 
 def kv_config(role: str) -> str:
-    return json.dumps({"kv_connector": "NixlConnector", "kv_role": role, "kv_buffer_device": "cpu"},
+    return json.dumps({"kv_connector": "NixlConnector", "kv_role": role, "kv_buffer_device": "cpu",
+                       "kv_connector_extra_config": {"kv_lease_duration": 90}},
                       separators=(",", ":"))
 
 
@@ -55,6 +56,30 @@ def test_argv_exactly(name):
     assert p.role == role
     kv_role = "kv_producer" if role == "prefill" else "kv_consumer"
     assert list(p.argv) == expected_argv(port, kv_role, blocks, spec)
+
+
+def _kv(p) -> dict:
+    return json.loads(p.argv[p.argv.index("--kv-transfer-config") + 1])
+
+
+def test_kv_lease_duration_reaches_both_roles_and_null_leaves_vllms_default():
+    # cpu-tiny raises the NIXL lease (vLLM default 30 s) for starved 2-core hosts.
+    assert {_kv(p).get("kv_connector_extra_config", {}).get("kv_lease_duration")
+            for p in plan_of().processes} == {90}
+    plan = plan_of(["nixl.kv_lease_duration=null", "nixl.num_threads=2"])
+    assert {json.dumps(_kv(p)["kv_connector_extra_config"]) for p in plan.processes} == {'{"num_threads": 2}'}
+    with pytest.raises(ConfigError, match="nixl.kv_lease_duration"):
+        plan_of(["nixl.kv_lease_duration=0"])
+
+
+def test_cpus_pin_p_and_d_apart_and_are_validated():
+    plan = plan_of()
+    assert {p.name: p.cpus for p in plan.processes} == {
+        "prefill": (0,), "decode": (1,), "decode-6blk": (1,), "decode-nospec": (1,)}
+    assert plan_of(["decode.decode.cpus=null"]).by_name("decode").cpus == ()
+    for bad in ("[-1]", "[1, 1]", "[]"):
+        with pytest.raises(ConfigError, match="decode.0.cpus|decode.*cpus"):
+            plan_of([f"decode.decode.cpus={bad}"])
 
 
 def test_order_and_roles():

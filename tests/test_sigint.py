@@ -24,7 +24,9 @@ from conftest import (LIVELOCK, ROOT, fake_config, kill_pids, processes_mentioni
 
 def start_stalled_rig(tmp: Path) -> tuple[subprocess.Popen, dict]:
     """Start ``python -m rig.cli e2e`` on a stalled decode; return it once D holds the request."""
-    cfg = fake_config(tmp, decodes={"decode": {"env": {"FAKE_VLLM_FAULT": "stall"}}},
+    # Only the scenario's 126-token prompt stalls (not the 8-token warm-up): the signal then
+    # arrives while the scenario is in flight.
+    cfg = fake_config(tmp, decodes={"decode": {"env": {"FAKE_VLLM_FAULT": "stall", "FAKE_VLLM_FAULT_ARG": "100"}}},
                       scenarios=[scenario("stall", "decode", prompt_tokens=126, max_tokens=2,
                                           known_issue=LIVELOCK)],
                       timeouts={"stall_window_s": 300, "request_s": 600, "shutdown_grace_s": 3})
@@ -82,6 +84,13 @@ def test_sigint_interrupts_reports_and_stops_everything(tmp_path, sig):
     (run_dir,) = list((tmp_path / "runs").iterdir())
     report = json.loads((run_dir / "report.json").read_text())
     assert report["status"] == "interrupted" and report["error"].startswith("interrupted")
+    # The scenario in flight is kept: ERROR with its partial observation (P answered, D held it).
+    (sc,) = report["scenarios"]
+    assert sc["verdict"]["verdict"] == "ERROR", sc["verdict"]
+    assert sc["verdict"]["reason"].startswith("interrupted mid-scenario: partial observation (")
+    (rec,) = sc["observation"]["records"]
+    assert rec["prefill"]["status"] == 200 and rec["prefill"]["kv_transfer_params"]["remote_request_id"]
+    assert rec["decode_sent_at"] is not None  # the decode hop was out when the signal came
     assert (run_dir / "junit.xml").exists() and (run_dir / "summary.md").exists()
     assert "INTERRUPTED" in (run_dir / "summary.md").read_text().splitlines()[0]
     left = wait_no_survivors(str(tmp_path), within_s=15)

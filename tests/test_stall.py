@@ -158,7 +158,7 @@ def test_describe_without_reason_labels():
 
 @pytest.mark.parametrize("window", [0, -1.0])
 def test_window_must_be_positive(window):
-    with pytest.raises(ValueError, match="stall window must be > 0 s"):
+    with pytest.raises(ValueError, match="stall windows must be > 0 s"):
         StallDetector(window)
 
 
@@ -171,3 +171,41 @@ def test_a_sampling_gap_restarts_the_window():
     assert feed_all(det, [snap(t) for t in (28.0, 30.0, 32.0)]) == []
     stall = det.feed(snap(34.0))
     assert stall is not None and stall.since == 26.0 and stall.duration_s == 8.0
+
+
+def test_a_read_in_flight_gets_the_transfer_window_not_the_stall_window():
+    # The CI host's shape: D holds 4 blocks for one request whose NIXL read is in flight
+    # (kv_fetch in_progress=1) and nothing moves for more than 8 s; the read then completes.
+    det = StallDetector(8.0, transfer_window_s=30.0)
+    reading = [snap(float(t), wts=0, inprog=1, kv=0.8, capacity=0) for t in range(30)]
+    assert feed_all(det, reading) == []
+    stall = det.feed(snap(30.0, wts=0, inprog=1, kv=0.8, capacity=0))
+    assert stall is not None and stall.duration_s == 30.0
+    assert "stall on decode" in stall.diagnosis and "kv_fetch in_progress=1" in stall.diagnosis
+
+
+def test_the_livelock_keeps_the_short_window_when_a_transfer_window_is_set():
+    det = StallDetector(8.0, transfer_window_s=30.0)
+    assert [t for t, _ in feed_all(det, [snap(float(t)) for t in range(10)])] == [8.0, 9.0]
+
+
+def test_windows_must_be_positive():
+    with pytest.raises(ValueError, match="> 0 s"):
+        StallDetector(8.0, transfer_window_s=0)
+
+
+def test_episodes_group_a_stall_per_instance_and_end_when_it_moves():
+    from rig.stall import StallEpisodes
+
+    eps = StallEpisodes(4.0)
+    frozen = [snap(float(t), instance="prefill") for t in range(10)]  # t = 0..9 frozen
+    moving = [snap(10.0 + t, instance="prefill", gen=5 + t) for t in range(3)]
+    idle = [parse_metrics(TEMPLATE.format(**IDLE), "decode", t=float(t)) for t in range(13)]
+    for s in sorted(frozen + moving + idle, key=lambda s: s.t):
+        eps.feed(s)
+    (ep,) = eps.episodes
+    assert ep.instance == "prefill" and ep.since == 0.0 and ep.duration_s == 9.0
+    assert ep.diagnosis.startswith("admission livelock on prefill") and ep.diagnosis.endswith("unchanged for 9.0 s")
+    for t in range(20, 30):  # frozen again: a second episode
+        eps.feed(snap(float(t), instance="prefill"))
+    assert [e.since for e in eps.episodes] == [0.0, 20.0]

@@ -152,7 +152,7 @@ def test_small_pressure_wave_passes_against_healthy_fakes(healthy, tmp_path):
     assert set(s["cancel_points"]) <= {"before-prefill", "between", "during-decode"}
     assert s["throughput_req_s"] > 0 and s["latency_s"]["p50"] > 0
     assert {c.name for c in v.checks} == {"completed", "no-errors", "no-empty", "token-counts", "kv-pulled",
-                                          "parity", "kv-integrity", "idle-after"}
+                                          "parity", "kv-integrity", "no-stall", "idle-after"}
     assert res.parity["compared"] == 18 and res.parity["equal"] == 18
     # a stream cut after its first token may still finish on a zero-latency fake (a race)
     assert 180 <= res.deltas["decode"]["request_success"] <= 180 + s["cancel_points"].get("during-decode", 0)
@@ -167,6 +167,36 @@ def test_small_pressure_wave_passes_against_healthy_fakes(healthy, tmp_path):
     assert {r["instance"] for r in rows} == {"prefill", "decode"} and len(rows) >= 4
     assert "![pressure-t timeline](waves/pressure-t-timeline.png)" in sections[0]
     assert "| decode | decode |" in sections[0] and "| idle-after | yes |" in sections[0]
+
+
+def test_an_interrupted_wave_keeps_its_partial_records(tmp_path):
+    # Ctrl-C mid-wave (the task is cancelled): the records of what was sent are written, the
+    # unfinished ones as "cancelled: wave aborted", before the cancellation propagates.
+    sc = scenario("pressure-wave", name="cut", requests=400, concurrency=4, cancel_fraction=0.0,
+                  sample_interval_s=0.1, seed=5, parity_fraction=0.0)
+
+    async def run_then_cancel(p, d):
+        async with httpx.AsyncClient(timeout=5) as http:
+            store = SnapshotStore(tmp_path)
+            try:
+                task = asyncio.create_task(wv.run_wave(
+                    sc, "tiny", [p], [d], http, store, tmp_path / "waves", deadline_s=10, block_size=16,
+                    usable_blocks={"prefill": 999, "decode": 999}, max_model_len=2048, progress="off"))
+                await asyncio.sleep(1.0)
+                task.cancel()
+                with pytest.raises(asyncio.CancelledError):
+                    await task
+            finally:
+                store.close()
+
+    with fake_pd(token_latency=0.02) as (p, d):
+        asyncio.run(run_then_cancel(p, d))
+    recs = [json.loads(ln) for ln in (tmp_path / "waves" / "cut-records.jsonl").read_text().splitlines()]
+    assert len(recs) == 400
+    status = [r["status"] for r in recs]
+    assert status.count("ok") >= 1 and "pending" not in status
+    assert all(r["error"] == "wave aborted" for r in recs if r["status"] == "cancelled")
+    assert 0 < status.count("cancelled") < 400
 
 
 def test_pressure_wave_with_http500_decode_fails_naming_the_class(tmp_path):
@@ -413,3 +443,41 @@ def test_timeline_rates_do_not_spike_on_a_close_last_sample():
             for t, n in ((0.0, 0), (1.0, 10), (2.0, 20), (2.05, 21))]
     s = series(rows)["d"]
     assert s["req_per_s"] == [0.0, 10.0, 10.0, pytest.approx(11 / 1.05)]
+
+
+def _stalled_wave(instance: str, role: str, between_at: list[float], usable: int = 63) -> wv.WaveResult:
+    from rig.workload.engine import WaveRecord
+
+    recs = []
+    for i, t in enumerate(between_at):
+        r = WaveRecord(f"r{i}", i, 24, 4, False, planned_cancel="between", status="cancelled",
+                       cancel_point="between", prefill="prefill", t_end=t)
+        recs.append(r)
+    wave = wv.WaveResult("w", "pressure-wave", "aiohttp", {"prompt_tokens": 24, "concurrency": 12},
+                         {"prefill": "prefill", "decode": "decode"}, records=recs,
+                         usable_blocks={"prefill": usable, "decode": 5}, block_size=32, kv_lease_s=90)
+    st = {"instance": instance, "start_s": 35.0, "duration_s": 55.0,
+          "diagnosis": f"stall on {instance}: waiting=12 running=0 kv=100.0%, unchanged for 55.0 s"}
+    st["explained"] = wv.explain_stall(st, wave)
+    wave.stalls.append(st)
+    return wave
+
+
+def test_a_prefill_pool_full_of_abandoned_transfers_is_an_explained_stall():
+    # make pressure, measured: P at kv 100 % with 12 waiting for 55 s while 10 % of 2,048 requests
+    # were cancelled, a third of them between the hops (their blocks wait for the 90 s lease).
+    wave = _stalled_wave("prefill", "prefill", [float(t) for t in range(0, 34, 1)] * 2)  # 68 one-block holders
+    (st,) = wave.stalls
+    assert st["explained"].startswith("68 requests abandoned between the hops in the 90 s before hold ~68 of P's 63")
+    check = wv._stall_check(wave)
+    assert check.ok and "explained" in check.detail
+
+
+def test_stalls_nothing_explains_fail_the_wave():
+    few = _stalled_wave("prefill", "prefill", [30.0])  # 1 block + 12 in flight < 63 usable
+    on_d = _stalled_wave("decode", "decode", [float(t) for t in range(68)])  # D stalls are never explained
+    for wave in (few, on_d):
+        check = wv._stall_check(wave)
+        assert not check.ok and "UNEXPLAINED: stall on" in check.detail
+    old = _stalled_wave("prefill", "prefill", [-80.0] * 70)  # abandoned before the lease window
+    assert old.stalls[0]["explained"] == ""

@@ -76,9 +76,11 @@ async def cancel_stalled(records: list[PDRecord], decode_tasks: dict[str, asynci
 
 async def _watch(http: httpx.AsyncClient, d: Endpoint, window_s: float, interval_s: float,
                  records: list[PDRecord], decode_tasks: dict[str, asyncio.Task],
-                 store: SnapshotStore | None, scenario: str) -> str:
-    """Sample D until all requests are done; on a stall cancel the outstanding decode hops."""
-    detector = StallDetector(window_s)
+                 store: SnapshotStore | None, scenario: str, transfer_window_s: float | None = None) -> str:
+    """Sample D until all requests are done; on a stall cancel the outstanding decode hops.
+
+    ``window_s`` / ``transfer_window_s``: see :class:`rig.stall.StallDetector`."""
+    detector = StallDetector(window_s, transfer_window_s=transfer_window_s)
     while any(r.outcome == "pending" for r in records):
         try:
             snap = await m.scrape(http, d.url, d.name)
@@ -97,10 +99,13 @@ async def _watch(http: httpx.AsyncClient, d: Endpoint, window_s: float, interval
 
 async def run_edge(sc: ScenarioConfig, client: PDClient, http: httpx.AsyncClient, p: Endpoint,
                    d: Endpoint, deadline_s: float, window_s: float, interval_s: float,
-                   store: SnapshotStore | None, obs: ScenarioObservation) -> None:
+                   store: SnapshotStore | None, obs: ScenarioObservation,
+                   transfer_window_s: float | None = None) -> None:
     """Run one edge scenario, filling ``obs.records``, ``obs.parity`` and ``obs.stall_diagnosis``.
 
     Each request has ``deadline_s`` seconds for both hops; past it the request is ``timeout``.
+    D frozen for ``window_s`` seconds (``transfer_window_s`` while a KV read is in flight) is a
+    stall: the outstanding decode hops are cancelled and marked ``stalled``.
     """
     seed = sc.seed if sc.seed is not None else seed_of(sc.name)
     obs.records = [PDRecord(request_id=f"{sc.name}-{i}", prompt_len=sc.prompt_tokens,
@@ -120,7 +125,8 @@ async def run_edge(sc: ScenarioConfig, client: PDClient, http: httpx.AsyncClient
             if rec.decode_sent_at:
                 rec.verdict_after_s = time.monotonic() - rec.decode_sent_at
 
-    watcher = asyncio.create_task(_watch(http, d, window_s, interval_s, obs.records, decode_tasks, store, sc.name))
+    watcher = asyncio.create_task(_watch(http, d, window_s, interval_s, obs.records, decode_tasks, store, sc.name,
+                                         transfer_window_s))
     try:
         await asyncio.gather(*(bounded(r) for r in obs.records))
     finally:

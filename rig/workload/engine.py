@@ -23,10 +23,11 @@ Outcome (``status``) of a record: ``ok`` or its error class: ``timeout`` (deadli
 
 Two well-kept HTTP clients implement the hops with the same bodies and error classes:
 :class:`AiohttpTransport` (the default) and :class:`HttpxTransport` (via
-:class:`~rig.client.PDClient`). scripts/bench_workload.py measures them: at concurrency 64 aiohttp
-drives about 2,000-2,800 P/D requests per second of one core against the fake server, httpx
-about 250 (httpx's pool does not scale to that concurrency). A hand-written HTTP client was
-measured faster (~4,500-6,900) and deliberately not kept: the rig's job is P/D, not HTTP.
+:class:`~rig.client.PDClient`). scripts/bench_workload.py measures them: at concurrency 64 on
+uvloop (rig/aio.py) aiohttp drives about 2,600-3,500 P/D requests (two HTTP exchanges each) per
+second of one core against the fake server (2,200-2,800 on asyncio's loop), httpx about 250
+(httpx's pool does not scale to that concurrency). A hand-written HTTP client was measured faster
+(~4,500-6,900) and deliberately not kept: the rig's job is P/D, not HTTP.
 """
 
 from __future__ import annotations
@@ -353,6 +354,7 @@ class WaveEngine:
         self.cancel_prefill_after_s = cancel_prefill_after_s
         self.counts: Counter[str] = Counter()
         self.t0: float | None = None
+        self.records: list[WaveRecord] = []
 
     async def run(self, requests: list[WaveRequest]) -> list[WaveRecord]:
         """Send every request (at most ``concurrency`` at a time); one record each, in order.
@@ -362,6 +364,7 @@ class WaveEngine:
         """
         records = [WaveRecord(r.request_id, r.index, len(r.prompt), r.max_tokens, r.stream,
                               r.cancel_at, r.group) for r in requests]
+        self.records = records  # readable when run() is interrupted: the partial wave
         self.t0 = time.monotonic()
         todo = iter(range(len(requests)))
 

@@ -49,7 +49,7 @@ class Kind:
 async def _run_edge(sc: ScenarioConfig, ctx: ScenarioContext, obs: ScenarioObservation) -> None:
     t = ctx.cfg.timeouts
     await run_edge(sc, ctx.client, ctx.http, ctx.prefill, ctx.decode, sc.deadline_s or t.request_s,
-                   t.stall_window_s, t.metrics_interval_s, ctx.store, obs)
+                   t.stall_window_s, t.metrics_interval_s, ctx.store, obs, transfer_window_s=t.kv_transfer_s)
 
 
 def _judge_edge(sc: ScenarioConfig, obs: ScenarioObservation, _result: Any, _sections: list[str]) -> ScenarioVerdict:

@@ -389,7 +389,7 @@ async def _watch(ctx: StoreContext, sc: ScenarioConfig, records: list[PDRecord],
     """Sample D while requests run; on a stall cancel the outstanding ones (marked ``stalled``).
     With ``so``, count requeues (:func:`requeued`) and peak running/waiting into it."""
     t = ctx.cfg.timeouts
-    detector = StallDetector(t.stall_window_s)
+    detector = StallDetector(t.stall_window_s, transfer_window_s=t.kv_transfer_s)
     prev: m.MetricSnapshot | None = None
     while not done.is_set():
         try:

@@ -46,6 +46,7 @@ from rig import metrics as m
 from rig.config import RigConfig, ScenarioConfig, WaveConfig
 from rig.observations import KV_EPS, DrainResult, ScenarioObservation, SnapshotStore, wait_idle
 from rig.progress import WaveProgress
+from rig.stall import StallEpisodes
 from rig.timeline import TimelineSampler, plot_timeline
 from rig.verdict import Check, ScenarioVerdict, kv_integrity_check
 from rig.workload.edge import Endpoint
@@ -158,6 +159,10 @@ class WaveResult:
     scrape_errors: int = 0
     plot_error: str = ""
     error: str = ""
+    # Stall episodes seen in the timeline (instance, start s after the wave began, duration s,
+    # diagnosis, and ``explained``: why the pool was legitimately full, or "" = unexplained).
+    stalls: list[dict[str, Any]] = field(default_factory=list)
+    kv_lease_s: float = 30.0  # the NIXL lease P keeps unread blocks for (explains P stalls)
 
     def counts(self) -> Counter:
         """Records per status, with intentional cancels as ``cancelled`` and unplanned ones as
@@ -200,6 +205,7 @@ class WaveResult:
                 "prefix_note": self.prefix_note, "parity": self.parity,
                 "drains": [d.__dict__ for d in self.drains], "timeline_png": self.timeline_png,
                 "records_path": self.records_path, "scrape_errors": self.scrape_errors,
+                "stalls": self.stalls, "kv_lease_s": self.kv_lease_s,
                 "plot_error": self.plot_error, "error": self.error}
 
 
@@ -293,8 +299,14 @@ async def run_wave(sc: ScenarioConfig, model: str, prefills: list[Endpoint], dec
                    http: httpx.AsyncClient, store: SnapshotStore | None, out_dir: str | Path | None, *,
                    deadline_s: float, usable_blocks: dict[str, int | None] | None = None,
                    block_size: int | None = None, max_model_len: int | None = None,
-                   progress: str = "auto", seed: int | None = None) -> WaveResult:
+                   progress: str = "auto", seed: int | None = None,
+                   stall_window_s: float = 8.0, transfer_window_s: float | None = 30.0,
+                   kv_lease_s: float = 30.0) -> WaveResult:
     """Run one wave scenario against running servers; no drain check (see :func:`check_drains`).
+
+    Every instance's samples go through a stall detector (``stall_window_s``, and
+    ``transfer_window_s`` while a KV read is in flight; :mod:`rig.stall`); each episode is
+    explained or not by :func:`explain_stall` (``kv_lease_s`` = P's NIXL kv_lease_duration).
 
     Takes a baseline scrape of every instance, samples the timeline while the engine sends the
     requests, scrapes again (counter deltas), then runs the parity sample and writes the records,
@@ -314,7 +326,7 @@ async def run_wave(sc: ScenarioConfig, model: str, prefills: list[Endpoint], dec
         params.update(groups=w.groups, per_group=w.per_group, prefix_tokens=w.prefix_tokens)
     client = w.client
     res = WaveResult(sc.name, sc.kind, client, params, roles, usable_blocks=dict(usable_blocks or {}),
-                     block_size=block_size, max_model_len=max_model_len)
+                     block_size=block_size, max_model_len=max_model_len, kv_lease_s=kv_lease_s)
     out = Path(out_dir) if out_dir is not None else None
     try:
         requests = wave_requests(sc, seed)
@@ -349,7 +361,8 @@ async def run_wave(sc: ScenarioConfig, model: str, prefills: list[Endpoint], dec
 
     transport = make_transport(client, model, deadline_s, max(2 * w.concurrency, 8))
     engine = WaveEngine(transport, prefills, decodes, w.concurrency, deadline_s, w.cancel_prefill_after_s)
-    sampler = TimelineSampler(http, endpoints, store, sc.name, w.sample_interval_s)
+    episodes = StallEpisodes(stall_window_s, transfer_window_s)
+    sampler = TimelineSampler(http, endpoints, store, sc.name, w.sample_interval_s, stalls=episodes)
     title = sc.name if sc.name == sc.kind else f"{sc.kind} {sc.name}"
     prog = WaveProgress(title, len(requests), engine.counts, sampler.latest, mode=progress)
     after: dict[str, m.MetricSnapshot] = {}
@@ -360,6 +373,12 @@ async def run_wave(sc: ScenarioConfig, model: str, prefills: list[Endpoint], dec
         t0, cpu0 = time.monotonic(), time.process_time()
         try:
             res.records = await engine.run(requests)
+        except BaseException:  # Ctrl-C or a crash: keep what the wave did so far
+            res.records = engine.records  # unfinished ones are "cancelled: wave aborted"
+            res.error = res.error or "the wave was interrupted: partial records"
+            if out is not None:
+                _write_records(out / f"{sc.name}-records.jsonl", res.records)
+            raise
         finally:
             t_wave = time.monotonic() - t0
             res.wall_s, res.client_cpu_s = t_wave, time.process_time() - cpu0
@@ -380,12 +399,16 @@ async def run_wave(sc: ScenarioConfig, model: str, prefills: list[Endpoint], dec
         await transport.aclose()
     res.peaks = sampler.peaks
     res.scrape_errors = sampler.scrape_errors
+    t0 = engine.t0 or 0.0
+    for ep in episodes.episodes:
+        st = {"instance": ep.instance, "start_s": round(ep.since - t0, 1), "duration_s": round(ep.duration_s, 1),
+              "diagnosis": ep.diagnosis}
+        st["explained"] = explain_stall(st, res)
+        res.stalls.append(st)
     if out is not None:
         out.mkdir(parents=True, exist_ok=True)
         rp = out / f"{sc.name}-records.jsonl"
-        with open(rp, "w") as f:
-            for r in res.records:
-                f.write(json.dumps(r.to_json(), separators=(",", ":")) + "\n")
+        _write_records(rp, res.records)
         res.records_path = str(rp)
         try:
             png = plot_timeline(sampler.rows, out / f"{sc.name}-timeline.png",
@@ -399,6 +422,14 @@ async def run_wave(sc: ScenarioConfig, model: str, prefills: list[Endpoint], dec
     for rec in res.records:  # the sample's tokens were only needed for parity
         rec.token_ids = None
     return res
+
+
+def _write_records(path: Path, records: list[WaveRecord]) -> None:
+    """One JSON line per request (:meth:`WaveRecord.to_json`) into ``path`` (parents created)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "w") as f:
+        for r in records:
+            f.write(json.dumps(r.to_json(), separators=(",", ":")) + "\n")
 
 
 def usable_blocks_of(cfg: RigConfig, names: list[str]) -> dict[str, int | None]:
@@ -423,10 +454,53 @@ async def run_wave_scenario(sc: ScenarioConfig, cfg: RigConfig, p: Endpoint, d: 
                           deadline_s=sc.deadline_s or cfg.timeouts.request_s,
                           usable_blocks=usable_blocks_of(cfg, [p.name, d.name]),
                           block_size=cfg.block_size, max_model_len=cfg.max_model_len,
-                          progress="off" if quiet else "auto")
+                          progress="off" if quiet else "auto",
+                          stall_window_s=cfg.timeouts.stall_window_s, transfer_window_s=cfg.timeouts.kv_transfer_s,
+                          kv_lease_s=float(cfg.nixl.kv_lease_duration or 30))
 
 
 # ------------------------------------------------------------------------------------ verdict
+
+
+def explain_stall(stall: dict[str, Any], wave: WaveResult) -> str:
+    """Why a stall episode of ``wave`` is expected, or "" when nothing explains it.
+
+    A prefill instance whose KV pool is full of blocks kept for requests abandoned between the
+    hops: P cannot know that D will never read them and keeps them until its NIXL
+    ``kv_lease_duration`` expires (vllm/.../nixl/base_worker.py ``_reap_expired_send_leases``).
+    Explained when the requests cancelled ``between`` in the lease before the stall, plus one
+    block set per request in flight, need at least the usable blocks of that P (the block counts
+    are estimates: prompt + 1 token per abandoned request, prefix sharing ignored). Stalls on
+    decode are never explained here: the 0.32.0 admission livelock looks exactly like one.
+    """
+    name = stall["instance"]
+    if wave.instances.get(name) != "prefill":
+        return ""
+    bs = wave.block_size or 16
+    usable = wave.usable_blocks.get(name)
+    start = stall["start_s"]
+    held = [r for r in wave.records if r.cancel_point == "between" and r.prefill == name
+            and r.t_end is not None and start - wave.kv_lease_s - 1.0 <= r.t_end <= start + 1.0]
+    if not held:
+        return ""
+    blocks = sum(math.ceil((r.prompt_len + 1) / bs) for r in held)
+    per_request = math.ceil(((wave.params.get("prompt_tokens") or 0) + 1) / bs)
+    in_flight = (wave.params.get("concurrency") or 0) * per_request
+    if usable is not None and blocks + in_flight < usable:
+        return ""
+    return (f"{len(held)} requests abandoned between the hops in the {wave.kv_lease_s:g} s before hold "
+            f"~{blocks} of P's {usable if usable is not None else '?'} usable blocks until NIXL's "
+            "kv_lease_duration expires (nobody tells P that D will never read them)")
+
+
+def _stall_check(wave: WaveResult) -> Check:
+    if not wave.stalls:
+        return Check("no-stall", True, "no instance froze with requests waiting")
+    parts = [f"{st['instance']} at {st['start_s']:g} s for {st['duration_s']:g} s: "
+             + (f"explained: {st['explained']}" if st["explained"] else f"UNEXPLAINED: {st['diagnosis']}")
+             for st in wave.stalls]
+    return Check("no-stall", all(st["explained"] for st in wave.stalls), "; ".join(parts[:4])
+                 + (f"; +{len(parts) - 4} more" if len(parts) > 4 else ""))
 
 
 def _first_error(recs: list[WaveRecord]) -> str:
@@ -503,6 +577,7 @@ def wave_checks(sc: ScenarioConfig, obs: ScenarioObservation, wave: WaveResult) 
                          "; ".join(f"{k}: {v[0][:160]}" for k, v in fatal.items())))
     out.append(kv_integrity_check(obs, {r.remote_request_id for r in recs
                                         if r.remote_request_id and r.status in ("ok", "parity_mismatch")}))
+    out.append(_stall_check(wave))
     drains = obs.drains or wave.drains
     not_idle = [dr for dr in drains if not dr.idle]
     out.append(Check("idle-after", bool(drains) and not not_idle,
@@ -517,8 +592,9 @@ def judge_wave(sc: ScenarioConfig, obs: ScenarioObservation, wave: WaveResult | 
     cancelled on purpose answered), ``no-errors`` (no timeout / HTTP / connection error or
     unplanned cancel), ``no-empty``, ``token-counts``, ``kv-pulled`` (when D's evidence is
     there), ``prefix-hits`` (prefix waves), ``parity`` (the sample), ``alive`` and
-    ``no-fatal-log`` (when the rig runs the processes) and ``idle-after`` (drained within
-    drain_s; a leak is named with its gauge and blocks).
+    ``no-fatal-log`` (when the rig runs the processes), ``kv-integrity``, ``no-stall`` (no
+    instance froze with requests waiting, unless :func:`explain_stall` explains it) and
+    ``idle-after`` (drained within drain_s; a leak is named with its gauge and blocks).
 
     PASS when every check holds, FAIL otherwise, ERROR when the wave could not run. When
     ``sections`` is given, the wave's markdown section (:func:`wave_section`) is appended to it
@@ -577,6 +653,10 @@ def wave_section(wave: WaveResult, verdict: ScenarioVerdict | None = None, link_
                  "near 100 % means the client, not the servers, set the pace)")
     if wave.kind == "prefix-wave":
         lines.append(f"- prefix cache: expected P hits {wave.expected_prefix_hits} tokens ({wave.prefix_note})")
+    for st in wave.stalls:
+        lines.append(f"- stall on {st['instance']} at {st['start_s']:g} s for {st['duration_s']:g} s: "
+                     f"{st['diagnosis']}" + (f" (explained: {st['explained']})" if st["explained"] else
+                                             " (**unexplained**)"))
     if wave.parity:
         lines.append(f"- parity sample: {wave.parity.get('equal', 0)}/{wave.parity.get('compared', 0)} equal"
                      + (f", {wave.parity['failed']} references failed" if wave.parity.get("failed") else ""))
