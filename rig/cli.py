@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -57,6 +58,13 @@ def preflight(cfg: RigConfig) -> None:
     from rig import mooncake
 
     mooncake.preflight(cfg)  # store modes: names a missing libibverbs/libnl or mooncake_master
+    allowed = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else set(range(os.cpu_count() or 1))
+    for role, inst in cfg.instances():
+        bad = sorted(set(inst.cpus or ()) - allowed)
+        if bad:
+            raise ConfigError(f"{role}.{inst.name}.cpus lists CPU(s) {bad} this host does not offer "
+                              f"(usable: {sorted(allowed)}); pick from those or drop it: "
+                              f"--set {role}.{inst.name}.cpus=null")
     exe = cfg.launch.command[0]
     if exe != "{python}" and shutil.which(exe) is None:
         raise ConfigError(f"launch.command[0]: {exe!r} is not on PATH; run `make setup` "

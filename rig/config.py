@@ -177,7 +177,9 @@ class KnownIssue(_Strict):
     id: str
     title: str
     affects: str = Field(description="PEP 440 specifier on the vLLM version, e.g. '>=0.32.0,<0.33'")
-    symptom: Literal["stall", "error"] = "stall"
+    symptom: Literal["stall", "error", "stale-kv"] = Field(
+        "stall", description="stall: the stall detector fired; error: a request failed; stale-kv: "
+                             "an answer came from KV prefill had released (kv-integrity / parity)")
     upstream: str = Field("", description="upstream reference: PR / issue / file")
 
     @field_validator("affects")
@@ -295,9 +297,24 @@ class ScenarioConfig(_Strict):
     tamper: Literal["swap-prompt"] | None = Field(
         None, description="negative control: 'swap-prompt' sends D a different prompt of the same "
                           "length with P's kv_transfer_params; PASS means the rig caught it")
+    hold_between_s: float | None = Field(
+        None, gt=0,
+        description="edge: seconds between P's answer and the decode hop, as a router that queues "
+                    "the decode hop would; longer than nixl.kv_lease_duration lets P's lease expire")
+    flush_prefill: bool = Field(
+        False, description="edge, with hold_between_s: during the hold, direct requests to P cycle "
+                           "its whole KV pool, so blocks P released are reused before D reads them")
     wave: WaveConfig | None = Field(None, description="prefix-wave / pressure-wave settings (issue #4)")
     store: StoreScenarioConfig | None = Field(None, description="store kinds' settings (issue #3)")
     retrieval: RetrievalConfig | None = Field(None, description="kind retrieval's settings (issue #5)")
+
+    @model_validator(mode="after")
+    def _hold_consistent(self) -> "ScenarioConfig":
+        if (self.hold_between_s or self.flush_prefill) and self.kind != "edge":
+            raise ValueError(f"hold_between_s / flush_prefill: only for kind edge (kind is {self.kind!r})")
+        if self.flush_prefill and not self.hold_between_s:
+            raise ValueError("flush_prefill needs hold_between_s (the flush runs during the hold)")
+        return self
 
     @model_validator(mode="after")
     def _retrieval_consistent(self) -> "ScenarioConfig":
@@ -429,6 +446,12 @@ class RigConfig(_Strict):
                 raise ValueError(
                     f"scenarios[{i}] ({sc.name}).prompt_tokens {sc.prompt_tokens} must be below "
                     f"max_model_len {self.max_model_len} (vLLM rejects it otherwise)")
+            lease = self.nixl.kv_lease_duration or 30  # vLLM's default (nixl/base_scheduler.py)
+            if sc.known_issue and sc.known_issue.symptom == "stale-kv" and (sc.hold_between_s or 0) <= lease:
+                raise ValueError(
+                    f"scenarios[{i}] ({sc.name}).hold_between_s {sc.hold_between_s} must exceed "
+                    f"nixl.kv_lease_duration {lease} for the lease to expire; lower the lease, e.g. "
+                    "--set nixl.kv_lease_duration=5, or hold longer")
         snames = [s.name for s in self.scenarios]
         if len(set(snames)) != len(snames):
             raise ValueError("scenario names must be unique")
@@ -476,8 +499,10 @@ def apply_overrides(data: dict, overrides: list[str]) -> dict:
     return data
 
 
-def _format_validation_error(source: str, err: ValidationError, data: dict) -> str:
-    """One line per problem: ``field.path: message`` with list items named where possible."""
+def _format_validation_error(source: str, err: ValidationError, data: dict,
+                             overrides: list[str] | None = None) -> str:
+    """One line per problem: ``field.path: message (got <value>)`` with list items named where
+    possible; a problem in a field a ``--set`` override wrote is attributed to that override."""
     lines = []
     for e in err.errors():
         parts: list[str] = []
@@ -497,7 +522,15 @@ def _format_validation_error(source: str, err: ValidationError, data: dict) -> s
             msg = "unknown field; check its spelling against configs/cpu-tiny.yaml"
         elif e["type"] == "missing":
             msg = "required field is missing"
-        lines.append(f"{where}: {msg}")
+        value = e.get("input")
+        if isinstance(value, (str, int, float, bool)) and e["type"] not in ("extra_forbidden", "missing"):
+            msg += f" (got {value!r})"
+        field_name = str(e["loc"][-1]) if e["loc"] else ""
+        origin = next((ov for ov in overrides or [] if ov.split("=", 1)[0].strip().split(".")[-1] == field_name), None)
+        if origin is not None:
+            lines.append(f"--set {origin} ({where}): {msg}; fix the value or drop that --set")
+        else:
+            lines.append(f"{where}: {msg}")
     return f"{source}: invalid config\n  " + "\n  ".join(lines)
 
 
@@ -536,4 +569,4 @@ def load_config(path: str | Path, overrides: list[str] | None = None) -> RigConf
     try:
         return RigConfig.model_validate(data)
     except ValidationError as e:
-        raise ConfigError(_format_validation_error(str(p), e, data)) from None
+        raise ConfigError(_format_validation_error(str(p), e, data, overrides)) from None

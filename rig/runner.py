@@ -116,7 +116,7 @@ class SuiteRunner:
         self.kind_results: dict[str, object] = {}
         # The scenario in flight and its observation as filled so far: kept in the report
         # (ERROR, "interrupted mid-scenario") when Ctrl-C or a crash stops the run inside it.
-        self._in_flight: tuple[ScenarioConfig, ScenarioObservation] | None = None
+        self._in_flight: tuple[ScenarioConfig, ScenarioObservation, float] | None = None
 
     def log(self, msg: str) -> None:
         """Progress line on stderr (the report is the real output)."""
@@ -170,10 +170,11 @@ class SuiteRunner:
         partial observation (records answered so far, stall diagnosis, log lines)."""
         if self._in_flight is None:
             return
-        sc, obs = self._in_flight
+        sc, obs, started = self._in_flight
         self._in_flight = None
-        done = sum(r.outcome not in ("pending", "") for r in obs.records)
-        obs.error = obs.error or f"{why}: partial observation ({done}/{len(obs.records)} requests finished)"
+        answered = sum(r.outcome == "ok" for r in obs.records)
+        obs.wall_s = time.monotonic() - started
+        obs.error = obs.error or f"{why}: partial observation ({answered}/{len(obs.records)} requests answered)"
         self.result.observations.append(obs)
         try:  # the kind's own judge gives ERROR (obs.error is set) with the scenario's expectation
             verdict = KINDS[sc.kind].judge(sc, obs, None, self.result.extra_sections)
@@ -252,8 +253,8 @@ class SuiteRunner:
         timeouts = self.cfg.timeouts
         kind_result: object = None
         obs = ScenarioObservation(scenario=sc.name, decode=ph.decode, prefill=ph.prefill, vllm_version=version)
-        self._in_flight = (sc, obs)
         t0 = time.monotonic()
+        self._in_flight = (sc, obs, t0)
         logs = {n: cluster.plan.by_name(n).log_path for n in cluster.procs}
         p = Endpoint(ph.prefill, cluster.url(ph.prefill))
         d = Endpoint(ph.decode, cluster.url(ph.decode))

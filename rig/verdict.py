@@ -144,6 +144,9 @@ def kv_integrity_check(obs: ScenarioObservation, answered_ids: set[str] | None =
 def _symptom_seen(symptom: str, obs: ScenarioObservation) -> bool:
     if symptom == "stall":
         return any(r.outcome == "stalled" for r in obs.records)
+    if symptom == "stale-kv":
+        return (not kv_integrity_check(obs).ok
+                or any(p is not None and p.status == "diverged" for p in obs.parity))
     return any(r.outcome not in ("ok", "stalled") for r in obs.records)
 
 
@@ -170,6 +173,8 @@ def judge(sc: ScenarioConfig, obs: ScenarioObservation) -> ScenarioVerdict:
     collateral = [c for c in failed if c.name not in SYMPTOM_CHECKS]
     if _symptom_seen(ki.symptom, obs) and not collateral:
         diag = obs.stall_diagnosis or next((r.diagnosis for r in obs.records if r.diagnosis), "")
+        if ki.symptom == "stale-kv":
+            diag = "; ".join(f"{c.name}: {c.detail}" for c in failed if c.name in ("kv-integrity", "parity"))
         return ScenarioVerdict(sc.name, "XFAIL", expectation, f"{ki.id}: {diag}", checks)
     return ScenarioVerdict(sc.name, "FAIL", expectation,
                            "; ".join(f"{c.name}: {c.detail}" for c in (collateral or failed)), checks)

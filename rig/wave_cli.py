@@ -191,11 +191,15 @@ async def _run(args: argparse.Namespace, cfg: RigConfig | None, sc: Any, ps: lis
     store = SnapshotStore(run_dir)
     t0 = time.monotonic()
     try:
+        url = ps[0].url
         try:
-            model, mml = await served_model(http, ps[0].url)
-            before = {e.name: await m.scrape(http, e.url, e.name) for e in endpoints}
+            model, mml = await served_model(http, url)
+            before = {}
+            for e in endpoints:
+                url = e.url
+                before[e.name] = await m.scrape(http, e.url, e.name)
         except (httpx.HTTPError, ValueError, KeyError) as e:
-            raise ConfigError(f"cannot reach the servers ({type(e).__name__}: {e}); is `pdrig up` running, "
+            raise ConfigError(f"cannot reach {url} ({type(e).__name__}: {e}); is `pdrig up` running, "
                               "are the URLs right?") from None
         model = args.model or model
         mml = mml or (cfg.max_model_len if cfg else None)

@@ -219,12 +219,13 @@ def test_bad_set_path(tmp_path, base, override, expected):
 
 def test_set_unknown_field_is_a_validation_error_naming_it(tmp_path, base):
     msg = error_of(tmp_path, base, ["timeouts.stall_windw_s=5"])
-    assert "timeouts.stall_windw_s: unknown field" in msg
+    assert "--set timeouts.stall_windw_s=5 (timeouts.stall_windw_s): unknown field" in msg
 
 
 def test_set_wrong_type_names_field(tmp_path, base):
     msg = error_of(tmp_path, base, ["decode.decode-6blk.port=high"])
-    assert "decode[1](decode-6blk).port:" in msg
+    assert "--set decode.decode-6blk.port=high (decode[1](decode-6blk).port):" in msg
+    assert "(got 'high'); fix the value or drop that --set" in msg
 
 
 def test_set_can_break_consistency(tmp_path, base):

@@ -22,6 +22,8 @@ from rig import cli
 from rig.config import load_config
 from rig.runner import SuiteRunner, new_run_dir
 
+ROOT_DIR = Path(__file__).resolve().parent.parent
+
 STALL_DIAG = ("admission livelock on {d}: waiting=1 (capacity) running=0 kv=0.0% "
               "kv_fetch waiting_to_start=1, unchanged for ")
 
@@ -399,3 +401,36 @@ def test_retrieval_kind_runs_text_prompts_through_pd(base_dir):
     assert checks["retrieval"].ok and "P/D 0/3 (0%), reference 0/3 (0%)" in checks["retrieval"].detail
     assert checks["parity"].ok and checks["kv-pulled"].ok
     assert "### Retrieval `needles`" in (run_dir / "summary.md").read_text()
+
+
+def test_hold_between_hops_waits_and_flushes_prefills_pool(base_dir):
+    # suites/lease.yaml's mechanics on the fake: the decode hop leaves only after the hold, and
+    # the flush sent P enough direct requests to allocate its whole pool once.
+    result, run_dir = run_suite(base_dir / "hold", scenarios=[
+        scenario("held", "decode", hold_between_s=1.5, flush_prefill=True, deadline_s=60)])
+    (v,) = result.verdicts
+    assert v.verdict == "PASS", v.reason
+    (rec,) = result.observations[0].records
+    assert rec.verdict_after_s is not None and rec.decode_sent_at is not None
+    assert result.observations[0].wall_s >= 1.5  # the hold happened inside the scenario
+    cfg = load_config(run_dir / "config.yaml")
+    p = cfg.instance("prefill")
+    per = (cfg.max_model_len - 1) // cfg.block_size  # full blocks per flush prompt
+    want = -(-(p.num_gpu_blocks_override - 1) // per) + 3
+    from rig import metrics as m
+
+    def finished(tag: str) -> float:
+        snap = m.parse_metrics((run_dir / "metrics" / f"held-{tag}-prefill.prom").read_text(), "prefill")
+        return snap.value(m.REQUEST_SUCCESS)
+
+    served = finished("idle") - finished("before")
+    assert served >= want + 1, f"P finished {served} requests, expected the scenario's + {want} flushes"
+
+
+def test_cli_refuses_a_cpu_the_host_lacks_before_starting_anything(tmp_path, capsys, restore_signals):
+    code = cli.main(["e2e", "--config", str(ROOT_DIR / "configs" / "cpu-tiny.yaml"),
+                     "--set", f"run_root={tmp_path}", "--set", "decode.decode.cpus=[4095]"])
+    err = capsys.readouterr().err
+    assert code == 2, err
+    assert "decode.decode.cpus lists CPU(s) [4095]" in err and "--set decode.decode.cpus=null" in err
+    assert not any(tmp_path.iterdir())  # no run directory: nothing was started

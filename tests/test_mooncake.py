@@ -353,8 +353,7 @@ def test_plan_of_cpu_tiny_mooncake():
         assert _kv(spec) == {
             "kv_connector": "MultiConnector", "kv_role": role,
             "kv_connector_extra_config": {"connectors": [
-                {"kv_connector": "NixlConnector", "kv_role": role, "kv_buffer_device": "cpu",
-                 "kv_connector_extra_config": {"kv_lease_duration": 90}},
+                {"kv_connector": "NixlConnector", "kv_role": role, "kv_buffer_device": "cpu"},
                 {"kv_connector": "MooncakeStoreConnector", "kv_role": role,
                  "kv_connector_extra_config": {"lookup_rpc_port": lookup}}]}}
         path = f"{RUN}/mooncake/{name}.json"
@@ -384,9 +383,9 @@ def test_plan_mooncake_store_only_and_mixed_modes():
 
 
 def test_plan_passes_nixl_threads_to_the_nixl_child():
-    kv = _kv(mc_plan(["nixl.num_threads=3"]).by_name("decode"))
+    kv = _kv(mc_plan(["nixl.num_threads=3", "nixl.kv_lease_duration=7"]).by_name("decode"))
     assert kv["kv_connector_extra_config"]["connectors"][0]["kv_connector_extra_config"] == {
-        "num_threads": 3, "kv_lease_duration": 90}  # the lease too: NIXL's keys go to the NIXL child
+        "num_threads": 3, "kv_lease_duration": 7}  # the lease too: NIXL's keys go to the NIXL child
 
 
 def test_h200_mooncake_plan():

@@ -25,8 +25,7 @@ def plan_of(overrides: list[str] | None = None):
 
 
 def kv_config(role: str) -> str:
-    return json.dumps({"kv_connector": "NixlConnector", "kv_role": role, "kv_buffer_device": "cpu",
-                       "kv_connector_extra_config": {"kv_lease_duration": 90}},
+    return json.dumps({"kv_connector": "NixlConnector", "kv_role": role, "kv_buffer_device": "cpu"},
                       separators=(",", ":"))
 
 
@@ -63,11 +62,11 @@ def _kv(p) -> dict:
 
 
 def test_kv_lease_duration_reaches_both_roles_and_null_leaves_vllms_default():
-    # cpu-tiny raises the NIXL lease (vLLM default 30 s) for starved 2-core hosts.
-    assert {_kv(p).get("kv_connector_extra_config", {}).get("kv_lease_duration")
-            for p in plan_of().processes} == {90}
-    plan = plan_of(["nixl.kv_lease_duration=null", "nixl.num_threads=2"])
-    assert {json.dumps(_kv(p)["kv_connector_extra_config"]) for p in plan.processes} == {'{"num_threads": 2}'}
+    # cpu-tiny keeps vLLM's default lease (no key); `make lease` sets 5 s on P and D.
+    assert all("kv_connector_extra_config" not in _kv(p) for p in plan_of().processes)
+    plan = plan_of(["nixl.kv_lease_duration=5", "nixl.num_threads=2"])
+    assert {json.dumps(_kv(p)["kv_connector_extra_config"]) for p in plan.processes} == {
+        '{"num_threads": 2, "kv_lease_duration": 5}'}
     with pytest.raises(ConfigError, match="nixl.kv_lease_duration"):
         plan_of(["nixl.kv_lease_duration=0"])
 

@@ -261,3 +261,48 @@ def test_lease_expiry_after_an_abandoned_stall_is_explained_by_the_known_issue()
     obs.kv_integrity_lines = {"prefill": [EXPIRED]}
     v = judge(sc(known_issue=LIVELOCK), obs)
     assert v.verdict == "XFAIL"
+
+
+# ---------------------------------------------------------------- stale-kv known issue (suites/lease.yaml)
+
+STALE = {"id": "nixl-expired-lease-read", "title": "D reads released blocks", "affects": ">=0.32.0,<0.33",
+         "symptom": "stale-kv"}
+
+
+def _stale_obs() -> ScenarioObservation:
+    obs = passing_obs()
+    obs.records[0].prefill.kv_transfer_params = {"do_remote_prefill": True, "remote_request_id": "cmpl-bf31-0-a9a3"}
+    obs.parity = [ParityResult("diverged", position=0, pd_token=139, ref_token=133)]
+    obs.kv_integrity_lines = {"prefill": [EXPIRED]}
+    return obs
+
+
+def test_an_answer_from_released_kv_is_the_stale_kv_known_issue():
+    v = judge(sc(known_issue=STALE), _stale_obs())
+    assert v.verdict == "XFAIL", v.reason
+    assert v.reason.startswith("nixl-expired-lease-read: parity: 0/1 equal; diverged at 0: 139 != 133; "
+                               "kv-integrity: 1 answered request(s) read KV blocks")
+
+
+def test_stale_kv_seen_by_either_check_alone_and_a_clean_answer_is_xpass():
+    only_log = _stale_obs()
+    only_log.parity = [ParityResult("equal")]  # blocks not overwritten yet: same tokens, P still logged it
+    assert judge(sc(known_issue=STALE), only_log).verdict == "XFAIL"
+    assert judge(sc(known_issue=STALE), passing_obs()).verdict == "XPASS"
+    broken = _stale_obs()
+    broken.dead = {"decode": -9}  # collateral damage is never explained by the known issue
+    assert judge(sc(known_issue=STALE), broken).verdict == "FAIL"
+
+
+def test_stale_kv_scenarios_must_hold_past_the_lease():
+    from rig.config import ConfigError, load_config
+
+    base = ["suite=suites/lease.yaml"]
+    with pytest.raises(ConfigError, match=r"lease-expired-read\).hold_between_s 8.0 must exceed nixl.kv_lease_duration 30"):
+        load_config("configs/cpu-tiny.yaml", base)
+    cfg = load_config("configs/cpu-tiny.yaml", base + ["nixl.kv_lease_duration=5"])
+    assert [s.hold_between_s for s in cfg.scenarios] == [2.0, 8.0]
+    with pytest.raises(Exception, match="flush_prefill needs hold_between_s"):
+        ScenarioConfig(name="x", prompt_tokens=8, max_tokens=1, flush_prefill=True)
+    with pytest.raises(Exception, match="only for kind edge"):
+        ScenarioConfig(name="x", kind="pressure-wave", hold_between_s=3)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 import httpx
@@ -34,13 +35,41 @@ class Endpoint:
     url: str
 
 
+BetweenHops = Callable[[PDRecord], Awaitable[None]]
+
+
+async def flush_prefill_pool(client: PDClient, p: Endpoint, usable_blocks: int, block_size: int,
+                             max_model_len: int, seed: int) -> int:
+    """Send P direct (non-disaggregated) requests whose prompts together need more than its
+    ``usable_blocks`` KV blocks, one after another, so every free block is allocated and written
+    once: blocks P released earlier then hold other prompts' KV (units: blocks, tokens). Prompts are distinct
+    ``max_model_len - 1``-token lists (no prefix-cache hits), ``max_tokens`` 1. Returns how
+    many were answered; raises nothing for failed requests (they are counted out)."""
+    tokens = max_model_len - 1
+    # Only full blocks advance through the free queue: vLLM 0.32.0 appends freed blocks that
+    # carry a prefix-cache hash to its tail (FIFO) and prepends partial ones to its head (LIFO,
+    # reused by the very next request; v1/core/block_pool.py free_blocks). So each request takes
+    # tokens // block_size fresh blocks from the head. + 3: the first requests may be scheduled
+    # before the step that releases the expired blocks behind the free ones.
+    per_request = max(1, tokens // block_size)
+    n = -(-usable_blocks // per_request) + 3
+    answered = 0
+    for k in range(n):
+        hop = await client.direct(p.name, p.url, make_prompt(tokens, seed + 7_000_001 + k), 1)
+        answered += hop.error is None and hop.status == 200
+    return answered
+
+
 async def _pd_one(client: PDClient, rec: PDRecord, p: Endpoint, d: Endpoint,
-                  decode_tasks: dict[str, asyncio.Task], tamper_prompt: list[int] | None = None) -> None:
+                  decode_tasks: dict[str, asyncio.Task], tamper_prompt: list[int] | None = None,
+                  between: BetweenHops | None = None) -> None:
     rec.prefill = await client.prefill(p.name, p.url, rec.prompt, rec.max_tokens)
     failure = prefill_failure(rec.prefill)
     if failure:
         rec.outcome, rec.diagnosis = failure
         return
+    if between is not None:  # e.g. hold the decode hop past P's kv_lease_duration
+        await between(rec)
     rec.decode_sent_at = time.monotonic()
     if tamper_prompt is not None:
         # Negative control: D gets another prompt with P's KV. The reference (and so parity)
@@ -100,12 +129,13 @@ async def _watch(http: httpx.AsyncClient, d: Endpoint, window_s: float, interval
 async def run_edge(sc: ScenarioConfig, client: PDClient, http: httpx.AsyncClient, p: Endpoint,
                    d: Endpoint, deadline_s: float, window_s: float, interval_s: float,
                    store: SnapshotStore | None, obs: ScenarioObservation,
-                   transfer_window_s: float | None = None) -> None:
+                   transfer_window_s: float | None = None, between: BetweenHops | None = None) -> None:
     """Run one edge scenario, filling ``obs.records``, ``obs.parity`` and ``obs.stall_diagnosis``.
 
     Each request has ``deadline_s`` seconds for both hops; past it the request is ``timeout``.
     D frozen for ``window_s`` seconds (``transfer_window_s`` while a KV read is in flight) is a
-    stall: the outstanding decode hops are cancelled and marked ``stalled``.
+    stall: the outstanding decode hops are cancelled and marked ``stalled``. ``between`` (if
+    given) is awaited after P's answer and before the decode hop of each request.
     """
     seed = sc.seed if sc.seed is not None else seed_of(sc.name)
     obs.records = [PDRecord(request_id=f"{sc.name}-{i}", prompt_len=sc.prompt_tokens,
@@ -118,7 +148,7 @@ async def run_edge(sc: ScenarioConfig, client: PDClient, http: httpx.AsyncClient
             async with asyncio.timeout(deadline_s):
                 swapped = (make_prompt(sc.prompt_tokens, seed + 1_000_003 + int(rec.request_id.rsplit("-", 1)[1]))
                            if sc.tamper == "swap-prompt" else None)
-                await _pd_one(client, rec, p, d, decode_tasks, swapped)
+                await _pd_one(client, rec, p, d, decode_tasks, swapped, between)
         except TimeoutError:
             rec.outcome = "timeout"
             rec.diagnosis = f"no answer within the {deadline_s:.0f} s deadline"

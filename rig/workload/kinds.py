@@ -8,18 +8,21 @@ judge reads (wave statistics, store counters, retrieval rates). Adding a kind = 
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Awaitable, Callable
 
 import httpx
 
-from rig.client import PDClient
+from rig import metrics as m
+from rig.client import PDClient, PDRecord
 from rig.cluster import Cluster
 from rig.config import RigConfig, ScenarioConfig
 from rig.observations import ScenarioObservation, SnapshotStore
 from rig.verdict import Check, ScenarioVerdict, judge
-from rig.workload.edge import Endpoint, run_edge
+from rig.workload.edge import Endpoint, flush_prefill_pool, run_edge
+from rig.workload.prompts import seed_of
 
 
 @dataclass
@@ -48,8 +51,35 @@ class Kind:
 
 async def _run_edge(sc: ScenarioConfig, ctx: ScenarioContext, obs: ScenarioObservation) -> None:
     t = ctx.cfg.timeouts
+    between = None
+    if sc.hold_between_s:
+        usable = None
+        if sc.flush_prefill:
+            usable = _usable_blocks(ctx.cfg, ctx.prefill.name) or await _usable_from_metrics(ctx)
+
+        async def hold(rec: PDRecord) -> None:
+            # A router that queues the decode hop: P's blocks wait for D, and P's lease runs.
+            await asyncio.sleep(sc.hold_between_s)
+            if usable:
+                await flush_prefill_pool(ctx.client, ctx.prefill, usable, ctx.cfg.block_size,
+                                         ctx.cfg.max_model_len, seed_of(sc.name))
+        between = hold
     await run_edge(sc, ctx.client, ctx.http, ctx.prefill, ctx.decode, sc.deadline_s or t.request_s,
-                   t.stall_window_s, t.metrics_interval_s, ctx.store, obs, transfer_window_s=t.kv_transfer_s)
+                   t.stall_window_s, t.metrics_interval_s, ctx.store, obs, transfer_window_s=t.kv_transfer_s,
+                   between=between)
+
+
+def _usable_blocks(cfg: RigConfig, name: str) -> int | None:
+    o = cfg.instance(name).num_gpu_blocks_override
+    return o - 1 if o else None
+
+
+async def _usable_from_metrics(ctx: ScenarioContext) -> int | None:
+    """P's usable blocks from its ``vllm:cache_config_info`` (vLLM sized the pool itself)."""
+    from rig.workload.waves import cache_info
+
+    n = cache_info(await m.scrape(ctx.http, ctx.prefill.url, ctx.prefill.name)).get("num_gpu_blocks")
+    return n - 1 if n else None
 
 
 def _judge_edge(sc: ScenarioConfig, obs: ScenarioObservation, _result: Any, _sections: list[str]) -> ScenarioVerdict:

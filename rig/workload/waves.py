@@ -162,7 +162,7 @@ class WaveResult:
     # Stall episodes seen in the timeline (instance, start s after the wave began, duration s,
     # diagnosis, and ``explained``: why the pool was legitimately full, or "" = unexplained).
     stalls: list[dict[str, Any]] = field(default_factory=list)
-    kv_lease_s: float = 30.0  # the NIXL lease P keeps unread blocks for (explains P stalls)
+    kv_lease_s: float = 30.0  # the NIXL lease P keeps unread blocks for (explains P stalls), s
 
     def counts(self) -> Counter:
         """Records per status, with intentional cancels as ``cancelled`` and unplanned ones as
@@ -462,16 +462,18 @@ async def run_wave_scenario(sc: ScenarioConfig, cfg: RigConfig, p: Endpoint, d: 
 # ------------------------------------------------------------------------------------ verdict
 
 
-def explain_stall(stall: dict[str, Any], wave: WaveResult) -> str:
+def explain_stall(stall: dict[str, Any], wave: WaveResult, slack_s: float = 12.0) -> str:
     """Why a stall episode of ``wave`` is expected, or "" when nothing explains it.
 
     A prefill instance whose KV pool is full of blocks kept for requests abandoned between the
     hops: P cannot know that D will never read them and keeps them until its NIXL
     ``kv_lease_duration`` expires (vllm/.../nixl/base_worker.py ``_reap_expired_send_leases``).
-    Explained when the requests cancelled ``between`` in the lease before the stall, plus one
-    block set per request in flight, need at least the usable blocks of that P (the block counts
-    are estimates: prompt + 1 token per abandoned request, prefix sharing ignored). Stalls on
-    decode are never explained here: the 0.32.0 admission livelock looks exactly like one.
+    Explained when (1) the requests cancelled ``between`` in the lease before the stall, plus one
+    block set per request in flight, need at least the usable blocks of that P (estimates:
+    prompt + 1 token per abandoned request, prefix sharing ignored) and (2) the stall ended by
+    the time the first of those leases expired (+ ``slack_s`` for the sampling and the window):
+    a P that stays frozen after its leases ran out is not explained by them. Stalls on decode
+    are never explained here: the 0.32.0 admission livelock looks exactly like one.
     """
     name = stall["instance"]
     if wave.instances.get(name) != "prefill":
@@ -487,6 +489,9 @@ def explain_stall(stall: dict[str, Any], wave: WaveResult) -> str:
     per_request = math.ceil(((wave.params.get("prompt_tokens") or 0) + 1) / bs)
     in_flight = (wave.params.get("concurrency") or 0) * per_request
     if usable is not None and blocks + in_flight < usable:
+        return ""
+    first_expiry = min(r.t_end for r in held if r.t_end is not None) + wave.kv_lease_s
+    if start + stall["duration_s"] > first_expiry + slack_s:
         return ""
     return (f"{len(held)} requests abandoned between the hops in the {wave.kv_lease_s:g} s before hold "
             f"~{blocks} of P's {usable if usable is not None else '?'} usable blocks until NIXL's "
