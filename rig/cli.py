@@ -58,17 +58,26 @@ def preflight(cfg: RigConfig) -> None:
     from rig import mooncake
 
     mooncake.preflight(cfg)  # store modes: names a missing libibverbs/libnl or mooncake_master
-    allowed = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else set(range(os.cpu_count() or 1))
-    for role, inst in cfg.instances():
-        bad = sorted(set(inst.cpus or ()) - allowed)
-        if bad:
-            raise ConfigError(f"{role}.{inst.name}.cpus lists CPU(s) {bad} this host does not offer "
-                              f"(usable: {sorted(allowed)}); pick from those or drop it: "
-                              f"--set {role}.{inst.name}.cpus=null")
+    problem = cpu_problem(cfg)
+    if problem:
+        raise ConfigError(problem)
     exe = cfg.launch.command[0]
     if exe != "{python}" and shutil.which(exe) is None:
         raise ConfigError(f"launch.command[0]: {exe!r} is not on PATH; run `make setup` "
                           "(PROFILE=gpu installs `vllm` on GPU nodes)")
+
+
+def cpu_problem(cfg: RigConfig) -> str:
+    """One message naming every instance whose ``cpus`` this host (or this rig's affinity) does
+    not offer, with the ``--set`` overrides that drop them all; "" when every CPU exists."""
+    allowed = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else set(range(os.cpu_count() or 1))
+    bad = [(role, inst.name, sorted(set(inst.cpus or ()) - allowed)) for role, inst in cfg.instances()
+           if set(inst.cpus or ()) - allowed]
+    if not bad:
+        return ""
+    return ("cpus: " + "; ".join(f"{role}.{name}.cpus lists CPU(s) {cpus}" for role, name, cpus in bad)
+            + f", which this host does not offer (usable: {sorted(allowed)}). Pick from those, or drop "
+            "the pinning: " + " ".join(f"--set {role}.{name}.cpus=null" for role, name, _ in bad))
 
 
 def cmd_e2e(args: argparse.Namespace) -> int:
@@ -104,6 +113,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
     busy = busy_ports(plan)
     if busy:
         print("ports in use now: " + ", ".join(f"{n}:{port}" for n, port in busy), file=sys.stderr)
+    if cpu_problem(cfg):
+        print(cpu_problem(cfg), file=sys.stderr)
     return 0
 
 

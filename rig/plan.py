@@ -66,9 +66,12 @@ class ProcessSpec:
         return f"http://{host}:{self.port}"
 
     def shell_line(self) -> str:
-        """The command as one copy-pasteable line (display only; the rig never runs a shell)."""
+        """The command as one copy-pasteable line (display only; the rig never runs a shell), with
+        the pinning and niceness the rig applies itself written as ``taskset``/``nice``."""
         env = " ".join(f"{k}={shlex.quote(v)}" for k, v in sorted(self.env.items()))
-        return f"{env} {shlex.join(self.argv)}".strip()
+        wrap = (["taskset", "-c", ",".join(map(str, self.cpus))] if self.cpus else []) + \
+            (["nice", "-n", str(self.nice)] if self.nice else [])
+        return f"{env} {shlex.join([*wrap, *self.argv])}".strip()
 
 
 @dataclass(frozen=True)

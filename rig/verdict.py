@@ -97,6 +97,7 @@ def _checks(sc: ScenarioConfig, obs: ScenarioObservation) -> list[Check]:
     pulled = (ev is not None and ev.nixl_bytes > 0 and ev.external_prompt_tokens >= want_tokens
               and ev.nixl_transfers >= len(ok_recs))
     out.append(Check("kv-pulled", pulled and answered > 0,
+                     "no answered request to show a transfer for" if answered == 0 else
                      (f"nixl {ev.nixl_bytes:.0f} B in {ev.nixl_transfers:.0f} transfers, "
                       f"{ev.external_prompt_tokens:.0f} prompt tokens from external_kv_transfer "
                       f"(expected >= {want_tokens} in >= {len(ok_recs)} transfers)")
