@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import shutil
 import subprocess
 import sys
@@ -68,16 +67,10 @@ def preflight(cfg: RigConfig) -> None:
 
 
 def cpu_problem(cfg: RigConfig) -> str:
-    """One message naming every instance whose ``cpus`` this host (or this rig's affinity) does
-    not offer, with the ``--set`` overrides that drop them all; "" when every CPU exists."""
-    allowed = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else set(range(os.cpu_count() or 1))
-    bad = [(role, inst.name, sorted(set(inst.cpus or ()) - allowed)) for role, inst in cfg.instances()
-           if set(inst.cpus or ()) - allowed]
-    if not bad:
-        return ""
-    return ("cpus: " + "; ".join(f"{role}.{name}.cpus lists CPU(s) {cpus}" for role, name, cpus in bad)
-            + f", which this host does not offer (usable: {sorted(allowed)}). Pick from those, or drop "
-            "the pinning: " + " ".join(f"--set {role}.{name}.cpus=null" for role, name, _ in bad))
+    """:func:`rig.cluster.unavailable_cpus` for the config's instances ("" when all fit)."""
+    from rig.cluster import unavailable_cpus
+
+    return unavailable_cpus((role, inst.name, inst.cpus or ()) for role, inst in cfg.instances())
 
 
 def cmd_e2e(args: argparse.Namespace) -> int:
@@ -113,8 +106,9 @@ def cmd_plan(args: argparse.Namespace) -> int:
     busy = busy_ports(plan)
     if busy:
         print("ports in use now: " + ", ".join(f"{n}:{port}" for n, port in busy), file=sys.stderr)
-    if cpu_problem(cfg):
-        print(cpu_problem(cfg), file=sys.stderr)
+    problem = cpu_problem(cfg)
+    if problem:
+        print(problem, file=sys.stderr)
     return 0
 
 

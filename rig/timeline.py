@@ -47,8 +47,7 @@ class TimelineSampler:
 
     ``rows`` holds every sample, ``latest`` the last row per instance, ``peaks`` the maxima of
     running / waiting / KV usage per instance, ``scrape_errors`` the failed scrapes; ``stalls``
-    (optional, :class:`rig.stall.StallEpisodes`) is fed every snapshot. ``on_sample``
-    (optional) is called with each round's rows.
+    (optional, :class:`rig.stall.StallEpisodes`) is fed every snapshot.
     """
 
     def __init__(self, http: httpx.AsyncClient, endpoints: list[Endpoint], store: SnapshotStore | None,

@@ -142,11 +142,11 @@ def kv_integrity_check(obs: ScenarioObservation, answered_ids: set[str] | None =
                  + hits[0][hits[0].find("Potentially"):][:160])
 
 
-def _symptom_seen(symptom: str, obs: ScenarioObservation) -> bool:
+def _symptom_seen(symptom: str, obs: ScenarioObservation, failed: list[Check]) -> bool:
     if symptom == "stall":
         return any(r.outcome == "stalled" for r in obs.records)
     if symptom == "stale-kv":
-        return (not kv_integrity_check(obs).ok
+        return (any(c.name == "kv-integrity" for c in failed)
                 or any(p is not None and p.status == "diverged" for p in obs.parity))
     return any(r.outcome not in ("ok", "stalled") for r in obs.records)
 
@@ -172,7 +172,7 @@ def judge(sc: ScenarioConfig, obs: ScenarioObservation) -> ScenarioVerdict:
                                f"known issue fixed: update the expectation ({ki.id} no longer reproduces "
                                f"on vLLM {obs.vllm_version})", checks)
     collateral = [c for c in failed if c.name not in SYMPTOM_CHECKS]
-    if _symptom_seen(ki.symptom, obs) and not collateral:
+    if _symptom_seen(ki.symptom, obs, failed) and not collateral:
         diag = obs.stall_diagnosis or next((r.diagnosis for r in obs.records if r.diagnosis), "")
         if ki.symptom == "stale-kv":
             diag = "; ".join(f"{c.name}: {c.detail}" for c in failed if c.name in ("kv-integrity", "parity"))

@@ -184,7 +184,8 @@ async def _run(args: argparse.Namespace, cfg: RigConfig | None, sc: Any, ps: lis
     from rig import metrics as m
     from rig.observations import ScenarioObservation, SnapshotStore, TransferEvidence
     from rig.report import RunResult, print_summary, write_report
-    from rig.workload.waves import cache_info, check_drains, judge_wave, run_wave, served_model, usable_blocks_of
+    from rig.workload.waves import (cache_info, check_drains, judge_wave, run_wave, served_model, stall_settings,
+                                    usable_blocks_of)
 
     endpoints = ps + ds
     http = httpx.AsyncClient(timeout=10.0)
@@ -222,9 +223,7 @@ async def _run(args: argparse.Namespace, cfg: RigConfig | None, sc: Any, ps: lis
                   f"D {', '.join(e.url for e in ds)})", file=sys.stderr, flush=True)
         wave = await run_wave(sc, model, ps, ds, http, store, run_dir / "waves", deadline_s=deadline,
                               usable_blocks=blocks, block_size=block_size, max_model_len=mml, progress=progress,
-                              **({"stall_window_s": cfg.timeouts.stall_window_s,
-                                  "transfer_window_s": cfg.timeouts.kv_transfer_s,
-                                  "kv_lease_s": float(cfg.nixl.kv_lease_duration or 30)} if cfg else {}))
+                              **(stall_settings(cfg) if cfg else {}))
         after = {}
         for e in ds:
             try:

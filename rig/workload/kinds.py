@@ -55,7 +55,9 @@ async def _run_edge(sc: ScenarioConfig, ctx: ScenarioContext, obs: ScenarioObser
     if sc.hold_between_s:
         usable = None
         if sc.flush_prefill:
-            usable = _usable_blocks(ctx.cfg, ctx.prefill.name) or await _usable_from_metrics(ctx)
+            from rig.workload.waves import usable_blocks_of
+
+            usable = usable_blocks_of(ctx.cfg, [ctx.prefill.name])[ctx.prefill.name] or await _usable_from_metrics(ctx)
 
         async def hold(rec: PDRecord) -> None:
             # A router that queues the decode hop: P's blocks wait for D, and P's lease runs.
@@ -67,11 +69,6 @@ async def _run_edge(sc: ScenarioConfig, ctx: ScenarioContext, obs: ScenarioObser
     await run_edge(sc, ctx.client, ctx.http, ctx.prefill, ctx.decode, sc.deadline_s or t.request_s,
                    t.stall_window_s, t.metrics_interval_s, ctx.store, obs, transfer_window_s=t.kv_transfer_s,
                    between=between)
-
-
-def _usable_blocks(cfg: RigConfig, name: str) -> int | None:
-    o = cfg.instance(name).num_gpu_blocks_override
-    return o - 1 if o else None
 
 
 async def _usable_from_metrics(ctx: ScenarioContext) -> int | None:
@@ -112,7 +109,6 @@ def _judge_store(sc: ScenarioConfig, obs: ScenarioObservation, result: Any, sect
 
 
 async def _run_retrieval(sc: ScenarioConfig, ctx: ScenarioContext, obs: ScenarioObservation) -> Any:
-    from rig.workload.prompts import seed_of
     from rig.workload.retrieval import run_retrieval
 
     r = sc.retrieval

@@ -454,9 +454,14 @@ async def run_wave_scenario(sc: ScenarioConfig, cfg: RigConfig, p: Endpoint, d: 
                           deadline_s=sc.deadline_s or cfg.timeouts.request_s,
                           usable_blocks=usable_blocks_of(cfg, [p.name, d.name]),
                           block_size=cfg.block_size, max_model_len=cfg.max_model_len,
-                          progress="off" if quiet else "auto",
-                          stall_window_s=cfg.timeouts.stall_window_s, transfer_window_s=cfg.timeouts.kv_transfer_s,
-                          kv_lease_s=float(cfg.nixl.kv_lease_duration or 30))
+                          progress="off" if quiet else "auto", **stall_settings(cfg))
+
+
+def stall_settings(cfg: RigConfig) -> dict[str, float]:
+    """:func:`run_wave`'s stall keywords from a config: its stall and transfer windows and
+    prefill's NIXL lease (seconds)."""
+    return {"stall_window_s": cfg.timeouts.stall_window_s, "transfer_window_s": cfg.timeouts.kv_transfer_s,
+            "kv_lease_s": cfg.nixl.lease_s}
 
 
 # ------------------------------------------------------------------------------------ verdict
