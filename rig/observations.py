@@ -119,6 +119,11 @@ class ScenarioObservation:
     vllm_version: str = ""
     wall_s: float = 0.0
     error: str = ""  # the rig itself could not run the scenario
+    # Evidence the rig could NOT gather: the checks that needed it are "not checked", never ok.
+    unscanned_logs: dict[str, str] = field(default_factory=dict)  # instance -> why its log was not scanned
+    missing_metrics: dict[str, list[str]] = field(default_factory=dict)  # instance -> metrics it lacks
+    death_lines: dict[str, str] = field(default_factory=dict)  # dead instance -> its first fatal log line
+    versions: dict[str, str] = field(default_factory=dict)  # instance -> vLLM version from its /version
 
     def to_json(self) -> dict[str, Any]:
         """JSON-able dict for report.json."""
@@ -132,6 +137,8 @@ class ScenarioObservation:
             "drains": [d.__dict__ for d in self.drains],
             "stall_diagnosis": self.stall_diagnosis, "vllm_version": self.vllm_version,
             "wall_s": self.wall_s, "error": self.error,
+            "unscanned_logs": self.unscanned_logs, "missing_metrics": self.missing_metrics,
+            "death_lines": self.death_lines, "versions": self.versions,
         }
 
 

@@ -31,11 +31,20 @@ SYMPTOM_CHECKS = ("completed", "token-counts", "kv-pulled", "parity", "kv-integr
 
 @dataclass(frozen=True)
 class Check:
-    """One named check: ``ok`` and a short human ``detail``."""
+    """One named check: ``ok`` and a short human ``detail``.
+
+    ``ok`` is tri-state: True (looked, held), False (looked, failed), None (could not look: no
+    metric, no log, no answer): "not checked", which never counts as ok.
+    """
 
     name: str
-    ok: bool
+    ok: bool | None
     detail: str
+
+    @property
+    def state(self) -> str:
+        """'ok' | 'failed' | 'not checked'."""
+        return {True: "ok", False: "failed", None: "not checked"}[self.ok]
 
 
 @dataclass
