@@ -29,6 +29,7 @@ from pathlib import Path
 
 import httpx
 
+from rig.logs import matching_lines, start_marker, stop_marker
 from rig.plan import Plan, ProcessSpec
 from rig.reaper import Reaper, kill_groups
 
@@ -108,14 +109,32 @@ def log_tail(path: str | Path, lines: int = 25) -> str:
 
 def scan_log(path: str | Path, start_offset: int, patterns: tuple[str, ...]) -> list[str]:
     """Lines of a log file at or after byte ``start_offset`` containing any of ``patterns``
-    ([] for a missing file)."""
+    ([] for a missing file). Lines after the rig's own stop marker are not counted
+    (:func:`rig.logs.until_stop_marker`)."""
     try:
         with open(path, "rb") as f:
             f.seek(start_offset)
             text = f.read().decode("utf-8", "replace")
     except OSError:
         return []
-    return [ln.strip() for ln in text.splitlines() if any(p in ln for p in patterns)]
+    return matching_lines(text, patterns)
+
+
+def append_marker(path: str | Path, line: str) -> None:
+    """Append one rig marker line to a log, on a line of its own (a missing log is left alone).
+
+    Written in append mode (O_APPEND), as the server writes its own lines, so neither overwrites
+    the other."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            if f.tell():
+                f.seek(-1, os.SEEK_END)
+                line = ("" if f.read(1) == b"\n" else "\n") + line
+        with open(path, "ab") as f:
+            f.write(line.encode())
+    except OSError:
+        pass
 
 
 def scan_fatal(path: str | Path, start_offset: int = 0) -> list[str]:
@@ -303,6 +322,7 @@ class Cluster:
         popen = subprocess.Popen(list(spec.argv), env=env, stdout=log, stderr=subprocess.STDOUT,
                                  stdin=subprocess.DEVNULL, start_new_session=True)
         log.close()
+        append_marker(spec.log_path, start_marker(spec.name, popen.pid))
         self._reaper.add(popen.pid)  # start_new_session: pgid == pid
         pin_cpus(popen.pid, spec.cpus)
         if spec.nice:
@@ -386,6 +406,8 @@ class Cluster:
         runs = [r for r in (self.procs.pop(n) for n in names if n in self.procs) if r.popen is not None]
         if not runs:
             return
+        for r in runs:  # says in the log itself that what follows is the rig's teardown
+            append_marker(r.spec.log_path, stop_marker(r.spec.name))
         kill_groups({r.popen.pid for r in runs}, self.grace_s, reap=lambda: [r.popen.poll() for r in runs])
         for r in runs:
             try:
