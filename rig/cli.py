@@ -4,7 +4,8 @@
     pdrig plan  [--config F] [--set k=v ...] [--json]               print argv/env/ports, start nothing
     pdrig up    [--config F] [--instances a,b]                      start a topology until Ctrl-C
     pdrig build-model [--config F]                                  build (or find) the tiny model
-    pdrig compose [--config F] [--image I] [-o FILE]                render docker-compose.yml
+    pdrig compose [--config F] [--instances a,b] [--run-dir D]       render docker-compose.yml into D
+    pdrig config  [--config F] [--set k=v ...] [--explain [PATH]]     the effective config, or its fields
     pdrig wave prefix|pressure [--endpoints F | --prefill URL --decode URL] ...   a manual wave
 
 Exit codes: 0 all expectations hold; 1 a scenario failed (FAIL/XPASS/ERROR); 2 bad config or
@@ -24,6 +25,7 @@ from pathlib import Path
 
 from rig.cluster import Cluster, ClusterError, install_signal_handlers
 from rig.config import ConfigError, RigConfig, load_config
+from rig.config_help import REPO_CONFIGS, unknown_scenarios_message
 from rig.plan import build_plan, busy_ports
 
 DEFAULT_CONFIG = "configs/cpu-tiny.yaml"
@@ -78,6 +80,11 @@ def cmd_e2e(args: argparse.Namespace) -> int:
     from rig.runner import SuiteRunner, new_run_dir, select_scenarios
 
     cfg = load_config(args.config, args.overrides)
+    known = [s.name for s in cfg.scenarios]
+    unknown = [n for n in args.scenario or [] if n not in known]
+    if unknown:
+        suite_dirs = {Path(args.config).parent / "suites", REPO_CONFIGS / "suites"}
+        raise ConfigError(unknown_scenarios_message(unknown, known, sorted(suite_dirs)))
     if not args.attach:
         preflight(cfg)
     scenarios = select_scenarios(cfg, args.scenario)
@@ -109,6 +116,24 @@ def cmd_plan(args: argparse.Namespace) -> int:
     problem = cpu_problem(cfg)
     if problem:
         print(problem, file=sys.stderr)
+    return 0
+
+
+def cmd_config(args: argparse.Namespace) -> int:
+    """``--explain [PATH]``: every field (at and below dotted PATH) with type, default and
+    description, from the pydantic models; otherwise the effective config (file + ``--set``) as YAML."""
+    import yaml
+
+    from rig.config_help import explain
+
+    if args.explain is not None:
+        try:
+            print("\n".join(explain(RigConfig, args.explain)))
+        except KeyError as e:
+            raise ConfigError(f"--explain {e.args[0]}") from None
+        return 0
+    cfg = load_config(args.config, args.overrides)
+    print(yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False, width=120), end="")
     return 0
 
 
@@ -186,6 +211,12 @@ def build_parser() -> argparse.ArgumentParser:
     _config_args(p)
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_plan)
+    p = sub.add_parser("config", help="print the effective config, or (--explain) its fields")
+    _config_args(p)
+    p.add_argument("--explain", nargs="?", const="", metavar="PATH",
+                   help="list fields (all, or those at dotted PATH, e.g. nixl or decode.cpus) with "
+                        "type, default and description")
+    p.set_defaults(func=cmd_config)
     p = sub.add_parser("build-model", help="build the tiny model (cached) and print its path")
     _config_args(p)
     p.set_defaults(func=cmd_build_model)
