@@ -98,16 +98,18 @@ def cmd_e2e(args: argparse.Namespace) -> int:
 
 def cmd_plan(args: argparse.Namespace) -> int:
     """Print the plan (no process is started, no model built)."""
+    from rig.runner import resolve_model
+
     cfg = load_config(args.config, args.overrides)
-    model = {"tiny": f"{cfg.cache_dir}/models/tiny-qwen3-{cfg.model.tiny.cache_key()}"}.get(
-        cfg.model.source, cfg.model.path or "")
-    plan = build_plan(cfg, Path(cfg.run_root) / "<timestamp>-" f"{cfg.name}", model, sys.executable)
+    plan = build_plan(cfg, Path(cfg.run_root) / "<timestamp>-" f"{cfg.name}", resolve_model(cfg, build=False),
+                      sys.executable)
     if args.json:
         print(json.dumps(plan.to_json(), indent=1))
         return 0
     for p in plan.processes:
-        where = f"  nice {p.nice}" * bool(p.nice) + f"  cpus {','.join(map(str, p.cpus))}" * bool(p.cpus)
-        print(f"# {p.name} ({p.role}) http://{p.host}:{p.port}  log {p.log_path}{where}")
+        print(f"# {p.name} ({p.role}) http://{p.host}:{p.port}  log {p.log_path}")
+        if p.applied_after_spawn():
+            print(f"# after spawn the rig {p.applied_after_spawn()}")
         print(p.shell_line())
         print()
     busy = busy_ports(plan)

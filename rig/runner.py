@@ -32,7 +32,7 @@ from rig.config import ConfigError, RigConfig, ScenarioConfig
 from rig.observations import ScenarioObservation, SnapshotStore, TransferEvidence, wait_idle
 from rig.plan import Plan, build_plan
 from rig.report import RunResult, print_summary, write_report
-from rig.tiny_model import ensure_tiny_model
+from rig.tiny_model import ensure_tiny_model, tiny_model_dir
 from rig.verdict import ScenarioVerdict
 from rig.workload.edge import Endpoint
 from rig.workload.kinds import KINDS, ScenarioContext
@@ -51,16 +51,19 @@ def new_run_dir(cfg: RigConfig, label: str | None = None) -> Path:
     return d
 
 
-def resolve_model(cfg: RigConfig) -> str:
+def resolve_model(cfg: RigConfig, build: bool = True) -> str:
     """The model argument for vLLM: the built tiny model's directory, a local path or a hub id.
 
+    ``build=False`` (``pdrig plan``) returns the same string without building or checking.
     Raises ConfigError when ``model.source: path`` names a directory that does not exist.
     """
     if cfg.model.source == "tiny":
-        return str(ensure_tiny_model(cfg.model.tiny, Path(cfg.cache_dir) / "models").resolve())
+        models = Path(cfg.cache_dir) / "models"
+        built = ensure_tiny_model(cfg.model.tiny, models) if build else tiny_model_dir(cfg.model.tiny, models)
+        return str(built.resolve())
     if cfg.model.source == "path":
         p = Path(cfg.model.path or "")
-        if not p.is_dir():
+        if build and not p.is_dir():
             raise ConfigError(f"model.path: {str(p)!r} is not a directory; give a local model "
                               "directory or use model.source: hub on a machine with hub access")
         return str(p.resolve())

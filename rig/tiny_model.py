@@ -175,13 +175,18 @@ def build_tiny_model(recipe: TinyModelRecipe, out: Path) -> Path:
     return out
 
 
-def ensure_tiny_model(recipe: TinyModelRecipe, cache_dir: Path) -> Path:
-    """Return the model directory for ``recipe`` under ``cache_dir``, building it if missing.
+def tiny_model_dir(recipe: TinyModelRecipe, cache_dir: Path) -> Path:
+    """Where the model for ``recipe`` lives under ``cache_dir`` (built or not):
+    ``cache_dir/tiny-qwen3-<cache_key>``."""
+    return cache_dir / f"tiny-qwen3-{recipe.cache_key()}"
 
-    The directory is ``cache_dir/tiny-qwen3-<cache_key>``; a complete build has
-    ``pdrig-recipe.json`` (written last), so its presence means the model is usable.
+
+def ensure_tiny_model(recipe: TinyModelRecipe, cache_dir: Path) -> Path:
+    """Return the model directory for ``recipe`` under ``cache_dir`` (:func:`tiny_model_dir`),
+    building it if missing. A complete build has ``pdrig-recipe.json`` (written last), so its
+    presence means the model is usable.
     """
-    out = cache_dir / f"tiny-qwen3-{recipe.cache_key()}"
+    out = tiny_model_dir(recipe, cache_dir)
     if (out / "pdrig-recipe.json").is_file():
         return out
     return build_tiny_model(recipe, out)
