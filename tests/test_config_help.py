@@ -17,17 +17,6 @@ CONFIGS = Path(__file__).resolve().parent.parent / "configs"
 CPU_TINY = CONFIGS / "cpu-tiny.yaml"
 
 
-@pytest.fixture(autouse=True)
-def restore_signals():
-    """cli.main installs SIGINT/SIGTERM/SIGHUP handlers; give pytest its own back afterwards."""
-    import signal
-
-    saved = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
-    yield
-    for s, h in saved.items():
-        signal.signal(s, h)
-
-
 def error_of(overrides: list[str], path: Path = CPU_TINY) -> str:
     with pytest.raises(ConfigError) as ei:
         load_config(path, overrides)
@@ -82,14 +71,14 @@ def test_wrong_instance_name_lists_the_instances():
     assert "items: decode, decode-6blk, decode-nospec" in msg
 
 
-def test_unknown_scenario_points_at_the_suite_that_has_it(capsys):
+def test_unknown_scenario_points_at_the_suite_that_has_it(capsys, restore_signals):
     assert cli.main(["e2e", "--scenario", "pressure-wave-2048"]) == 2
     err = capsys.readouterr().err
     assert "'pressure-wave-2048' is in " in err and "pressure.yaml: add --set suite=suites/pressure.yaml" in err
     assert "edge-126" in err  # this config's own names
 
 
-def test_unknown_scenario_in_no_suite_gets_the_nearest_name(capsys):
+def test_unknown_scenario_in_no_suite_gets_the_nearest_name(capsys, restore_signals):
     assert cli.main(["e2e", "--scenario", "edge-96-blok-boundary"]) == 2
     assert "did you mean 'edge-96-block-boundary'?" in capsys.readouterr().err
 
@@ -100,7 +89,7 @@ def test_scenarios_by_suite_covers_every_suite_file():
     assert found["lease-expired-read"][0].endswith("lease.yaml")
 
 
-def test_explain_lists_type_default_and_description(capsys):
+def test_explain_lists_type_default_and_description(capsys, restore_signals):
     assert cli.main(["config", "--explain", "nixl"]) == 0
     out = capsys.readouterr().out
     assert "nixl.kv_lease_duration: int | None = None\n    kv_connector_extra_config.kv_lease_duration (s)" in out
@@ -111,7 +100,7 @@ def test_explain_lists_type_default_and_description(capsys):
     assert any(line.startswith("scenarios.<item>.wave.concurrency: int = 64") for line in whole)
 
 
-def test_explain_unknown_path_suggests(capsys):
+def test_explain_unknown_path_suggests(capsys, restore_signals):
     assert cli.main(["config", "--explain", "decode.cpu"]) == 2
     assert "did you mean 'cpus'?" in capsys.readouterr().err
 

@@ -4,7 +4,6 @@ and its environment assignments are in the spawned process's environment."""
 from __future__ import annotations
 
 import shlex
-import signal
 import sys
 from pathlib import Path
 
@@ -16,14 +15,6 @@ from rig.cluster import Cluster
 from rig.config import load_config
 from rig.plan import build_plan
 from rig.runner import new_run_dir, resolve_model
-
-
-@pytest.fixture(autouse=True)
-def restore_signals():
-    saved = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
-    yield
-    for s, h in saved.items():
-        signal.signal(s, h)
 
 
 def printed_commands(out: str) -> dict[str, tuple[dict[str, str], list[str]]]:
@@ -41,7 +32,7 @@ def printed_commands(out: str) -> dict[str, tuple[dict[str, str], list[str]]]:
     return found
 
 
-def test_printed_line_is_the_spawned_argv(tmp_path: Path, capsys):
+def test_printed_line_is_the_spawned_argv(tmp_path: Path, capsys, restore_signals):
     data = fake_config(tmp_path)
     data["decode"][0]["cpus"] = [0]  # pinning and nice must not appear as a taskset/nice wrapper
     data["launch"]["nice"] = 5
