@@ -23,6 +23,7 @@ import sys
 import time
 from pathlib import Path
 
+from rig import aio
 from rig.cluster import Cluster, ClusterError, install_signal_handlers
 from rig.config import ConfigError, RigConfig, load_config
 from rig.config_help import REPO_CONFIGS, unknown_scenarios_message
@@ -88,8 +89,13 @@ def cmd_e2e(args: argparse.Namespace) -> int:
     if not args.attach:
         preflight(cfg)
     scenarios = select_scenarios(cfg, args.scenario)
+    if args.instances:
+        from rig.topology import parse_instances, scenarios_on
+
+        scenarios = scenarios_on(cfg, scenarios, parse_instances(cfg, args.instances))
     if not scenarios:
-        raise ConfigError(f"{args.config}: no scenarios to run (add a suite: or scenarios:)")
+        raise ConfigError(f"--instances {args.instances}: no selected scenario runs on only these instances"
+                          if args.instances else f"{args.config}: no scenarios to run (add a suite: or scenarios:)")
     run_dir = new_run_dir(cfg)
     print(f"[pdrig] run directory: {run_dir}", file=sys.stderr, flush=True)
     result = SuiteRunner(cfg, scenarios, run_dir, quiet=args.quiet, attach=args.attach).run()
@@ -149,26 +155,56 @@ def cmd_build_model(args: argparse.Namespace) -> int:
 
 
 def cmd_up(args: argparse.Namespace) -> int:
-    """Start instances (default: first prefill + first decode) and keep them up until Ctrl-C."""
+    """Start instances (default: :func:`rig.topology.default_instances`, the pair a manual wave
+    needs), warm every P->D pair up as `e2e` does, write ``endpoints.json``, and keep them up
+    until Ctrl-C or a death (exit 1)."""
     from rig.runner import new_run_dir, resolve_model
+    from rig.topology import default_instances, parse_instances
 
     cfg = load_config(args.config, args.overrides)
     preflight(cfg)
+    engines, why = (parse_instances(cfg, args.instances), "as given by --instances") if args.instances \
+        else default_instances(cfg)
     run_dir = new_run_dir(cfg, f"{cfg.name}-up")
     plan = build_plan(cfg, run_dir, resolve_model(cfg), sys.executable)
-    names = args.instances.split(",") if args.instances else \
-        [p.name for p in plan.processes if p.role == "mooncake-master"] + [cfg.prefill[0].name, cfg.decode[0].name]
+    names = [p.name for p in plan.processes if p.role == "mooncake-master"] + engines
+    print(f"starting {', '.join(names)}: {why}", flush=True)
     with Cluster(plan, cfg.timeouts.startup_s, cfg.timeouts.shutdown_grace_s) as cluster:
         ready = cluster.start(names)
+        t = time.monotonic()
+        aio.run(_warm_up_pairs(cfg, cluster, [n for n in names if plan.by_name(n).role in ("prefill", "decode")]))
+        warm_s = time.monotonic() - t
+        # Written after the warm-up: a wave started on it meets no NIXL handshake.
         (run_dir / "endpoints.json").write_text(json.dumps(
             {n: {"url": cluster.url(n), "role": plan.by_name(n).role} for n in names}, indent=1))
         for n in names:
             print(f"{n:16s} {plan.by_name(n).role:16s} {cluster.url(n)}  ready after {ready.get(n, 0):.0f} s")
-        print(f"endpoints: {run_dir / 'endpoints.json'}; Ctrl-C stops everything")
+        print(f"warmed up in {warm_s:.1f} s (a direct request to each instance, one P/D round trip per decode)")
+        print(f"endpoints: {run_dir / 'endpoints.json'}; Ctrl-C stops everything", flush=True)
         while not cluster.dead():
             time.sleep(1)
         print(f"a process died: {cluster.dead()}", file=sys.stderr)
         return 1
+
+
+async def _warm_up_pairs(cfg: RigConfig, cluster: Cluster, engines: list[str]) -> None:
+    """:func:`rig.warmup.warm_up` from the first started prefill to every started decode."""
+    import httpx
+
+    from rig.client import PDClient
+    from rig.warmup import warm_up
+    from rig.workload.edge import Endpoint
+
+    prefills = [n for n in engines if n in {p.name for p in cfg.prefill}]
+    decodes = [n for n in engines if n in {d.name for d in cfg.decode}]
+    client = PDClient(cfg.model.served_name, timeout_s=max(cfg.timeouts.request_s, 5.0))
+    async with httpx.AsyncClient(timeout=10.0) as http:
+        try:
+            for d in decodes:
+                await warm_up(client, http, Endpoint(prefills[0], cluster.url(prefills[0])),
+                              Endpoint(d, cluster.url(d)), lambda msg: print(msg, file=sys.stderr))
+        finally:
+            await client.aclose()
 
 
 def cmd_compose(args: argparse.Namespace) -> int:
@@ -205,6 +241,9 @@ def build_parser() -> argparse.ArgumentParser:
     _config_args(p)
     p.add_argument("--scenario", action="append", help="run only this scenario (repeatable)")
     p.add_argument("--quiet", action="store_true", help="no progress lines")
+    p.add_argument("--instances", metavar="A,B",
+                   help="run only the scenarios whose prefill and decode are among these instances "
+                        "(e.g. what `pdrig compose --instances` rendered)")
     p.add_argument("--attach", action="store_true",
                    help="the instances already run at the config's host:ports (e.g. Docker Compose): "
                         "judge them, start and stop nothing")
@@ -224,7 +263,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_build_model)
     p = sub.add_parser("up", help="start a topology and keep it up until Ctrl-C")
     _config_args(p)
-    p.add_argument("--instances", help="comma-separated instance names (default: first P and D)")
+    p.add_argument("--instances", help="comma-separated instance names (default: the pair a manual wave "
+                                       "needs; the command says which and why)")
     p.set_defaults(func=cmd_up)
     p = sub.add_parser("compose", help="render a docker-compose.yml from the config")
     _config_args(p)

@@ -34,9 +34,9 @@ from rig.plan import Plan, build_plan
 from rig.report import RunResult, print_summary, write_report
 from rig.tiny_model import ensure_tiny_model, tiny_model_dir
 from rig.verdict import ScenarioVerdict
+from rig.warmup import warm_up
 from rig.workload.edge import Endpoint
 from rig.workload.kinds import KINDS, ScenarioContext
-from rig.workload.prompts import make_prompt
 
 
 def new_run_dir(cfg: RigConfig, label: str | None = None) -> Path:
@@ -227,27 +227,12 @@ class SuiteRunner:
             await http.aclose()
 
     async def _warm_up(self, client: PDClient, http: httpx.AsyncClient, cluster: Cluster, ph: Phase) -> str:
-        """One short direct request per instance and one P/D round trip (pays JIT, first-request
-        and NIXL handshake costs outside the scenarios' deadlines); returns the vLLM version
-        reported by the decode's ``/version``."""
-        for name in (ph.prefill, ph.decode):
-            hop = await client.direct(name, cluster.url(name), make_prompt(8, 7), 2)
-            if hop.error:
-                # Not fatal: the scenarios will meet the same failure and be judged on it.
-                self.log(f"warm-up request to {name} failed: {hop.error}")
-                self.result.timings.setdefault(f"warm-up failed {name}", 0.0)
-        # One throw-away P/D round trip: the NIXL handshake and D's first UCX transfer (seconds on
-        # a CPU host) then happen here, not inside the first scenario's deadline and stall window.
-        p_hop = await client.prefill(ph.prefill, cluster.url(ph.prefill), make_prompt(8, 11), 2)
-        if p_hop.kv_transfer_params:
-            d_hop = await client.decode(ph.decode, cluster.url(ph.decode), make_prompt(8, 11), 2,
-                                        p_hop.kv_transfer_params)
-            if d_hop.error:
-                self.log(f"warm-up P/D request to {ph.decode} failed: {d_hop.error}")
-        try:
-            return (await http.get(cluster.url(ph.decode) + "/version")).json().get("version", "")
-        except (httpx.HTTPError, ValueError):
-            return ""
+        """:func:`rig.warmup.warm_up` for the phase's pair; returns decode's vLLM version."""
+        version, failed = await warm_up(client, http, Endpoint(ph.prefill, cluster.url(ph.prefill)),
+                                        Endpoint(ph.decode, cluster.url(ph.decode)), self.log)
+        for name in failed:
+            self.result.timings.setdefault(f"warm-up failed {name}", 0.0)
+        return version
 
     async def _scenario(self, sc: ScenarioConfig, ph: Phase, cluster: Cluster, client: PDClient,
                         http: httpx.AsyncClient, store: SnapshotStore,
