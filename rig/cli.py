@@ -210,26 +210,36 @@ async def _warm_up_pairs(cfg: RigConfig, cluster: Cluster, engines: list[str]) -
 def cmd_compose(args: argparse.Namespace) -> int:
     """Render docker-compose.yml from the config (rig/compose.py) and the files it mounts.
 
-    The containers see the plan built by ``compose.container_plan``; the host run directory
-    (``--run-dir``) and a local model directory (the tiny model is built if needed) are mounted.
+    Only the instances of one P/D pair (``--instances``, default
+    :func:`rig.topology.default_instances`) plus a Mooncake master if the config has one. The run
+    directory (``--run-dir``, default ``<run_root>/compose-<config name>``) is mounted for logs
+    and connector files and receives ``docker-compose.yml`` (``-o`` to put it elsewhere) and
+    ``instances`` (the rendered names, for ``pdrig e2e --attach --instances``).
     """
     from rig import compose
     from rig.runner import resolve_model
+    from rig.topology import default_instances, parse_instances
 
     cfg = load_config(args.config, args.overrides)
-    plan = compose.container_plan(cfg)
-    run_dir_host = str(Path(args.run_dir).resolve())
+    engines, why = (parse_instances(cfg, args.instances), "as given by --instances") if args.instances \
+        else default_instances(cfg)
+    plan = compose.container_plan(cfg, engines)
+    run_dir = Path(args.run_dir or Path(cfg.run_root) / f"compose-{cfg.name}").resolve()
+    run_dir.mkdir(parents=True, exist_ok=True)
     model_dir_host = resolve_model(cfg) if cfg.model.source != "hub" else None
     image = args.image or ("pdrig:gpu" if cfg.device == "cuda" else "pdrig:cpu")  # docker/README.md tags
-    text = compose.compose_yaml(cfg, plan, image=image, run_dir_host=run_dir_host, model_dir_host=model_dir_host)
-    for path, content in compose.container_files(cfg, plan, run_dir_host).items():
+    text = compose.compose_yaml(cfg, plan, image=image, run_dir_host=str(run_dir), model_dir_host=model_dir_host)
+    for path, content in compose.container_files(cfg, plan, str(run_dir)).items():
         Path(path).parent.mkdir(parents=True, exist_ok=True)
         Path(path).write_text(content)
+    (run_dir / "instances").write_text(",".join(engines) + "\n")
     if args.output == "-":
         print(text)
-    else:
-        Path(args.output).write_text(text)
-        print(f"wrote {args.output} (image {image}; run directory {run_dir_host})")
+        return 0
+    out = Path(args.output) if args.output else run_dir / "docker-compose.yml"
+    out.write_text(text)
+    print(f"wrote {out}: {', '.join(p.name for p in plan.processes)} ({why}); image {image} "
+          f"(build it first: docker/README.md); logs and files under {run_dir}")
     return 0
 
 
@@ -269,8 +279,11 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("compose", help="render a docker-compose.yml from the config")
     _config_args(p)
     p.add_argument("--image", help="container image (default by device)")
-    p.add_argument("--run-dir", default="./runs", help="host directory mounted for logs")
-    p.add_argument("-o", "--output", default="docker-compose.yml", help="output file, - for stdout")
+    p.add_argument("--instances", metavar="A,B", help="instances to render (default: the pair a manual "
+                                                      "wave needs; the command says which and why)")
+    p.add_argument("--run-dir", help="host run directory mounted for logs and connector files; also "
+                                     "where docker-compose.yml goes (default <run_root>/compose-<config>)")
+    p.add_argument("-o", "--output", help="compose file (default <run-dir>/docker-compose.yml), - for stdout")
     p.set_defaults(func=cmd_compose)
     from rig.wave_cli import add_wave_parser  # `pdrig wave prefix|pressure` (rig/wave_cli.py)
 
