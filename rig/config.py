@@ -36,7 +36,7 @@ class _Strict(BaseModel):
 class SpeculativeConfig(_Strict):
     """vLLM's ``--speculative-config`` (see vllm/config/speculative.py).
 
-    ``ngram`` works on the CPU backend (FIELD_NOTES.md); the first request pays a 2-4 s JIT.
+    ``ngram`` works on the CPU backend (docs/vllm-cpu-facts.md); the first request pays a 2-4 s JIT.
     """
 
     method: str = "ngram"

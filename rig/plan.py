@@ -18,7 +18,7 @@ from typing import Any
 
 from rig.config import InstanceConfig, RigConfig
 
-# Environment every CPU server needs (measured; FIELD_NOTES.md "Environment a CPU server needs"):
+# Environment every CPU server needs (measured; docs/vllm-cpu-facts.md "Environment every CPU server gets"):
 CPU_ENV = {
     # Without it vLLM loads AVX-512 kernels and dies with SIGILL on AVX2-only hosts.
     "VLLM_TARGET_DEVICE": "cpu",
