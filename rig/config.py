@@ -63,7 +63,7 @@ class InstanceConfig(_Strict):
         None, min_length=1,
         description="CPU affinity of the whole server (every process and thread), e.g. [1]; "
                     "None = all CPUs. On small CPU hosts give P and D disjoint CPUs: an idle vLLM "
-                    "CPU instance with NIXL spins, and sharing cores cost P/D 3.6x in throughput")
+                    "CPU instance with NIXL spins (docs/vllm-cpu-facts.md)")
     tensor_parallel_size: int = Field(1, ge=1)
     num_gpu_blocks_override: int | None = Field(
         None, ge=2, description="KV blocks incl. vLLM's null block: N gives N-1 usable blocks")
