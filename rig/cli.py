@@ -1,8 +1,8 @@
 """``pdrig``: the command line.
 
-    pdrig e2e   [--config F] [--set k=v ...] [--scenario NAME ...]   run a suite, print the verdict
+    pdrig e2e   [--config F] [--set k=v ...] [--scenario NAME ...] [--instances a,b]   run a suite
     pdrig plan  [--config F] [--set k=v ...] [--json]               print argv/env/ports, start nothing
-    pdrig up    [--config F] [--instances a,b]                      start a topology until Ctrl-C
+    pdrig up    [--config F] [--instances a,b]                      start a P/D pair, warm it up, keep it
     pdrig build-model [--config F]                                  build (or find) the tiny model
     pdrig compose [--config F] [--instances a,b] [--run-dir D]       render docker-compose.yml into D
     pdrig config  [--config F] [--set k=v ...] [--explain [PATH]]     the effective config, or its fields
