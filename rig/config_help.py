@@ -14,7 +14,7 @@ inspect, so the models stay in :mod:`rig.config`.
 from __future__ import annotations
 
 import difflib
-import re
+import types
 import typing
 from collections.abc import Iterable, Sequence
 from pathlib import Path
@@ -73,12 +73,17 @@ def model_at(root: type[BaseModel], loc: Sequence[str | int]) -> type[BaseModel]
 
 
 def _type_name(annotation: Any) -> str:
-    if isinstance(annotation, type) and not typing.get_args(annotation):
-        return annotation.__name__
-    if typing.get_origin(annotation) is typing.Literal:
-        return " | ".join(repr(a) for a in typing.get_args(annotation))
-    text = repr(annotation).replace("<class '", "").replace("'>", "")
-    return re.sub(r"\b(?:\w+\.)+(\w+)", r"\1", text)  # typing.X, rig.config.X -> X
+    """``int | None``, ``'cpu' | 'cuda'``, ``list[InstanceConfig]`` for a field annotation."""
+    origin, args = typing.get_origin(annotation), typing.get_args(annotation)
+    if annotation is type(None):
+        return "None"
+    if origin is typing.Literal:
+        return " | ".join(repr(a) for a in args)
+    if origin in (typing.Union, types.UnionType):
+        return " | ".join(_type_name(a) for a in args)
+    if origin is not None:
+        return f"{getattr(origin, '__name__', str(origin))}[{', '.join(_type_name(a) for a in args)}]"
+    return getattr(annotation, "__name__", str(annotation))
 
 
 def _default_text(field: Any) -> str:
@@ -99,7 +104,13 @@ def explain(root: type[BaseModel], path: str = "") -> list[str]:
 
     Raises KeyError naming the unknown part of ``path`` with the nearest valid field.
     """
-    parts = [p for p in path.split(".") if p] if path else []
+    given = [p for p in path.split(".") if p] if path else []
+    # A list item named as in --set (decode.decode-6blk.cpus, scenarios.0.wave) means the list's
+    # item model: the name or index is dropped.
+    parts = [p for i, p in enumerate(given)
+             if not (i and _is_list_field(root, given[:i]) and (p.isdigit() or i < len(given) - 1)
+                     and p not in (model_at(root, given[:i]) or BaseModel).model_fields)]
+    path = ".".join(parts)
     model: type[BaseModel] | None = root
     for i, part in enumerate(parts):
         if model is None or part not in model.model_fields:
@@ -112,6 +123,13 @@ def explain(root: type[BaseModel], path: str = "") -> list[str]:
         model = inner[0] if inner else None
     return ["# list items are addressed by name or index: --set decode.decode-6blk.port=8300",
             *_model_lines(root, "")]
+
+
+def _is_list_field(root: type[BaseModel], loc: Sequence[str]) -> bool:
+    """True when dotted ``loc`` below ``root`` is a field holding a list of models."""
+    owner = model_at(root, loc[:-1]) if loc else None
+    field = owner.model_fields.get(loc[-1]) if owner else None
+    return field is not None and typing.get_origin(field.annotation) is list and bool(_models_in(field.annotation))
 
 
 def _field_lines(dotted: str, field: Any) -> list[str]:

@@ -100,6 +100,11 @@ def test_explain_lists_type_default_and_description(capsys, restore_signals):
     assert any(line.startswith("scenarios.<item>.wave.concurrency: int = 64") for line in whole)
 
 
+def test_explain_accepts_set_style_paths_with_item_names():
+    assert explain(RigConfig, "decode.decode-6blk.cpus") == explain(RigConfig, "decode.cpus")
+    assert explain(RigConfig, "scenarios.0.wave.concurrency")[0].startswith("scenarios.wave.concurrency: int = 64")
+
+
 def test_explain_unknown_path_suggests(capsys, restore_signals):
     assert cli.main(["config", "--explain", "decode.cpu"]) == 2
     assert "did you mean 'cpus'?" in capsys.readouterr().err
