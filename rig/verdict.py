@@ -162,16 +162,19 @@ def decide(name: str, checks: list[Check], exp: Expectation, m: Match | None = N
     if exp.problem:
         return v("ERROR", exp.problem)
     failed = [c for c in checks if c.ok is False]
+    # Only an expectation that applies explains anything: a known issue outside its range
+    # (``exp.out_of_range``) only names itself in the FAIL.
+    explains = m if (exp.known_issue is not None or exp.tamper) else None
     # A death leads the reason: it explains most of what follows it.
-    unexplained = sorted((c for c in failed if not _explained(c, m)), key=lambda c: c.name != "alive")
+    unexplained = sorted((c for c in failed if not _explained(c, explains)), key=lambda c: c.name != "alive")
     by = {c.name: c for c in checks}
     gaps = [by[n] if n in by else Check(n, None, "not checked: the kind produced no such check")
-            for n in exp.required if n not in by or (by[n].ok is None and not _explained(by[n], m))]
+            for n in exp.required if n not in by or (by[n].ok is None and not _explained(by[n], explains))]
     if exp.tamper:
-        if m is not None and m.matched and not unexplained and not gaps:
-            return v("PASS", f"tampering caught by {m.seen}")
         if m is not None and m.matched:
-            return v("FAIL", _list(unexplained) if unexplained else _inconclusive(gaps))
+            if unexplained:
+                return v("FAIL", _list(unexplained))
+            return v("ERROR", _inconclusive(gaps)) if gaps else v("PASS", f"tampering caught by {m.seen}")
         if failed:
             return v("FAIL", f"canary inconclusive: no real catch ({m.expected if m else 'a catch'}); "
                              f"seen: {_list(failed)}")
@@ -179,17 +182,16 @@ def decide(name: str, checks: list[Check], exp: Expectation, m: Match | None = N
             return v("ERROR", _inconclusive(gaps))
         return v("FAIL", f"{exp.tamper} passed silently: the answer matched the reference of the prompt D was "
                          "given, so parity cannot vouch for the KV")
-    ki = exp.known_issue or exp.out_of_range
     if unexplained:
         reason = _list(unexplained)
-        if ki is not None and m is not None:
-            if exp.out_of_range is not None and m.matched:
-                reason = (f"matches known issue {ki.id}, outside its declared range {ki.affects}: update `affects`? "
-                          f"({m.seen or 'signature seen'}); {reason}")
-            elif exp.known_issue is not None and not m.matched:
-                reason = f"not known issue {ki.id}: expected {m.expected}, seen {m.seen}; {reason}"
-            elif exp.known_issue is not None:
-                reason = f"{ki.id} matched on {', '.join(sorted(m.requests | m.instances))}, but not: {reason}"
+        if m is not None and exp.out_of_range is not None and m.matched:
+            ki = exp.out_of_range
+            reason = (f"matches known issue {ki.id}, outside its declared range {ki.affects}: update `affects`? "
+                      f"({m.shown}); {reason}")
+        elif m is not None and exp.known_issue is not None:
+            ki = exp.known_issue
+            reason = (f"{ki.id} matched on {', '.join(sorted(m.requests | m.instances))}, but not: {reason}"
+                      if m.matched else f"not known issue {ki.id}: expected {m.expected}, seen {m.seen}; {reason}")
         return v("FAIL", reason)
     if gaps:
         return v("ERROR", _inconclusive(gaps))
@@ -223,7 +225,8 @@ def canary_match(obs: ScenarioObservation, checks: list[Check], reqs: list[Reque
         else:
             seen.append(f"{r.request_id}: {r.outcome}" + (", KV not pulled" if r.request_id in unpulled else "")
                         + (f", parity {r.parity}" if r.parity else ""))
-    return Match(frozenset(i for i, _ in caught), frozenset({"completed", "token-counts", "parity", "kv-integrity"}),
+    return Match(frozenset(i for i, _ in caught),
+                 frozenset({"completed", "token-counts", "parity", "kv-integrity", "kv-pulled"}),
                  seen=caught[0][1] if caught else "; ".join(seen),
                  expected="a divergence on an answered request whose KV was pulled, or an HTTP error from D")
 
