@@ -30,6 +30,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
+from packaging.version import InvalidVersion, Version
+
 from rig.checks import (KV_PULLED_METRICS, Check, alive_check, completion_checks, fatal_log_check,
                         idle_check, kv_integrity_check, not_checked_for_metrics, parity_check)
 from rig.config import KnownIssue, ScenarioConfig
@@ -108,9 +110,21 @@ class ScenarioVerdict:
         return asdict(self)
 
 
+def _known(version: str) -> str:
+    """``version`` when it is a PEP 440 version (local part like '+cpu' allowed), else '' (unknown:
+    no /version answer, or a runner's placeholder such as 'unknown')."""
+    try:
+        Version(version)
+        return version
+    except InvalidVersion:
+        return ""
+
+
 def _versions(obs: ScenarioObservation) -> tuple[str, str]:
-    """(P's, D's) vLLM version: ``obs.versions`` per instance, D's falling back to ``vllm_version``."""
-    return obs.versions.get(obs.prefill, ""), obs.versions.get(obs.decode, "") or obs.vllm_version
+    """(P's, D's) vLLM version ('' = unknown): ``obs.versions`` per instance, D's falling back to
+    ``vllm_version``."""
+    return (_known(obs.versions.get(obs.prefill, "")),
+            _known(obs.versions.get(obs.decode, "")) or _known(obs.vllm_version))
 
 
 def expectation_of(sc: ScenarioConfig, obs: ScenarioObservation, refusal: bool = False) -> Expectation:

@@ -262,6 +262,8 @@ def test_xpass_and_versions():
     assert v.verdict == "FAIL" and v.expectation == "pass"
     assert v.reason.startswith("matches known issue spec-admission-livelock, outside its declared range "
                                ">=0.32.0,<0.33: update `affects`?")
+    placeholder = obs_of([stalled_record()], versions={"prefill": "unknown", "decode": "unknown"}, vllm_version="")
+    assert "the version of prefill and decode is unknown" in judge(sc(LIVELOCK), placeholder, BLOCKS).reason
     unknown = obs_of([stalled_record()], versions={"decode": "0.32.0"})
     v = judge(sc(LIVELOCK), unknown, BLOCKS)
     assert v.verdict == "ERROR" and "the version of prefill is unknown" in v.reason
