@@ -417,11 +417,13 @@ def test_canary_passing_silently_or_with_collateral_fails():
 # ------------------------------------------------------------------------- versioned expectations
 
 CLAMPED = {"completion_tokens": 1, "total_tokens": 128,
-           "by_version": [{"vllm": "<0.28", "http_status": 400, "note": "0.27.1 decode refuses"}]}
+           "by_version": [{"vllm": "<0.31", "http_status": 400, "http_message": "maximum context length is 128",
+                           "note": "0.27.1-0.30.0 decode refuses"}]}
 
 
-def refused(i: int = 0) -> PDRecord:
-    return error_record(i, status=400, msg="max_tokens too large")
+def refused(i: int = 0, msg: str = "This model's maximum context length is 128 tokens. However, you requested 2 "
+                                   "output tokens") -> PDRecord:
+    return error_record(i, status=400, msg=msg)
 
 
 def test_version_dependent_outcome_is_data():
@@ -433,6 +435,7 @@ def test_version_dependent_outcome_is_data():
     assert checks_of(v) == {"completed": True, "alive": True, "no-fatal-log": True, "kv-integrity": True,
                             "idle-after": True}
     assert judge(s, obs_of([refused()], version="0.32.0")).verdict == "FAIL"
+    assert judge(s, obs_of([refused(msg="bad kv_transfer_params")], version="0.29.0")).verdict == "FAIL"
     assert judge(s, obs_of([clamped], version="0.27.1")).verdict == "FAIL"
     v = judge(s, obs_of([clamped], version="", versions={}))
     assert v.verdict == "ERROR" and "depends on the vLLM version" in v.reason
