@@ -30,7 +30,7 @@ from pathlib import Path
 import httpx
 
 from rig.logs import FileLog, LogSource
-from rig.plan import Plan, ProcessSpec
+from rig.plan import Plan, ProcessSpec, probe_host
 from rig.reaper import Reaper, kill_groups
 
 # Set by the CLI's signal handlers (install_signal_handlers): stop waiting for servers to start.
@@ -324,7 +324,7 @@ class Cluster:
                     return False
         except (httpx.HTTPError, ValueError):
             return False
-        host = "127.0.0.1" if spec.host in ("0.0.0.0", "::") else spec.host
+        host = probe_host(spec.host)
         for port in spec.ready_ports:
             try:
                 with socket.create_connection((host, port), timeout=1.0):
