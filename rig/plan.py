@@ -18,7 +18,7 @@ from typing import Any
 
 from rig.config import InstanceConfig, RigConfig
 
-# Environment every CPU server needs (measured; FIELD_NOTES.md "Environment a CPU server needs"):
+# Environment every CPU server needs (measured; docs/vllm-cpu-facts.md "Environment every CPU server gets"):
 CPU_ENV = {
     # Without it vLLM loads AVX-512 kernels and dies with SIGILL on AVX2-only hosts.
     "VLLM_TARGET_DEVICE": "cpu",
@@ -66,12 +66,25 @@ class ProcessSpec:
         return f"http://{host}:{self.port}"
 
     def shell_line(self) -> str:
-        """The command as one copy-pasteable line (display only; the rig never runs a shell), with
-        the pinning and niceness the rig applies itself written as ``taskset``/``nice``."""
+        """The spawned command as one copy-pasteable line: the rig's added environment, then the
+        argv exactly as the cluster passes it to ``Popen`` (display only; the rig never runs a
+        shell). Pinning and niceness are applied by the rig after spawn (:meth:`applied_after_spawn`),
+        not by a wrapper, so they are not part of the line."""
         env = " ".join(f"{k}={shlex.quote(v)}" for k, v in sorted(self.env.items()))
-        wrap = (["taskset", "-c", ",".join(map(str, self.cpus))] if self.cpus else []) + \
-            (["nice", "-n", str(self.nice)] if self.nice else [])
-        return f"{env} {shlex.join([*wrap, *self.argv])}".strip()
+        return f"{env} {shlex.join(self.argv)}".strip()
+
+    def applied_after_spawn(self) -> str:
+        """What :mod:`rig.cluster` does to the process after spawning it, in words ('' if nothing):
+        CPU affinity of every thread (``cpus``) and, with ``nice``, the session's autogroup nice
+        and the nice of the EngineCore/worker threads; the API server process keeps nice 0."""
+        done = []
+        if self.cpus:
+            done.append(f"pins every process and thread to CPU(s) {','.join(map(str, self.cpus))} "
+                        f"(like taskset -c {','.join(map(str, self.cpus))})")
+        if self.nice:
+            done.append(f"sets autogroup nice {self.nice} and nice {self.nice} on the EngineCore and "
+                        "worker threads (the API server process itself stays at nice 0)")
+        return "; ".join(done)
 
 
 @dataclass(frozen=True)
