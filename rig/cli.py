@@ -157,7 +157,8 @@ def cmd_build_model(args: argparse.Namespace) -> int:
 def cmd_up(args: argparse.Namespace) -> int:
     """Start instances (default: :func:`rig.topology.default_instances`, the pair a manual wave
     needs), warm every P->D pair up as `e2e` does, write ``endpoints.json``, and keep them up
-    until Ctrl-C or a death (exit 1)."""
+    until Ctrl-C or a death (exit 1). The config's ports stay reserved meanwhile (rig/ports.py)."""
+    from rig.ports import reserve
     from rig.runner import new_run_dir, resolve_model
     from rig.topology import default_instances, parse_instances
 
@@ -166,25 +167,27 @@ def cmd_up(args: argparse.Namespace) -> int:
     engines, why = (parse_instances(cfg, args.instances), "as given by --instances") if args.instances \
         else default_instances(cfg)
     run_dir = new_run_dir(cfg, f"{cfg.name}-up")
-    plan = build_plan(cfg, run_dir, resolve_model(cfg), sys.executable)
-    names = [p.name for p in plan.processes if p.role == "mooncake-master"] + engines
-    print(f"starting {', '.join(names)}: {why}", flush=True)
-    with Cluster(plan, cfg.timeouts.startup_s, cfg.timeouts.shutdown_grace_s) as cluster:
-        ready = cluster.start(names)
-        t = time.monotonic()
-        aio.run(_warm_up_pairs(cfg, cluster, [n for n in names if plan.by_name(n).role in ("prefill", "decode")]))
-        warm_s = time.monotonic() - t
-        # Written after the warm-up: a wave started on it meets no NIXL handshake.
-        (run_dir / "endpoints.json").write_text(json.dumps(
-            {n: {"url": cluster.url(n), "role": plan.by_name(n).role} for n in names}, indent=1))
-        for n in names:
-            print(f"{n:16s} {plan.by_name(n).role:16s} {cluster.url(n)}  ready after {ready.get(n, 0):.0f} s")
-        print(f"warmed up in {warm_s:.1f} s (a direct request to each instance, one P/D round trip per decode)")
-        print(f"endpoints: {run_dir / 'endpoints.json'}; Ctrl-C stops everything", flush=True)
-        while not cluster.dead():
-            time.sleep(1)
-        print(f"a process died: {cluster.dead()}", file=sys.stderr)
-        return 1
+    cfg, ports = reserve(cfg, str(run_dir.resolve()))  # held until exit: a second run refuses at once
+    with ports:
+        plan = build_plan(cfg, run_dir, resolve_model(cfg), sys.executable)
+        names = [p.name for p in plan.processes if p.role == "mooncake-master"] + engines
+        print(f"starting {', '.join(names)}: {why}", flush=True)
+        with Cluster(plan, cfg.timeouts.startup_s, cfg.timeouts.shutdown_grace_s) as cluster:
+            ready = cluster.start(names)
+            t = time.monotonic()
+            aio.run(_warm_up_pairs(cfg, cluster, [n for n in names if plan.by_name(n).role in ("prefill", "decode")]))
+            warm_s = time.monotonic() - t
+            # Written after the warm-up: a wave started on it meets no NIXL handshake.
+            (run_dir / "endpoints.json").write_text(json.dumps(
+                {n: {"url": cluster.url(n), "role": plan.by_name(n).role} for n in names}, indent=1))
+            for n in names:
+                print(f"{n:16s} {plan.by_name(n).role:16s} {cluster.url(n)}  ready after {ready.get(n, 0):.0f} s")
+            print(f"warmed up in {warm_s:.1f} s (a direct request to each instance, one P/D round trip per decode)")
+            print(f"endpoints: {run_dir / 'endpoints.json'}; Ctrl-C stops everything", flush=True)
+            while not cluster.dead():
+                time.sleep(1)
+            print(f"a process died: {cluster.dead()}", file=sys.stderr)
+            return 1
 
 
 async def _warm_up_pairs(cfg: RigConfig, cluster: Cluster, engines: list[str]) -> None:

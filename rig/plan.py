@@ -62,7 +62,7 @@ class ProcessSpec:
     @property
     def base_url(self) -> str:
         """``http://host:port`` of the process's HTTP server."""
-        host = "127.0.0.1" if self.host in ("0.0.0.0", "::") else self.host
+        host = probe_host(self.host)
         return f"http://{host}:{self.port}"
 
     def shell_line(self) -> str:
@@ -241,22 +241,25 @@ def _port_ports(spec: ProcessSpec) -> list[int]:
     return [spec.port, *spec.ready_ports]
 
 
-def busy_ports(plan: Plan, names: list[str] | None = None) -> list[tuple[str, int]]:
-    """``(process, port)`` pairs of the plan whose port cannot be bound right now.
+def probe_host(host: str) -> str:
+    """The address that reaches a server bound to ``host``: 127.0.0.1 for a wildcard bind."""
+    return "127.0.0.1" if host in ("0.0.0.0", "::") else host
 
-    Checked by binding each port on the process's host (SO_REUSEADDR, so a port in TIME_WAIT
-    from a previous run is not reported). Only ``names`` are checked when given.
-    """
-    busy = []
-    for spec in plan.processes:
-        if names is not None and spec.name not in names:
-            continue
-        host = "127.0.0.1" if spec.host in ("0.0.0.0", "::") else spec.host
-        for port in _port_ports(spec):
-            with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-                s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-                try:
-                    s.bind((host, port))
-                except OSError:
-                    busy.append((spec.name, port))
-    return busy
+
+def bindable(port: int, host: str) -> bool:
+    """True when a TCP socket can bind ``probe_host(host):port`` now (SO_REUSEADDR, so a port
+    in TIME_WAIT from a previous run counts as free)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((probe_host(host), port))
+            return True
+        except OSError:
+            return False
+
+
+def busy_ports(plan: Plan, names: list[str] | None = None) -> list[tuple[str, int]]:
+    """``(process, port)`` pairs of the plan whose port cannot be bound right now
+    (:func:`bindable` on the process's host). Only ``names`` are checked when given."""
+    return [(spec.name, port) for spec in plan.processes if names is None or spec.name in names
+            for port in _port_ports(spec) if not bindable(port, spec.host)]

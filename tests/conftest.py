@@ -68,6 +68,8 @@ def fake_config(tmp: Path, *, decodes: dict[str, dict[str, Any]] | None = None,
         "scenarios": scenarios if scenarios is not None else [],
         "run_root": str(tmp / "runs"),
         "cache_dir": str(cache_dir or (tmp / "cache")),
+        # OS-picked ports never collide with another test's; keep their lock files out of /tmp
+        "ports": {"lock_dir": str(tmp / "port-locks")},
     }
 
 
