@@ -33,7 +33,6 @@ second of one core against the fake server (2,200-2,800 on asyncio's loop), http
 from __future__ import annotations
 
 import asyncio
-import json
 import random
 import time
 from collections import Counter
@@ -41,6 +40,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 import httpx
+import msgspec
 
 from rig.client import PREFILL_PARAMS, Hop, PDClient, classify, completion_body, error_text, fill_from_completion
 from rig.parity import compare
@@ -50,6 +50,11 @@ CANCEL_POINTS = ("before-prefill", "between", "during-decode")
 ERROR_CLASSES = ("timeout", "http_error", "connection_error", "empty", "cancelled", "parity_mismatch")
 STREAM_EXTRA = {"stream": True, "stream_options": {"include_usage": True}}
 _JSON_HEADERS = {"Content-Type": "application/json"}
+# msgspec's JSON codec: bodies (token-ID lists) encode ~10x and answers decode ~4x faster than the
+# standard library's json (48-token prompt, 8-token answer: 6.2 -> 0.6 us and 7.1 -> 1.9 us per
+# call on the 2-core/24 GiB CPU box, 2026-11-30, docs/performance.md). Its DecodeError is a ValueError.
+_ENCODE = msgspec.json.Encoder().encode
+_DECODE = msgspec.json.Decoder().decode
 
 
 class _StreamState:
@@ -64,7 +69,7 @@ class _StreamState:
         """One SSE ``data:`` payload (JSON or ``[DONE]``); True = stop reading."""
         if payload[:1] == "[" or payload[:1] == b"[":  # [DONE]
             return False
-        return self.feed_obj(json.loads(payload))
+        return self.feed_obj(_DECODE(payload))
 
     def feed_obj(self, chunk: dict[str, Any]) -> bool:
         """One parsed stream chunk; True = stop reading."""
@@ -179,7 +184,7 @@ class AiohttpTransport:
     async def _post(self, hop: Hop, url: str, body: dict[str, Any]) -> Hop:
         t0 = time.monotonic()
         try:
-            async with self.session.post(f"{url}/v1/completions", data=json.dumps(body),
+            async with self.session.post(f"{url}/v1/completions", data=_ENCODE(body),
                                          headers=_JSON_HEADERS) as r:
                 hop.status = r.status
                 raw = await r.read()
@@ -194,7 +199,7 @@ class AiohttpTransport:
             hop.error = error_text(hop.status, raw.decode("utf-8", "replace"))
             return hop
         try:
-            fill_from_completion(hop, json.loads(raw))
+            fill_from_completion(hop, _DECODE(raw))
         except ValueError as e:
             hop.error = f"connection error: answer is not JSON: {e}"
         return hop
@@ -216,7 +221,7 @@ class AiohttpTransport:
         t0 = time.monotonic()
         st = _StreamState(hop, t0, stop_after_tokens)
         try:
-            async with self.session.post(f"{ep.url}/v1/completions", data=json.dumps(body),
+            async with self.session.post(f"{ep.url}/v1/completions", data=_ENCODE(body),
                                          headers=_JSON_HEADERS) as r:
                 hop.status = r.status
                 if r.status != 200:
