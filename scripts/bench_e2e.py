@@ -131,11 +131,14 @@ def _tree_cpu(pid: int, seen: dict[int, float]) -> None:
             continue
 
 
-def bare_startup(config: str, overrides: list[str], work: Path, timeout_s: float = 300) -> dict[str, Any]:
-    """Spawn the first P and D of the plan together, wait until both answer, stop them.
+def bare_startup(config: str, overrides: list[str], work: Path, names: list[str] | None = None,
+                 pin: bool = True, timeout_s: float = 300) -> dict[str, Any]:
+    """Spawn instances of the plan together (default: the first P and D, keyed ``prefill`` and
+    ``decode``; else ``names``), pinned as the plan says unless ``pin`` is False, wait until all
+    answer, stop them.
 
-    Returns ``{ready_s: {role: s}, pair_ready_s, cpu_s: {role: CPU-s to ready}}``. Raises
-    RuntimeError when one exits or is not ready within ``timeout_s``; nothing outlives it."""
+    Returns ``{ready_s: {key: s}, pair_ready_s (the last ready), cpu_s: {key: CPU-s to ready}}``.
+    Raises RuntimeError when one exits or is not ready within ``timeout_s``; nothing outlives it."""
     import httpx
 
     from rig.config import load_config
@@ -143,10 +146,11 @@ def bare_startup(config: str, overrides: list[str], work: Path, timeout_s: float
     from rig.runner import resolve_model
 
     cfg = load_config(config, overrides)
-    run_dir = work / "bare"
+    run_dir = work / ("bare" if names is None else "bare-all")
     (run_dir / "logs").mkdir(parents=True, exist_ok=True)
     plan = build_plan(cfg, run_dir, resolve_model(cfg), sys.executable)
-    specs = {"prefill": plan.by_name(cfg.prefill[0].name), "decode": plan.by_name(cfg.decode[0].name)}
+    specs = ({"prefill": plan.by_name(cfg.prefill[0].name), "decode": plan.by_name(cfg.decode[0].name)}
+             if names is None else {n: plan.by_name(n) for n in names})
     procs: dict[str, subprocess.Popen] = {}
     cpu: dict[str, dict[int, float]] = {role: {} for role in specs}
     ready: dict[str, float] = {}
@@ -162,7 +166,7 @@ def bare_startup(config: str, overrides: list[str], work: Path, timeout_s: float
                 procs[role] = subprocess.Popen(list(spec.argv), env={**os.environ, **spec.env}, stdout=log,
                                                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                                start_new_session=True)
-            if spec.cpus:
+            if spec.cpus and pin:
                 os.sched_setaffinity(procs[role].pid, set(spec.cpus))
         with httpx.Client(timeout=2.0) as http:
             while len(ready) < len(specs):
@@ -238,6 +242,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--scenario", action="append", default=[], help="only these scenarios (repeatable)")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--skip-bare", action="store_true", help="no bare start-up (no ratios)")
+    ap.add_argument("--bare-all", action="store_true",
+                    help="also start every instance the suite uses at once, unpinned (both CPUs): the "
+                         "measured floor of a parallel start-up")
     ap.add_argument("--out", help="JSON output (default runs/bench/e2e-<stamp>.json)")
     args = ap.parse_args(argv)
     from rig.config import load_config
@@ -260,6 +267,12 @@ def main(argv: list[str] | None = None) -> int:
         n_dec = len({s.decode or cfg.decode[0].name for s in scen})
         n_pre = len({s.prefill or cfg.prefill[0].name for s in scen})
         result["floor"] = floor_of(bare, n_pre, n_dec, len(os.sched_getaffinity(0)))
+        if args.bare_all:
+            names = sorted({s.prefill or cfg.prefill[0].name for s in scen} | {s.decode or cfg.decode[0].name for s in scen})
+            every = bare_startup(args.config, args.overrides, work, names=names, pin=False)
+            result["bare_all"] = {**every, "ratio_to_pair": every["pair_ready_s"] / bare["pair_ready_s"]}
+            print(f"every instance at once, unpinned ({', '.join(names)}): {every['pair_ready_s']:.1f} s = "
+                  f"{result['bare_all']['ratio_to_pair']:.2f}x the pair; CPU-s {every['cpu_s']}", flush=True)
     result["bare"] = bare
     repeats = []
     for i in range(args.repeats):
