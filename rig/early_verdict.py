@@ -16,8 +16,10 @@ knows nothing about why a request does not move. For an admission stall it can k
 3. the state stayed frozen over several samples spanning at least ``min_frozen_s``.
 
 A request admitted normally leaves this state in one scheduler iteration (its blocks are
-allocated and its fetch goes ``in_progress``, KV usage > 0), so a control that merely waits for
-CPU shows no EngineCore CPU growth and is left to the window. Without CPU evidence (attached
+allocated and its fetch goes ``in_progress``, KV usage > 0), and the gauges follow every step:
+with stats logging on, the scheduler returns its stats each step "even if there are no request
+outputs" (``Scheduler.update_from_output``, vllm/v1/core/sched/scheduler.py 0.32.0). So a control
+that merely waits for CPU shows no EngineCore CPU growth and is left to the window. Without CPU evidence (attached
 instances, a kernel that hides /proc) the rule never decides: the window does.
 """
 
