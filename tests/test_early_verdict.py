@@ -63,7 +63,7 @@ def test_without_engine_cpu_evidence_only_the_window_decides():
 
 def test_a_starved_engine_is_not_decided_early():
     # The state is frozen but D's EngineCore got no CPU: the scheduler may not have looked yet.
-    st, _ = run(detector(), 40, cpu_per_s=0.01)
+    st, _ = run(detector(), 40, cpu_per_s=0.002)  # 0.02 CPU-s in 10 s
     assert st is not None and st.decided_by == "window"
 
 
