@@ -263,6 +263,8 @@ def test_xpass_and_versions():
     assert v.verdict == "FAIL" and v.expectation == "pass"
     assert v.reason.startswith("matches known issue spec-admission-livelock, outside its declared range "
                                ">=0.32.0,<0.33: update `affects`?")
+    placeholder = obs_of([stalled_record()], versions={"prefill": "unknown", "decode": "unknown"}, vllm_version="")
+    assert "the version of prefill and decode is unknown" in judge(sc(LIVELOCK), placeholder, BLOCKS).reason
     unknown = obs_of([stalled_record()], versions={"decode": "0.32.0"})
     v = judge(sc(LIVELOCK), unknown, BLOCKS)
     assert v.verdict == "ERROR" and "the version of prefill is unknown" in v.reason
@@ -315,6 +317,16 @@ def test_a_crash_is_fail_decode_died_not_a_rig_error():
     v = judge(sc(), crashed_obs())
     assert v.verdict == "FAIL", v.reason
     assert v.reason.startswith("alive: decode died (exit 1): TypeError: Cannot inspect kernel parameters for function")
+
+
+def test_a_death_is_fail_even_when_the_dead_decode_left_no_version():
+    # warm-up death: D never answered /version, and edge-126 declares a known issue
+    v = judge(sc(LIVELOCK), crashed_obs(versions={"prefill": "0.30.0"}, vllm_version=""), BLOCKS)
+    assert v.verdict == "FAIL" and v.reason.startswith("alive: decode died (exit 1): TypeError"), v.reason
+    v = judge(sc(prompt_tokens=127, expect={"completion_tokens": 1, "by_version": [{"vllm": "<0.28",
+                                                                                    "http_status": 400}]}),
+              crashed_obs(versions={}, vllm_version=""))
+    assert v.verdict == "FAIL" and v.reason.startswith("alive: decode died"), v.reason
 
 
 def test_crash_signature():
@@ -406,11 +418,13 @@ def test_canary_passing_silently_or_with_collateral_fails():
 # ------------------------------------------------------------------------- versioned expectations
 
 CLAMPED = {"completion_tokens": 1, "total_tokens": 128,
-           "by_version": [{"vllm": "<0.28", "http_status": 400, "note": "0.27.1 decode refuses"}]}
+           "by_version": [{"vllm": "<0.31", "http_status": 400, "http_message": "maximum context length is 128",
+                           "note": "0.27.1-0.30.0 decode refuses"}]}
 
 
-def refused(i: int = 0) -> PDRecord:
-    return error_record(i, status=400, msg="max_tokens too large")
+def refused(i: int = 0, msg: str = "This model's maximum context length is 128 tokens. However, you requested 2 "
+                                   "output tokens") -> PDRecord:
+    return error_record(i, status=400, msg=msg)
 
 
 def test_version_dependent_outcome_is_data():
@@ -422,6 +436,7 @@ def test_version_dependent_outcome_is_data():
     assert checks_of(v) == {"completed": True, "alive": True, "no-fatal-log": True, "kv-integrity": True,
                             "idle-after": True}
     assert judge(s, obs_of([refused()], version="0.32.0")).verdict == "FAIL"
+    assert judge(s, obs_of([refused(msg="bad kv_transfer_params")], version="0.29.0")).verdict == "FAIL"
     assert judge(s, obs_of([clamped], version="0.27.1")).verdict == "FAIL"
     v = judge(s, obs_of([clamped], version="", versions={}))
     assert v.verdict == "ERROR" and "depends on the vLLM version" in v.reason

@@ -137,6 +137,7 @@ def test_the_suites_carry_full_signatures_and_version_data():
         "stall", "decode", "capacity", "waiting_to_start", 0.05, "fits-but-waits")
     e127 = next(s for s in cfg.scenarios if s.name == "edge-127-6blk")
     assert e127.expect.for_version("0.27.1").http_status == 400
+    assert e127.expect.for_version("0.30.0").http_status == 400
     assert e127.expect.for_version("0.32.0").completion_tokens == 1
     lease = load_config("configs/cpu-tiny.yaml", ["suite=suites/lease.yaml", "nixl.kv_lease_duration=5"])
     expired = next(s for s in lease.scenarios if s.name == "lease-expired-read")
