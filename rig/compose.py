@@ -26,6 +26,7 @@ Build the plan with :func:`container_plan` so paths and the interpreter are the 
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import PurePosixPath
 from typing import Any
 
@@ -55,16 +56,23 @@ def container_model_path(cfg: RigConfig) -> str:
     return str(cfg.model.path) if cfg.model.source == "hub" else CONTAINER_MODEL_DIR
 
 
-def container_plan(cfg: RigConfig) -> Plan:
+def container_plan(cfg: RigConfig, names: list[str] | None = None) -> Plan:
     """The plan as the containers see it: run dir, model path and interpreter of the image.
 
-    An unset ``mooncake.master_binary`` becomes ``mooncake_master`` (on the image's PATH) so the
-    plan does not name a binary found in the host's venv. ``cfg`` itself is not changed.
+    With ``names``, only those processes (and any Mooncake master, which the engines need):
+    on a small host all of a config's instances at once starve each other (README, CPU notes).
+    Ports and side-channel ports stay those of the whole config. An unset
+    ``mooncake.master_binary`` becomes ``mooncake_master`` (on the image's PATH) so the plan does
+    not name a binary found in the host's venv. ``cfg`` itself is not changed.
     """
     if cfg.mooncake.master_binary is None:
         cfg = cfg.model_copy(update={"mooncake": cfg.mooncake.model_copy(
             update={"master_binary": "mooncake_master"})})
-    return build_plan(cfg, CONTAINER_RUN_DIR, container_model_path(cfg), CONTAINER_PYTHON)
+    plan = build_plan(cfg, CONTAINER_RUN_DIR, container_model_path(cfg), CONTAINER_PYTHON)
+    if names is None:
+        return plan
+    return replace(plan, processes=tuple(p for p in plan.processes
+                                         if p.name in names or p.role == "mooncake-master"))
 
 
 def container_argv(spec: ProcessSpec) -> list[str]:

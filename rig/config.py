@@ -16,6 +16,7 @@ import yaml
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from rig.config_help import did_you_mean, model_at, suite_candidates
 from rig.tiny_model import TinyModelRecipe
 
 NAME_PATTERN = r"^[a-z0-9][a-z0-9-]*$"
@@ -35,7 +36,7 @@ class _Strict(BaseModel):
 class SpeculativeConfig(_Strict):
     """vLLM's ``--speculative-config`` (see vllm/config/speculative.py).
 
-    ``ngram`` works on the CPU backend (FIELD_NOTES.md); the first request pays a 2-4 s JIT.
+    ``ngram`` works on the CPU backend (docs/vllm-cpu-facts.md); the first request pays a 2-4 s JIT.
     """
 
     method: str = "ngram"
@@ -62,7 +63,7 @@ class InstanceConfig(_Strict):
         None, min_length=1,
         description="CPU affinity of the whole server (every process and thread), e.g. [1]; "
                     "None = all CPUs. On small CPU hosts give P and D disjoint CPUs: an idle vLLM "
-                    "CPU instance with NIXL spins, and sharing cores cost P/D 3.6x in throughput")
+                    "CPU instance with NIXL spins (docs/vllm-cpu-facts.md)")
     tensor_parallel_size: int = Field(1, ge=1)
     num_gpu_blocks_override: int | None = Field(
         None, ge=2, description="KV blocks incl. vLLM's null block: N gives N-1 usable blocks")
@@ -573,7 +574,8 @@ class RigConfig(_Strict):
     timeouts: TimeoutsConfig = Field(default_factory=TimeoutsConfig)
     ports: PortsConfig = Field(default_factory=PortsConfig)
     suite: str | list[str] | None = Field(
-        None, description="YAML file(s) listing scenarios, relative to the config file")
+        None, description="YAML file(s) listing scenarios: absolute, or relative to the config file "
+                          "(then to the repository's configs/, for a copied profile)")
     scenarios: list[ScenarioConfig] = Field(default_factory=list)
     run_root: str = Field("runs", description="run directories go under this (relative to cwd)")
     cache_dir: str = Field(".cache", description="built models etc. (relative to cwd)")
@@ -674,7 +676,12 @@ def _set_path(data: Any, path: list[str], value: Any, full: str) -> None:
         else:
             idx = next((i for i, x in enumerate(data) if isinstance(x, dict) and x.get("name") == key), None)
         if idx is None or idx >= len(data):
-            raise ConfigError(f"--set {full}: no list item {key!r} (use an index or an item's name)")
+            names = [x["name"] for x in data if isinstance(x, dict) and isinstance(x.get("name"), str)]
+            where = full.split("=", 1)[0].split(".")
+            where = ".".join(where[:where.index(key)]) if key in where else "the list"
+            raise ConfigError(
+                f"--set {full}: {where} has no item {key!r}{did_you_mean(key, names)} "
+                f"(items: {', '.join(names) or 'none'}; or an index 0..{len(data) - 1})")
         if len(path) == 1:
             data[idx] = value
         else:
@@ -721,17 +728,24 @@ def _format_validation_error(source: str, err: ValidationError, data: dict,
                 node = node.get(loc) if isinstance(node, dict) else None
         where = "".join(parts) or "(top level)"
         msg = e["msg"].removeprefix("Value error, ")
-        if e["type"] == "extra_forbidden":
-            msg = "unknown field; check its spelling against configs/cpu-tiny.yaml"
+        value = e.get("input")
+        unknown_key = e["type"] == "extra_forbidden"
+        if unknown_key:
+            model = model_at(RigConfig, e["loc"][:-1])
+            fields = list(model.model_fields) if model else []
+            section = ".".join(str(x) for x in e["loc"][:-1] if not isinstance(x, int))
+            msg = (f"unknown field {str(e['loc'][-1])!r}{did_you_mean(str(e['loc'][-1]), fields)} "
+                   f"(fields of {section or 'the top level'}: {', '.join(fields)}; "
+                   f"`pdrig config --explain{' ' + section if section else ''}` describes them)")
         elif e["type"] == "missing":
             msg = "required field is missing"
-        value = e.get("input")
         if isinstance(value, (str, int, float, bool)) and e["type"] not in ("extra_forbidden", "missing"):
             msg += f" (got {value!r})"
         field_name = str(e["loc"][-1]) if e["loc"] else ""
         origin = next((ov for ov in overrides or [] if ov.split("=", 1)[0].strip().split(".")[-1] == field_name), None)
         if origin is not None:
-            lines.append(f"--set {origin} ({where}): {msg}; fix the value or drop that --set")
+            advice = "fix the path (the part before =)" if unknown_key else "fix the value or drop that --set"
+            lines.append(f"--set {origin} ({where}): {msg}; {advice}")
         else:
             lines.append(f"{where}: {msg}")
     return f"{source}: invalid config\n  " + "\n  ".join(lines)
@@ -758,7 +772,13 @@ def load_config(path: str | Path, overrides: list[str] | None = None) -> RigConf
     suites = data.get("suite") or []
     loaded_all: list = []
     for name in [suites] if isinstance(suites, str) else list(suites):
-        suite = p.parent / str(name)
+        candidates = suite_candidates(p, str(name))
+        suite = next((c for c in candidates if c.is_file()), None)
+        if suite is None:
+            raise ConfigError(
+                f"{p}: suite: {str(name)!r} not found; looked at {' and '.join(map(str, candidates))}. "
+                "suite: is relative to the config file: copy the suite next to your config, give an "
+                "absolute path, or override it: --set suite=/path/to/suite.yaml")
         try:
             loaded = yaml.safe_load(suite.read_text()) or []
         except (OSError, yaml.YAMLError) as e:

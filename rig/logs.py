@@ -16,6 +16,7 @@ from __future__ import annotations
 import os
 import re
 from dataclasses import dataclass
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Protocol, runtime_checkable
 
@@ -68,9 +69,43 @@ class FileLog:
             return None
 
 
+# Lines the rig itself writes into a launched instance's log (rig.cluster.Cluster): where it
+# started the process and where it began stopping it. What vLLM logs after a stop marker is the
+# teardown the rig caused (EngineDeadError tracebacks, nanobind "leaked" lines), not a finding.
+START_MARKER = "pdrig: starting"
+STOP_MARKER = "pdrig: stopping"
+_TEARDOWN = re.compile(rf"^{re.escape(STOP_MARKER)} .*?(?=^{re.escape(START_MARKER)} |\Z)", re.M | re.S)
+
+
+def _now() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="seconds")
+
+
+def start_marker(instance: str, pid: int) -> str:
+    """The line written into ``instance``'s log right after the rig spawned it (pid ``pid``)."""
+    return f"{START_MARKER} {instance} (pid {pid}) at {_now()}\n"
+
+
+def stop_marker(instance: str, signal_name: str = "SIGTERM") -> str:
+    """The line written into ``instance``'s log right before the rig sends it ``signal_name``:
+    ``pdrig: stopping decode (SIGTERM) at 2026-11-30T20:01:02+00:00``."""
+    return f"{STOP_MARKER} {instance} ({signal_name}) at {_now()}\n"
+
+
+def until_stop_marker(text: str) -> str:
+    """``text`` without the teardown the rig caused: each section from a :func:`stop_marker`
+    line up to the next :func:`start_marker` line (a restart into the same log) or the end.
+
+    Every log check reads text through :func:`matching_lines`, which applies this cut, so a
+    fatal-line scan never reports the shutdown the rig itself asked for.
+    """
+    return _TEARDOWN.sub("", text) if STOP_MARKER in text else text
+
+
 def matching_lines(text: str, patterns: tuple[str, ...]) -> list[str]:
-    """Stripped lines of ``text`` containing any of ``patterns`` (substring match)."""
-    return [ln.strip() for ln in text.splitlines() if any(p in ln for p in patterns)]
+    """Stripped lines of ``text`` containing any of ``patterns`` (substring match), not counting
+    the rig's own teardown (:func:`until_stop_marker`)."""
+    return [ln.strip() for ln in until_stop_marker(text).splitlines() if any(p in ln for p in patterns)]
 
 
 # A vLLM log line's prefix: "(EngineCore pid=11661) ERROR 11-30 20:00:07 [core.py:1368] ".
@@ -84,9 +119,10 @@ def first_fatal_line(text: str, patterns: tuple[str, ...]) -> str | None:
     the exception line that ends that traceback is returned instead (the first later line whose
     message, after vLLM's "(Proc pid=N) LEVEL date [file:line] " prefix, is neither indented nor
     empty), e.g. "(Worker pid=11739) ERROR ... TypeError: Cannot inspect kernel parameters for
-    function" in tests/data/vllm-0.30.0-decode-ngram-crash.log.
+    function" in tests/data/vllm-0.30.0-decode-ngram-crash.log. The rig's own teardown is
+    left out (:func:`until_stop_marker`).
     """
-    lines = text.splitlines()
+    lines = until_stop_marker(text).splitlines()
     for i, ln in enumerate(lines):
         if not any(p in ln for p in patterns):
             continue

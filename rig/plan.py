@@ -18,7 +18,7 @@ from typing import Any
 
 from rig.config import InstanceConfig, RigConfig
 
-# Environment every CPU server needs (measured; FIELD_NOTES.md "Environment a CPU server needs"):
+# Environment every CPU server needs (measured; docs/vllm-cpu-facts.md "Environment every CPU server gets"):
 CPU_ENV = {
     # Without it vLLM loads AVX-512 kernels and dies with SIGILL on AVX2-only hosts.
     "VLLM_TARGET_DEVICE": "cpu",
@@ -62,16 +62,29 @@ class ProcessSpec:
     @property
     def base_url(self) -> str:
         """``http://host:port`` of the process's HTTP server."""
-        host = "127.0.0.1" if self.host in ("0.0.0.0", "::") else self.host
+        host = probe_host(self.host)
         return f"http://{host}:{self.port}"
 
     def shell_line(self) -> str:
-        """The command as one copy-pasteable line (display only; the rig never runs a shell), with
-        the pinning and niceness the rig applies itself written as ``taskset``/``nice``."""
+        """The spawned command as one copy-pasteable line: the rig's added environment, then the
+        argv exactly as the cluster passes it to ``Popen`` (display only; the rig never runs a
+        shell). Pinning and niceness are applied by the rig after spawn (:meth:`applied_after_spawn`),
+        not by a wrapper, so they are not part of the line."""
         env = " ".join(f"{k}={shlex.quote(v)}" for k, v in sorted(self.env.items()))
-        wrap = (["taskset", "-c", ",".join(map(str, self.cpus))] if self.cpus else []) + \
-            (["nice", "-n", str(self.nice)] if self.nice else [])
-        return f"{env} {shlex.join([*wrap, *self.argv])}".strip()
+        return f"{env} {shlex.join(self.argv)}".strip()
+
+    def applied_after_spawn(self) -> str:
+        """What :mod:`rig.cluster` does to the process after spawning it, in words ('' if nothing):
+        CPU affinity of every thread (``cpus``) and, with ``nice``, the session's autogroup nice
+        and the nice of the EngineCore/worker threads; the API server process keeps nice 0."""
+        done = []
+        if self.cpus:
+            done.append(f"pins every process and thread to CPU(s) {','.join(map(str, self.cpus))} "
+                        f"(like taskset -c {','.join(map(str, self.cpus))})")
+        if self.nice:
+            done.append(f"sets autogroup nice {self.nice} and nice {self.nice} on the EngineCore and "
+                        "worker threads (the API server process itself stays at nice 0)")
+        return "; ".join(done)
 
 
 @dataclass(frozen=True)
@@ -228,22 +241,25 @@ def _port_ports(spec: ProcessSpec) -> list[int]:
     return [spec.port, *spec.ready_ports]
 
 
-def busy_ports(plan: Plan, names: list[str] | None = None) -> list[tuple[str, int]]:
-    """``(process, port)`` pairs of the plan whose port cannot be bound right now.
+def probe_host(host: str) -> str:
+    """The address that reaches a server bound to ``host``: 127.0.0.1 for a wildcard bind."""
+    return "127.0.0.1" if host in ("0.0.0.0", "::") else host
 
-    Checked by binding each port on the process's host (SO_REUSEADDR, so a port in TIME_WAIT
-    from a previous run is not reported). Only ``names`` are checked when given.
-    """
-    busy = []
-    for spec in plan.processes:
-        if names is not None and spec.name not in names:
-            continue
-        host = "127.0.0.1" if spec.host in ("0.0.0.0", "::") else spec.host
-        for port in _port_ports(spec):
-            with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-                s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-                try:
-                    s.bind((host, port))
-                except OSError:
-                    busy.append((spec.name, port))
-    return busy
+
+def bindable(port: int, host: str) -> bool:
+    """True when a TCP socket can bind ``probe_host(host):port`` now (SO_REUSEADDR, so a port
+    in TIME_WAIT from a previous run counts as free)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((probe_host(host), port))
+            return True
+        except OSError:
+            return False
+
+
+def busy_ports(plan: Plan, names: list[str] | None = None) -> list[tuple[str, int]]:
+    """``(process, port)`` pairs of the plan whose port cannot be bound right now
+    (:func:`bindable` on the process's host). Only ``names`` are checked when given."""
+    return [(spec.name, port) for spec in plan.processes if names is None or spec.name in names
+            for port in _port_ports(spec) if not bindable(port, spec.host)]

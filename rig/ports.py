@@ -1,10 +1,9 @@
 """Host-wide port reservations: two runs on one host refuse at once instead of colliding late.
 
 Checking that a port is free before launch cannot see a server of another run that has not
-bound its port yet: vLLM binds its HTTP port only after loading the model (measured: a
-``pdrig e2e`` started 5 s after a ``pdrig up`` on the same config ran 133 s, both topologies
-starting on two cores, then failed "prefill: port 8100 is answered by another process"; issue #9).
-So a run *reserves* every TCP port it will use (HTTP, NIXL side channels, Mooncake's master and
+bound its port yet: vLLM listens on its HTTP port only after loading the model, so two runs on
+one config used to start both topologies and collide minutes later (issue #9; before/after in
+docs/evidence.md). So a run *reserves* every TCP port it will use (HTTP, NIXL side channels, Mooncake's master and
 store-client ports) before it starts anything, for its whole life:
 
 - one lock file per port, ``<lock_dir>/<port>.lock`` (``ports.lock_dir``, default
@@ -27,12 +26,13 @@ from __future__ import annotations
 
 import fcntl
 import os
-import socket
 from pathlib import Path
 from typing import Any
 
+from rig import mooncake
 from rig.cluster import ClusterError
 from rig.config import ConfigError, RigConfig
+from rig.plan import bindable, side_channel_port
 
 FREE_SEARCH_STEPS = 2000  # offsets tried by ports.free before giving up
 
@@ -50,9 +50,6 @@ def config_ports(cfg: RigConfig) -> dict[int, str]:
     """Every TCP port a run of ``cfg`` may bind, ``{port: label}``: each instance's HTTP port and
     NIXL side channel (rig.plan.side_channel_port) and, in store modes, Mooncake's master and
     store-client ports (rig.mooncake.port_map)."""
-    from rig import mooncake
-    from rig.plan import side_channel_port
-
     out: dict[int, str] = {}
     for _, inst in cfg.instances():
         out.setdefault(inst.port, f"{inst.name}.port")
@@ -135,17 +132,6 @@ class PortReservation:
         self._fds.clear()
 
 
-def bindable(port: int, host: str = "127.0.0.1") -> bool:
-    """True when a TCP socket can bind ``host:port`` now (SO_REUSEADDR: TIME_WAIT is free)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            s.bind((host, port))
-            return True
-        except OSError:
-            return False
-
-
 def shifted(cfg: RigConfig, offset: int) -> RigConfig:
     """``cfg`` with every port field moved by ``offset`` (instances' ``port`` and explicit
     ``side_channel_port``, ``nixl.side_channel_base_port``, Mooncake's ports); the relative layout,
@@ -169,12 +155,12 @@ def shifted(cfg: RigConfig, offset: int) -> RigConfig:
     return moved
 
 
-def reserve(cfg: RigConfig, holder: str, host: str = "127.0.0.1") -> tuple[RigConfig, PortReservation]:
+def reserve(cfg: RigConfig, holder: str) -> tuple[RigConfig, PortReservation]:
     """Reserve the ports of a run of ``cfg`` (:func:`config_ports`) for ``holder`` (its run dir).
 
     ``ports.free`` false: exactly the config's ports, else PortConflict at once. True: the
     config with every port moved by the smallest offset >= 0 whose ports are all bindable on
-    ``host`` and lockable; returns that config (the caller plans with it). Raises PortConflict
+    ``launch.host`` and lockable; returns that config (the caller plans with it). Raises PortConflict
     when no offset within :data:`FREE_SEARCH_STEPS` works.
     """
     res = PortReservation(cfg.ports.lock_dir, holder)
@@ -187,7 +173,7 @@ def reserve(cfg: RigConfig, holder: str, host: str = "127.0.0.1") -> tuple[RigCo
         except ConfigError:
             break  # past the top of the port range
         ports = config_ports(moved)
-        if not all(bindable(p, host) for p in ports):
+        if not all(bindable(p, cfg.launch.host) for p in ports):
             continue
         try:
             res.acquire(ports)

@@ -108,6 +108,34 @@ def checks_md(result: RunResult) -> list[str]:
             if lines else [])
 
 
+VERDICT_LEGEND = (
+    "PASS every check held; FAIL a check failed; XFAIL expected failure: a known issue showed its "
+    "named symptom on a vLLM version it affects (the run still passes); XPASS a known issue did not "
+    "reproduce where expected (the run fails: update the expectation); ERROR the rig could not judge "
+    "the scenario (no answer, a server died, the run broke)")
+
+
+def known_issue_lines(result: RunResult) -> list[str]:
+    """The legend and, per known issue of the run's scenarios, ``id: title (affects; upstream)``
+    with the scenarios expecting it; [] when no scenario of the run declares one. The table's
+    ``expectation`` column shows only the id (config: ``ScenarioConfig.known_issue``)."""
+    judged = {v.scenario for v in result.verdicts}
+    scs = list(result.config.get("scenarios") or []) + [result.config.get("scenario") or {}]
+    issues: dict[str, tuple[dict[str, Any], list[str]]] = {}
+    for sc in scs:
+        ki = sc.get("known_issue") if isinstance(sc, dict) else None
+        if ki and sc.get("name") in judged:
+            issues.setdefault(ki["id"], (ki, []))[1].append(sc["name"])
+    if not issues:
+        return []
+    lines = [f"Verdicts: {VERDICT_LEGEND}.", "Known issues:"]
+    for kid, (ki, names) in issues.items():
+        up = f"; upstream: {ki['upstream']}" if ki.get("upstream") else ""
+        lines.append(f"- {kid}: {ki['title']} (vLLM {ki['affects']}, symptom {ki['symptom']}{up}); "
+                     f"expected on {', '.join(names)}")
+    return lines
+
+
 def render_summary_md(result: RunResult) -> str:
     """summary.md: status line, timings, the scenario table, extra sections."""
     rows = scenario_rows(result)
@@ -129,6 +157,8 @@ def render_summary_md(result: RunResult) -> str:
         for r in rows:
             lines.append("| " + " | ".join(str(r[c]).replace("|", "\\|").replace("\n", " ") for c in cols) + " |")
     lines += checks_md(result)
+    legend = known_issue_lines(result)
+    lines += ["", legend[0], "", *legend[1:]] if legend else []
     lines += ["", *result.extra_sections] if result.extra_sections else []
     return "\n".join(lines) + "\n"
 
@@ -211,6 +241,8 @@ def print_summary(result: RunResult, console: Console | None = None) -> None:
         # Cell text comes from servers and logs: escape it, "[/dev/shm]" must not be markup.
         table.add_row(*[f"[{_STYLE.get(v, '')}]{v}[/]" if k == "verdict" else escape(str(v)) for k, v in r.items()])
     console.print(table)
+    for line in known_issue_lines(result):
+        console.print(escape(line))
     if result.error:
         console.print(f"[bold red]error:[/] {escape(result.error)}")
     if result.timings:

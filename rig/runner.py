@@ -37,11 +37,11 @@ from rig.plan import Plan, build_plan
 from rig.ports import PortReservation
 from rig.ports import reserve as reserve_ports
 from rig.report import RunResult, print_summary, write_report
-from rig.tiny_model import ensure_tiny_model
+from rig.tiny_model import ensure_tiny_model, tiny_model_dir
 from rig.verdict import ScenarioVerdict
+from rig.warmup import warm_up
 from rig.workload.edge import Endpoint
 from rig.workload.kinds import KINDS, ScenarioContext
-from rig.workload.prompts import make_prompt
 
 
 def new_run_dir(cfg: RigConfig, label: str | None = None) -> Path:
@@ -56,16 +56,19 @@ def new_run_dir(cfg: RigConfig, label: str | None = None) -> Path:
     return d
 
 
-def resolve_model(cfg: RigConfig) -> str:
+def resolve_model(cfg: RigConfig, build: bool = True) -> str:
     """The model argument for vLLM: the built tiny model's directory, a local path or a hub id.
 
+    ``build=False`` (``pdrig plan``) returns the same string without building or checking.
     Raises ConfigError when ``model.source: path`` names a directory that does not exist.
     """
     if cfg.model.source == "tiny":
-        return str(ensure_tiny_model(cfg.model.tiny, Path(cfg.cache_dir) / "models").resolve())
+        models = Path(cfg.cache_dir) / "models"
+        built = ensure_tiny_model(cfg.model.tiny, models) if build else tiny_model_dir(cfg.model.tiny, models)
+        return str(built.resolve())
     if cfg.model.source == "path":
         p = Path(cfg.model.path or "")
-        if not p.is_dir():
+        if build and not p.is_dir():
             raise ConfigError(f"model.path: {str(p)!r} is not a directory; give a local model "
                               "directory or use model.source: hub on a machine with hub access")
         return str(p.resolve())
@@ -259,24 +262,14 @@ class SuiteRunner:
         return f"rig error while {doing}: {type(e).__name__}: {e} (traceback in rig-traceback.txt)"
 
     async def _warm_up(self, client: PDClient, http: httpx.AsyncClient, cluster: Cluster, ph: Phase) -> PhaseEvidence:
-        """One short direct request per instance and one P/D round trip (pays JIT, first-request
-        and NIXL handshake costs outside the scenarios' deadlines), then the phase's evidence:
-        the vLLM version of P and of D (``/version``) and the metrics the checks read that they
-        lack. A warm-up request that fails is not fatal here: a dead instance is found by
+        """:func:`rig.warmup.warm_up` for the phase's pair, then the phase's evidence: the vLLM
+        version of P and of D (``/version``) and the metrics the checks read that they lack. A
+        warm-up request that fails is not fatal here: a dead instance is found by
         :func:`rig.evidence.settle_deaths` before each scenario, anything else by the scenarios."""
-        for name in (ph.prefill, ph.decode):
-            hop = await client.direct(name, cluster.url(name), make_prompt(8, 7), 2)
-            if hop.error:
-                self.log(f"warm-up request to {name} failed: {hop.error}")
-                self.result.timings.setdefault(f"warm-up failed {name}", 0.0)
-        # One throw-away P/D round trip: the NIXL handshake and D's first UCX transfer (seconds on
-        # a CPU host) then happen here, not inside the first scenario's deadline and stall window.
-        p_hop = await client.prefill(ph.prefill, cluster.url(ph.prefill), make_prompt(8, 11), 2)
-        if p_hop.kv_transfer_params:
-            d_hop = await client.decode(ph.decode, cluster.url(ph.decode), make_prompt(8, 11), 2,
-                                        p_hop.kv_transfer_params)
-            if d_hop.error:
-                self.log(f"warm-up P/D request to {ph.decode} failed: {d_hop.error}")
+        _, failed = await warm_up(client, http, Endpoint(ph.prefill, cluster.url(ph.prefill)),
+                                  Endpoint(ph.decode, cluster.url(ph.decode)), self.log)
+        for name in failed:
+            self.result.timings.setdefault(f"warm-up failed {name}", 0.0)
         versions = await read_versions(http, cluster, [ph.prefill, ph.decode])
         connectors = {n: self.cfg.instance(n).connector or self.cfg.connector for n in (ph.prefill, ph.decode)}
         presence = await metric_presence(http, cluster, {ph.prefill: "prefill", ph.decode: "decode"},

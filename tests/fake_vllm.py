@@ -38,6 +38,8 @@ Faults (FAKE_VLLM_FAULT):
   empty-stream       completions answer 200 with zero tokens and empty text
   fatal-log          serves normally; after the first completion logs
                      "ERROR ... Cannot get 3 free blocks from the pool"
+  teardown-traceback on SIGTERM logs what a real vLLM 0.32.0 decode logs when stopped: an
+                     "EngineDeadError" traceback (then exits 0)
 """
 from __future__ import annotations
 
@@ -67,7 +69,7 @@ from prometheus_client import (CONTENT_TYPE_LATEST, CollectorRegistry, Counter, 
                                Histogram, generate_latest)
 
 FAULTS = ("exit-before-ready", "crash-mid-request", "stall", "http500", "diverge-at",
-          "leak-kv", "empty-stream", "fatal-log")
+          "leak-kv", "empty-stream", "fatal-log", "teardown-traceback")
 FAULT = os.environ.get("FAKE_VLLM_FAULT") or None
 FAULT_ARG = os.environ.get("FAKE_VLLM_FAULT_ARG") or ""
 VERSION = os.environ.get("FAKE_VLLM_VERSION", "0.32.0")
@@ -536,6 +538,9 @@ async def serve(args: argparse.Namespace) -> int:
         f"http://{args.host}:{args.port} (Press CTRL+C to quit)", file=sys.stderr, flush=True))
     await stop.wait()
     print("INFO:     Shutting down", file=sys.stderr, flush=True)
+    if FAULT == "teardown-traceback":
+        log_exception("AsyncLLM output_handler failed.", RuntimeError("EngineDeadError: EngineCore "
+                      "encountered an issue. See stack trace (above) for the root cause."), "async_llm.py:1")
     if side is not None:
         side.close()
     await runner.cleanup()

@@ -259,12 +259,32 @@ def test_pdrig_compose_cli_writes_a_valid_file(profile, tmp_path):
     """`pdrig compose` / `make compose` end to end: the CLI path users run, not only the module."""
     from rig import cli
 
-    out = tmp_path / "docker-compose.yml"
+    from rig.topology import default_instances
+
     code = cli.main(["compose", "--config", f"configs/{profile}.yaml", "--set", f"cache_dir={tmp_path / 'cache'}",
-                     "--run-dir", str(tmp_path / "runs"), "-o", str(out)])
+                     "--set", f"run_root={tmp_path / 'runs'}"])
     assert code == 0
+    run_dir = tmp_path / "runs" / f"compose-{profile}"
+    out = run_dir / "docker-compose.yml"  # into the run directory, not the repository root
     doc = yaml.safe_load(out.read_text())
     assert schema_errors(doc) == []
-    assert {"prefill", "decode"} <= set(doc["services"])
+    # one P/D pair (plus the master of a store profile), not every instance of the config
+    pair, _ = default_instances(load_config(f"configs/{profile}.yaml"))
+    engines = {n for n, svc in doc["services"].items() if svc["labels"]["pdrig.role"] != "mooncake-master"}
+    assert engines == set(pair)
+    assert (run_dir / "instances").read_text().strip() == ",".join(pair)
+    # each log label names a file in that run directory
+    assert all(svc["labels"]["pdrig.log"] == f"{run_dir}/logs/{n}.log" for n, svc in doc["services"].items()
+               if n in pair)
     published = [p for svc in doc["services"].values() for p in svc.get("ports", [])]
     assert published and all(p["host_ip"] == "127.0.0.1" for p in published)
+
+
+def test_pdrig_compose_instances_and_output(tmp_path):
+    from rig import cli
+
+    out = tmp_path / "elsewhere.yml"
+    assert cli.main(["compose", "--instances", "prefill,decode-nospec", "--set", f"cache_dir={tmp_path / 'c'}",
+                     "--run-dir", str(tmp_path / "r"), "-o", str(out)]) == 0
+    assert set(yaml.safe_load(out.read_text())["services"]) == {"prefill", "decode-nospec"}
+    assert not (tmp_path / "r" / "docker-compose.yml").exists()

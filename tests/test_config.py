@@ -210,8 +210,8 @@ def test_set_creates_missing_section(tmp_path, base):
 
 
 @pytest.mark.parametrize("override, expected", [
-    ("decode.decode-7blk.port=9000", "--set decode.decode-7blk.port=9000: no list item 'decode-7blk'"),
-    ("decode.9.port=9000", "--set decode.9.port=9000: no list item '9'"),
+    ("decode.decode-7blk.port=9000", "--set decode.decode-7blk.port=9000: decode has no item 'decode-7blk'"),
+    ("decode.9.port=9000", "--set decode.9.port=9000: decode has no item '9'"),
     ("block_size.x=5", "--set block_size.x=5: 'x' is inside a value that is not a section"),
     ("block_size", "--set 'block_size': expected dotted.path=value"),
 ])
@@ -257,7 +257,7 @@ def test_set_reaches_suite_scenarios_by_name(tmp_path):
 def test_suite_missing_file(tmp_path, base):
     base["suite"] = "suites/nope.yaml"
     msg = error_of(tmp_path, base)
-    assert "suite: cannot read" in msg and "nope.yaml" in msg
+    assert "suite: 'suites/nope.yaml' not found; looked at " in msg and "nope.yaml" in msg
 
 
 def test_suite_not_a_list(tmp_path, base):

@@ -179,9 +179,9 @@ def test_shell_line_round_trips():
     words = shlex.split(line)
     n_env = len(p.env)
     assert dict(w.split("=", 1) for w in words[:n_env]) == p.env
-    # the pinning and niceness the rig applies itself, then the argv exactly
-    assert words[n_env:n_env + 6] == ["taskset", "-c", "1", "nice", "-n", "10"]
-    assert tuple(words[n_env + 6:]) == p.argv
+    # the argv exactly, with no taskset/nice wrapper: the rig applies those after spawn
+    assert tuple(words[n_env:]) == p.argv
+    assert "CPU(s) 1" in p.applied_after_spawn() and "nice 10" in p.applied_after_spawn()
 
 
 def test_to_json_is_json():

@@ -23,11 +23,10 @@ Outcome (``status``) of a record: ``ok`` or its error class: ``timeout`` (deadli
 
 Two well-kept HTTP clients implement the hops with the same bodies and error classes:
 :class:`AiohttpTransport` (the default) and :class:`HttpxTransport` (via
-:class:`~rig.client.PDClient`). scripts/bench_workload.py measures them: at concurrency 64 on
-uvloop (rig/aio.py) aiohttp drives about 2,600-3,500 P/D requests (two HTTP exchanges each) per
-second of one core against the fake server (2,200-2,800 on asyncio's loop), httpx about 250
-(httpx's pool does not scale to that concurrency). A hand-written HTTP client was measured faster
-(~4,500-6,900) and deliberately not kept: the rig's job is P/D, not HTTP.
+:class:`~rig.client.PDClient`). scripts/bench_workload.py measures them (figures in
+docs/measurements.md): aiohttp is the default because httpx's pool does not scale to a wave's
+concurrency. A faster hand-written HTTP client was deliberately not kept: the rig's job is P/D,
+not HTTP.
 """
 
 from __future__ import annotations

