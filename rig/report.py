@@ -87,6 +87,27 @@ def scenario_rows(result: RunResult) -> list[dict[str, str]]:
     return rows
 
 
+def check_counts(v: ScenarioVerdict) -> str:
+    """'6 ok, 1 failed, 1 not checked' over the scenario's checks (tri-state, rig.checks)."""
+    n: dict[str, int] = {}
+    for c in v.checks:
+        n[c.state] = n.get(c.state, 0) + 1
+    return ", ".join(f"{n[k]} {k}" for k in ("ok", "failed", "not checked") if n.get(k)) or "-"
+
+
+def checks_md(result: RunResult) -> list[str]:
+    """summary.md lines: every check that failed or was not checked, per scenario, with why."""
+    lines = []
+    for v in result.verdicts:
+        for c in v.checks:
+            if c.ok is not True:
+                on = f" (on {', '.join(c.requests)})" if c.requests else ""
+                lines.append(f"| {v.scenario} | {c.name} | {c.state} | "
+                             + f"{c.detail}{on}".replace("|", "\\|").replace("\n", " ") + " |")
+    return (["", "### Checks not ok", "", "| scenario | check | state | detail |", "|---|---|---|---|", *lines]
+            if lines else [])
+
+
 VERDICT_LEGEND = (
     "PASS every check held; FAIL a check failed; XFAIL expected failure: a known issue showed its "
     "named symptom on a vLLM version it affects (the run still passes); XPASS a known issue did not "
@@ -114,25 +135,6 @@ def known_issue_lines(result: RunResult) -> list[str]:
         lines.append(f"- {kid}: {ki['title']} (vLLM {ki['affects']}, symptom {sym}{up}); "
                      f"expected on {', '.join(names)}")
     return lines
-def check_counts(v: ScenarioVerdict) -> str:
-    """'6 ok, 1 failed, 1 not checked' over the scenario's checks (tri-state, rig.checks)."""
-    n: dict[str, int] = {}
-    for c in v.checks:
-        n[c.state] = n.get(c.state, 0) + 1
-    return ", ".join(f"{n[k]} {k}" for k in ("ok", "failed", "not checked") if n.get(k)) or "-"
-
-
-def checks_md(result: RunResult) -> list[str]:
-    """summary.md lines: every check that failed or was not checked, per scenario, with why."""
-    lines = []
-    for v in result.verdicts:
-        for c in v.checks:
-            if c.ok is not True:
-                on = f" (on {', '.join(c.requests)})" if c.requests else ""
-                lines.append(f"| {v.scenario} | {c.name} | {c.state} | "
-                             + f"{c.detail}{on}".replace("|", "\\|").replace("\n", " ") + " |")
-    return (["", "### Checks not ok", "", "| scenario | check | state | detail |", "|---|---|---|---|", *lines]
-            if lines else [])
 
 
 def render_summary_md(result: RunResult) -> str:
@@ -155,9 +157,9 @@ def render_summary_md(result: RunResult) -> str:
         lines.append("|" + "---|" * len(cols))
         for r in rows:
             lines.append("| " + " | ".join(str(r[c]).replace("|", "\\|").replace("\n", " ") for c in cols) + " |")
+    lines += checks_md(result)
     legend = known_issue_lines(result)
     lines += ["", legend[0], "", *legend[1:]] if legend else []
-    lines += checks_md(result)
     lines += ["", *result.extra_sections] if result.extra_sections else []
     return "\n".join(lines) + "\n"
 

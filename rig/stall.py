@@ -16,12 +16,18 @@ starved 2-core CI host one 4-block read took more than 8 s before it completed (
 vLLM 0.32.0, decode-6blk, edge-126). The livelock's signature (``waiting_to_start``) keeps
 the short window.
 
+The window is the fallback. A detector given an ``early`` rule (:mod:`rig.early_verdict`) may
+decide sooner by reasoning: the frozen state plus the block arithmetic plus evidence that D's
+engine kept iterating (its EngineCore's CPU time grew while nothing moved). The stall then says
+which evidence decided (``Stall.decided_by``).
+
 The detector is pure (``feed`` snapshots, get a verdict) so it is tested on recorded sequences.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable
 
 from rig import metrics as m
 
@@ -90,6 +96,13 @@ class Stall:
     duration_s: float
     diagnosis: str
     facts: StallFacts | None = None
+    decided_by: str = "window"  # "window" (frozen for the whole window) or the early rule's evidence
+
+
+# An early rule: ``(facts, frozen_s, samples, engine_cpu_s) -> evidence text or None``; called on
+# every frozen sample with the seconds and number of samples the state has been frozen and the
+# engine CPU seconds used meanwhile (None when unknown). See rig.early_verdict.AdmissionReasoning.
+EarlyRule = Callable[[StallFacts, float, int, "float | None"], "str | None"]
 
 
 def _signature(s: m.MetricSnapshot) -> tuple:
@@ -136,7 +149,7 @@ class StallDetector:
     """
 
     def __init__(self, window_s: float, max_gap_s: float | None = None,
-                 transfer_window_s: float | None = None):
+                 transfer_window_s: float | None = None, early: EarlyRule | None = None):
         if window_s <= 0 or (transfer_window_s is not None and transfer_window_s <= 0):
             raise ValueError(f"stall windows must be > 0 s (got {window_s}, {transfer_window_s})")
         self.window_s = window_s
@@ -144,12 +157,17 @@ class StallDetector:
         # Two samples far apart prove nothing about the time between them (a starved observer
         # or a slow scrape): a gap longer than this restarts the window. Default: half the window.
         self.max_gap_s = window_s / 2 if max_gap_s is None else max_gap_s
+        self.early = early
         self._since: float | None = None
         self._sig: tuple | None = None
         self._last_t: float | None = None
+        self._samples = 0  # snapshots in the current frozen span
+        self._cpu_at_since: float | None = None  # engine CPU seconds when the span began
 
-    def feed(self, s: m.MetricSnapshot) -> Stall | None:
-        """Add one snapshot; return a Stall when the window is reached, else None."""
+    def feed(self, s: m.MetricSnapshot, engine_cpu_s: float | None = None) -> Stall | None:
+        """Add one snapshot (with, optionally, the instance engine's cumulative CPU seconds read
+        right after it); return a Stall when the window is reached or the early rule decides,
+        else None."""
         gap = self._last_t is not None and s.t - self._last_t > self.max_gap_s
         self._last_t = s.t
         if not _is_blocked(s):
@@ -157,13 +175,23 @@ class StallDetector:
             return None
         sig = _signature(s)
         if sig != self._sig or gap:
-            self._since, self._sig = s.t, sig
+            self._since, self._sig, self._samples, self._cpu_at_since = s.t, sig, 1, engine_cpu_s
             return None
         assert self._since is not None
+        self._samples += 1
         duration = s.t - self._since
         if duration >= (self.transfer_window_s if _transfer_in_flight(s) else self.window_s):
             return Stall(instance=s.instance, since=self._since, duration_s=duration,
                          diagnosis=describe(s, duration), facts=StallFacts.of(s, duration))
+        if self.early is not None:
+            cpu = (engine_cpu_s - self._cpu_at_since
+                   if engine_cpu_s is not None and self._cpu_at_since is not None else None)
+            facts = StallFacts.of(s, duration)
+            evidence = self.early(facts, duration, self._samples, cpu)
+            if evidence:
+                return Stall(instance=s.instance, since=self._since, duration_s=duration,
+                             diagnosis=f"{describe(s, duration)}; decided early: {evidence}",
+                             facts=facts, decided_by=evidence)
         return None
 
 

@@ -12,7 +12,9 @@ in a fresh child process so its peak RSS is its own. Reported per run:
   >= 5,000.
 - ``peak RSS``: ``ru_maxrss`` of the client process (target <= 200 MB for a 2,048-request wave).
 
-Modes: ``engine`` = WaveEngine alone (stream never / always / mixed); ``wave`` = the whole
+Modes: ``raw`` = the HTTP client alone, two bare aiohttp POST + read exchanges per request (the
+ceiling any engine on that client has); ``engine`` = WaveEngine alone (stream never / always /
+mixed); ``wave`` = the whole
 pressure wave (rig.workload.waves.run_wave: 10 % cancels, 10 % parity sample, 1 s metrics
 sampling, records file, timeline PNG). With two or more CPUs the client is pinned to CPU 0 and the
 fakes to CPU 1. Load from other processes (e.g. live vLLM servers) lowers the wall numbers; the
@@ -136,12 +138,45 @@ async def _child_wave(args: argparse.Namespace) -> dict:
             "wave_s": res.wall_s, "wave_cpu_s": res.client_cpu_s, "wall_s": wall, "cpu_s": cpu, "error": res.error}
 
 
+async def _child_raw(args: argparse.Namespace) -> dict:
+    """The ceiling of the HTTP client alone: two bare POST + read exchanges per "request" (no
+    rig code), same connections and concurrency as the engine."""
+    import aiohttp
+    import msgspec
+
+    from rig.workload.prompts import make_prompt
+
+    bodies = [msgspec.json.encode({"model": MODEL, "prompt": make_prompt(args.prompt_tokens, 1_000_000 + i),
+                                   "max_tokens": 1}) for i in range(args.requests)]
+    session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=2 * args.concurrency, limit_per_host=0),
+                                    cookie_jar=aiohttp.DummyCookieJar(), skip_auto_headers=("User-Agent",))
+    headers = {"Content-Type": "application/json"}
+
+    async def wave(n: int) -> None:
+        todo = iter(range(n))
+
+        async def worker() -> None:
+            for i in todo:
+                for url in (args.p, args.d):
+                    async with session.post(url + "/v1/completions", data=bodies[i], headers=headers) as r:
+                        await r.read()
+        await asyncio.gather(*(worker() for _ in range(args.concurrency)))
+
+    await wave(256)  # warm-up
+    cpu0, t0 = time.process_time(), time.monotonic()
+    await wave(args.requests)
+    wall, cpu = time.monotonic() - t0, time.process_time() - cpu0
+    await session.close()
+    return {"ok": args.requests, "requests": args.requests, "wall_s": wall, "cpu_s": cpu}
+
+
 def child(args: argparse.Namespace) -> None:
     if args.loop == "uvloop":
         import uvloop
 
         uvloop.install()
-    out = asyncio.run(_child_engine(args) if args.mode == "engine" else _child_wave(args))
+    run = {"engine": _child_engine, "wave": _child_wave, "raw": _child_raw}[args.mode]
+    out = asyncio.run(run(args))
     out["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     print(json.dumps(out))
 
@@ -201,6 +236,8 @@ def main() -> int:
         for loop in args.loops.split(","):
             for client in args.clients.split(","):
                 for mode in args.modes.split(","):
+                    if mode == "raw" and client != "aiohttp":
+                        continue
                     for stream in (args.streams.split(",") if mode == "engine" else ["mixed"]):
                         runs = [run_child(args, p, d, client, mode, stream, loop, client_cpu)
                                 for _ in range(args.repeats)]

@@ -210,8 +210,9 @@ class Req:
 class Engine:
     """Block pool, FIFO admission and prefix cache; sets the scheduler gauges on demand."""
 
-    def __init__(self, args: argparse.Namespace, metrics: Metrics):
+    def __init__(self, args: argparse.Namespace, metrics: Metrics, waiting=None):
         self.args, self.m = args, metrics
+        self.waiting = waiting  # shared with the EngineCore stand-in (FAKE_VLLM_ENGINE_CORE)
         self.total = max(args.num_gpu_blocks_override - 1, 0)
         self.free = collections.deque(range(1, self.total + 1))
         self.queue: collections.deque[Req] = collections.deque()
@@ -227,12 +228,14 @@ class Engine:
         while self.queue:
             r = self.queue[0]
             if r.stalled or len(self.free) < r.need or len(self.active) >= self.args.max_num_seqs:
-                return
+                break
             self.queue.popleft()
             r.blocks = [self.free.popleft() for _ in range(r.need)]
             r.state = "transfer" if r.remote else "running"
             self.active.add(r)
             r.admitted.set_result(None)
+        if self.waiting is not None:
+            self.waiting.value = len(self.queue)
 
     def release(self, r: Req, leak: bool = False) -> None:
         """Drop a finished or aborted request; free its blocks unless ``leak``."""
@@ -290,9 +293,9 @@ def log_exception(msg: str, exc: BaseException, where: str) -> None:
 class Server:
     """The aiohttp application: routes, request handling, fault injection."""
 
-    def __init__(self, args: argparse.Namespace):
+    def __init__(self, args: argparse.Namespace, waiting=None):
         self.args, self.metrics = args, Metrics(args)
-        self.engine = Engine(args, self.metrics)
+        self.engine = Engine(args, self.metrics, waiting)
         self.engine_id = str(uuid.uuid4())
         self.ready_at = time.monotonic() + STARTUP_DELAY
         self.n_completions, self.fatal_logged = 0, False
@@ -522,7 +525,7 @@ async def serve(args: argparse.Namespace) -> int:
     loop, stop = asyncio.get_running_loop(), asyncio.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
-    server = Server(args)
+    server = Server(args, start_engine_core() if os.environ.get("FAKE_VLLM_ENGINE_CORE") else None)
     runner = web.AppRunner(server.app, handler_cancellation=True, shutdown_timeout=0.2,
                            access_log_class=AccessLogger)
     await runner.setup()
@@ -543,6 +546,30 @@ async def serve(args: argparse.Namespace) -> int:
     await runner.cleanup()
     print(f"INFO:     Finished server process [{os.getpid()}]", file=sys.stderr, flush=True)
     return 0
+
+
+def _engine_core_loop(waiting, parent: int) -> None:
+    """The EngineCore stand-in: titled like vLLM's, spins while ``waiting.value`` > 0 (vLLM's
+    busy loop steps while a request waits), sleeps otherwise; exits with its parent."""
+    with open("/proc/self/comm", "w") as f:
+        f.write("VLLM::EngineCore")
+    while os.getppid() == parent:
+        if waiting.value > 0:
+            end = time.monotonic() + 0.01
+            while time.monotonic() < end:
+                pass
+        else:
+            time.sleep(0.01)
+
+
+def start_engine_core():
+    """Fork the EngineCore stand-in; returns the shared count of queued requests."""
+    import multiprocessing
+
+    ctx = multiprocessing.get_context("fork")
+    waiting = ctx.Value("i", 0, lock=False)
+    ctx.Process(target=_engine_core_loop, args=(waiting, os.getpid()), daemon=True).start()
+    return waiting
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -23,7 +23,7 @@ from rig.client import PDClient, PDRecord, cancel_task, classify, prefill_failur
 from rig.config import ScenarioConfig
 from rig.observations import ScenarioObservation, SnapshotStore
 from rig.parity import compare
-from rig.stall import Stall, StallDetector
+from rig.stall import EarlyRule, Stall, StallDetector
 from rig.workload.prompts import make_prompt, seed_of
 
 
@@ -103,11 +103,14 @@ async def cancel_stalled(records: list[PDRecord], decode_tasks: dict[str, asynci
 
 async def _watch(http: httpx.AsyncClient, d: Endpoint, window_s: float, interval_s: float,
                  records: list[PDRecord], decode_tasks: dict[str, asyncio.Task],
-                 store: SnapshotStore | None, scenario: str, transfer_window_s: float | None = None) -> str:
+                 store: SnapshotStore | None, scenario: str, transfer_window_s: float | None = None,
+                 early: EarlyRule | None = None, engine_cpu: Callable[[], float | None] | None = None) -> str:
     """Sample D until all requests are done; on a stall cancel the outstanding decode hops.
 
-    ``window_s`` / ``transfer_window_s``: see :class:`rig.stall.StallDetector`."""
-    detector = StallDetector(window_s, transfer_window_s=transfer_window_s)
+    ``window_s`` / ``transfer_window_s`` / ``early``: see :class:`rig.stall.StallDetector`;
+    ``engine_cpu`` reads D's EngineCore CPU seconds after each sample (the early rule's evidence
+    of scheduler iterations, rig.early_verdict)."""
+    detector = StallDetector(window_s, transfer_window_s=transfer_window_s, early=early)
     while any(r.outcome == "pending" for r in records):
         try:
             snap = await m.scrape(http, d.url, d.name)
@@ -116,7 +119,7 @@ async def _watch(http: httpx.AsyncClient, d: Endpoint, window_s: float, interval
             continue
         if store:
             store.sample(scenario, snap)
-        stall = detector.feed(snap)
+        stall = detector.feed(snap, engine_cpu() if engine_cpu is not None else None)
         if stall:
             await cancel_stalled(records, decode_tasks, stall)
             return stall.diagnosis
@@ -127,13 +130,15 @@ async def _watch(http: httpx.AsyncClient, d: Endpoint, window_s: float, interval
 async def run_edge(sc: ScenarioConfig, client: PDClient, http: httpx.AsyncClient, p: Endpoint,
                    d: Endpoint, deadline_s: float, window_s: float, interval_s: float,
                    store: SnapshotStore | None, obs: ScenarioObservation,
-                   transfer_window_s: float | None = None, between: BetweenHops | None = None) -> None:
+                   transfer_window_s: float | None = None, between: BetweenHops | None = None,
+                   early: EarlyRule | None = None, engine_cpu: Callable[[], float | None] | None = None) -> None:
     """Run one edge scenario, filling ``obs.records``, ``obs.parity`` and ``obs.stall_diagnosis``.
 
     Each request has ``deadline_s`` seconds for both hops; past it the request is ``timeout``.
     D frozen for ``window_s`` seconds (``transfer_window_s`` while a KV read is in flight) is a
-    stall: the outstanding decode hops are cancelled and marked ``stalled``. ``between`` (if
-    given) is awaited after P's answer and before the decode hop of each request.
+    stall: the outstanding decode hops are cancelled and marked ``stalled``. ``early`` (with
+    ``engine_cpu``, rig.early_verdict) may decide such a stall sooner, by reasoning. ``between``
+    (if given) is awaited after P's answer and before the decode hop of each request.
     """
     seed = sc.seed if sc.seed is not None else seed_of(sc.name)
     obs.records = [PDRecord(request_id=f"{sc.name}-{i}", prompt_len=sc.prompt_tokens,
@@ -154,7 +159,7 @@ async def run_edge(sc: ScenarioConfig, client: PDClient, http: httpx.AsyncClient
                 rec.verdict_after_s = time.monotonic() - rec.decode_sent_at
 
     watcher = asyncio.create_task(_watch(http, d, window_s, interval_s, obs.records, decode_tasks, store, sc.name,
-                                         transfer_window_s))
+                                         transfer_window_s, early, engine_cpu))
     try:
         await asyncio.gather(*(bounded(r) for r in obs.records))
     finally:

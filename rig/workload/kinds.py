@@ -19,6 +19,7 @@ from rig import metrics as m
 from rig.client import PDClient, PDRecord
 from rig.cluster import Cluster
 from rig.config import RigConfig, ScenarioConfig
+from rig.early_verdict import AdmissionReasoning
 from rig.observations import ScenarioObservation, SnapshotStore
 from rig.signatures import BlockFacts
 from rig.verdict import Check, ScenarioVerdict, judge
@@ -79,10 +80,15 @@ async def _run_edge(sc: ScenarioConfig, ctx: ScenarioContext, obs: ScenarioObser
                 await flush_prefill_pool(ctx.client, ctx.prefill, usable, ctx.cfg.block_size,
                                          ctx.cfg.max_model_len, seed_of(sc.name))
         between = hold
+    blocks = block_facts(ctx.cfg, ctx.decode.name)
+    # Reasoning instead of waiting (issue #13): an admission stall is decided once the block
+    # arithmetic and D's EngineCore CPU time prove it; held decode hops keep the plain window.
+    early = None if between is not None else AdmissionReasoning(blocks, (sc.prompt_tokens,))
+    name = ctx.decode.name
     await run_edge(sc, ctx.client, ctx.http, ctx.prefill, ctx.decode, sc.deadline_s or t.request_s,
                    t.stall_window_s, t.metrics_interval_s, ctx.store, obs, transfer_window_s=t.kv_transfer_s,
-                   between=between)
-    return block_facts(ctx.cfg, ctx.decode.name)
+                   between=between, early=early, engine_cpu=lambda: ctx.cluster.engine_cpu_s(name))
+    return blocks
 
 
 async def _usable_from_metrics(ctx: ScenarioContext) -> int | None:

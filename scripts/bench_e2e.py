@@ -1,0 +1,306 @@
+#!/usr/bin/env python3
+"""Benchmark of the live suite against the floor it cannot beat (issue #13; not a test).
+
+1. **Bare start-up** of one P+D pair: the first prefill and decode of the config's plan spawned
+   from their argv/env (pinned as the plan says), timed to ``/health`` + ``/v1/models``, then
+   stopped. No rig logic (no port checks, warm-up, log marks). Also the CPU seconds each
+   instance's process tree burned to get ready, sampled from ``/proc``, so the floor of a
+   perfectly parallel start-up of the suite's instances over the host's CPUs can be stated:
+   ``sum(CPU-s of every instance the suite starts) / CPUs``.
+2. **The suite** (``pdrig e2e``, default the edge suite) ``--repeats`` times, each in its own
+   process and run root. Per repeat: wall seconds and the ratio wall / bare start-up, the
+   rig's own phase timings, the time to verdict of every stalled request of an XFAIL scenario
+   (``verdict_after_s``: from sending the decode hop to the stall verdict) and which evidence
+   decided it (early reasoning or the window), and the false stalls: stalled requests of a
+   scenario without a known issue (a control).
+
+Prints min/median/max and writes everything (with the load average before and after) as JSON
+for comparison across commits. The box is shared: read ratios measured within one run, and the
+load average next to them. Every live server is started by this script's children; run it
+under ``/work/bin/live`` on the team box (``make bench``).
+
+    .venv/bin/python scripts/bench_e2e.py --repeats 3
+    .venv/bin/python scripts/bench_e2e.py --repeats 20 --skip-bare --out runs/bench/e2e-20.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+
+# ------------------------------------------------------------------ pure analysis (tested)
+
+
+def spread(values: list[float]) -> dict[str, float] | None:
+    """``{min, median, max, n}`` of ``values`` (None when empty)."""
+    if not values:
+        return None
+    return {"min": min(values), "median": statistics.median(values), "max": max(values), "n": len(values)}
+
+
+def analyse_report(report: dict[str, Any]) -> dict[str, Any]:
+    """The figures of one ``report.json`` of ``pdrig e2e``.
+
+    ``ttv``: ``{scenario: [seconds, ...]}`` time to verdict of each stalled request of an XFAIL
+    scenario; ``decided``: ``{scenario: ["early" | "window", ...]}`` alongside; ``false_stalls``:
+    ``["scenario/request", ...]`` stalled requests of scenarios that declare no known issue;
+    ``verdicts``: ``{scenario: verdict}``; ``timings``: the rig's own (seconds)."""
+    ttv: dict[str, list[float]] = {}
+    decided: dict[str, list[str]] = {}
+    false_stalls: list[str] = []
+    verdicts: dict[str, str] = {}
+    declared = {s["name"]: s.get("known_issue") is not None for s in (report.get("config") or {}).get("scenarios", [])}
+    for sc in report.get("scenarios", []):
+        v, obs = sc["verdict"], sc.get("observation") or {}
+        name = v["scenario"]
+        verdicts[name] = v["verdict"]
+        known = declared.get(name, False)
+        for rec in obs.get("records", []):
+            if rec.get("outcome") != "stalled":
+                continue
+            if not known:
+                false_stalls.append(f"{name}/{rec['request_id']}")
+            elif v["verdict"] == "XFAIL" and rec.get("verdict_after_s") is not None:
+                ttv.setdefault(name, []).append(rec["verdict_after_s"])
+                decided.setdefault(name, []).append("early" if "decided early" in rec.get("diagnosis", "")
+                                                    else "window")
+    return {"status": report.get("status"), "timings": report.get("timings", {}), "verdicts": verdicts,
+            "ttv": ttv, "decided": decided, "false_stalls": false_stalls}
+
+
+def summarise(bare: dict[str, Any] | None, repeats: list[dict[str, Any]]) -> dict[str, Any]:
+    """Spreads across repeats: suite wall, ratio wall / bare pair start-up (when measured),
+    time to verdict per XFAIL scenario, the false-stall total and the verdicts that varied."""
+    walls = [r["wall_s"] for r in repeats]
+    out: dict[str, Any] = {"suite_wall_s": spread(walls),
+                           "false_stalls": sum(len(r["false_stalls"]) for r in repeats),
+                           "runs_not_passed": [i for i, r in enumerate(repeats) if r["status"] != "passed"]}
+    if bare is not None:
+        out["ratio_wall_to_pair_startup"] = spread([w / bare["pair_ready_s"] for w in walls])
+    names = sorted({n for r in repeats for n in r["ttv"]})
+    out["ttv_s"] = {n: spread([t for r in repeats for t in r["ttv"].get(n, [])]) for n in names}
+    out["decided"] = {n: {k: sum(r["decided"].get(n, []).count(k) for r in repeats) for k in ("early", "window")}
+                      for n in names}
+    seen: dict[str, set[str]] = {}
+    for r in repeats:
+        for n, v in r["verdicts"].items():
+            seen.setdefault(n, set()).add(v)
+    out["verdicts"] = {n: sorted(v) for n, v in seen.items()}
+    return out
+
+
+def floor_of(bare: dict[str, Any], n_prefill: int, n_decode: int, cpus: int) -> dict[str, float]:
+    """The start-up floor of a suite starting ``n_prefill`` P and ``n_decode`` D instances like
+    the measured ones on ``cpus`` CPUs, perfectly parallel (CPU-bound: CPU-s / CPUs), in seconds
+    and as a ratio to the measured pair start-up."""
+    cpu_s = n_prefill * bare["cpu_s"]["prefill"] + n_decode * bare["cpu_s"]["decode"]
+    return {"suite_startup_cpu_s": cpu_s, "cpus": cpus, "parallel_floor_s": cpu_s / cpus,
+            "floor_ratio": cpu_s / cpus / bare["pair_ready_s"]}
+
+
+# ------------------------------------------------------------------ live parts
+
+
+def _tree_cpu(pid: int, seen: dict[int, float]) -> None:
+    """Record the CPU seconds (user + system) of ``pid`` and its descendants into ``seen``
+    (pid -> latest value, so a child that exits keeps its last reading)."""
+    import psutil
+
+    try:
+        procs = [psutil.Process(pid)] + psutil.Process(pid).children(recursive=True)
+    except psutil.Error:
+        return
+    for p in procs:
+        try:
+            t = p.cpu_times()
+            seen[p.pid] = t.user + t.system
+        except psutil.Error:
+            continue
+
+
+def bare_startup(config: str, overrides: list[str], work: Path, names: list[str] | None = None,
+                 pin: bool = True, timeout_s: float = 300) -> dict[str, Any]:
+    """Spawn instances of the plan together (default: the first P and D, keyed ``prefill`` and
+    ``decode``; else ``names``), pinned as the plan says unless ``pin`` is False, wait until all
+    answer, stop them.
+
+    Returns ``{ready_s: {key: s}, pair_ready_s (the last ready), cpu_s: {key: CPU-s to ready}}``.
+    Raises RuntimeError when one exits or is not ready within ``timeout_s``; nothing outlives it."""
+    import httpx
+
+    from rig.config import load_config
+    from rig.plan import build_plan
+    from rig.runner import resolve_model
+
+    cfg = load_config(config, overrides)
+    run_dir = work / ("bare" if names is None else "bare-all")
+    (run_dir / "logs").mkdir(parents=True, exist_ok=True)
+    plan = build_plan(cfg, run_dir, resolve_model(cfg), sys.executable)
+    specs = ({"prefill": plan.by_name(cfg.prefill[0].name), "decode": plan.by_name(cfg.decode[0].name)}
+             if names is None else {n: plan.by_name(n) for n in names})
+    procs: dict[str, subprocess.Popen] = {}
+    cpu: dict[str, dict[int, float]] = {role: {} for role in specs}
+    ready: dict[str, float] = {}
+    try:
+        t0 = time.monotonic()
+        for role, spec in specs.items():
+            for path, content in spec.files.items():
+                Path(path).parent.mkdir(parents=True, exist_ok=True)
+                Path(path).write_text(content)
+            for d in spec.dirs:
+                Path(d).mkdir(parents=True, exist_ok=True)
+            with open(spec.log_path, "ab") as log:
+                procs[role] = subprocess.Popen(list(spec.argv), env={**os.environ, **spec.env}, stdout=log,
+                                               stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                               start_new_session=True)
+            if spec.cpus and pin:
+                os.sched_setaffinity(procs[role].pid, set(spec.cpus))
+        with httpx.Client(timeout=2.0) as http:
+            while len(ready) < len(specs):
+                for role, spec in specs.items():
+                    _tree_cpu(procs[role].pid, cpu[role])
+                    if role in ready:
+                        continue
+                    if procs[role].poll() is not None:
+                        raise RuntimeError(f"{spec.name} exited with {procs[role].returncode}; see {spec.log_path}")
+                    try:
+                        ok = (http.get(spec.base_url + spec.health_path).status_code == 200
+                              and http.get(spec.base_url + "/v1/models").status_code == 200)
+                    except httpx.HTTPError:
+                        ok = False
+                    if ok:
+                        ready[role] = time.monotonic() - t0
+                if time.monotonic() - t0 > timeout_s:
+                    raise RuntimeError(f"not ready within {timeout_s:.0f} s: {sorted(set(specs) - set(ready))}")
+                time.sleep(0.25)
+    finally:
+        _stop(list(procs.values()))
+    return {"ready_s": ready, "pair_ready_s": max(ready.values()),
+            "cpu_s": {role: round(sum(seen.values()), 2) for role, seen in cpu.items()}}
+
+
+def _stop(procs: list[subprocess.Popen], grace_s: float = 10.0) -> None:
+    """SIGTERM every process group, SIGKILL what is left after ``grace_s``."""
+    for p in procs:
+        try:
+            os.killpg(p.pid, signal.SIGTERM)
+        except ProcessLookupError:
+            pass
+    deadline = time.monotonic() + grace_s
+    for p in procs:
+        try:
+            p.wait(timeout=max(0.1, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            pass
+        try:
+            os.killpg(p.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+def run_suite(config: str, overrides: list[str], scenarios: list[str], root: Path) -> dict[str, Any]:
+    """One ``pdrig e2e`` in a child process with its own run root; its figures plus ``wall_s``."""
+    cmd = [sys.executable, "-m", "rig.cli", "e2e", "--config", config, "--quiet", "--set", f"run_root={root}"]
+    for o in overrides:
+        cmd += ["--set", o]
+    for s in scenarios:
+        cmd += ["--scenario", s]
+    env = {**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+    t0 = time.monotonic()
+    proc = subprocess.run(cmd, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    wall = time.monotonic() - t0
+    reports = sorted(root.glob("*/report.json"))
+    if not reports:
+        return {"status": "no report", "exit": proc.returncode, "stderr": proc.stderr[-2000:], "wall_s": wall,
+                "timings": {}, "verdicts": {}, "ttv": {}, "decided": {}, "false_stalls": []}
+    out = analyse_report(json.loads(reports[-1].read_text()))
+    return {**out, "exit": proc.returncode, "wall_s": wall, "run_dir": str(reports[-1].parent)}
+
+
+def _fmt(s: dict[str, float] | None, unit: str = "") -> str:
+    return "-" if not s else f"min {s['min']:.2f}{unit} median {s['median']:.2f}{unit} max {s['max']:.2f}{unit} (n={s['n']})"
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the benchmark; exit 0 (a benchmark reports, it does not judge)."""
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--config", default="configs/cpu-tiny.yaml")
+    ap.add_argument("--set", dest="overrides", action="append", default=[], metavar="PATH=VALUE")
+    ap.add_argument("--scenario", action="append", default=[], help="only these scenarios (repeatable)")
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--skip-bare", action="store_true", help="no bare start-up (no ratios)")
+    ap.add_argument("--bare-all", action="store_true",
+                    help="also start every instance the suite uses at once, unpinned (both CPUs): the "
+                         "measured floor of a parallel start-up")
+    ap.add_argument("--out", help="JSON output (default runs/bench/e2e-<stamp>.json)")
+    args = ap.parse_args(argv)
+    from rig.config import load_config
+
+    cfg = load_config(args.config, args.overrides)
+    stamp = datetime.now(timezone.utc).strftime("%Y%m%d-%H%M%S")
+    work = ROOT / "runs" / "bench" / f"e2e-{stamp}"
+    work.mkdir(parents=True, exist_ok=True)
+    result: dict[str, Any] = {"date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+                              "command": " ".join([Path(sys.executable).name, *sys.argv]),
+                              "config": args.config, "overrides": args.overrides, "cpus": os.cpu_count(),
+                              "loadavg_before": os.getloadavg()}
+    bare = None
+    if not args.skip_bare:
+        bare = bare_startup(args.config, args.overrides, work)
+        print(f"bare P+D start-up: {bare['pair_ready_s']:.1f} s (P {bare['ready_s']['prefill']:.1f}, "
+              f"D {bare['ready_s']['decode']:.1f}); CPU-s to ready: P {bare['cpu_s']['prefill']:.1f}, "
+              f"D {bare['cpu_s']['decode']:.1f}", flush=True)
+        scen = [s for s in cfg.scenarios if not args.scenario or s.name in args.scenario]
+        n_dec = len({s.decode or cfg.decode[0].name for s in scen})
+        n_pre = len({s.prefill or cfg.prefill[0].name for s in scen})
+        result["floor"] = floor_of(bare, n_pre, n_dec, len(os.sched_getaffinity(0)))
+        if args.bare_all:
+            names = sorted({s.prefill or cfg.prefill[0].name for s in scen} | {s.decode or cfg.decode[0].name for s in scen})
+            every = bare_startup(args.config, args.overrides, work, names=names, pin=False)
+            result["bare_all"] = {**every, "ratio_to_pair": every["pair_ready_s"] / bare["pair_ready_s"]}
+            print(f"every instance at once, unpinned ({', '.join(names)}): {every['pair_ready_s']:.1f} s = "
+                  f"{result['bare_all']['ratio_to_pair']:.2f}x the pair; CPU-s {every['cpu_s']}", flush=True)
+    result["bare"] = bare
+    repeats = []
+    for i in range(args.repeats):
+        r = run_suite(args.config, args.overrides, args.scenario, work / f"repeat-{i + 1}")
+        repeats.append(r)
+        ratio = f", {r['wall_s'] / bare['pair_ready_s']:.2f}x the pair start-up" if bare else ""
+        print(f"repeat {i + 1}/{args.repeats}: {r['status']} in {r['wall_s']:.1f} s{ratio}; "
+              f"ttv {r['ttv']} ({r['decided']}); false stalls {r['false_stalls'] or 0}", flush=True)
+    result["repeats"] = repeats
+    result["summary"] = summarise(bare, repeats)
+    result["loadavg_after"] = os.getloadavg()
+    s = result["summary"]
+    print(f"\nsuite wall: {_fmt(s['suite_wall_s'], ' s')}")
+    if bare:
+        fl = result["floor"]
+        print(f"ratio wall / pair start-up: {_fmt(s['ratio_wall_to_pair_startup'])}")
+        print(f"start-up floor: {fl['suite_startup_cpu_s']:.0f} CPU-s over {fl['cpus']} CPUs = "
+              f"{fl['parallel_floor_s']:.1f} s = {fl['floor_ratio']:.2f}x the pair start-up")
+    for n, t in s["ttv_s"].items():
+        print(f"time to verdict {n}: {_fmt(t, ' s')}; decided {s['decided'][n]}")
+    print(f"false stalls: {s['false_stalls']} over {len(repeats)} repeats; runs not passed: {s['runs_not_passed']}")
+    print(f"load average before {result['loadavg_before']}, after {result['loadavg_after']}")
+    out = Path(args.out) if args.out else work.with_suffix(".json")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=1))
+    print(f"wrote {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
