@@ -5,6 +5,7 @@
     pdrig up    [--config F] [--instances a,b]                      start a topology until Ctrl-C
     pdrig build-model [--config F]                                  build (or find) the tiny model
     pdrig compose [--config F] [--image I] [-o FILE]                render docker-compose.yml
+    pdrig k8s   [--config F] [--run-id ID] [-n NS] [-o FILE]        render Kubernetes manifests
     pdrig wave prefix|pressure [--endpoints F | --prefill URL --decode URL] ...   a manual wave
 
 Exit codes: 0 all expectations hold; 1 a scenario failed (FAIL/XPASS/ERROR); 2 bad config or
@@ -77,7 +78,9 @@ def cmd_e2e(args: argparse.Namespace) -> int:
     """Run the config's suite (or ``--scenario`` ones); exit 0 only if all are PASS/XFAIL."""
     from rig.runner import SuiteRunner, new_run_dir, select_scenarios
 
-    cfg = load_config(args.config, args.overrides)
+    if (args.endpoint or args.log) and not args.attach:
+        raise ConfigError("--endpoint / --log describe a deployment the rig did not start: add --attach")
+    cfg = load_config(args.config, args.overrides + attach_overrides(args.endpoint, args.log))
     if not args.attach:
         preflight(cfg)
     scenarios = select_scenarios(cfg, args.scenario)
@@ -170,6 +173,64 @@ def cmd_compose(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_k8s(args: argparse.Namespace) -> int:
+    """Render the config's plan as Kubernetes manifests (rig/k8s.py) to stdout or ``-o FILE``."""
+    from datetime import datetime, timezone
+
+    from rig import k8s
+
+    cfg = load_config(args.config, args.overrides)
+    run_id = args.run_id or datetime.now(timezone.utc).strftime("r%m%d-%H%M%S")
+    text = k8s.k8s_yaml(cfg, run_id, args.namespace, args.image)
+    if args.output == "-":
+        sys.stdout.write(text)
+    else:
+        Path(args.output).write_text(text)
+        print(f"wrote {args.output} (run id {run_id}, namespace {args.namespace}); "
+              f"kubectl apply -f {args.output} && kubectl logs -f job/pdrig-{run_id}-suite", file=sys.stderr)
+    return 0
+
+
+def attach_overrides(endpoints: list[str], logs: list[str]) -> list[str]:
+    """``--endpoint NAME=URL`` and ``--log NAME=SPEC`` as ``--set attach...`` overrides.
+
+    SPEC is ``file:PATH``, ``compose:SERVICE`` or ``compose:FILE:SERVICE``, or
+    ``k8s:[NAMESPACE/]SELECTOR[@CONTAINER]`` (e.g. ``k8s:llm-d/app=decode@vllm``). Values are
+    passed as JSON strings so that paths and selectors are never re-typed by YAML. Raises
+    ConfigError naming the flag for a malformed value.
+    """
+    out = []
+    for raw in endpoints:
+        name, sep, url = raw.partition("=")
+        if not sep or not name:
+            raise ConfigError(f"--endpoint {raw!r}: expected NAME=http://HOST:PORT")
+        out.append(f"attach.endpoints.{name}={json.dumps(url)}")
+    for raw in logs:
+        name, sep, spec = raw.partition("=")
+        kind, _, rest = spec.partition(":")
+        if not sep or not name or not rest or kind not in ("file", "compose", "k8s"):
+            raise ConfigError(f"--log {raw!r}: expected NAME=file:PATH, NAME=compose:[FILE:]SERVICE "
+                              "or NAME=k8s:[NAMESPACE/]SELECTOR[@CONTAINER]")
+        base = f"attach.logs.{name}"
+        if kind == "file":
+            out.append(f"{base}.file={json.dumps(rest)}")
+        elif kind == "compose":
+            file, _, service = rest.rpartition(":")
+            out.append(f"{base}.compose.service={json.dumps(service)}")
+            if file:
+                out.append(f"{base}.compose.file={json.dumps(file)}")
+        else:
+            sel, _, container = rest.partition("@")
+            ns, slash, sel_only = sel.partition("/")
+            if slash and "=" not in ns and "," not in ns:
+                out.append(f"{base}.kubernetes.namespace={json.dumps(ns)}")
+                sel = sel_only
+            out.append(f"{base}.kubernetes.selector={json.dumps(sel)}")
+            if container:
+                out.append(f"{base}.kubernetes.container={json.dumps(container)}")
+    return out
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argparse parser of ``pdrig`` (subcommands as in the module docstring)."""
     ap = argparse.ArgumentParser(prog="pdrig", description="End-to-end test rig for vLLM P/D serving")
@@ -179,8 +240,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--scenario", action="append", help="run only this scenario (repeatable)")
     p.add_argument("--quiet", action="store_true", help="no progress lines")
     p.add_argument("--attach", action="store_true",
-                   help="the instances already run at the config's host:ports (e.g. Docker Compose): "
-                        "judge them, start and stop nothing")
+                   help="the instances already run at the config's host:ports (e.g. Docker Compose) "
+                        "or at --endpoint URLs: judge them, start and stop nothing")
+    p.add_argument("--endpoint", action="append", default=[], metavar="NAME=URL",
+                   help="with --attach: instance NAME answers at http://HOST:PORT (repeatable)")
+    p.add_argument("--log", action="append", default=[], metavar="NAME=SPEC",
+                   help="with --attach: where instance NAME's log is: file:PATH, compose:[FILE:]SERVICE, "
+                        "k8s:[NAMESPACE/]SELECTOR[@CONTAINER] (repeatable); without one its log checks "
+                        "are not checked")
     p.set_defaults(func=cmd_e2e)
     p = sub.add_parser("plan", help="print every process's argv/env/ports without starting anything")
     _config_args(p)
@@ -199,6 +266,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--run-dir", default="./runs", help="host directory mounted for logs")
     p.add_argument("-o", "--output", default="docker-compose.yml", help="output file, - for stdout")
     p.set_defaults(func=cmd_compose)
+    p = sub.add_parser("k8s", help="render Kubernetes manifests (pods, services, the suite Job)")
+    _config_args(p)
+    p.add_argument("--run-id", help="names/labels of this run (default: r<MMDD-HHMMSS> UTC)")
+    p.add_argument("-n", "--namespace", default="default", help="namespace of every object")
+    p.add_argument("--image", help="container image (default: kubernetes.image, else by device)")
+    p.add_argument("-o", "--output", default="-", help="output file (default: - for stdout)")
+    p.set_defaults(func=cmd_k8s)
     from rig.wave_cli import add_wave_parser  # `pdrig wave prefix|pressure` (rig/wave_cli.py)
 
     add_wave_parser(sub)
