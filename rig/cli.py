@@ -88,7 +88,13 @@ def cmd_e2e(args: argparse.Namespace) -> int:
         raise ConfigError(f"{args.config}: no scenarios to run (add a suite: or scenarios:)")
     run_dir = new_run_dir(cfg)
     print(f"[pdrig] run directory: {run_dir}", file=sys.stderr, flush=True)
-    result = SuiteRunner(cfg, scenarios, run_dir, quiet=args.quiet, attach=args.attach).run()
+    from rig.logs import attach_log_source
+
+    # attach.logs (config or --log): where attached instances' logs are; without one, an
+    # instance's log checks are "not checked" (Cluster.log_source).
+    sources = {n: attach_log_source(n, spec) for n, spec in cfg.attach.logs.items()} if args.attach else {}
+    result = SuiteRunner(cfg, scenarios, run_dir, quiet=args.quiet, attach=args.attach,
+                         log_sources=sources).run()
     return {"passed": 0, "failed": 1}.get(result.status, 3)
 
 

@@ -31,7 +31,7 @@ from rig.cluster import FATAL_PATTERNS, KV_INTEGRITY_PATTERNS, Cluster, ClusterE
 from rig.config import ConfigError, RigConfig, ScenarioConfig
 from rig.logs import LogSource, matching_lines
 from rig.observations import ScenarioObservation, SnapshotStore, TransferEvidence, wait_idle
-from rig.plan import Plan, build_plan
+from rig.plan import Plan, build_plan, with_endpoints
 from rig.report import RunResult, print_summary, write_report
 from rig.tiny_model import ensure_tiny_model
 from rig.verdict import ScenarioVerdict
@@ -136,8 +136,11 @@ class SuiteRunner:
         cluster: Cluster | None = None
         interrupted: BaseException | None = None
         try:
-            model_path = resolve_model(self.cfg)
+            # Attached: nothing is launched, so no model is built; endpoints as attach.endpoints says.
+            model_path = "(attached: served by the deployment)" if self.attach else resolve_model(self.cfg)
             plan = build_plan(self.cfg, self.run_dir, model_path, sys.executable)
+            if self.attach:
+                plan = with_endpoints(plan, self.cfg.attach.endpoints)
             self.result.plan = plan.to_json()
             (self.run_dir / "plan.json").write_text(json.dumps(plan.to_json(), indent=1))
             (self.run_dir / "config.yaml").write_text(yaml.safe_dump(self.result.config, sort_keys=False))
