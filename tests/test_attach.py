@@ -262,3 +262,21 @@ def test_e2e_attach_with_endpoints_and_a_compose_log(base, fake_docker, restore_
     fatal = next(c for c in verdict["checks"] if c["name"] == "no-fatal-log")
     assert fatal["ok"] is False and "Cannot get 3 free blocks" in fatal["detail"]
     assert verdict["verdict"] == "FAIL"
+
+
+def test_attach_runs_get_fresh_prompts_unless_a_seed_is_given():
+    """A deployment the rig did not start keeps D's prefix cache across runs: each attach run
+    seeds its prompts from its run name, so a second run's prompts are new to D."""
+    from rig.workload.prompts import make_prompt
+
+    cfg = load_config("configs/cpu-tiny.yaml", ["scenarios.edge-126.seed=7"])
+    a = cli.fresh_prompt_seeds(cfg, "20261130-200322-cpu-tiny")
+    b = cli.fresh_prompt_seeds(cfg, "20261130-200340-cpu-tiny")
+    sa = {s.name: s.seed for s in a.scenarios}
+    sb = {s.name: s.seed for s in b.scenarios}
+    assert sa["edge-126"] == sb["edge-126"] == 7  # explicit seeds are kept
+    n = "edge-96-block-boundary"
+    assert sa[n] is not None and sa[n] != sb[n]
+    assert make_prompt(96, sa[n]) != make_prompt(96, sb[n])
+    assert cli.fresh_prompt_seeds(cfg, "20261130-200322-cpu-tiny").scenarios == a.scenarios  # reproducible
+    assert all(s.seed is None for s in cfg.scenarios if s.name != "edge-126")  # cfg unchanged
