@@ -14,6 +14,7 @@ from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
+import pytest
 import yaml
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -123,3 +124,22 @@ def kill_pids(pids) -> None:
             os.kill(pid, signal.SIGKILL)
         except OSError:
             pass
+
+
+@pytest.fixture()
+def restore_signals():
+    """``rig.cli.main`` installs SIGINT/SIGTERM/SIGHUP handlers; give pytest its own back afterwards."""
+    saved = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
+    yield
+    for s, h in saved.items():
+        signal.signal(s, h)
+
+
+@pytest.fixture()
+def fake_servers_dir(tmp_path) -> Path:
+    """Per-test directory for fake-server configs and runs; after the test no process mentioning
+    it may survive (leftovers are killed by PID, then the test fails)."""
+    yield tmp_path
+    left = wait_no_survivors(str(tmp_path), within_s=10)
+    kill_pids(left)
+    assert left == {}, f"fake servers survived the run: {left}"

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import httpx2
 import pytest
-from conftest import fake_config, kill_pids, scenario, wait_no_survivors, write_config
+from conftest import fake_config, scenario, write_config
 from lightkube import Client, KubeConfig
 from lightkube.config.models import Cluster as KubeCluster
 from lightkube.config.models import User
@@ -212,25 +212,8 @@ def test_with_endpoints_moves_only_the_named_processes():
 
 # --- pdrig e2e --attach against servers started elsewhere ---------------------------------------
 
-@pytest.fixture()
-def base(tmp_path) -> Path:
-    yield tmp_path
-    left = wait_no_survivors(str(tmp_path), within_s=10)
-    kill_pids(left)
-    assert left == {}, f"fake servers survived the run: {left}"
-
-
-@pytest.fixture()
-def restore_signals():
-    import signal
-
-    saved = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
-    yield
-    for s, h in saved.items():
-        signal.signal(s, h)
-
-
-def test_e2e_attach_with_endpoints_and_a_compose_log(base, fake_docker, restore_signals):
+def test_e2e_attach_with_endpoints_and_a_compose_log(fake_servers_dir, fake_docker, restore_signals):
+    base = fake_servers_dir
     """Servers run "elsewhere" (another Cluster, other ports than the config says); the run
     reaches them only through --endpoint, reads decode's log through `docker compose logs` (the
     fake docker serves the server's real log file) and fails no-fatal-log on its fatal line;
