@@ -40,7 +40,7 @@ compose: check-venv  ## render docker-compose.yml for CONFIG
 
 e2e-docker: compose  ## bring CONFIG up with Docker Compose and run the suite against it
 	docker compose -f docker-compose.yml up -d --wait
-	$(PDRIG) e2e --config $(CONFIG) --attach $(ARGS); rc=$$?; docker compose -f docker-compose.yml down; exit $$rc
+	$(PDRIG) e2e --config $(CONFIG) --attach --logs-from-compose docker-compose.yml $(ARGS); rc=$$?; docker compose -f docker-compose.yml down; exit $$rc
 
 clean-runs:
 	rm -rf runs/

@@ -95,9 +95,15 @@ def cmd_e2e(args: argparse.Namespace) -> int:
     """Run the config's suite (or ``--scenario`` ones); exit 0 only if all are PASS/XFAIL."""
     from rig.runner import SuiteRunner, new_run_dir, select_scenarios
 
-    if (args.endpoint or args.log) and not args.attach:
-        raise ConfigError("--endpoint / --log describe a deployment the rig did not start: add --attach")
-    cfg = load_config(args.config, args.overrides + attach_overrides(args.endpoint, args.log))
+    if (args.endpoint or args.log or args.logs_from_compose) and not args.attach:
+        raise ConfigError("--endpoint / --log / --logs-from-compose describe a deployment the rig did "
+                          "not start: add --attach")
+    logs = list(args.log)
+    if args.logs_from_compose:
+        named = {spec.partition("=")[0] for spec in logs}
+        names = [i.name for _, i in load_config(args.config, args.overrides).instances()]
+        logs = [f"{n}=compose:{args.logs_from_compose}:{n}" for n in names if n not in named] + logs
+    cfg = load_config(args.config, args.overrides + attach_overrides(args.endpoint, logs))
     if not args.attach:
         preflight(cfg)
     if not select_scenarios(cfg, args.scenario):
@@ -269,6 +275,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "or at --endpoint URLs: judge them, start and stop nothing")
     p.add_argument("--endpoint", action="append", default=[], metavar="NAME=URL",
                    help="with --attach: instance NAME answers at http://HOST:PORT (repeatable)")
+    p.add_argument("--logs-from-compose", metavar="FILE",
+                   help="with --attach: every instance's log is its service's in this compose file "
+                        "(`pdrig compose` names services after instances); --log overrides one")
     p.add_argument("--log", action="append", default=[], metavar="NAME=SPEC",
                    help="with --attach: where instance NAME's log is: file:PATH, compose:[FILE:]SERVICE, "
                         "k8s:[NAMESPACE/]SELECTOR[@CONTAINER] (repeatable); without one its log checks "

@@ -182,7 +182,7 @@ class AttachConfig(_Strict):
 
     ``endpoints`` replaces an instance's ``http://host:port`` (default: the config's host and
     port; rig.plan.with_endpoints); ``logs`` says where its log is (rig.logs.attach_log_source). An instance without a log source has its log checks
-    "not checked". Both are keyed by instance name.
+    "not checked". Both are keyed by instance name and used only with ``--attach``.
     """
 
     endpoints: dict[str, str] = Field(default_factory=dict, description="instance -> http://host:port")

@@ -199,6 +199,30 @@ def test_log_flags_become_the_attach_section(tmp_path):
         load_config("configs/cpu-tiny.yaml", ["attach.logs.decode={file: /x, compose: {service: d}}"])
 
 
+def test_logs_from_compose_names_every_instance_and_log_overrides_one(tmp_path, monkeypatch):
+    seen = {}
+
+    class Capture:
+        def __init__(self, cfg, scenarios, run_dir, **kw):
+            seen.update(kw["log_sources"])
+
+        def run(self):
+            raise SystemExit(0)
+
+    monkeypatch.setattr("rig.runner.SuiteRunner", Capture)
+    monkeypatch.chdir(tmp_path)
+    config = str(Path(__file__).resolve().parents[1] / "configs" / "cpu-tiny.yaml")
+    with pytest.raises(SystemExit):
+        cli.cmd_e2e(cli.build_parser().parse_args(
+            ["e2e", "-c", config, "--set", f"run_root={tmp_path}", "--attach",
+             "--logs-from-compose", "dc.yml", "--log", "decode=file:/d.log"]))
+    assert seen["decode"] == FileLog("decode", "/d.log")
+    assert {n: (s.compose_file, s.service) for n, s in seen.items() if n != "decode"} == {
+        n: ("dc.yml", n) for n in ("prefill", "decode-6blk", "decode-nospec")}
+    with pytest.raises(ConfigError, match="add --attach"):
+        cli.cmd_e2e(cli.build_parser().parse_args(["e2e", "-c", config, "--logs-from-compose", "dc.yml"]))
+
+
 def test_with_endpoints_moves_only_the_named_processes():
     cfg = load_config("configs/cpu-tiny.yaml")
     plan = build_plan(cfg, "/r", "m", "python")
