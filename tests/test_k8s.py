@@ -10,6 +10,7 @@ with (after a deliberate change to the rendering, then review the diff):
 
 from __future__ import annotations
 
+import os
 import socket
 import subprocess
 import sys
@@ -301,3 +302,39 @@ def test_cli_prints_manifests(tmp_path):
     bad = subprocess.run([sys.executable, "-m", "rig.cli", "k8s", "--run-id", "Bad"], cwd=ROOT,
                          capture_output=True, text=True, timeout=60, env={"PYTHONPATH": str(ROOT)})
     assert bad.returncode == 2 and "--run-id 'Bad'" in bad.stderr
+
+
+def test_readiness_probe_passes_exactly_when_the_server_is_ready(tmp_path):
+    """The probe's one-liner (shared with Compose) against a fake vLLM server: fails while
+    /health answers 503, passes once it is up with the model listed and the side channel open,
+    fails for a model the server does not serve."""
+    import dataclasses
+    import time
+
+    from conftest import FAKE, free_ports
+
+    from rig.plan import ProcessSpec
+
+    port, side = free_ports(2)
+    spec = ProcessSpec(name="decode", role="decode", argv=(), env={}, log_path="", host="127.0.0.1",
+                       port=port, served_model="tiny", ready_ports=(side,))
+    env = {**os.environ, "VLLM_NIXL_SIDE_CHANNEL_PORT": str(side), "FAKE_VLLM_STARTUP_DELAY": "3"}
+    server = subprocess.Popen([sys.executable, str(FAKE), "--port", str(port), "--served-model-name", "tiny"],
+                              env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+    def probe(s: ProcessSpec) -> int:
+        return subprocess.run([sys.executable, "-c", compose.readiness_code(s, "127.0.0.1")],
+                              capture_output=True, timeout=30).returncode
+
+    try:
+        time.sleep(1.0)  # listening, /health still 503
+        assert probe(spec) != 0
+        deadline = time.monotonic() + 30
+        while probe(spec) != 0:
+            assert time.monotonic() < deadline, "fake server never became ready"
+            time.sleep(0.3)
+        assert probe(dataclasses.replace(spec, served_model="other-model")) == 1
+        assert probe(dataclasses.replace(spec, ready_ports=(free_ports(1)[0],))) != 0  # side channel closed
+    finally:
+        server.kill()
+        server.wait(timeout=10)
