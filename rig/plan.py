@@ -237,6 +237,33 @@ def build_plan(cfg: RigConfig, run_dir: str | Path, model_path: str, python: str
     return Plan(name=cfg.name, run_dir=run_dir, model_path=model_path, processes=tuple(procs))
 
 
+def with_endpoints(plan: Plan, endpoints: dict[str, str]) -> Plan:
+    """The plan of an attached deployment (``pdrig e2e --attach``, ``attach.endpoints``): each
+    named process answers at its ``http://HOST:PORT`` instead of the config's host and port.
+
+    Such a process's ``ready_ports`` are dropped: its NIXL side channel is between its peers
+    (a pod's or container's own address) and need not be reachable from the rig; the deployment's
+    own readiness covers it. Raises KeyError for a name the plan does not have, ValueError for a
+    URL that is not ``http://HOST:PORT``.
+    """
+    from dataclasses import replace
+    from urllib.parse import urlsplit
+
+    known = {p.name for p in plan.processes}
+    unknown = sorted(set(endpoints) - known)
+    if unknown:
+        raise KeyError(f"endpoints for {unknown}, not in the plan ({sorted(known)})")
+    procs = []
+    for spec in plan.processes:
+        if spec.name in endpoints:
+            url = urlsplit(endpoints[spec.name])
+            if url.scheme != "http" or not url.hostname or url.port is None:
+                raise ValueError(f"{spec.name}: endpoint {endpoints[spec.name]!r} is not http://HOST:PORT")
+            spec = replace(spec, host=url.hostname, port=url.port, ready_ports=())
+        procs.append(spec)
+    return replace(plan, processes=tuple(procs))
+
+
 def _port_ports(spec: ProcessSpec) -> list[int]:
     return [spec.port, *spec.ready_ports]
 

@@ -33,7 +33,7 @@ from rig.config import ConfigError, RigConfig, ScenarioConfig
 from rig.evidence import UNKNOWN_VERSION, LogScanner, MetricPresence, metric_presence, read_versions, settle_deaths
 from rig.logs import LogSource
 from rig.observations import ScenarioObservation, SnapshotStore, TransferEvidence, wait_idle
-from rig.plan import Plan, build_plan
+from rig.plan import Plan, build_plan, with_endpoints
 from rig.ports import PortReservation
 from rig.ports import reserve as reserve_ports
 from rig.report import RunResult, print_summary, write_report
@@ -147,8 +147,11 @@ class SuiteRunner:
                 # Before anything starts: a second run on this host refuses here, at once.
                 self.cfg, ports = reserve_ports(self.cfg, str(self.run_dir.resolve()))
                 self.result.config = self.cfg.model_dump(mode="json")  # ports.free: the ports used
-            model_path = resolve_model(self.cfg)
+            # Attached: nothing is launched, so no model is built; endpoints as attach.endpoints says.
+            model_path = "(attached: served by the deployment)" if self.attach else resolve_model(self.cfg)
             plan = build_plan(self.cfg, self.run_dir, model_path, sys.executable)
+            if self.attach:
+                plan = with_endpoints(plan, self.cfg.attach.endpoints)
             self.result.plan = plan.to_json()
             (self.run_dir / "plan.json").write_text(json.dumps(plan.to_json(), indent=1))
             (self.run_dir / "config.yaml").write_text(yaml.safe_dump(self.result.config, sort_keys=False))

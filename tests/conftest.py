@@ -139,3 +139,13 @@ def restore_signals():
     yield
     for s, h in saved.items():
         signal.signal(s, h)
+
+
+@pytest.fixture()
+def fake_servers_dir(tmp_path) -> Path:
+    """Per-test directory for fake-server configs and runs; after the test no process mentioning
+    it may survive (leftovers are killed by PID, then the test fails)."""
+    yield tmp_path
+    left = wait_no_survivors(str(tmp_path), within_s=10)
+    kill_pids(left)
+    assert left == {}, f"fake servers survived the run: {left}"

@@ -369,10 +369,21 @@ def test_attach_judges_running_endpoints_and_leaves_them_running(base_dir):
     outside = Cluster(build_plan(cfg, tmp / "outside", resolve_model(cfg), sys.executable), 30, 5)
     try:
         outside.start([cfg.prefill[0].name, "decode"])
-        run_dir = new_run_dir(cfg)
-        result = SuiteRunner(cfg, list(cfg.scenarios), run_dir, quiet=True, attach=True).run()
+        from rig.logs import FileLog
+        from rig.cli import fresh_prompt_seeds
+
+        # With each instance's log given, the attached pair is judged like the rig's own: PASS.
+        logs = {n: FileLog(n, outside.plan.by_name(n).log_path) for n in (cfg.prefill[0].name, "decode")}
+        result = SuiteRunner(cfg, list(cfg.scenarios), new_run_dir(cfg), quiet=True, attach=True,
+                             log_sources=logs).run()
         (v,) = result.verdicts
         assert v.verdict == "PASS", v.reason
+        # Without log sources the log checks cannot look: never PASS (issue #9).
+        # (fresh prompts, as `pdrig e2e --attach` draws per run: D's prefix cache holds the first)
+        again = fresh_prompt_seeds(cfg, "blind")
+        blind = SuiteRunner(again, list(again.scenarios), new_run_dir(cfg, "blind"), quiet=True, attach=True).run()
+        (b,) = blind.verdicts
+        assert b.verdict == "ERROR" and "no-fatal-log not checked" in b.reason, b.reason
         assert outside.dead() == {}, "attach mode must not stop servers it did not start"
     finally:
         outside.stop_all()
