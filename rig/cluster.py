@@ -22,13 +22,14 @@ import socket
 import subprocess
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
 
+from rig.logs import FileLog, LogSource
 from rig.plan import Plan, ProcessSpec
 from rig.reaper import Reaper, kill_groups
 
@@ -55,11 +56,6 @@ KV_INTEGRITY_PATTERNS = (
     "Potentially invalid KV blocks",  # vllm/.../nixl/pull_worker.py
     "Releasing expired KV blocks",  # vllm/.../nixl/base_worker.py
 )
-
-
-def scan_kv_integrity(path: str | Path, start_offset: int = 0) -> list[str]:
-    """Log lines at or after byte ``start_offset`` matching :data:`KV_INTEGRITY_PATTERNS`."""
-    return scan_log(path, start_offset, KV_INTEGRITY_PATTERNS)
 
 
 class ClusterError(RuntimeError):
@@ -104,31 +100,6 @@ def log_tail(path: str | Path, lines: int = 25) -> str:
             return "\n".join(f.read().decode("utf-8", "replace").splitlines()[-lines:])
     except OSError:
         return ""
-
-
-def scan_log(path: str | Path, start_offset: int, patterns: tuple[str, ...]) -> list[str]:
-    """Lines of a log file at or after byte ``start_offset`` containing any of ``patterns``
-    ([] for a missing file)."""
-    try:
-        with open(path, "rb") as f:
-            f.seek(start_offset)
-            text = f.read().decode("utf-8", "replace")
-    except OSError:
-        return []
-    return [ln.strip() for ln in text.splitlines() if any(p in ln for p in patterns)]
-
-
-def scan_fatal(path: str | Path, start_offset: int = 0) -> list[str]:
-    """Log lines at or after byte ``start_offset`` that match :data:`FATAL_PATTERNS`."""
-    return scan_log(path, start_offset, FATAL_PATTERNS)
-
-
-def log_size(path: str | Path) -> int:
-    """Current size of a log file in bytes (0 if missing); marks where a scenario's lines start."""
-    try:
-        return os.path.getsize(path)
-    except OSError:
-        return 0
 
 
 def lower_group_priority(pid: int, nice: int) -> None:
@@ -242,11 +213,19 @@ class Cluster:
     swaps decode instances between phases.
     """
 
-    def __init__(self, plan: Plan, startup_timeout_s: float, grace_s: float = 10.0, attach: bool = False):
+    def __init__(self, plan: Plan, startup_timeout_s: float, grace_s: float = 10.0, attach: bool = False,
+                 log_sources: Mapping[str, LogSource] | None = None):
         self.plan = plan
         # attach: the processes run elsewhere (e.g. Docker Compose): check readiness, never
         # start or stop anything. Liveness then means "still answers /health".
         self.attach = attach
+        # Where attached instances' logs are read (Compose, Kubernetes, a declared path); a
+        # launched instance's log is its plan's log file unless a source is given here.
+        self._log_sources: dict[str, LogSource] = dict(log_sources or {})
+        unknown = sorted(set(self._log_sources) - {p.name for p in plan.processes})
+        if unknown:
+            raise ClusterError(f"log sources given for instances the plan does not have: {unknown}; "
+                               f"known: {[p.name for p in plan.processes]}")
         self.startup_timeout_s = startup_timeout_s
         self.grace_s = grace_s
         self.procs: dict[str, Running] = {}
@@ -424,6 +403,16 @@ class Cluster:
     def url(self, name: str) -> str:
         """Base URL of process ``name``."""
         return self.plan.by_name(name).base_url
+
+    def log_source(self, name: str) -> LogSource | None:
+        """Where instance ``name``'s log is read: the source given to the constructor, else (for a
+        process the rig launches) a :class:`~rig.logs.FileLog` on its plan's ``log_path``; None in
+        attach mode when no source was given: the log checks are then "not checked" ("no log
+        source given"), never ok. Raises KeyError for a name the plan does not have."""
+        if name in self._log_sources:
+            return self._log_sources[name]
+        spec = self.plan.by_name(name)
+        return None if self.attach else FileLog(name, spec.log_path)
 
 
 def install_signal_handlers() -> None:

@@ -27,8 +27,9 @@ import yaml
 from rig import aio
 from rig import metrics as m
 from rig.client import PDClient
-from rig.cluster import Cluster, ClusterError, log_size, scan_fatal, scan_kv_integrity
+from rig.cluster import FATAL_PATTERNS, KV_INTEGRITY_PATTERNS, Cluster, ClusterError
 from rig.config import ConfigError, RigConfig, ScenarioConfig
+from rig.logs import LogSource, matching_lines
 from rig.observations import ScenarioObservation, SnapshotStore, TransferEvidence, wait_idle
 from rig.plan import Plan, build_plan
 from rig.report import RunResult, print_summary, write_report
@@ -104,14 +105,18 @@ class SuiteRunner:
     """Runs the selected scenarios of a config against a cluster it starts and stops."""
 
     def __init__(self, cfg: RigConfig, scenarios: list[ScenarioConfig], run_dir: Path, quiet: bool = False,
-                 attach: bool = False):
+                 attach: bool = False, log_sources: dict[str, LogSource] | None = None):
         self.cfg = cfg
         self.attach = attach  # judge endpoints started elsewhere (Compose); start/stop nothing
+        # Instance -> where its log is read (attach mode: Compose, Kubernetes, a declared path);
+        # launched instances default to their log file (Cluster.log_source).
+        self.log_sources = dict(log_sources or {})
         self.scenarios = scenarios
         self.run_dir = run_dir
         self.quiet = quiet
         self.result = RunResult(name=cfg.name, run_dir=str(run_dir), config=cfg.model_dump(mode="json"))
-        self._log_offsets: dict[str, int] = {}  # instance -> byte offset of its log not yet scanned
+        # instance -> LogSource mark where its not-yet-scanned log starts (None: unreadable then)
+        self._log_marks: dict[str, int | None] = {}
         # scenario -> what its kind returned (wave statistics, store counters, retrieval rates)
         self.kind_results: dict[str, object] = {}
         # The scenario in flight and its observation as filled so far: kept in the report
@@ -138,7 +143,7 @@ class SuiteRunner:
             (self.run_dir / "plan.json").write_text(json.dumps(plan.to_json(), indent=1))
             (self.run_dir / "config.yaml").write_text(yaml.safe_dump(self.result.config, sort_keys=False))
             cluster = Cluster(plan, self.cfg.timeouts.startup_s, self.cfg.timeouts.shutdown_grace_s,
-                              attach=self.attach)
+                              attach=self.attach, log_sources=self.log_sources)
             aio.run(self._run_phases(cluster, plan))
         except KeyboardInterrupt as e:
             self.result.status, self.result.error = "interrupted", f"interrupted ({e or 'SIGINT'})"
@@ -204,7 +209,9 @@ class SuiteRunner:
                 self.result.timings[f"startup phase {i + 1}"] = time.monotonic() - t
                 # Fatal log lines count from the phase start (warm-up included), each once.
                 for n in cluster.procs:
-                    self._log_offsets.setdefault(n, log_size(cluster.plan.by_name(n).log_path))
+                    if n not in self._log_marks:
+                        src = cluster.log_source(n)
+                        self._log_marks[n] = src.mark() if src is not None else None
                 t = time.monotonic()
                 version = await self._warm_up(client, http, cluster, ph)
                 self.result.vllm_version = self.result.vllm_version or version
@@ -260,7 +267,6 @@ class SuiteRunner:
                                   versions={n: v for n in (ph.prefill, ph.decode) if (v := self.versions.get(n))})
         t0 = time.monotonic()
         self._in_flight = (sc, obs, t0)
-        logs = {n: cluster.plan.by_name(n).log_path for n in cluster.procs}
         p = Endpoint(ph.prefill, cluster.url(ph.prefill))
         d = Endpoint(ph.decode, cluster.url(ph.decode))
         try:
@@ -284,10 +290,33 @@ class SuiteRunner:
             if not cluster.dead():
                 obs.error = f"metrics unavailable: {type(e).__name__}: {e}"
         obs.dead = cluster.dead()
-        obs.fatal_lines = {}
-        for n, path in logs.items():
-            obs.fatal_lines[n] = scan_fatal(path, self._log_offsets.get(n, 0))
-            obs.kv_integrity_lines[n] = scan_kv_integrity(path, self._log_offsets.get(n, 0))
-            self._log_offsets[n] = log_size(path)
+        self._scan_logs(cluster, obs)
         obs.wall_s = time.monotonic() - t0
         return obs, kind_result
+
+    def _scan_logs(self, cluster: Cluster, obs: ScenarioObservation) -> None:
+        """Fill ``obs.fatal_lines`` and ``obs.kv_integrity_lines`` from every running instance's
+        log written since the last scan (warm-up included for a phase's first scenario), through
+        :meth:`Cluster.log_source`. A log that cannot be read goes to ``obs.unscanned_logs`` with
+        the reason, so its checks are "not checked", never "no fatal line".
+
+        The end mark is taken before reading: a line written meanwhile is scanned again by the
+        next scenario rather than lost."""
+        obs.fatal_lines = {}
+        for n in cluster.procs:
+            src = cluster.log_source(n)
+            if src is None:
+                obs.unscanned_logs[n] = ("no log source given (attach mode: the rig did not launch it; "
+                                         "give the instance's log source, e.g. a log path)")
+                continue
+            start, end = self._log_marks.get(n), src.mark()
+            text = src.since(start) if start is not None else None
+            if text is None:
+                obs.unscanned_logs[n] = (f"cannot read {src.describe()}" if start is not None or end is None
+                                         else f"{src.describe()} was not readable when the phase started")
+                if start is None:
+                    self._log_marks[n] = end  # readable from now on: the next scenario scans it
+                continue
+            obs.fatal_lines[n] = matching_lines(text, FATAL_PATTERNS)
+            obs.kv_integrity_lines[n] = matching_lines(text, KV_INTEGRITY_PATTERNS)
+            self._log_marks[n] = end if end is not None else start
