@@ -16,6 +16,7 @@ import yaml
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from rig.fault_spec import FaultScenarioConfig
 from rig.tiny_model import TinyModelRecipe
 
 NAME_PATTERN = r"^[a-z0-9][a-z0-9-]*$"
@@ -441,7 +442,7 @@ class ScenarioConfig(_Strict):
     name: str = Field(pattern=NAME_PATTERN)
     kind: Literal["edge", "prefix-wave", "pressure-wave",
                   "store-roundtrip", "prefix-wave-store", "long-generation",  # store kinds: issue #3
-                  "retrieval"] = "edge"
+                  "retrieval", "fault"] = "edge"
     description: str = ""
     prefill: str | None = Field(None, description="instance name; None = the first prefill")
     decode: str | None = Field(None, description="instance name; None = the first decode")
@@ -466,6 +467,7 @@ class ScenarioConfig(_Strict):
     wave: WaveConfig | None = Field(None, description="prefix-wave / pressure-wave settings (issue #4)")
     store: StoreScenarioConfig | None = Field(None, description="store kinds' settings (issue #3)")
     retrieval: RetrievalConfig | None = Field(None, description="kind retrieval's settings (issue #5)")
+    fault: FaultScenarioConfig | None = Field(None, description="kind fault's settings (issue #12, rig/fault_spec.py)")
 
     @model_validator(mode="before")
     @classmethod
@@ -498,6 +500,13 @@ class ScenarioConfig(_Strict):
         if (self.kind == "retrieval") != (self.retrieval is not None):
             raise ValueError("retrieval: give it exactly when kind is 'retrieval' "
                              f"(kind is {self.kind!r}; retrieval is {'set' if self.retrieval else 'missing'})")
+        return self
+
+    @model_validator(mode="after")
+    def _fault_consistent(self) -> "ScenarioConfig":  # issue #12
+        if (self.kind == "fault") != (self.fault is not None):
+            raise ValueError("fault: give it exactly when kind is 'fault' "
+                             f"(kind is {self.kind!r}; fault is {'set' if self.fault else 'missing'})")
         return self
 
     @model_validator(mode="before")
@@ -540,6 +549,7 @@ KIND_FIELDS: dict[str, frozenset[str]] = {
     **{k: COMMON_FIELDS | {"wave"} for k in WAVE_KINDS},
     **{k: COMMON_FIELDS | {"store"} for k in STORE_KINDS},
     "retrieval": COMMON_FIELDS | {"retrieval"},
+    "fault": COMMON_FIELDS | {"fault"},
 }
 SCENARIO_FIELDS = frozenset(ScenarioConfig.model_fields)
 
@@ -637,6 +647,10 @@ class RigConfig(_Strict):
                 raise ValueError(
                     f"scenarios[{i}] ({sc.name}).prompt_tokens {sc.prompt_tokens} must be below "
                     f"max_model_len {self.max_model_len} (vLLM rejects it otherwise)")
+            for f in (sc.fault.faults if sc.fault else []):
+                if f.target not in ("prefill", "decode", "request", *names):
+                    raise ValueError(f"scenarios[{i}] ({sc.name}).fault target {f.target!r}: give prefill, decode, "
+                                     f"request or an instance name ({names})")
             lease = self.nixl.lease_s
             if sc.known_issue and sc.known_issue.symptom.kind == "stale-kv" and (sc.hold_between_s or 0) <= lease:
                 raise ValueError(

@@ -18,6 +18,8 @@ Environment:
   FAKE_VLLM_VERSION            version reported by /version (default 0.32.0)
   FAKE_VLLM_STARTUP_DELAY      seconds before /health answers 200 (503 before; default 0.5)
   FAKE_VLLM_TOKEN_LATENCY      seconds per generated token (default 0.002)
+  FAKE_VLLM_PULL_S             seconds a decode-side request spends pulling its KV (kv fetch stage
+                               in_progress; default: FAKE_VLLM_TOKEN_LATENCY)
 
 Faults (FAKE_VLLM_FAULT):
   exit-before-ready  traceback ending "RuntimeError: fake engine failed to start", exit 1
@@ -68,6 +70,7 @@ FAULT_ARG = os.environ.get("FAKE_VLLM_FAULT_ARG") or ""
 VERSION = os.environ.get("FAKE_VLLM_VERSION", "0.32.0")
 STARTUP_DELAY = float(os.environ.get("FAKE_VLLM_STARTUP_DELAY", "0.5"))
 TOKEN_LATENCY = float(os.environ.get("FAKE_VLLM_TOKEN_LATENCY", "0.002"))
+PULL_S = float(os.environ.get("FAKE_VLLM_PULL_S") or TOKEN_LATENCY)
 VOCAB = 1024
 KV_BYTES_PER_TOKEN = 512  # whole blocks move: 65,536 B for a 126-token prompt at block size 32
 # Buckets from vllm/v1/metrics/buckets.py and .../kv_connector/v1/nixl/stats.py
@@ -383,7 +386,7 @@ class Server:
             self.engine.submit(req)
             await req.admitted
             if self._count_prompt(req, ktp):  # D pulls the prompt's KV: waiting, stage in_progress
-                await asyncio.sleep(TOKEN_LATENCY)
+                await asyncio.sleep(PULL_S)
             req.state = "running"
             if stream:
                 resp = web.StreamResponse(headers={"Content-Type": "text/event-stream; charset=utf-8"})

@@ -160,6 +160,23 @@ def _judge_retrieval(sc: ScenarioConfig, obs: ScenarioObservation, result: Any, 
     return v
 
 
+async def _run_fault(sc: ScenarioConfig, ctx: ScenarioContext, obs: ScenarioObservation) -> Any:
+    from rig.faults import run_fault_scenario
+
+    return await run_fault_scenario(sc, ctx, obs)
+
+
+def _judge_fault(sc: ScenarioConfig, obs: ScenarioObservation, result: Any, sections: list[str]) -> ScenarioVerdict:
+    """Fault scenarios (issue #12): rig.faults.fault_checks through the one engine."""
+    from rig.faults import fault_checks
+
+    from rig.faults import fault_section
+
+    if result is not None:
+        sections.append(fault_section(sc.name, result))
+    return judge(sc, obs, checks=fault_checks(sc, obs, result))
+
+
 _WAVE = Kind(_run_wave, _judge_wave)
 _STORE = Kind(_run_store, _judge_store)
 KINDS: dict[str, Kind] = {
@@ -170,4 +187,5 @@ KINDS: dict[str, Kind] = {
     "prefix-wave-store": _STORE,
     "long-generation": _STORE,
     "retrieval": Kind(_run_retrieval, _judge_retrieval),
+    "fault": Kind(_run_fault, _judge_fault),
 }
