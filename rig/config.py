@@ -71,6 +71,12 @@ class InstanceConfig(_Strict):
     speculative: SpeculativeConfig | None = None
     enable_prefix_caching: bool = True
     connector: ConnectorMode | None = Field(None, description="None = the top-level connector")
+    block_size: int | None = Field(
+        None, ge=1, description="this instance's --block-size (tokens); None = the top-level block_size. "
+                                "P != D is a topology of its own (BUGS R08: per-request handshake failures)")
+    kv_load_failure_policy: Literal["recompute", "fail"] | None = Field(
+        None, description="KVTransferConfig.kv_load_failure_policy of this instance (vLLM 0.32.0 default "
+                          "'fail', vllm/config/kv_transfer.py): what D does when a KV load fails")
     extra_args: list[str] = Field(default_factory=list, description="appended to the vLLM argv")
     env: dict[str, str] = Field(default_factory=dict)
 
@@ -619,6 +625,10 @@ class RigConfig(_Strict):
             if self.block_size % 32:
                 raise ValueError(
                     f"block_size {self.block_size}: the CPU attention backend needs a multiple of 32")
+            for _, inst in self.instances():
+                if inst.block_size is not None and inst.block_size % 32:
+                    raise ValueError(f"{inst.name}.block_size {inst.block_size}: the CPU attention backend "
+                                     "needs a multiple of 32")
             for _, inst in self.instances():
                 if inst.gpu_ids:
                     raise ValueError(f"{inst.name}.gpu_ids is set but device is cpu; remove gpu_ids")

@@ -57,7 +57,7 @@ def block_facts(cfg: RigConfig, decode: str) -> BlockFacts:
     from rig.workload.waves import usable_blocks_of
 
     spec = cfg.instance(decode).speculative
-    return BlockFacts(block_size=cfg.block_size, usable_blocks=usable_blocks_of(cfg, [decode])[decode],
+    return BlockFacts(block_size=cfg.instance(decode).block_size or cfg.block_size, usable_blocks=usable_blocks_of(cfg, [decode])[decode],
                       num_speculative_tokens=spec.num_speculative_tokens if spec else 0,
                       max_model_len=cfg.max_model_len)
 
