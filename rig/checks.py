@@ -219,3 +219,18 @@ def idle_check(obs: ScenarioObservation, drains=None, describe=None) -> Check:
         return Check("idle-after", None, "not checked: no drain was observed")
     not_idle = [d for d in drains if not d.idle]
     return Check("idle-after", not not_idle, "; ".join(describe(d) for d in (not_idle or drains)))
+
+
+def stream_check(records: list[PDRecord]) -> Check | None:
+    """``stream-complete`` (issue #12 item 1): every streamed decode answer was complete and in
+    order (each choice ended with a ``finish_reason``, no token after it, ``[DONE]`` at the end;
+    :meth:`rig.client.PDClient.stream`). None when no answered decode hop was streamed (the
+    scenario did not ask for streaming: nothing to judge, so no check)."""
+    streamed = [r for r in records if r.outcome == "ok" and r.decode is not None and r.decode.ttft_s is not None]
+    if not streamed:
+        return None
+    bad = [r for r in streamed if r.decode.stream_problem]
+    if bad:
+        return Check("stream-complete", False, f"{bad[0].request_id}: {bad[0].decode.stream_problem}",
+                     tuple(r.request_id for r in bad))
+    return Check("stream-complete", True, f"{len(streamed)} streamed answer(s) complete and in order")

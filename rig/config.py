@@ -17,6 +17,7 @@ from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from rig.fault_spec import FaultScenarioConfig
+from rig.request_fields import RequestFields
 from rig.tiny_model import TinyModelRecipe
 
 NAME_PATTERN = r"^[a-z0-9][a-z0-9-]*$"
@@ -474,6 +475,9 @@ class ScenarioConfig(_Strict):
     store: StoreScenarioConfig | None = Field(None, description="store kinds' settings (issue #3)")
     retrieval: RetrievalConfig | None = Field(None, description="kind retrieval's settings (issue #5)")
     fault: FaultScenarioConfig | None = Field(None, description="kind fault's settings (issue #12, rig/fault_spec.py)")
+    request: RequestFields | None = Field(
+        None, description="extra completions fields per hop: all / prefill / decode / reference, passed "
+                          "through unchanged (issue #12, rig/request_fields.py)")
 
     @model_validator(mode="before")
     @classmethod
@@ -551,11 +555,11 @@ class ScenarioConfig(_Strict):
 COMMON_FIELDS = frozenset({"name", "kind", "description", "prefill", "decode", "prompt_tokens", "max_tokens",
                            "expect", "known_issue", "deadline_s", "parity", "seed"})
 KIND_FIELDS: dict[str, frozenset[str]] = {
-    "edge": COMMON_FIELDS | {"concurrent", "tamper", "hold_between_s", "flush_prefill"},
+    "edge": COMMON_FIELDS | {"concurrent", "tamper", "hold_between_s", "flush_prefill", "request"},
     **{k: COMMON_FIELDS | {"wave"} for k in WAVE_KINDS},
     **{k: COMMON_FIELDS | {"store"} for k in STORE_KINDS},
     "retrieval": COMMON_FIELDS | {"retrieval"},
-    "fault": COMMON_FIELDS | {"fault"},
+    "fault": COMMON_FIELDS | {"fault", "request"},
 }
 SCENARIO_FIELDS = frozenset(ScenarioConfig.model_fields)
 

@@ -32,14 +32,17 @@ from typing import Any
 import httpx
 
 from rig import metrics as m
-from rig.checks import Check, alive_check, fatal_log_check, idle_check, kv_integrity_check, parity_check
+from rig.checks import (Check, alive_check, fatal_log_check, idle_check, kv_integrity_check, parity_check,
+                        stream_check)
 from rig.client import PDRecord, cancel_task, classify, prefill_failure
 from rig.cluster import ClusterError
 from rig.config import ScenarioConfig
 from rig.fault_spec import Fault
 from rig.observations import DrainResult, ScenarioObservation, wait_idle
-from rig.parity import compare
+from rig.parity import compare_hops
+from rig.request_fields import RequestFields
 from rig.stall import StallDetector
+from rig.workload.edge import reference
 from rig.workload.prompts import make_prompt, seed_of
 
 # Outcomes that end a faulted request with an answer or a diagnosis; "timeout" is the one that
@@ -159,7 +162,8 @@ class _Exchange:
 
     async def _two_hops(self, rec: PDRecord, faults: list[Fault]) -> None:
         client, p, d = self.ctx.client, self.ctx.prefill, self.ctx.decode
-        rec.prefill = await client.prefill(p.name, p.url, rec.prompt, rec.max_tokens)
+        fields = self.sc.request or RequestFields()
+        rec.prefill = await client.prefill(p.name, p.url, rec.prompt, rec.max_tokens, fields.for_hop("prefill"))
         failure = prefill_failure(rec.prefill)
         if failure:
             rec.outcome, rec.diagnosis = failure
@@ -183,7 +187,7 @@ class _Exchange:
             await asyncio.sleep(hold)
         rec.decode_sent_at = time.monotonic()
         task = asyncio.create_task(client.decode(d.name, d.url, rec.prompt, rec.max_tokens,
-                                                 rec.prefill.kv_transfer_params))
+                                                 rec.prefill.kv_transfer_params, fields.for_hop("decode")))
         cancelled_by: list[str] = []
         helpers = [asyncio.create_task(self._on_decode(f, rec, task, cancelled_by))
                    for f in faults if f.trigger.event in ("decode-sent", "kv-fetch-in-progress")]
@@ -339,11 +343,11 @@ class _Exchange:
         for i, rec in enumerate(self.obs.records):
             if rec.outcome != "ok" or rec.decode is None:
                 continue
-            ref = await ctx.client.direct(ctx.prefill.name, ctx.prefill.url, rec.prompt, rec.max_tokens)
+            ref = await reference(ctx.client, ctx.prefill, rec, self.sc.request)
             if ref.error or ref.token_ids is None:
                 rec.diagnosis = f"parity reference failed: {ref.error or 'no token_ids'}"
                 continue
-            self.obs.parity[i] = compare(rec.decode.token_ids or [], ref.token_ids, rec.max_tokens, rec.max_tokens)
+            self.obs.parity[i] = compare_hops(rec.decode, ref, rec.max_tokens, rec.max_tokens)
 
 
 async def run_fault_scenario(sc: ScenarioConfig, ctx: Any, obs: ScenarioObservation) -> FaultResult:
@@ -460,7 +464,8 @@ def fault_checks(sc: ScenarioConfig, obs: ScenarioObservation, result: FaultResu
     out.append(alive_check(obs, skip=down))
     out.append(_fatal_log_check_survivors(obs, result))
     out.append(kv_integrity_check(obs))
-    return out
+    streamed = stream_check(obs.records)
+    return out + ([streamed] if streamed else [])
 
 
 def _fatal_log_check_survivors(obs: ScenarioObservation, result: FaultResult) -> Check:

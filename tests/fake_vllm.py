@@ -367,6 +367,9 @@ class Server:
         if isinstance(checked, web.Response):
             return checked
         prompt, n_out = checked
+        # Which fields each hop carried (tests of per-hop request fields read this line).
+        log("INFO", f"completion fields: {','.join(sorted(body))}", "serving_completion.py:1")
+        n_choices = int(body.get("n") or 1)
         a, m, lv = self.args, self.metrics, self.metrics.lv
         ktp = body.get("kv_transfer_params") or {}
         is_p = a.producer and bool(ktp.get("do_remote_decode"))  # P: prefill, hand KV to D
@@ -423,13 +426,14 @@ class Server:
         if FAULT == "fatal-log" and not self.fatal_logged:
             self.fatal_logged = True
             log("ERROR", "Cannot get 3 free blocks from the pool", "block_pool.py:679", "EngineCore")
-        if not stream:
-            choice = {"index": 0, "text": detokenize(toks), "logprobs": None, "finish_reason": "length",
-                      "stop_reason": None, "token_ids": toks if ret_ids else None, "prompt_logprobs": None,
-                      "prompt_token_ids": prompt if ret_ids else None, "routed_experts": None}
+        if not stream:  # n > 1: greedy choices are identical (the fake computes one, as vLLM's n copies)
+            choices = [{"index": i, "text": detokenize(toks), "logprobs": None, "finish_reason": "length",
+                        "stop_reason": None, "token_ids": toks if ret_ids else None, "prompt_logprobs": None,
+                        "prompt_token_ids": prompt if ret_ids else None, "routed_experts": None}
+                       for i in range(n_choices)]
             return web.json_response({
-                **head, "choices": [choice], "service_tier": None, "system_fingerprint": None,
-                "usage": {**usage(len(prompt), len(toks)), "prompt_tokens_details": None,
+                **head, "choices": choices, "service_tier": None, "system_fingerprint": None,
+                "usage": {**usage(len(prompt), n_choices * len(toks)), "prompt_tokens_details": None,
                           "completion_tokens_details": None},
                 "kv_transfer_params": self._kv_params(req) if is_p else None,
                 "ec_transfer_params": None, "metrics": None}, dumps=dumps)

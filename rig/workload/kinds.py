@@ -94,7 +94,11 @@ async def _usable_from_metrics(ctx: ScenarioContext) -> int | None:
 
 
 def _judge_edge(sc: ScenarioConfig, obs: ScenarioObservation, result: Any, _sections: list[str]) -> ScenarioVerdict:
-    return judge(sc, obs, blocks=result if isinstance(result, BlockFacts) else None)
+    from rig.checks import stream_check
+
+    streamed = stream_check(obs.records)  # only when the scenario's request fields stream the decode hop
+    return judge(sc, obs, blocks=result if isinstance(result, BlockFacts) else None,
+                 extra=[streamed] if streamed else None)
 
 
 async def _run_wave(sc: ScenarioConfig, ctx: ScenarioContext, obs: ScenarioObservation) -> Any:
