@@ -122,26 +122,30 @@ def cmd_build_model(args: argparse.Namespace) -> int:
 
 
 def cmd_up(args: argparse.Namespace) -> int:
-    """Start instances (default: first prefill + first decode) and keep them up until Ctrl-C."""
+    """Start instances (default: first prefill + first decode) and keep them up until Ctrl-C;
+    the config's ports stay reserved meanwhile (rig/ports.py)."""
+    from rig.ports import reserve
     from rig.runner import new_run_dir, resolve_model
 
     cfg = load_config(args.config, args.overrides)
     preflight(cfg)
     run_dir = new_run_dir(cfg, f"{cfg.name}-up")
-    plan = build_plan(cfg, run_dir, resolve_model(cfg), sys.executable)
-    names = args.instances.split(",") if args.instances else \
-        [p.name for p in plan.processes if p.role == "mooncake-master"] + [cfg.prefill[0].name, cfg.decode[0].name]
-    with Cluster(plan, cfg.timeouts.startup_s, cfg.timeouts.shutdown_grace_s) as cluster:
-        ready = cluster.start(names)
-        (run_dir / "endpoints.json").write_text(json.dumps(
-            {n: {"url": cluster.url(n), "role": plan.by_name(n).role} for n in names}, indent=1))
-        for n in names:
-            print(f"{n:16s} {plan.by_name(n).role:16s} {cluster.url(n)}  ready after {ready.get(n, 0):.0f} s")
-        print(f"endpoints: {run_dir / 'endpoints.json'}; Ctrl-C stops everything")
-        while not cluster.dead():
-            time.sleep(1)
-        print(f"a process died: {cluster.dead()}", file=sys.stderr)
-        return 1
+    cfg, ports = reserve(cfg, str(run_dir.resolve()))  # held until exit: a second run refuses at once
+    with ports:
+        plan = build_plan(cfg, run_dir, resolve_model(cfg), sys.executable)
+        names = args.instances.split(",") if args.instances else \
+            [p.name for p in plan.processes if p.role == "mooncake-master"] + [cfg.prefill[0].name, cfg.decode[0].name]
+        with Cluster(plan, cfg.timeouts.startup_s, cfg.timeouts.shutdown_grace_s) as cluster:
+            ready = cluster.start(names)
+            (run_dir / "endpoints.json").write_text(json.dumps(
+                {n: {"url": cluster.url(n), "role": plan.by_name(n).role} for n in names}, indent=1))
+            for n in names:
+                print(f"{n:16s} {plan.by_name(n).role:16s} {cluster.url(n)}  ready after {ready.get(n, 0):.0f} s")
+            print(f"endpoints: {run_dir / 'endpoints.json'}; Ctrl-C stops everything")
+            while not cluster.dead():
+                time.sleep(1)
+            print(f"a process died: {cluster.dead()}", file=sys.stderr)
+            return 1
 
 
 def cmd_compose(args: argparse.Namespace) -> int:

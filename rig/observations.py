@@ -25,19 +25,24 @@ from rig.parity import ParityResult
 @dataclass
 class DrainResult:
     """Whether an instance returned to idle (waiting 0, running 0, KV usage <= baseline + eps)
-    within ``timeout_s``; ``final`` holds the last gauges seen, ``after_s`` the time it took."""
+    within ``timeout_s``; ``final`` holds the last gauges seen, ``after_s`` the time it took.
+
+    ``idle`` is tri-state like :class:`rig.verdict.Check`: None when it could not be told (a
+    gauge the instance does not expose; ``error`` names it), which is never idle."""
 
     instance: str
-    idle: bool
+    idle: bool | None
     after_s: float
     baseline_kv: float
-    final: dict[str, float]
+    final: dict[str, float | None]
     error: str = ""
 
     def describe(self) -> str:
         """'idle after 0.4 s' or a leak statement naming the gauge."""
         if self.idle:
             return f"{self.instance} idle after {self.after_s:.1f} s"
+        if self.idle is None:
+            return f"{self.instance} idle not checked: {self.error}"
         if self.error:
             return f"{self.instance} not observed idle: {self.error}"
         f = self.final
@@ -52,6 +57,21 @@ class DrainResult:
 
 
 KV_EPS = 1e-6
+IDLE_GAUGES = {"waiting": m.WAITING, "running": m.RUNNING, "kv_usage": m.KV_USAGE}
+
+
+def idle_verdict(state: dict[str, float | None], baseline_kv: float) -> bool | None:
+    """True when waiting == running == 0 and KV usage <= ``baseline_kv`` + eps (a 0..1
+    fraction); None when a gauge is absent (``state`` value None): an absent gauge must not
+    read as 0, which would be "idle"."""
+    if any(state.get(k) is None for k in IDLE_GAUGES):
+        return None
+    return state["waiting"] == 0 and state["running"] == 0 and state["kv_usage"] <= baseline_kv + KV_EPS
+
+
+def absent_gauges(state: dict[str, float | None]) -> str:
+    """'vllm:... absent from /metrics' for the idle gauges ``state`` lacks."""
+    return ", ".join(IDLE_GAUGES[k] for k in IDLE_GAUGES if state.get(k) is None) + " absent from /metrics"
 
 
 async def wait_idle(http: httpx.AsyncClient, instance: str, url: str, baseline_kv: float,
@@ -62,13 +82,16 @@ async def wait_idle(http: httpx.AsyncClient, instance: str, url: str, baseline_k
     DrainResult (never raises for HTTP errors: an unreachable instance is 'not idle').
     """
     t0 = time.monotonic()
-    final: dict[str, float] = {}
+    final: dict[str, float | None] = {}
     err = ""
     while True:
         try:
             snap = await m.scrape(http, url, instance)
             final, err = m.idle_state(snap), ""
-            if final["waiting"] == 0 and final["running"] == 0 and final["kv_usage"] <= baseline_kv + KV_EPS:
+            idle = idle_verdict(final, baseline_kv)
+            if idle is None:  # the gauge will not appear by waiting: not checked, at once
+                return DrainResult(instance, None, time.monotonic() - t0, baseline_kv, final, absent_gauges(final))
+            if idle:
                 return DrainResult(instance, True, time.monotonic() - t0, baseline_kv, final)
         except (httpx.HTTPError, ValueError) as e:
             err = f"{type(e).__name__}: {e}"
@@ -165,7 +188,8 @@ class SnapshotStore:
         """Append one timeline line ``{t, wall, scenario, instance, <gauges>}``."""
         row = {"wall": round(snap.wall, 3), "t": round(snap.t, 3), "scenario": scenario,
                "instance": snap.instance}
-        row.update({k.removeprefix("vllm:"): snap.value(k) for k in self.TIMELINE_KEYS})
+        # An absent metric is left out of the row (never 0): readers then see it missing.
+        row.update({k.removeprefix("vllm:"): v for k in self.TIMELINE_KEYS if (v := snap.get(k)) is not None})
         row.update({f"waiting_{k}": v for k, v in snap.by_label(m.WAITING_BY_REASON, "reason").items()})
         self._timeline.write(json.dumps(row) + "\n")
         self._timeline.flush()

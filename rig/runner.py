@@ -17,6 +17,7 @@ import asyncio
 import json
 import sys
 import time
+import traceback
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -27,11 +28,14 @@ import yaml
 from rig import aio
 from rig import metrics as m
 from rig.client import PDClient
-from rig.cluster import FATAL_PATTERNS, KV_INTEGRITY_PATTERNS, Cluster, ClusterError
+from rig.cluster import Cluster, ClusterError
 from rig.config import ConfigError, RigConfig, ScenarioConfig
-from rig.logs import LogSource, matching_lines
+from rig.evidence import UNKNOWN_VERSION, LogScanner, MetricPresence, metric_presence, read_versions, settle_deaths
+from rig.logs import LogSource
 from rig.observations import ScenarioObservation, SnapshotStore, TransferEvidence, wait_idle
 from rig.plan import Plan, build_plan
+from rig.ports import PortReservation
+from rig.ports import reserve as reserve_ports
 from rig.report import RunResult, print_summary, write_report
 from rig.tiny_model import ensure_tiny_model
 from rig.verdict import ScenarioVerdict
@@ -115,8 +119,7 @@ class SuiteRunner:
         self.run_dir = run_dir
         self.quiet = quiet
         self.result = RunResult(name=cfg.name, run_dir=str(run_dir), config=cfg.model_dump(mode="json"))
-        # instance -> LogSource mark where its not-yet-scanned log starts (None: unreadable then)
-        self._log_marks: dict[str, int | None] = {}
+        self.logs = LogScanner()  # every instance's log, read through Cluster.log_source
         # scenario -> what its kind returned (wave statistics, store counters, retrieval rates)
         self.kind_results: dict[str, object] = {}
         # The scenario in flight and its observation as filled so far: kept in the report
@@ -136,7 +139,12 @@ class SuiteRunner:
         t0 = time.monotonic()
         cluster: Cluster | None = None
         interrupted: BaseException | None = None
+        ports: PortReservation | None = None
         try:
+            if not self.attach:  # attached servers hold their own ports; the rig binds none
+                # Before anything starts: a second run on this host refuses here, at once.
+                self.cfg, ports = reserve_ports(self.cfg, str(self.run_dir.resolve()))
+                self.result.config = self.cfg.model_dump(mode="json")  # ports.free: the ports used
             model_path = resolve_model(self.cfg)
             plan = build_plan(self.cfg, self.run_dir, model_path, sys.executable)
             self.result.plan = plan.to_json()
@@ -151,17 +159,17 @@ class SuiteRunner:
             self._keep_partial("interrupted mid-scenario")
         except (ClusterError, ConfigError) as e:
             self.result.status, self.result.error = "error", str(e)
-        except Exception as e:  # the rig's own bug: keep the evidence, then report it
+        except Exception as e:  # the rig's own bug outside any scenario: keep the evidence, report it
             self.result.status, self.result.error = "error", f"{type(e).__name__}: {e}"
-            import traceback
-
-            (self.run_dir / "rig-traceback.txt").write_text(traceback.format_exc())
+            self._rig_exception(self._in_flight[0].name if self._in_flight else "-", "running the suite", e)
             self._keep_partial(f"the rig failed mid-scenario: {type(e).__name__}: {e}")
         finally:
             if cluster is not None:
                 t_stop = time.monotonic()
                 cluster.stop_all()
                 self.result.timings["teardown"] = time.monotonic() - t_stop
+            if ports is not None:
+                ports.release()  # after the servers are gone (a dying rig releases them anyway)
             self.result.timings["total"] = time.monotonic() - t0
             self.result.finish_status()
             write_report(self.result)
@@ -199,30 +207,32 @@ class SuiteRunner:
         try:
             for i, ph in enumerate(phases_of(self.cfg, self.scenarios)):
                 needed = set(extra) | {ph.prefill, ph.decode}
-                stale = [n for n in cluster.procs if n not in needed]
+                # An instance that died in an earlier phase is restarted: the run goes on.
+                dead = await asyncio.to_thread(cluster.dead)
+                stale = [n for n in cluster.procs if n not in needed or n in dead]
                 if stale:
-                    self.log(f"stopping {', '.join(stale)}")
+                    self.log(f"stopping {', '.join(stale)}" + (f" (died: {dead})" if dead else ""))
                     await asyncio.to_thread(cluster.stop, stale)
-                self.log(f"phase {i + 1}: starting {', '.join(n for n in sorted(needed) if n not in cluster.procs) or 'nothing new'}")
+                    self.logs.forget(stale)
+                new = [n for n in [*extra, ph.prefill, ph.decode] if n not in cluster.procs]
+                self.log(f"phase {i + 1}: starting {', '.join(sorted(new)) or 'nothing new'}")
+                self.logs.starting(cluster, new)
                 t = time.monotonic()
-                await asyncio.to_thread(cluster.start, [n for n in [*extra, ph.prefill, ph.decode]])
+                await asyncio.to_thread(cluster.start, [*extra, ph.prefill, ph.decode])
                 self.result.timings[f"startup phase {i + 1}"] = time.monotonic() - t
-                # Fatal log lines count from the phase start (warm-up included), each once.
-                for n in cluster.procs:
-                    if n not in self._log_marks:
-                        src = cluster.log_source(n)
-                        self._log_marks[n] = src.mark() if src is not None else None
+                self.logs.phase_started(cluster)
                 t = time.monotonic()
-                version = await self._warm_up(client, http, cluster, ph)
-                self.result.vllm_version = self.result.vllm_version or version
+                warm = await self._warm_up(client, http, cluster, ph)
+                self.result.vllm_version = (self.result.vllm_version or decode_version(warm.versions, ph) or
+                                            next((v for v in warm.versions.values() if v != UNKNOWN_VERSION), ""))
                 self.result.timings[f"warm-up phase {i + 1}"] = time.monotonic() - t
                 for sc in ph.scenarios:
                     self.log(f"scenario {sc.name} on {ph.prefill} -> {ph.decode}")
-                    obs, kind_result = await self._scenario(sc, ph, cluster, client, http, store, version)
+                    obs, kind_result = await self._scenario(sc, ph, cluster, client, http, store, warm)
                     self._in_flight = None
                     self.result.observations.append(obs)
                     self.kind_results[sc.name] = kind_result
-                    verdict = KINDS[sc.kind].judge(sc, obs, kind_result, self.result.extra_sections)
+                    verdict = self._judge(sc, obs, kind_result)
                     self.result.verdicts.append(verdict)
                     self.log(f"  {verdict.verdict}: {verdict.reason[:200]}")
                     write_report(self.result)
@@ -231,14 +241,32 @@ class SuiteRunner:
             await client.aclose()
             await http.aclose()
 
-    async def _warm_up(self, client: PDClient, http: httpx.AsyncClient, cluster: Cluster, ph: Phase) -> str:
+    def _judge(self, sc: ScenarioConfig, obs: ScenarioObservation, kind_result: object) -> ScenarioVerdict:
+        """The kind's verdict; a rig exception while judging is that scenario's ERROR (traceback
+        in rig-traceback.txt), and the run goes on."""
+        try:
+            return KINDS[sc.kind].judge(sc, obs, kind_result, self.result.extra_sections)
+        except Exception as e:
+            why = self._rig_exception(sc.name, "judging", e)
+            return ScenarioVerdict(sc.name, "ERROR", "pass", why, [])
+
+    def _rig_exception(self, scenario: str, doing: str, e: Exception) -> str:
+        """Append the current traceback to ``rig-traceback.txt`` (one section per exception) and
+        return the ERROR reason naming it."""
+        with open(self.run_dir / "rig-traceback.txt", "a") as f:
+            f.write(f"=== {time.strftime('%Y-%m-%d %H:%M:%S')} scenario {scenario}: {doing} ===\n"
+                    f"{traceback.format_exc()}\n")
+        return f"rig error while {doing}: {type(e).__name__}: {e} (traceback in rig-traceback.txt)"
+
+    async def _warm_up(self, client: PDClient, http: httpx.AsyncClient, cluster: Cluster, ph: Phase) -> PhaseEvidence:
         """One short direct request per instance and one P/D round trip (pays JIT, first-request
-        and NIXL handshake costs outside the scenarios' deadlines); returns the vLLM version
-        reported by the decode's ``/version``."""
+        and NIXL handshake costs outside the scenarios' deadlines), then the phase's evidence:
+        the vLLM version of P and of D (``/version``) and the metrics the checks read that they
+        lack. A warm-up request that fails is not fatal here: a dead instance is found by
+        :func:`rig.evidence.settle_deaths` before each scenario, anything else by the scenarios."""
         for name in (ph.prefill, ph.decode):
             hop = await client.direct(name, cluster.url(name), make_prompt(8, 7), 2)
             if hop.error:
-                # Not fatal: the scenarios will meet the same failure and be judged on it.
                 self.log(f"warm-up request to {name} failed: {hop.error}")
                 self.result.timings.setdefault(f"warm-up failed {name}", 0.0)
         # One throw-away P/D round trip: the NIXL handshake and D's first UCX transfer (seconds on
@@ -249,74 +277,91 @@ class SuiteRunner:
                                         p_hop.kv_transfer_params)
             if d_hop.error:
                 self.log(f"warm-up P/D request to {ph.decode} failed: {d_hop.error}")
-        # Both sides' versions: a known issue is judged only when P and D run one known version.
-        for name in (ph.prefill, ph.decode):
-            try:
-                self.versions[name] = (await http.get(cluster.url(name) + "/version")).json().get("version", "")
-            except (httpx.HTTPError, ValueError, AttributeError):
-                self.versions[name] = ""
-        return self.versions[ph.decode]
+        versions = await read_versions(http, cluster, [ph.prefill, ph.decode])
+        connectors = {n: self.cfg.instance(n).connector or self.cfg.connector for n in (ph.prefill, ph.decode)}
+        presence = await metric_presence(http, cluster, {ph.prefill: "prefill", ph.decode: "decode"},
+                                         {n: c in ("nixl", "nixl+store") for n, c in connectors.items()})
+        for n, missing in presence.all_missing().items():
+            self.log(f"{n} (vLLM {versions[n]}) lacks metrics the rig reads: {', '.join(missing)}")
+        return PhaseEvidence(versions, presence)
 
     async def _scenario(self, sc: ScenarioConfig, ph: Phase, cluster: Cluster, client: PDClient,
                         http: httpx.AsyncClient, store: SnapshotStore,
-                        version: str) -> tuple[ScenarioObservation, object]:
-        """Run one scenario of any kind; returns its observation and the kind's own result."""
+                        warm: PhaseEvidence) -> tuple[ScenarioObservation, object]:
+        """Run one scenario of any kind; returns its observation and the kind's own result.
+
+        Not run (the observation says why) when an instance it needs is dead (FAIL: ``dead``,
+        ``death_lines``) or lacks a metric its checks read (ERROR naming it). A rig exception
+        while running it is that scenario's ERROR with the traceback in rig-traceback.txt."""
         timeouts = self.cfg.timeouts
         kind_result: object = None
-        obs = ScenarioObservation(scenario=sc.name, decode=ph.decode, prefill=ph.prefill, vllm_version=version,
-                                  versions={n: v for n in (ph.prefill, ph.decode) if (v := self.versions.get(n))})
+        obs = ScenarioObservation(scenario=sc.name, decode=ph.decode, prefill=ph.prefill,
+                                  vllm_version=decode_version(warm.versions, ph), versions=dict(warm.versions),
+                                  missing_metrics=warm.presence.all_missing())
         t0 = time.monotonic()
         self._in_flight = (sc, obs, t0)
         p = Endpoint(ph.prefill, cluster.url(ph.prefill))
         d = Endpoint(ph.decode, cluster.url(ph.decode))
-        try:
-            before = {e.name: await m.scrape(http, e.url, e.name) for e in (p, d)}
-            for s in before.values():
-                store.save(f"{sc.name}-before", s)
-            ctx = ScenarioContext(self.cfg, cluster, p, d, client, http, store, self.run_dir, self.quiet)
-            kind_result = await KINDS[sc.kind].run(sc, ctx, obs)
-            after_d = await m.scrape(http, d.url, d.name)
-            store.save(f"{sc.name}-after", after_d)
-            obs.evidence = TransferEvidence.between(before[d.name], after_d)
-            # D first (the subject), then P, which may hold blocks for an abandoned transfer
-            # until its kv_lease_duration (30 s by default) expires.
-            for e in (d, p):
-                obs.drains.append(await wait_idle(http, e.name, e.url, before[e.name].value(m.KV_USAGE),
-                                                  timeouts.drain_s))
-            for e in (p, d):
-                store.save(f"{sc.name}-idle", await m.scrape(http, e.url, e.name))
-        except httpx.HTTPError as e:
-            # An instance that died is an observation (the `alive` check fails), not a rig error.
-            if not cluster.dead():
-                obs.error = f"metrics unavailable: {type(e).__name__}: {e}"
-        obs.dead = cluster.dead()
-        self._scan_logs(cluster, obs)
+        needed = [ph.prefill, ph.decode]
+        dead = await settle_deaths(http, cluster, needed, timeouts.shutdown_grace_s)
+        missing_error = warm.presence.error(warm.versions)
+        if not any(n in dead for n in needed) and missing_error:
+            obs.error = missing_error
+        elif not any(n in dead for n in needed):
+            got: dict[str, object] = {}
+            try:
+                await self._run_kind(sc, cluster, client, http, store, obs, p, d, got)
+            except httpx.HTTPError as e:
+                # An instance that died is an observation (FAIL), not a rig error.
+                dead = await settle_deaths(http, cluster, needed, timeouts.shutdown_grace_s)
+                if not any(n in dead for n in needed):
+                    obs.error = f"metrics unavailable: {type(e).__name__}: {e}"
+            except Exception as e:  # the rig's own bug: this scenario is ERROR, the run goes on
+                obs.error = self._rig_exception(sc.name, "running it", e)
+            kind_result = got.get("result")
+        obs.dead = await settle_deaths(http, cluster, needed, timeouts.shutdown_grace_s)
+        obs.death_lines = {n: self.logs.death_line(cluster, n) for n in obs.dead}
+        self.logs.scan(cluster, obs)
         obs.wall_s = time.monotonic() - t0
         return obs, kind_result
 
-    def _scan_logs(self, cluster: Cluster, obs: ScenarioObservation) -> None:
-        """Fill ``obs.fatal_lines`` and ``obs.kv_integrity_lines`` from every running instance's
-        log written since the last scan (warm-up included for a phase's first scenario), through
-        :meth:`Cluster.log_source`. A log that cannot be read goes to ``obs.unscanned_logs`` with
-        the reason, so its checks are "not checked", never "no fatal line".
+    async def _run_kind(self, sc: ScenarioConfig, cluster: Cluster, client: PDClient, http: httpx.AsyncClient,
+                        store: SnapshotStore, obs: ScenarioObservation, p: Endpoint, d: Endpoint,
+                        got: dict[str, object]) -> None:
+        """The kind's requests between metric snapshots, then transfer evidence and drains.
+        The kind's own result goes to ``got["result"]`` as soon as it exists (a failure after the
+        kind ran keeps it). Raises httpx.HTTPError when an instance stops answering."""
+        timeouts = self.cfg.timeouts
+        before = {e.name: await m.scrape(http, e.url, e.name) for e in (p, d)}
+        for s in before.values():
+            store.save(f"{sc.name}-before", s)
+        ctx = ScenarioContext(self.cfg, cluster, p, d, client, http, store, self.run_dir, self.quiet)
+        got["result"] = await KINDS[sc.kind].run(sc, ctx, obs)
+        after_d = await m.scrape(http, d.url, d.name)
+        store.save(f"{sc.name}-after", after_d)
+        obs.evidence = TransferEvidence.between(before[d.name], after_d)
+        # D first (the subject), then P, which may hold blocks for an abandoned transfer
+        # until its kv_lease_duration (30 s by default) expires.
+        for e in (d, p):
+            obs.drains.append(await wait_idle(http, e.name, e.url, before[e.name].get(m.KV_USAGE) or 0.0,
+                                              timeouts.drain_s))
+        for e in (p, d):
+            store.save(f"{sc.name}-idle", await m.scrape(http, e.url, e.name))
 
-        The end mark is taken before reading: a line written meanwhile is scanned again by the
-        next scenario rather than lost."""
-        obs.fatal_lines = {}
-        for n in cluster.procs:
-            src = cluster.log_source(n)
-            if src is None:
-                obs.unscanned_logs[n] = ("no log source given (attach mode: the rig did not launch it; "
-                                         "give the instance's log source, e.g. a log path)")
-                continue
-            start, end = self._log_marks.get(n), src.mark()
-            text = src.since(start) if start is not None else None
-            if text is None:
-                obs.unscanned_logs[n] = (f"cannot read {src.describe()}" if start is not None or end is None
-                                         else f"{src.describe()} was not readable when the phase started")
-                if start is None:
-                    self._log_marks[n] = end  # readable from now on: the next scenario scans it
-                continue
-            obs.fatal_lines[n] = matching_lines(text, FATAL_PATTERNS)
-            obs.kv_integrity_lines[n] = matching_lines(text, KV_INTEGRITY_PATTERNS)
-            self._log_marks[n] = end if end is not None else start
+
+@dataclass
+class PhaseEvidence:
+    """What the warm-up of a phase learnt: ``versions`` (``{instance: /version}``, "unknown" when
+    it did not answer) and which metrics the checks read each instance lacks."""
+
+    versions: dict[str, str]
+    presence: MetricPresence
+
+
+def decode_version(versions: dict[str, str], ph: Phase) -> str:
+    """The version a known issue is matched against (``ScenarioObservation.vllm_version``): the
+    decode's, the subject of the scenarios; '' when it did not answer ``/version`` (never the
+    prefill's instead: ``versions`` holds both, and unknown or different versions are the verdict
+    engine's to judge)."""
+    v = versions.get(ph.decode, UNKNOWN_VERSION)
+    return "" if v == UNKNOWN_VERSION else v

@@ -38,7 +38,7 @@ def row_of(snap: m.MetricSnapshot, scenario: str, t0: float) -> dict[str, Any]:
     """The timeline row of one snapshot (same keys as SnapshotStore writes, plus ``rel_t``)."""
     row: dict[str, Any] = {"wall": round(snap.wall, 3), "t": round(snap.t, 3), "rel_t": round(snap.t - t0, 3),
                            "scenario": scenario, "instance": snap.instance}
-    row.update({k.removeprefix("vllm:"): snap.value(k) for k in SnapshotStore.TIMELINE_KEYS})
+    row.update({k.removeprefix("vllm:"): v for k in SnapshotStore.TIMELINE_KEYS if (v := snap.get(k)) is not None})
     return row
 
 
@@ -82,9 +82,9 @@ class TimelineSampler:
             self.rows.append(row)
             self.latest[snap.instance] = row
             pk = self.peaks.setdefault(snap.instance, {"running": 0.0, "waiting": 0.0, "kv_usage": 0.0})
-            pk["running"] = max(pk["running"], row[RUNNING])
-            pk["waiting"] = max(pk["waiting"], row[WAITING])
-            pk["kv_usage"] = max(pk["kv_usage"], row[KV])
+            pk["running"] = max(pk["running"], row.get(RUNNING, 0.0))
+            pk["waiting"] = max(pk["waiting"], row.get(WAITING, 0.0))
+            pk["kv_usage"] = max(pk["kv_usage"], row.get(KV, 0.0))  # peaks are display: absent = 0
 
     async def _loop(self) -> None:
         while not self._stop.is_set():

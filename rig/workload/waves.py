@@ -44,7 +44,7 @@ import httpx
 
 from rig import metrics as m
 from rig.config import RigConfig, ScenarioConfig, WaveConfig
-from rig.observations import KV_EPS, DrainResult, ScenarioObservation, SnapshotStore, wait_idle
+from rig.observations import KV_EPS, DrainResult, ScenarioObservation, SnapshotStore, absent_gauges, idle_verdict, wait_idle
 from rig.progress import WaveProgress
 from rig.stall import StallEpisodes, cache_info  # noqa: F401  (cache_info: re-exported)
 from rig.timeline import TimelineSampler, plot_timeline
@@ -247,12 +247,15 @@ def drain_from_samples(instance: str, samples: list[m.MetricSnapshot] | list[dic
             if s.get("instance") != instance:
                 continue
             t = s["t"]
-            state = {"waiting": s.get("num_requests_waiting", 0.0), "running": s.get("num_requests_running", 0.0),
-                     "kv_usage": s.get("kv_cache_usage_perc", 0.0)}
+            state = {"waiting": s.get("num_requests_waiting"), "running": s.get("num_requests_running"),
+                     "kv_usage": s.get("kv_cache_usage_perc")}
         if t < t_end or t > t_end + drain_s:
             continue
         seen, last = True, state
-        if state["waiting"] == 0 and state["running"] == 0 and state["kv_usage"] <= baseline_kv + KV_EPS:
+        idle = idle_verdict(state, baseline_kv)
+        if idle is None:  # an absent gauge is never idle
+            return DrainResult(instance, None, t - t_end, baseline_kv, state, absent_gauges(state))
+        if idle:
             return DrainResult(instance, True, t - t_end, baseline_kv, state)
     return DrainResult(instance, False, drain_s, baseline_kv, last,
                        "" if seen else f"no sample within {drain_s:g} s after the wave")
