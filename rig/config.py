@@ -678,7 +678,14 @@ class RigConfig(_Strict):
                     raise ValueError(f"scenarios[{i}] ({sc.name}).fault target {f.target!r}: give prefill, decode, "
                                      f"request or an instance name ({names})")
             lease = self.nixl.lease_s
-            if sc.known_issue and sc.known_issue.symptom.kind == "stale-kv" and (sc.hold_between_s or 0) <= lease:
+            if sc.known_issue and sc.known_issue.symptom.kind == "stale-kv" and sc.fault is not None:
+                held = max((f.stop_s or f.delay_s or 0 for f in sc.fault.faults), default=0)
+                if held <= lease:
+                    raise ValueError(
+                        f"scenarios[{i}] ({sc.name}): a stale-kv known issue needs a fault that holds the exchange "
+                        f"(sigstop stop_s or delay-decode delay_s) longer than nixl.kv_lease_duration {lease:g}; "
+                        f"the longest is {held:g} s")
+            elif sc.known_issue and sc.known_issue.symptom.kind == "stale-kv" and (sc.hold_between_s or 0) <= lease:
                 raise ValueError(
                     f"scenarios[{i}] ({sc.name}).hold_between_s {sc.hold_between_s} must exceed "
                     f"nixl.kv_lease_duration {lease:g} for the lease to expire; lower the lease, e.g. "

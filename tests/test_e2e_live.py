@@ -226,7 +226,8 @@ def test_kill_prefill_after_its_answer_ends_with_a_diagnosis_and_the_restarted_p
     assert checks["fault-outcome"]["ok"], checks["fault-outcome"]["detail"]
     assert checks["recovery-serves"]["ok"], checks["recovery-serves"]["detail"]
     assert "prefill restarted on its ports" in checks["recovery-serves"]["detail"]
-    assert v["verdict"] != "ERROR", v["reason"]
+    # vLLM 0.32.0 (policy fail): HTTP 500 after NIXL_ERR_REMOTE_DISCONNECT, tracebacks in D's log
+    assert v["verdict"] == "XFAIL" and v["reason"].startswith("nixl-dead-prefill-500"), v["reason"]
 
 
 def test_cancel_decode_during_its_pull_returns_d_to_idle_and_p_frees_by_the_lease(lease_run):
@@ -237,11 +238,14 @@ def test_cancel_decode_during_its_pull_returns_d_to_idle_and_p_frees_by_the_leas
     checks = {c["name"]: c for c in v["checks"]}
     assert checks["idle-after"]["ok"], checks["idle-after"]["detail"]
     assert "within kv_lease_duration + idle_margin_s = 15 s" in checks["idle-after"]["detail"]
-    (ev,) = _faults(run_dir, "fault-cancel-d-in-pull")
-    if ev["fired_at"] is not None:  # D's fetch was seen in progress: the cancel came after it was sent
-        assert ev["fired_at"] >= ev["event_at"] > obs["records"][0]["decode_sent_at"]
-        assert obs["records"][0]["outcome"] == "cancelled"
+    hold, cancel = _faults(run_dir, "fault-cancel-d-in-pull")
+    assert hold["fault"].startswith("sigstop 2s prefill") and "SIGCONT" in hold["detail"]
+    # the cancel fired once D showed its KV fetch in progress, after the hop was sent, while P was held
+    assert cancel["fired_at"] >= cancel["event_at"] > obs["records"][0]["decode_sent_at"]
+    assert cancel["fired_at"] < hold["done_at"]
+    assert obs["records"][0]["outcome"] == "cancelled"
     assert checks["recovery-serves"]["ok"], checks["recovery-serves"]["detail"]
+    assert v["verdict"] == "PASS", v["reason"]
 
 
 def test_sigstop_decode_past_the_lease_is_named_by_the_verdict(lease_run):
@@ -255,5 +259,6 @@ def test_sigstop_decode_past_the_lease_is_named_by_the_verdict(lease_run):
     assert ev["done_at"] - ev["fired_at"] >= 8 and "SIGCONT" in ev["detail"]
     assert ev["fired_at"] - obs["records"][0]["decode_sent_at"] >= 0.02
     assert obs["records"][0]["outcome"] in checks["fault-outcome"]["detail"]
-    assert v["verdict"] in ("PASS", "FAIL", "XFAIL"), v["reason"]
+    # vLLM 0.32.0: D answers 200 after SIGCONT; P logs the read of expired blocks for it
+    assert v["verdict"] == "XFAIL" and v["reason"].startswith("nixl-expired-lease-read"), v["reason"]
     assert processes_of_run(run_dir) == []
