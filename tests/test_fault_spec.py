@@ -12,7 +12,8 @@ from rig.checks import Check
 from rig.client import Hop, PDRecord
 from rig.config import ConfigError, load_config
 from rig.fault_spec import Fault, FaultScenarioConfig, Trigger
-from rig.faults import FaultEvent, FaultResult, fault_fired_check, fault_outcome_check, recovery_serves_check
+from rig.fault_checks import fault_fired_check, fault_outcome_check, recovery_serves_check
+from rig.faults import FaultEvent, FaultResult
 from rig.observations import ScenarioObservation
 
 

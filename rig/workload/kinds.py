@@ -171,9 +171,8 @@ async def _run_fault(sc: ScenarioConfig, ctx: ScenarioContext, obs: ScenarioObse
 
 
 def _judge_fault(sc: ScenarioConfig, obs: ScenarioObservation, result: Any, sections: list[str]) -> ScenarioVerdict:
-    """Fault scenarios (issue #12): rig.faults.fault_checks through the one engine."""
-    from rig.faults import fault_checks
-
+    """Fault scenarios (issue #12): rig.fault_checks.fault_checks through the one engine."""
+    from rig.fault_checks import fault_checks
     from rig.faults import fault_section
 
     if result is not None:
