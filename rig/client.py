@@ -49,6 +49,10 @@ class Hop:
     finish_reason: str | None = None
     kv_transfer_params: dict[str, Any] | None = None
     error: str | None = None
+    # Token IDs per choice index (``n`` > 1, several prompts in one request); ``token_ids`` is
+    # their concatenation in index order, which is what ``usage.completion_tokens`` counts.
+    choices: list[list[int]] | None = None
+    stream_problem: str = ""  # a streamed answer out of order or incomplete (rig.client.stream)
 
 
 @dataclass
@@ -110,12 +114,17 @@ def error_text(status: int, text: str) -> str:
 def fill_from_completion(hop: Hop, body: dict[str, Any]) -> None:
     """Copy usage, token IDs, text, finish reason and ``kv_transfer_params`` of a
     ``/v1/completions`` answer into ``hop``."""
-    choice = (body.get("choices") or [{}])[0]
+    choices = sorted(body.get("choices") or [{}], key=lambda c: c.get("index", 0))
+    choice = choices[0]
     hop.usage = body.get("usage")
     hop.token_ids = choice.get("token_ids")
     hop.text = choice.get("text")
     hop.finish_reason = choice.get("finish_reason")
     hop.kv_transfer_params = body.get("kv_transfer_params")
+    if len(choices) > 1:
+        hop.choices = [list(c.get("token_ids") or []) for c in choices]
+        hop.token_ids = [t for ids in hop.choices for t in ids]
+        hop.text = "".join(c.get("text") or "" for c in choices)
 
 
 class PDClient:
@@ -157,37 +166,53 @@ class PDClient:
             hop.error = f"HTTP 200 with a body that is not JSON: {r.text[:200]!r}"
         return hop
 
-    async def prefill(self, name: str, url: str, prompt: list[int], max_tokens: int) -> Hop:
+    async def prefill(self, name: str, url: str, prompt: list[int], max_tokens: int,
+                      fields: dict[str, Any] | None = None) -> Hop:
         """The prefill hop: ``max_tokens: 1`` plus ``do_remote_decode`` (see module docstring).
 
         ``max_tokens`` is the decode's cap; it is not sent to P but kept for symmetry of calls.
+        ``fields``: extra completions fields passed through unchanged (rig.request_fields).
         """
-        body = completion_body(self.model, prompt, 1, kv_transfer_params=dict(PREFILL_PARAMS))
+        body = completion_body(self.model, prompt, 1, **(fields or {}), kv_transfer_params=dict(PREFILL_PARAMS))
         return await self._post(Hop(instance=name), url, body)
 
     async def decode(self, name: str, url: str, prompt: list[int], max_tokens: int,
-                     kv_transfer_params: dict[str, Any]) -> Hop:
-        """The decode hop: same prompt, P's ``kv_transfer_params``."""
-        body = completion_body(self.model, prompt, max_tokens, kv_transfer_params=kv_transfer_params)
+                     kv_transfer_params: dict[str, Any], fields: dict[str, Any] | None = None) -> Hop:
+        """The decode hop: same prompt, P's ``kv_transfer_params``; streamed (SSE) when ``fields``
+        has ``stream: true`` (:meth:`stream`)."""
+        if (fields or {}).get("stream"):
+            return await self.stream(name, url, prompt, max_tokens, kv_transfer_params, fields)
+        body = completion_body(self.model, prompt, max_tokens, **(fields or {}), kv_transfer_params=kv_transfer_params)
         return await self._post(Hop(instance=name), url, body)
 
-    async def direct(self, name: str, url: str, prompt: list[int], max_tokens: int) -> Hop:
+    async def direct(self, name: str, url: str, prompt: list[int], max_tokens: int,
+                     fields: dict[str, Any] | None = None) -> Hop:
         """A non-disaggregated request (no ``kv_transfer_params``): the parity reference."""
-        return await self._post(Hop(instance=name), url, completion_body(self.model, prompt, max_tokens))
+        if (fields or {}).get("stream"):
+            return await self.stream(name, url, prompt, max_tokens, None, fields)
+        return await self._post(Hop(instance=name), url, completion_body(self.model, prompt, max_tokens,
+                                                                         **(fields or {})))
 
     async def stream(self, name: str, url: str, prompt: list[int], max_tokens: int,
-                     kv_transfer_params: dict[str, Any] | None = None) -> Hop:
-        """A streamed request (SSE); fills ``ttft_s`` and concatenates the delta ``token_ids``.
+                     kv_transfer_params: dict[str, Any] | None = None,
+                     fields: dict[str, Any] | None = None) -> Hop:
+        """A streamed request (SSE); fills ``ttft_s``, the delta ``token_ids`` per choice index
+        (``Hop.choices`` when there are several) and ``Hop.stream_problem`` when the stream is
+        not complete and in order (a choice without a ``finish_reason``, a chunk after its
+        choice finished, no ``[DONE]``).
 
         Cancelling the awaiting task closes the connection, which makes vLLM abort the request.
         """
         hop = Hop(instance=name)
-        extra: dict[str, Any] = {"stream": True, "stream_options": {"include_usage": True}}
+        extra: dict[str, Any] = {"stream_options": {"include_usage": True}, **(fields or {}), "stream": True}
         if kv_transfer_params is not None:
             extra["kv_transfer_params"] = kv_transfer_params
         body = completion_body(self.model, prompt, max_tokens, **extra)
         t0 = time.monotonic()
-        tokens: list[int] = []
+        per_choice: dict[int, list[int]] = {}
+        finished: dict[int, str] = {}
+        problems: list[str] = []
+        done = False
         text: list[str] = []
         try:
             async with self.http.stream("POST", f"{url}/v1/completions", json=body) as r:
@@ -197,24 +222,42 @@ class PDClient:
                     hop.error = error_text(r.status_code, r.text)
                     return hop
                 async for line in r.aiter_lines():
-                    if not line.startswith("data: ") or line == "data: [DONE]":
+                    if line == "data: [DONE]":
+                        done = True
+                        continue
+                    if not line.startswith("data: "):
                         continue
                     chunk = json.loads(line[6:])
                     if chunk.get("usage"):
                         hop.usage = chunk["usage"]
                     for choice in chunk.get("choices") or []:
+                        i = choice.get("index", 0)
                         ids = choice.get("token_ids") or []
                         if (ids or choice.get("text")) and hop.ttft_s is None:
                             hop.ttft_s = time.monotonic() - t0
-                        tokens.extend(ids)
+                        if i in finished and (ids or choice.get("text")):
+                            problems.append(f"choice {i} got tokens after finish_reason {finished[i]!r}")
+                        per_choice.setdefault(i, []).extend(ids)
                         text.append(choice.get("text") or "")
-                        hop.finish_reason = choice.get("finish_reason") or hop.finish_reason
+                        if choice.get("finish_reason"):
+                            finished[i] = choice["finish_reason"]
+                            hop.finish_reason = choice["finish_reason"]
         except httpx.TimeoutException as e:
             hop.error = f"timeout: {type(e).__name__}"
         except httpx.HTTPError as e:
             hop.error = f"connection error: {type(e).__name__}: {e}"
         hop.latency_s = time.monotonic() - t0
-        hop.token_ids, hop.text = tokens, "".join(text)
+        order = sorted(per_choice)
+        hop.token_ids, hop.text = [t for i in order for t in per_choice[i]], "".join(text)
+        if len(order) > 1:
+            hop.choices = [per_choice[i] for i in order]
+        if hop.error is None:
+            unfinished = [i for i in order if i not in finished]
+            if unfinished:
+                problems.append(f"choice(s) {unfinished} ended without a finish_reason")
+            if not done:
+                problems.append("no [DONE] at the end of the stream")
+            hop.stream_problem = "; ".join(problems)
         return hop
 
 

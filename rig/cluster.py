@@ -403,6 +403,33 @@ class Cluster:
             self._reaper = None  # type: ignore[assignment]
         atexit.unregister(self.stop_all)
 
+    # -- faults (issue #12: rig/faults.py) -----------------------------------------------------
+
+    def signal(self, name: str, sig: int) -> int:
+        """Send ``sig`` to instance ``name``'s whole process group (API server, EngineCore,
+        workers: each server runs in its own session, pgid == pid); returns the pgid.
+
+        Raises ClusterError in attach mode (the rig does not own those processes) or when
+        ``name`` is not running under this cluster; a group that is already gone is not an error
+        (a SIGKILL on a crashed instance is a no-op)."""
+        run = self.procs.get(name)
+        if self.attach or run is None or run.popen is None:
+            raise ClusterError(f"cannot signal {name}: " + ("attach mode (the rig did not start it)" if self.attach
+                                                            else "not started by this cluster"))
+        try:
+            os.killpg(run.popen.pid, sig)
+        except ProcessLookupError:
+            pass
+        return run.popen.pid
+
+    def restart(self, name: str) -> float:
+        """Stop instance ``name`` (whatever state it is in: killed, stopped, alive) and start it
+        again from the same :class:`~rig.plan.ProcessSpec`: the same HTTP port, NIXL side-channel
+        port, env and log file (appended). Returns seconds to ready; raises ClusterError as
+        :meth:`start` does."""
+        self.stop([name])
+        return self.start([name])[name]
+
     # -- observation -------------------------------------------------------------------------
 
     def exit_codes(self) -> dict[str, int | None]:

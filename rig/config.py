@@ -17,6 +17,8 @@ from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from rig.config_help import did_you_mean, model_at, suite_candidates
+from rig.fault_spec import FaultScenarioConfig
+from rig.request_fields import RequestFields
 from rig.tiny_model import TinyModelRecipe
 
 NAME_PATTERN = r"^[a-z0-9][a-z0-9-]*$"
@@ -71,6 +73,12 @@ class InstanceConfig(_Strict):
     speculative: SpeculativeConfig | None = None
     enable_prefix_caching: bool = True
     connector: ConnectorMode | None = Field(None, description="None = the top-level connector")
+    block_size: int | None = Field(
+        None, ge=1, description="this instance's --block-size (tokens); None = the top-level block_size. "
+                                "P != D is a topology of its own (BUGS R08: per-request handshake failures)")
+    kv_load_failure_policy: Literal["recompute", "fail"] | None = Field(
+        None, description="KVTransferConfig.kv_load_failure_policy of this instance (vLLM 0.32.0 default "
+                          "'fail', vllm/config/kv_transfer.py): what D does when a KV load fails")
     extra_args: list[str] = Field(default_factory=list, description="appended to the vLLM argv")
     env: dict[str, str] = Field(default_factory=dict)
 
@@ -529,7 +537,7 @@ class ScenarioConfig(_Strict):
     name: str = Field(pattern=NAME_PATTERN)
     kind: Literal["edge", "prefix-wave", "pressure-wave",
                   "store-roundtrip", "prefix-wave-store", "long-generation",  # store kinds: issue #3
-                  "retrieval"] = "edge"
+                  "retrieval", "fault"] = "edge"
     description: str = ""
     prefill: str | None = Field(None, description="instance name; None = the first prefill")
     decode: str | None = Field(None, description="instance name; None = the first decode")
@@ -554,6 +562,10 @@ class ScenarioConfig(_Strict):
     wave: WaveConfig | None = Field(None, description="prefix-wave / pressure-wave settings (issue #4)")
     store: StoreScenarioConfig | None = Field(None, description="store kinds' settings (issue #3)")
     retrieval: RetrievalConfig | None = Field(None, description="kind retrieval's settings (issue #5)")
+    fault: FaultScenarioConfig | None = Field(None, description="kind fault's settings (issue #12, rig/fault_spec.py)")
+    request: RequestFields | None = Field(
+        None, description="extra completions fields per hop: all / prefill / decode / reference, passed "
+                          "through unchanged (issue #12, rig/request_fields.py)")
 
     @model_validator(mode="before")
     @classmethod
@@ -586,6 +598,13 @@ class ScenarioConfig(_Strict):
         if (self.kind == "retrieval") != (self.retrieval is not None):
             raise ValueError("retrieval: give it exactly when kind is 'retrieval' "
                              f"(kind is {self.kind!r}; retrieval is {'set' if self.retrieval else 'missing'})")
+        return self
+
+    @model_validator(mode="after")
+    def _fault_consistent(self) -> "ScenarioConfig":  # issue #12
+        if (self.kind == "fault") != (self.fault is not None):
+            raise ValueError("fault: give it exactly when kind is 'fault' "
+                             f"(kind is {self.kind!r}; fault is {'set' if self.fault else 'missing'})")
         return self
 
     @model_validator(mode="before")
@@ -624,10 +643,11 @@ class ScenarioConfig(_Strict):
 COMMON_FIELDS = frozenset({"name", "kind", "description", "prefill", "decode", "prompt_tokens", "max_tokens",
                            "expect", "known_issue", "deadline_s", "parity", "seed"})
 KIND_FIELDS: dict[str, frozenset[str]] = {
-    "edge": COMMON_FIELDS | {"concurrent", "tamper", "hold_between_s", "flush_prefill"},
+    "edge": COMMON_FIELDS | {"concurrent", "tamper", "hold_between_s", "flush_prefill", "request"},
     **{k: COMMON_FIELDS | {"wave"} for k in WAVE_KINDS},
     **{k: COMMON_FIELDS | {"store"} for k in STORE_KINDS},
     "retrieval": COMMON_FIELDS | {"retrieval"},
+    "fault": COMMON_FIELDS | {"fault", "request"},
 }
 SCENARIO_FIELDS = frozenset(ScenarioConfig.model_fields)
 
@@ -712,6 +732,10 @@ class RigConfig(_Strict):
                 raise ValueError(
                     f"block_size {self.block_size}: the CPU attention backend needs a multiple of 32")
             for _, inst in self.instances():
+                if inst.block_size is not None and inst.block_size % 32:
+                    raise ValueError(f"{inst.name}.block_size {inst.block_size}: the CPU attention backend "
+                                     "needs a multiple of 32")
+            for _, inst in self.instances():
                 if inst.gpu_ids:
                     raise ValueError(f"{inst.name}.gpu_ids is set but device is cpu; remove gpu_ids")
             if self.nixl.kv_buffer_device != "cpu":
@@ -739,8 +763,19 @@ class RigConfig(_Strict):
                 raise ValueError(
                     f"scenarios[{i}] ({sc.name}).prompt_tokens {sc.prompt_tokens} must be below "
                     f"max_model_len {self.max_model_len} (vLLM rejects it otherwise)")
+            for f in (sc.fault.faults if sc.fault else []):
+                if f.target not in ("prefill", "decode", "request", *names):
+                    raise ValueError(f"scenarios[{i}] ({sc.name}).fault target {f.target!r}: give prefill, decode, "
+                                     f"request or an instance name ({names})")
             lease = self.nixl.lease_s
-            if sc.known_issue and sc.known_issue.symptom.kind == "stale-kv" and (sc.hold_between_s or 0) <= lease:
+            if sc.known_issue and sc.known_issue.symptom.kind == "stale-kv" and sc.fault is not None:
+                held = max((f.stop_s or f.delay_s or 0 for f in sc.fault.faults), default=0)
+                if held <= lease:
+                    raise ValueError(
+                        f"scenarios[{i}] ({sc.name}): a stale-kv known issue needs a fault that holds the exchange "
+                        f"(sigstop stop_s or delay-decode delay_s) longer than nixl.kv_lease_duration {lease:g}; "
+                        f"the longest is {held:g} s")
+            elif sc.known_issue and sc.known_issue.symptom.kind == "stale-kv" and (sc.hold_between_s or 0) <= lease:
                 raise ValueError(
                     f"scenarios[{i}] ({sc.name}).hold_between_s {sc.hold_between_s} must exceed "
                     f"nixl.kv_lease_duration {lease:g} for the lease to expire; lower the lease, e.g. "

@@ -32,7 +32,10 @@ class ParityResult:
     def describe(self) -> str:
         """One line for tables: 'equal', 'diverged at 3: 517 != 12', 'refused: ...'."""
         if self.status == "diverged":
-            return f"diverged at {self.position}: {self.pd_token} != {self.ref_token}"
+            where = f"{self.reason}: " if self.reason else ""
+            if self.position is None:
+                return f"diverged: {self.reason}"
+            return f"diverged at {where}{self.position}: {self.pd_token} != {self.ref_token}"
         if self.status == "refused":
             return f"refused: {self.reason}"
         return self.status
@@ -52,6 +55,29 @@ def compare(pd_tokens: list[int], ref_tokens: list[int], pd_max_tokens: int, ref
         if a != b:
             return ParityResult("diverged", position=i, pd_token=a, ref_token=b)
     return ParityResult("equal")
+
+
+def compare_choices(pd_choices: list[list[int]], ref_choices: list[list[int]], pd_max_tokens: int,
+                    ref_max_tokens: int) -> ParityResult:
+    """Parity per choice (``n`` > 1 or several prompts in one request; issue #12 item 1): choice
+    ``i`` of the P/D answer against choice ``i`` of the reference, the first that is not equal
+    (its ``reason`` names the choice) or equal. A different number of choices is a divergence."""
+    if len(pd_choices) != len(ref_choices):
+        return ParityResult("diverged", reason=f"{len(pd_choices)} choices, reference {len(ref_choices)}")
+    for i, (a, b) in enumerate(zip(pd_choices, ref_choices)):
+        r = compare(a, b, pd_max_tokens, ref_max_tokens)
+        if r.status != "equal":
+            return ParityResult(r.status, r.position, r.pd_token, r.ref_token, f"choice {i}" + (f": {r.reason}" if r.reason else ""))
+    return ParityResult("equal")
+
+
+def compare_hops(pd: Any, ref: Any, pd_max_tokens: int, ref_max_tokens: int) -> ParityResult:
+    """:func:`compare_choices` when either :class:`rig.client.Hop` has several choices, else
+    :func:`compare` of their ``token_ids``."""
+    if pd.choices or ref.choices:
+        return compare_choices(pd.choices or [pd.token_ids or []], ref.choices or [ref.token_ids or []],
+                               pd_max_tokens, ref_max_tokens)
+    return compare(pd.token_ids or [], ref.token_ids or [], pd_max_tokens, ref_max_tokens)
 
 
 def summarize(results: list[ParityResult | None]) -> dict[str, int]:

@@ -136,6 +136,8 @@ def kv_transfer_config(cfg: RigConfig, role: str, inst: InstanceConfig) -> dict[
             nixl_extra=_nixl_extra(cfg))
     out: dict[str, Any] = {"kv_connector": "NixlConnector", "kv_role": kv_role,
                            "kv_buffer_device": cfg.nixl.kv_buffer_device}
+    if inst.kv_load_failure_policy is not None:
+        out["kv_load_failure_policy"] = inst.kv_load_failure_policy
     if _nixl_extra(cfg):
         out["kv_connector_extra_config"] = _nixl_extra(cfg)
     return out
@@ -161,7 +163,7 @@ def vllm_argv(cfg: RigConfig, role: str, inst: InstanceConfig, model_path: str, 
         "--served-model-name", cfg.model.served_name,
         "--host", cfg.launch.host,
         "--port", str(inst.port),
-        "--block-size", str(cfg.block_size),
+        "--block-size", str(inst.block_size or cfg.block_size),
         "--max-model-len", str(cfg.max_model_len),
         "--dtype", cfg.dtype,
         "--seed", str(cfg.launch.seed),

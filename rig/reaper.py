@@ -41,6 +41,8 @@ def kill_groups(pgids: set[int], grace_s: float, reap: Callable[[], object] | No
     for pg in pgids:
         try:
             os.killpg(pg, signal.SIGTERM)
+            # A group a fault left SIGSTOPped (rig.faults) only sees the SIGTERM once continued.
+            os.killpg(pg, signal.SIGCONT)
         except ProcessLookupError:
             pass
     deadline = time.monotonic() + grace_s

@@ -59,6 +59,8 @@ REQUIRED: dict[str, tuple[str, ...]] = {
                           "master-alive", "alive", "no-fatal-log", "idle-after"),
     "long-generation": ("completed", "token-counts", "parity", "failed-loads", "store-written", "kv-pressure",
                         "master-alive", "alive", "no-fatal-log", "idle-after"),
+    "fault": ("fault-fired", "fault-outcome", "recovery-serves", "parity", "idle-after", "alive", "no-fatal-log",
+              "kv-integrity"),  # rig/faults.py (issue #12)
     "retrieval": ("completed", "token-counts", "kv-pulled", "parity", "alive", "no-fatal-log", "kv-integrity",
                   "idle-after", "retrieval"),
 }

@@ -23,6 +23,8 @@ Environment:
                                exist and creates it when it fires (a restarted server is healthy)
   FAKE_VLLM_STARTUP_DELAY      seconds before /health answers 200 (503 before; default 0.5)
   FAKE_VLLM_TOKEN_LATENCY      seconds per generated token (default 0.002)
+  FAKE_VLLM_PULL_S             seconds a decode-side request spends pulling its KV (kv fetch stage
+                               in_progress; default: FAKE_VLLM_TOKEN_LATENCY)
 
 Faults (FAKE_VLLM_FAULT):
   exit-before-ready  traceback ending "RuntimeError: fake engine failed to start", exit 1
@@ -77,6 +79,7 @@ OMIT_METRICS = {n for n in os.environ.get("FAKE_VLLM_OMIT_METRICS", "").split(",
 FAULT_ONCE = os.environ.get("FAKE_VLLM_FAULT_ONCE") or None
 STARTUP_DELAY = float(os.environ.get("FAKE_VLLM_STARTUP_DELAY", "0.5"))
 TOKEN_LATENCY = float(os.environ.get("FAKE_VLLM_TOKEN_LATENCY", "0.002"))
+PULL_S = float(os.environ.get("FAKE_VLLM_PULL_S") or TOKEN_LATENCY)
 VOCAB = 1024
 KV_BYTES_PER_TOKEN = 512  # whole blocks move: 65,536 B for a 126-token prompt at block size 32
 # Buckets from vllm/v1/metrics/buckets.py and .../kv_connector/v1/nixl/stats.py
@@ -378,6 +381,9 @@ class Server:
         if isinstance(checked, web.Response):
             return checked
         prompt, n_out = checked
+        # Which fields each hop carried (tests of per-hop request fields read this line).
+        log("INFO", f"completion fields: {','.join(sorted(body))}", "serving_completion.py:1")
+        n_choices = int(body.get("n") or 1)
         a, m, lv = self.args, self.metrics, self.metrics.lv
         ktp = body.get("kv_transfer_params") or {}
         is_p = a.producer and bool(ktp.get("do_remote_decode"))  # P: prefill, hand KV to D
@@ -398,7 +404,7 @@ class Server:
             self.engine.submit(req)
             await req.admitted
             if self._count_prompt(req, ktp):  # D pulls the prompt's KV: waiting, stage in_progress
-                await asyncio.sleep(TOKEN_LATENCY)
+                await asyncio.sleep(PULL_S)
             req.state = "running"
             if stream:
                 resp = web.StreamResponse(headers={"Content-Type": "text/event-stream; charset=utf-8"})
@@ -437,13 +443,14 @@ class Server:
         if FAULT == "fatal-log" and not self.fatal_logged:
             self.fatal_logged = True
             log("ERROR", "Cannot get 3 free blocks from the pool", "block_pool.py:679", "EngineCore")
-        if not stream:
-            choice = {"index": 0, "text": detokenize(toks), "logprobs": None, "finish_reason": "length",
-                      "stop_reason": None, "token_ids": toks if ret_ids else None, "prompt_logprobs": None,
-                      "prompt_token_ids": prompt if ret_ids else None, "routed_experts": None}
+        if not stream:  # n > 1: greedy choices are identical (the fake computes one, as vLLM's n copies)
+            choices = [{"index": i, "text": detokenize(toks), "logprobs": None, "finish_reason": "length",
+                        "stop_reason": None, "token_ids": toks if ret_ids else None, "prompt_logprobs": None,
+                        "prompt_token_ids": prompt if ret_ids else None, "routed_experts": None}
+                       for i in range(n_choices)]
             return web.json_response({
-                **head, "choices": [choice], "service_tier": None, "system_fingerprint": None,
-                "usage": {**usage(len(prompt), len(toks)), "prompt_tokens_details": None,
+                **head, "choices": choices, "service_tier": None, "system_fingerprint": None,
+                "usage": {**usage(len(prompt), n_choices * len(toks)), "prompt_tokens_details": None,
                           "completion_tokens_details": None},
                 "kv_transfer_params": self._kv_params(req) if is_p else None,
                 "ec_transfer_params": None, "metrics": None}, dumps=dumps)

@@ -23,7 +23,8 @@ def test_every_make_command_in_the_readme_is_a_target():
 
 def test_every_pdrig_subcommand_in_the_readme_exists():
     subs = set(build_parser()._subparsers._group_actions[0].choices)  # noqa: SLF001 - argparse has no API
-    used = set(re.findall(r"pdrig ([a-z][a-z0-9-]*)", README))
+    # `pdrig X` as a command (not `kubectl -n pdrig logs`, where pdrig is a namespace)
+    used = set(re.findall(r"(?:^|[`/\s(])(?<!-n )pdrig ([a-z][a-z0-9-]*)", README, re.M))
     assert used and used <= subs, used - subs
 
 

@@ -7,7 +7,6 @@ import shlex
 import sys
 from pathlib import Path
 
-import pytest
 from conftest import fake_config, kill_pids, wait_no_survivors, write_config
 
 from rig import cli

@@ -19,10 +19,11 @@ from dataclasses import dataclass
 import httpx
 
 from rig import metrics as m
-from rig.client import PDClient, PDRecord, cancel_task, classify, prefill_failure
+from rig.client import Hop, PDClient, PDRecord, cancel_task, classify, prefill_failure
 from rig.config import ScenarioConfig
 from rig.observations import ScenarioObservation, SnapshotStore
-from rig.parity import compare
+from rig.parity import compare_hops
+from rig.request_fields import RequestFields
 from rig.stall import EarlyRule, Stall, StallDetector
 from rig.workload.prompts import make_prompt, seed_of
 
@@ -59,8 +60,9 @@ async def flush_prefill_pool(client: PDClient, p: Endpoint, usable_blocks: int, 
 
 async def _pd_one(client: PDClient, rec: PDRecord, p: Endpoint, d: Endpoint,
                   decode_tasks: dict[str, asyncio.Task], tamper_prompt: list[int] | None = None,
-                  between: BetweenHops | None = None) -> None:
-    rec.prefill = await client.prefill(p.name, p.url, rec.prompt, rec.max_tokens)
+                  between: BetweenHops | None = None, fields: RequestFields | None = None) -> None:
+    fields = fields or RequestFields()
+    rec.prefill = await client.prefill(p.name, p.url, rec.prompt, rec.max_tokens, fields.for_hop("prefill"))
     failure = prefill_failure(rec.prefill)
     if failure:
         rec.outcome, rec.diagnosis = failure
@@ -73,7 +75,7 @@ async def _pd_one(client: PDClient, rec: PDRecord, p: Endpoint, d: Endpoint,
         # uses the prompt D was given, so wrong KV shows up as a divergence.
         rec.prompt = tamper_prompt
     task = asyncio.create_task(client.decode(d.name, d.url, rec.prompt, rec.max_tokens,
-                                             rec.prefill.kv_transfer_params))
+                                             rec.prefill.kv_transfer_params, fields.for_hop("decode")))
     decode_tasks[rec.request_id] = task
     try:
         rec.decode = await task
@@ -151,7 +153,7 @@ async def run_edge(sc: ScenarioConfig, client: PDClient, http: httpx.AsyncClient
             async with asyncio.timeout(deadline_s):
                 swapped = (make_prompt(sc.prompt_tokens, seed + 1_000_003 + int(rec.request_id.rsplit("-", 1)[1]))
                            if sc.tamper == "swap-prompt" else None)
-                await _pd_one(client, rec, p, d, decode_tasks, swapped, between)
+                await _pd_one(client, rec, p, d, decode_tasks, swapped, between, sc.request)
         except TimeoutError:
             rec.outcome = "timeout"
             rec.diagnosis = f"no answer within the {deadline_s:.0f} s deadline"
@@ -173,8 +175,15 @@ async def run_edge(sc: ScenarioConfig, client: PDClient, http: httpx.AsyncClient
         for i, rec in enumerate(obs.records):
             if rec.outcome != "ok" or rec.decode is None:
                 continue
-            ref = await client.direct(p.name, p.url, rec.prompt, rec.max_tokens)
+            ref = await reference(client, p, rec, sc.request)
             if ref.error or ref.token_ids is None:
                 rec.diagnosis = f"parity reference failed: {ref.error or 'no token_ids'}"
                 continue
-            obs.parity[i] = compare(rec.decode.token_ids or [], ref.token_ids, rec.max_tokens, rec.max_tokens)
+            obs.parity[i] = compare_hops(rec.decode, ref, rec.max_tokens, rec.max_tokens)
+
+
+async def reference(client: PDClient, p: Endpoint, rec: PDRecord, fields: RequestFields | None) -> Hop:
+    """The non-disaggregated reference of ``rec`` on P, with the scenario's reference fields
+    (issue #12: e.g. the same ``n`` as the decode hop, so parity compares choice by choice)."""
+    return await client.direct(p.name, p.url, rec.prompt, rec.max_tokens,
+                               (fields or RequestFields()).for_hop("reference"))

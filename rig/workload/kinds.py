@@ -58,7 +58,7 @@ def block_facts(cfg: RigConfig, decode: str) -> BlockFacts:
     from rig.workload.waves import usable_blocks_of
 
     spec = cfg.instance(decode).speculative
-    return BlockFacts(block_size=cfg.block_size, usable_blocks=usable_blocks_of(cfg, [decode])[decode],
+    return BlockFacts(block_size=cfg.instance(decode).block_size or cfg.block_size, usable_blocks=usable_blocks_of(cfg, [decode])[decode],
                       num_speculative_tokens=spec.num_speculative_tokens if spec else 0,
                       max_model_len=cfg.max_model_len)
 
@@ -100,7 +100,14 @@ async def _usable_from_metrics(ctx: ScenarioContext) -> int | None:
 
 
 def _judge_edge(sc: ScenarioConfig, obs: ScenarioObservation, result: Any, _sections: list[str]) -> ScenarioVerdict:
-    return judge(sc, obs, blocks=result if isinstance(result, BlockFacts) else None)
+    from rig.checks import lease_release_check, stream_check
+
+    # The checks that follow request fields (issue #12 item 1): a streamed decode hop must be
+    # complete and in order; fields such as n on the prefill hop must not leave blocks to the lease.
+    extra = [c for c in (stream_check(obs.records),) if c is not None]
+    if sc.request is not None:
+        extra.append(lease_release_check(obs))
+    return judge(sc, obs, blocks=result if isinstance(result, BlockFacts) else None, extra=extra or None)
 
 
 async def _run_wave(sc: ScenarioConfig, ctx: ScenarioContext, obs: ScenarioObservation) -> Any:
@@ -166,6 +173,22 @@ def _judge_retrieval(sc: ScenarioConfig, obs: ScenarioObservation, result: Any, 
     return v
 
 
+async def _run_fault(sc: ScenarioConfig, ctx: ScenarioContext, obs: ScenarioObservation) -> Any:
+    from rig.faults import run_fault_scenario
+
+    return await run_fault_scenario(sc, ctx, obs)
+
+
+def _judge_fault(sc: ScenarioConfig, obs: ScenarioObservation, result: Any, sections: list[str]) -> ScenarioVerdict:
+    """Fault scenarios (issue #12): rig.fault_checks.fault_checks through the one engine."""
+    from rig.fault_checks import fault_checks
+    from rig.faults import fault_section
+
+    if result is not None:
+        sections.append(fault_section(sc.name, result))
+    return judge(sc, obs, checks=fault_checks(sc, obs, result))
+
+
 _WAVE = Kind(_run_wave, _judge_wave)
 _STORE = Kind(_run_store, _judge_store)
 KINDS: dict[str, Kind] = {
@@ -176,4 +199,5 @@ KINDS: dict[str, Kind] = {
     "prefix-wave-store": _STORE,
     "long-generation": _STORE,
     "retrieval": Kind(_run_retrieval, _judge_retrieval),
+    "fault": Kind(_run_fault, _judge_fault),
 }
