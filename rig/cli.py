@@ -175,7 +175,18 @@ def cmd_proxy(args: argparse.Namespace) -> int:
         raise ConfigError(f"proxy: {e} (give --endpoints F, or --prefill URL and --decode URL)") from None
     print(f"pdrig proxy on http://{args.host}:{args.port}  ({args.policy}) prefill: "
           f"{', '.join(u for _, u in pre)}  decode: {', '.join(u for _, u in dec)}", file=sys.stderr, flush=True)
-    aio.run(serve(proxy, args.host, args.port))
+
+    async def until_signal() -> None:
+        # Signals end the loop cleanly here: the CLI's KeyboardInterrupt handlers, raised inside
+        # a transport callback, would be swallowed by the event loop.
+        import asyncio
+        import signal
+
+        stop, loop = asyncio.Event(), asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+            loop.add_signal_handler(sig, stop.set)
+        await serve(proxy, args.host, args.port, stop=stop)
+    aio.run(until_signal())
     return 0
 
 

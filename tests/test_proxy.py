@@ -5,6 +5,7 @@ rig's own Cluster, plus recording stubs where the test must see exactly what eac
 
 from __future__ import annotations
 
+import os
 import sys
 import time
 
@@ -12,7 +13,7 @@ import httpx
 import openai
 import pytest
 from aiohttp import web
-from conftest import fake_config, free_ports, kill_pids, wait_no_survivors
+from conftest import ROOT, fake_config, free_ports, kill_pids, wait_no_survivors
 
 from rig.client import PREFILL_PARAMS
 from rig.cluster import Cluster
@@ -257,3 +258,64 @@ def test_cli_refuses_missing_instances(capsys):
 
     assert cli.main(["proxy", "--prefill", "http://127.0.0.1:1"]) == 2
     assert "at least one prefill and one decode" in capsys.readouterr().err
+
+
+def _wait_listening(url: str, proc, within_s: float) -> None:
+    deadline = time.monotonic() + within_s
+    while time.monotonic() < deadline:
+        assert proc.poll() is None, proc.communicate()[1][-3000:]
+        try:
+            if httpx.get(url + "/health", timeout=1).status_code == 200:
+                return
+        except httpx.HTTPError:
+            time.sleep(0.2)
+    raise AssertionError(f"{url} did not come up within {within_s} s")
+
+
+def test_cli_proxy_serves_and_stops_on_sigterm(fakes):
+    import signal
+    import subprocess
+
+    port = free_ports(1)[0]
+    proc = subprocess.Popen([sys.executable, "-m", "rig.cli", "proxy", "--prefill", fakes.url("prefill"),
+                             "--decode", fakes.url("decode-a"), "--port", str(port)],
+                            cwd=str(ROOT), env={**os.environ, "PYTHONPATH": str(ROOT)},
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        url = f"http://127.0.0.1:{port}"
+        _wait_listening(url, proc, 20)
+        r = httpx.post(url + "/v1/completions", json={"model": "tiny", "prompt": "cli", "max_tokens": 3}, timeout=20)
+        assert r.status_code == 200 and r.headers["x-pd-decode"] == "decode-0"
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=10) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+
+
+def test_up_with_proxy_serves_pd_and_stops_everything(tmp_path):
+    """`pdrig up --proxy PORT` starts the topology and the proxy in front of it; SIGTERM stops both."""
+    import signal
+    import subprocess
+
+    from conftest import write_config
+
+    cfg = write_config(tmp_path, fake_config(tmp_path))
+    port = free_ports(1)[0]
+    proc = subprocess.Popen([sys.executable, "-m", "rig.cli", "up", "--config", str(cfg), "--proxy", str(port)],
+                            cwd=str(tmp_path), env={**os.environ, "PYTHONPATH": str(ROOT)},
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        url = f"http://127.0.0.1:{port}"
+        _wait_listening(url, proc, 60)
+        client = openai.OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0, timeout=20)
+        got = client.completions.create(model="tiny", prompt=list(range(3, 40)), max_tokens=4)
+        assert got.usage.completion_tokens == 4
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    left = wait_no_survivors(str(tmp_path), within_s=10)
+    kill_pids(left)
+    assert left == {}, f"servers survived pdrig up: {left}"
