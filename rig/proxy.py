@@ -31,7 +31,9 @@ Contracts:
   ``least-outstanding`` (fewest requests in flight on that instance, ties in list order).
 - ``GET /metrics`` is the proxy's own Prometheus registry (prometheus_client); ``GET /health`` is
   the proxy's own liveness; ``GET /v1/models`` and ``GET /version`` are relayed from a decode
-  instance. The server binds 127.0.0.1 unless told otherwise.
+  instance. The server binds 127.0.0.1 unless told otherwise. The client's ``Authorization``
+  header (servers started with ``--api-key``) and ``X-Request-Id`` (else one the proxy makes) go
+  to both hops.
 
 The proxy is deliberately thin: it never parses D's answer. Its speed is measured by
 scripts/bench_proxy.py against vLLM's toy proxy design (docs/proxy.md).
@@ -225,7 +227,9 @@ class PDProxy:
             if body.pop("kv_transfer_params", None) is not None:
                 m.dropped_ktp.inc()
             rid = request.headers.get("X-Request-Id") or f"pdproxy-{uuid.uuid4().hex}"
-            headers = {"X-Request-Id": rid}
+            headers = {"X-Request-Id": rid}  # one id in P's and D's logs
+            if "Authorization" in request.headers:  # servers started with --api-key
+                headers["Authorization"] = request.headers["Authorization"]
             p = self.prefill.pick()
             out_headers = {PREFILL_HEADER: p.name}
             try:

@@ -183,11 +183,12 @@ class Recorder:
              "remote_port": 5600}
 
     def __init__(self, is_prefill: bool):
-        self.is_prefill, self.bodies = is_prefill, []
+        self.is_prefill, self.bodies, self.auth = is_prefill, [], []
 
     def app(self) -> web.Application:
         async def handle(request: web.Request) -> web.Response:
             self.bodies.append(await request.json())
+            self.auth.append(request.headers.get("Authorization"))
             return web.json_response({"choices": [{"index": 0, "text": "t", "finish_reason": "length"}],
                                       "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2},
                                       "kv_transfer_params": self.P_KTP if self.is_prefill else None})
@@ -210,6 +211,7 @@ def test_client_kv_transfer_params_are_dropped():
     assert p.bodies[0]["max_tokens"] == 1 and "stream" not in p.bodies[0]
     assert d.bodies[0]["kv_transfer_params"] == Recorder.P_KTP and d.bodies[0]["max_tokens"] == 3
     assert m.value("pdrig_proxy_client_kv_transfer_params_dropped_total") == 1
+    assert p.auth == d.auth == ["Bearer unused"]  # the client's API key reaches both hops
 
 
 def wait_for(cond, within_s: float) -> float | None:
