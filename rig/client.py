@@ -25,6 +25,8 @@ from typing import Any
 
 import httpx
 
+from rig.stall import StallFacts
+
 PREFILL_PARAMS = {"do_remote_decode": True, "do_remote_prefill": False, "remote_engine_id": None,
                   "remote_block_ids": None, "remote_host": None, "remote_port": None}
 
@@ -68,6 +70,7 @@ class PDRecord:
     diagnosis: str = ""
     decode_sent_at: float | None = None
     verdict_after_s: float | None = None
+    stall: StallFacts | None = None  # the frozen state when the rig marked it ``stalled``
 
     @property
     def completion_tokens(self) -> int | None:

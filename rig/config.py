@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal, Union
 
 import yaml
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
@@ -172,20 +172,120 @@ class TimeoutsConfig(_Strict):
     shutdown_grace_s: float = Field(10, gt=0, description="SIGTERM -> SIGKILL delay")
 
 
+def _regex(v: str | None, what: str) -> str | None:
+    """Compile-check a regex field; ValueError naming it otherwise."""
+    if v is not None:
+        try:
+            re.compile(v)
+        except re.error as e:
+            raise ValueError(f"{what}: not a valid regular expression ({e})") from None
+    return v
+
+
+# Run-level checks (not tied to one request) a signature may name in ``excuses``; everything
+# else a known issue excuses only on the requests that show its symptom (issue #9 item 2).
+RunLevelCheck = Literal["alive", "no-fatal-log", "idle-after", "no-stall", "kv-integrity"]
+
+
+class _Signature(_Strict):
+    """What every symptom signature has: the run-level checks it explains."""
+
+    excuses: list[RunLevelCheck] = Field(
+        default_factory=list,
+        description="run-level checks this symptom explains (e.g. idle-after for a leak); by "
+                    "default a known issue never excuses alive, no-fatal-log, idle-after, no-stall")
+
+
+class StallSignature(_Signature):
+    """A request frozen on one instance (rig.stall.StallFacts), matched field by field.
+
+    ``admission`` uses the block arithmetic of the decode instance (rig.verdict.admission_of):
+    ``fits-but-waits`` = the request needs at most the free blocks yet waits for capacity (the
+    0.32.0 spec-decode admission livelock, vllm/v1/core/sched/scheduler.py
+    ``_spec_decode_step_blocks``); ``never-fits`` = it needs more blocks than the instance has.
+    Fields left ``None`` are not compared.
+    """
+
+    kind: Literal["stall"]
+    instance: Literal["decode", "prefill"] = Field("decode", description="role of the frozen instance")
+    waiting_reason: str | None = Field(None, description="a reason of vllm:num_requests_waiting_by_reason "
+                                                          "that must be > 0, e.g. capacity")
+    kv_fetch_stage: str | None = Field(None, description="a stage of vllm:num_requests_kv_fetch_by_stage "
+                                                         "that must be > 0, e.g. waiting_to_start")
+    kv_usage_max: float | None = Field(None, ge=0, le=1, description="KV usage ceiling (0..1) while frozen")
+    admission: Literal["fits-but-waits", "never-fits"] | None = None
+
+
+class HttpErrorSignature(_Signature):
+    """An HTTP error answer on one hop: ``status`` and a regex on vLLM's error message."""
+
+    kind: Literal["http-error"]
+    status: int | None = Field(None, ge=100, le=599)
+    message: str | None = Field(None, description="regex searched in the error message")
+    hop: Literal["prefill", "decode"] = "decode"
+
+    @field_validator("message")
+    @classmethod
+    def _re(cls, v: str | None) -> str | None:
+        return _regex(v, "message")
+
+
+class CrashSignature(_Signature):
+    """An instance died: its role (or name) and a regex its first fatal log line must match.
+    A crash explains ``alive`` and ``no-fatal-log`` for that instance and the requests it failed."""
+
+    kind: Literal["crash"]
+    instance: str = Field(description="role (prefill / decode) or instance name")
+    fatal_log: str = Field(description="regex searched in the instance's first fatal log line")
+
+    @field_validator("fatal_log")
+    @classmethod
+    def _re(cls, v: str) -> str:
+        return _regex(v, "fatal_log") or v
+
+
+class StaleKvSignature(_Signature):
+    """Decode read KV prefill had released: P's ``Potentially invalid KV blocks for unrecognized
+    request <id>`` line naming THIS request's ``remote_request_id`` (nixl pull_worker.py), and,
+    with ``parity`` (default), a parity divergence on the same request."""
+
+    kind: Literal["stale-kv"]
+    parity: bool = True
+
+
+class WrongOutputSignature(_Signature):
+    """An answered request whose tokens diverge from the non-disaggregated reference."""
+
+    kind: Literal["wrong-output"]
+
+
+Signature = Annotated[Union[StallSignature, HttpErrorSignature, CrashSignature, StaleKvSignature,
+                            WrongOutputSignature], Field(discriminator="kind")]
+
+
 class KnownIssue(_Strict):
     """A bug the scenario is expected to hit on some vLLM versions (strict xfail semantics).
 
-    On a version inside ``affects`` the scenario's expected symptom is reported XFAIL; a pass
-    there is XPASS and fails the run ("known issue fixed: update the expectation").
+    On a version inside ``affects`` the scenario is XFAIL when the ``symptom`` signature matches
+    and every check it does not explain holds; a pass there is XPASS ("known issue fixed: update
+    the expectation"); anything else is FAIL naming what the signature expected and what was seen.
     """
 
     id: str
     title: str
     affects: str = Field(description="PEP 440 specifier on the vLLM version, e.g. '>=0.32.0,<0.33'")
-    symptom: Literal["stall", "error", "stale-kv"] = Field(
-        "stall", description="stall: the stall detector fired; error: a request failed; stale-kv: "
-                             "an answer came from KV prefill had released (kv-integrity / parity)")
+    symptom: Signature
     upstream: str = Field("", description="upstream reference: PR / issue / file")
+
+    @field_validator("symptom", mode="before")
+    @classmethod
+    def _signature_not_name(cls, v: Any) -> Any:
+        if isinstance(v, str):
+            raise ValueError(
+                f"{v!r} is a bare symptom name; give its signature as a mapping with kind: one of stall, "
+                "http-error, crash, stale-kv, wrong-output, e.g. {kind: stall, instance: decode, "
+                "waiting_reason: capacity, admission: fits-but-waits}")
+        return v
 
     @field_validator("affects")
     @classmethod
@@ -198,14 +298,68 @@ class KnownIssue(_Strict):
 
     def applies_to(self, vllm_version: str) -> bool:
         """True when ``vllm_version`` (e.g. '0.32.0', '0.32.0+cpu') is inside ``affects``."""
-        return SpecifierSet(self.affects).contains(vllm_version.split("+")[0], prereleases=True)
+        return version_in(self.affects, vllm_version)
 
 
-class Expectation(_Strict):
-    """Token counts every request of a scenario must report in ``usage``."""
+def version_in(specifier: str, vllm_version: str) -> bool:
+    """True when ``vllm_version`` (local part like '+cpu' ignored) is inside PEP 440 ``specifier``."""
+    return SpecifierSet(specifier).contains(vllm_version.split("+")[0], prereleases=True)
+
+
+class _Outcome(_Strict):
+    """What every request of a scenario must show: an answer with these ``usage`` counts, or
+    (``http_status`` set) an HTTP error of the decode hop, e.g. a request vLLM refuses."""
 
     completion_tokens: int | None = Field(None, ge=0)
     total_tokens: int | None = Field(None, ge=0)
+    http_status: int | None = Field(None, ge=100, le=599,
+                                    description="decode must answer with this HTTP status (an expected refusal)")
+    http_message: str | None = Field(None, description="regex the refusal's message must match")
+
+    @field_validator("http_message")
+    @classmethod
+    def _re(cls, v: str | None) -> str | None:
+        return _regex(v, "http_message")
+
+    @model_validator(mode="after")
+    def _one_outcome(self) -> "_Outcome":
+        if self.http_status is not None and (self.completion_tokens is not None or self.total_tokens is not None):
+            raise ValueError("give either token counts (an answer) or http_status (a refusal), not both")
+        if self.http_message is not None and self.http_status is None:
+            raise ValueError("http_message needs http_status")
+        return self
+
+
+class VersionedOutcome(_Outcome):
+    """An expected outcome that holds on the vLLM versions ``vllm`` (PEP 440), e.g. a refusal
+    an older release gave where a newer one clamps (issue #11 item 5)."""
+
+    vllm: str = Field(description="PEP 440 specifier, e.g. '<0.28'")
+    note: str = Field("", description="where the difference was measured")
+
+    @field_validator("vllm")
+    @classmethod
+    def _valid_specifier(cls, v: str) -> str:
+        return KnownIssue._valid_specifier(v)
+
+
+class Expectation(_Outcome):
+    """The outcome every request of a scenario must show; ``by_version`` entries (first match
+    wins) replace it on the vLLM versions they name: version differences are data, not code."""
+
+    by_version: list[VersionedOutcome] = Field(default_factory=list)
+
+    def for_version(self, vllm_version: str) -> _Outcome | None:
+        """The outcome for ``vllm_version``; None when it depends on the version and the version
+        is unknown ('')."""
+        if not self.by_version:
+            return self
+        if not vllm_version:
+            return None
+        for v in self.by_version:
+            if version_in(v.vllm, vllm_version):
+                return v
+        return self
 
 
 # --- issue #4: prefix and pressure waves (rig/workload/waves.py) -------------------------------
@@ -313,6 +467,24 @@ class ScenarioConfig(_Strict):
     store: StoreScenarioConfig | None = Field(None, description="store kinds' settings (issue #3)")
     retrieval: RetrievalConfig | None = Field(None, description="kind retrieval's settings (issue #5)")
 
+    @model_validator(mode="before")
+    @classmethod
+    def _fields_of_kind(cls, data: Any) -> Any:
+        """A field the scenario's kind does not use is an error naming it (issue #9 item 9):
+        a kind that silently ignored ``known_issue`` / ``tamper`` / ``concurrent`` would report
+        a verdict for a scenario it never ran as written."""
+        if isinstance(data, dict):
+            kind = data.get("kind", "edge")
+            allowed = KIND_FIELDS.get(kind)
+            unused = sorted(k for k in data if allowed is not None and k not in allowed
+                            and k in SCENARIO_FIELDS and data[k] is not None)
+            if unused:
+                raise ValueError(
+                    f"{', '.join(unused)}: not used by kind {kind!r}; remove "
+                    f"{'it' if len(unused) == 1 else 'them'} (kind {kind!r} takes "
+                    f"{', '.join(sorted(allowed - COMMON_FIELDS)) or 'only the common fields'})")
+        return data
+
     @model_validator(mode="after")
     def _hold_consistent(self) -> "ScenarioConfig":
         if (self.hold_between_s or self.flush_prefill) and self.kind != "edge":
@@ -356,6 +528,20 @@ class ScenarioConfig(_Strict):
             raise ValueError("wave.cancel_points has during-decode, which needs max_tokens >= 2 "
                              "(the cancel comes after the first token)")
         return self
+
+
+# Which ScenarioConfig fields each kind uses (the others are refused at load time). Every kind
+# goes through the one verdict engine (rig.verdict), so every kind honours ``known_issue`` and
+# ``expect``; only edge scenarios build their own requests (concurrent, tamper, hold).
+COMMON_FIELDS = frozenset({"name", "kind", "description", "prefill", "decode", "prompt_tokens", "max_tokens",
+                           "expect", "known_issue", "deadline_s", "parity", "seed"})
+KIND_FIELDS: dict[str, frozenset[str]] = {
+    "edge": COMMON_FIELDS | {"concurrent", "tamper", "hold_between_s", "flush_prefill"},
+    **{k: COMMON_FIELDS | {"wave"} for k in WAVE_KINDS},
+    **{k: COMMON_FIELDS | {"store"} for k in STORE_KINDS},
+    "retrieval": COMMON_FIELDS | {"retrieval"},
+}
+SCENARIO_FIELDS = frozenset(ScenarioConfig.model_fields)
 
 
 class RigConfig(_Strict):
@@ -452,7 +638,7 @@ class RigConfig(_Strict):
                     f"scenarios[{i}] ({sc.name}).prompt_tokens {sc.prompt_tokens} must be below "
                     f"max_model_len {self.max_model_len} (vLLM rejects it otherwise)")
             lease = self.nixl.lease_s
-            if sc.known_issue and sc.known_issue.symptom == "stale-kv" and (sc.hold_between_s or 0) <= lease:
+            if sc.known_issue and sc.known_issue.symptom.kind == "stale-kv" and (sc.hold_between_s or 0) <= lease:
                 raise ValueError(
                     f"scenarios[{i}] ({sc.name}).hold_between_s {sc.hold_between_s} must exceed "
                     f"nixl.kv_lease_duration {lease:g} for the lease to expire; lower the lease, e.g. "

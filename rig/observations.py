@@ -84,6 +84,7 @@ class TransferEvidence:
     nixl_bytes: float = 0.0  # vllm:nixl_bytes_transferred_sum delta (bytes)
     nixl_transfers: float = 0.0  # vllm:nixl_bytes_transferred_count delta
     external_prompt_tokens: float = 0.0  # prompt_tokens_by_source{source=external_kv_transfer} delta
+    cached_prompt_tokens: float = 0.0  # prompt_tokens_by_source{source=local_cache_hit} delta (D's prefix cache)
     failed_transfers: float = 0.0
     preemptions: float = 0.0
     spec_drafts: float = 0.0
@@ -95,6 +96,7 @@ class TransferEvidence:
             nixl_bytes=m.delta(before, after, m.NIXL_BYTES_SUM),
             nixl_transfers=m.delta(before, after, m.NIXL_XFER_COUNT),
             external_prompt_tokens=m.delta(before, after, m.PROMPT_TOKENS_BY_SOURCE, source="external_kv_transfer"),
+            cached_prompt_tokens=m.delta(before, after, m.PROMPT_TOKENS_BY_SOURCE, source="local_cache_hit"),
             failed_transfers=m.delta(before, after, m.NIXL_FAILED_TRANSFERS),
             preemptions=m.delta(before, after, m.PREEMPTIONS),
             spec_drafts=m.delta(before, after, "vllm:spec_decode_num_drafts_total"),

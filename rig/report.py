@@ -2,8 +2,10 @@
 
 ``report.json`` (everything: config, plan, versions, timings, observations, verdicts),
 ``junit.xml`` (one testcase per scenario: XFAIL as skipped, FAIL/XPASS as failure, ERROR as
-error, so CI systems show it natively) and ``summary.md`` (one row per scenario: expectation,
-verdict, tokens, latency per hop, time-to-verdict, parity, diagnosis). The terminal shows the
+error, so CI systems show it natively; plus one skipped testcase per check that was "not
+checked", with the reason) and ``summary.md`` (one row per scenario: expectation, verdict,
+tokens, latency per hop, time-to-verdict, parity, check counts, diagnosis; then every check that
+failed or was not checked, with the requests it failed on). The terminal shows the
 same table with rich. :func:`write_report` is called on every exit path, also for a failed or
 interrupted run, with whatever was observed so far.
 """
@@ -79,9 +81,31 @@ def scenario_rows(result: RunResult) -> list[dict[str, str]]:
             "D ms": _ms(d_lat),
             "time to verdict s": "-" if ttv is None else f"{ttv:.1f}",
             "parity": f"{ps['equal']}/{ps['compared']} equal" if ps["compared"] else "-",
+            "checks": check_counts(v),
             "diagnosis": v.reason,
         })
     return rows
+
+
+def check_counts(v: ScenarioVerdict) -> str:
+    """'6 ok, 1 failed, 1 not checked' over the scenario's checks (tri-state, rig.checks)."""
+    n: dict[str, int] = {}
+    for c in v.checks:
+        n[c.state] = n.get(c.state, 0) + 1
+    return ", ".join(f"{n[k]} {k}" for k in ("ok", "failed", "not checked") if n.get(k)) or "-"
+
+
+def checks_md(result: RunResult) -> list[str]:
+    """summary.md lines: every check that failed or was not checked, per scenario, with why."""
+    lines = []
+    for v in result.verdicts:
+        for c in v.checks:
+            if c.ok is not True:
+                on = f" (on {', '.join(c.requests)})" if c.requests else ""
+                lines.append(f"| {v.scenario} | {c.name} | {c.state} | "
+                             + f"{c.detail}{on}".replace("|", "\\|").replace("\n", " ") + " |")
+    return (["", "### Checks not ok", "", "| scenario | check | state | detail |", "|---|---|---|---|", *lines]
+            if lines else [])
 
 
 def render_summary_md(result: RunResult) -> str:
@@ -104,6 +128,7 @@ def render_summary_md(result: RunResult) -> str:
         lines.append("|" + "---|" * len(cols))
         for r in rows:
             lines.append("| " + " | ".join(str(r[c]).replace("|", "\\|").replace("\n", " ") for c in cols) + " |")
+    lines += checks_md(result)
     lines += ["", *result.extra_sections] if result.extra_sections else []
     return "\n".join(lines) + "\n"
 
@@ -111,13 +136,13 @@ def render_summary_md(result: RunResult) -> str:
 def render_junit(result: RunResult) -> str:
     """junit.xml with one testcase per scenario (classname = the config name)."""
     suite = ET.Element("testsuite", name=f"pdrig.{result.name}", tests=str(len(result.verdicts)))
-    n_fail = n_err = n_skip = 0
+    n_fail = n_err = n_skip = n_extra = 0
     obs_by = {o.scenario: o for o in result.observations}
     for v in result.verdicts:
         o = obs_by.get(v.scenario)
         case = ET.SubElement(suite, "testcase", classname=f"pdrig.{result.name}", name=v.scenario,
                              time=f"{o.wall_s:.3f}" if o else "0")
-        detail = "\n".join(f"{c.name}: {'ok' if c.ok else 'FAILED'} - {c.detail}" for c in v.checks)
+        detail = "\n".join(f"{c.name}: {c.state} - {c.detail}" for c in v.checks)
         if v.verdict == "XFAIL":
             n_skip += 1
             ET.SubElement(case, "skipped", message=f"xfail: {v.reason}"[:1000]).text = detail
@@ -126,14 +151,22 @@ def render_junit(result: RunResult) -> str:
             ET.SubElement(case, "failure", message=f"{v.verdict}: {v.reason}"[:1000]).text = detail
         elif v.verdict == "ERROR":
             n_err += 1
-            ET.SubElement(case, "error", message=v.reason[:1000]).text = v.reason
+            ET.SubElement(case, "error", message=v.reason[:1000]).text = "\n".join(filter(None, [v.reason, detail]))
         ET.SubElement(case, "system-out").text = v.expectation
+        for c in v.checks:
+            if c.ok is None:  # a check that could not look: a skipped case with the reason, never a pass
+                n_skip += 1
+                sub = ET.SubElement(suite, "testcase", classname=f"pdrig.{result.name}.{v.scenario}", name=c.name,
+                                    time="0")
+                ET.SubElement(sub, "skipped", message=f"not checked: {c.detail}"[:1000])
+                n_extra += 1
     if result.status in ("error", "interrupted"):
         # A run that ends early must not look green to CI just because no scenario failed.
         n_err += 1
         case = ET.SubElement(suite, "testcase", classname=f"pdrig.{result.name}", name="pdrig-run")
         ET.SubElement(case, "error", message=f"run {result.status}: {result.error}"[:1000]).text = result.error
-        suite.set("tests", str(len(result.verdicts) + 1))
+        n_extra += 1
+    suite.set("tests", str(len(result.verdicts) + n_extra))
     suite.set("failures", str(n_fail))
     suite.set("errors", str(n_err))
     suite.set("skipped", str(n_skip))

@@ -117,6 +117,7 @@ class SuiteRunner:
         # The scenario in flight and its observation as filled so far: kept in the report
         # (ERROR, "interrupted mid-scenario") when Ctrl-C or a crash stops the run inside it.
         self._in_flight: tuple[ScenarioConfig, ScenarioObservation, float] | None = None
+        self.versions: dict[str, str] = {}  # instance -> vLLM version from its /version ('' = unknown)
 
     def log(self, msg: str) -> None:
         """Progress line on stderr (the report is the real output)."""
@@ -261,10 +262,13 @@ class SuiteRunner:
                                         p_hop.kv_transfer_params)
             if d_hop.error:
                 self.log(f"warm-up P/D request to {ph.decode} failed: {d_hop.error}")
-        try:
-            return (await http.get(cluster.url(ph.decode) + "/version")).json().get("version", "")
-        except (httpx.HTTPError, ValueError):
-            return ""
+        # Both sides' versions: a known issue is judged only when P and D run one known version.
+        for name in (ph.prefill, ph.decode):
+            try:
+                self.versions[name] = (await http.get(cluster.url(name) + "/version")).json().get("version", "")
+            except (httpx.HTTPError, ValueError, AttributeError):
+                self.versions[name] = ""
+        return self.versions[ph.decode]
 
     async def _scenario(self, sc: ScenarioConfig, ph: Phase, cluster: Cluster, client: PDClient,
                         http: httpx.AsyncClient, store: SnapshotStore,
@@ -272,7 +276,8 @@ class SuiteRunner:
         """Run one scenario of any kind; returns its observation and the kind's own result."""
         timeouts = self.cfg.timeouts
         kind_result: object = None
-        obs = ScenarioObservation(scenario=sc.name, decode=ph.decode, prefill=ph.prefill, vllm_version=version)
+        obs = ScenarioObservation(scenario=sc.name, decode=ph.decode, prefill=ph.prefill, vllm_version=version,
+                                  versions={n: v for n in (ph.prefill, ph.decode) if (v := self.versions.get(n))})
         t0 = time.monotonic()
         self._in_flight = (sc, obs, t0)
         logs = {n: cluster.plan.by_name(n).log_path for n in cluster.procs}

@@ -1,50 +1,91 @@
-"""Step 6 of the rig's flow: the verdict, from observations and the scenario's expectation.
+"""Step 6 of the rig's flow: the ONE verdict engine, for every scenario kind (issue #9).
 
-Every scenario gets named checks (completed in its deadline, token counts, KV really pulled over
-NIXL, parity with the reference, no process died, no fatal log line, instances idle again).
-Then the expectation decides, like pytest's *strict* xfail:
+Kinds produce observations and named checks (:mod:`rig.checks`); this module turns them into a
+verdict. Like pytest's ``skipping.py`` it has a frozen :class:`Expectation` (what the scenario
+expects on this vLLM version: pass, a known issue, or a caught canary, plus the checks its kind
+requires) and a pure :func:`decide`, which never looks at anything but its arguments:
 
-- no known issue for this vLLM version: PASS when every check holds, else FAIL;
-- a known issue whose version range contains the server's version: XFAIL when its symptom
-  (e.g. a stall) is observed and the checks the symptom does not explain still hold; XPASS when
-  everything passes (which fails the run: "known issue fixed: update the expectation"); FAIL
-  for any other failure;
-- ERROR when the rig itself could not run the scenario.
+1. a rig error (``ScenarioObservation.error``) with no instance death -> ERROR;
+2. known issue declared and P's / D's vLLM version unknown or different -> ERROR (the range
+   cannot be judged);
+3. every failed check must be explained, else FAIL naming it. A known issue's signature
+   (:mod:`rig.signatures`) explains the request checks it names only on the requests that show
+   the symptom, and run-level checks (alive, no-fatal-log, idle-after, no-stall) only when it
+   names them; a canary's catch explains the checks it failed on the caught requests;
+4. a required check that was not checked (``Check.ok is None``) and is not explained -> ERROR
+   "inconclusive: <check> not checked: <why>" (decided here: a verdict that rests on evidence
+   the rig could not gather is neither PASS nor XFAIL, and it is not a vLLM failure either);
+5. known issue in range: signature matched -> XFAIL, nothing failed -> XPASS (fails the run:
+   "known issue fixed: update the expectation"); canary: caught -> PASS, else FAIL
+   ("canary inconclusive" when it was not answered over pulled KV, "passed silently" when it was
+   and matched); otherwise PASS.
 
-A run passes when every scenario is PASS or XFAIL.
+A known issue's signature seen on a version outside its ``affects`` gives FAIL "matches known
+issue X, outside its declared range Y: update `affects`?". A run passes when every scenario is
+PASS or XFAIL.
 """
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
-from rig.config import ScenarioConfig
+from rig.checks import (KV_PULLED_METRICS, Check, alive_check, completion_checks, fatal_log_check,
+                        idle_check, kv_integrity_check, not_checked_for_metrics, parity_check)
+from rig.config import KnownIssue, ScenarioConfig
 from rig.observations import ScenarioObservation
-from rig.parity import summarize
+from rig.signatures import BlockFacts, Match, RequestFacts, facts_of_records, match
+
+__all__ = ["Check", "Expectation", "ScenarioVerdict", "decide", "judge", "expectation_of", "edge_checks",
+           "canary_match", "required_checks", "run_passed", "kv_integrity_check", "REQUIRED"]
 
 PASSING = ("PASS", "XFAIL")
-# Checks a known issue's symptom can explain; the others must hold even for an XFAIL. A stalled
-# request the rig abandons leaves its blocks on P to expire, hence kv-integrity.
-SYMPTOM_CHECKS = ("completed", "token-counts", "kv-pulled", "parity", "kv-integrity")
+
+# The checks each kind requires: a scenario whose required check was not checked cannot PASS
+# or XFAIL (issue #9 item 4). Parity drops out when the scenario sets ``parity: false``.
+REQUIRED: dict[str, tuple[str, ...]] = {
+    "edge": ("completed", "token-counts", "kv-pulled", "parity", "alive", "no-fatal-log", "kv-integrity",
+             "idle-after"),
+    "prefix-wave": ("completed", "no-errors", "no-empty", "token-counts", "kv-pulled", "prefix-hits", "parity",
+                    "alive", "no-fatal-log", "kv-integrity", "no-stall", "idle-after"),
+    "pressure-wave": ("completed", "no-errors", "no-empty", "token-counts", "kv-pulled", "parity", "alive",
+                      "no-fatal-log", "kv-integrity", "no-stall", "idle-after"),
+    "store-roundtrip": ("completed", "token-counts", "parity", "failed-loads", "store-written", "store-loaded",
+                        "d-cache-cold", "not-nixl", "master-served", "master-alive", "alive", "no-fatal-log",
+                        "idle-after"),
+    "prefix-wave-store": ("completed", "token-counts", "parity", "failed-loads", "store-written", "store-loaded",
+                          "master-alive", "alive", "no-fatal-log", "idle-after"),
+    "long-generation": ("completed", "token-counts", "parity", "failed-loads", "store-written", "kv-pressure",
+                        "master-alive", "alive", "no-fatal-log", "idle-after"),
+    "retrieval": ("completed", "token-counts", "kv-pulled", "parity", "alive", "no-fatal-log", "kv-integrity",
+                  "idle-after", "retrieval"),
+}
+# An expected refusal (Expectation.http_status) has no answer to count, pull or compare.
+REFUSAL_REQUIRED = ("completed", "alive", "no-fatal-log", "idle-after")
+
+
+def required_checks(sc: ScenarioConfig, refusal: bool = False) -> tuple[str, ...]:
+    """The checks scenario ``sc`` requires (:data:`REQUIRED` of its kind; parity only with
+    ``sc.parity``; :data:`REFUSAL_REQUIRED` when its expected outcome is an HTTP refusal)."""
+    names = REFUSAL_REQUIRED if refusal else REQUIRED[sc.kind]
+    return tuple(n for n in names if sc.parity or n != "parity")
 
 
 @dataclass(frozen=True)
-class Check:
-    """One named check: ``ok`` and a short human ``detail``.
+class Expectation:
+    """What a scenario expects on the vLLM version it ran on (frozen; :func:`expectation_of`).
 
-    ``ok`` is tri-state: True (looked, held), False (looked, failed), None (could not look: no
-    metric, no log, no answer): "not checked", which never counts as ok.
-    """
+    ``label`` is shown in the table; ``known_issue`` is set when its ``affects`` contains the
+    version, ``out_of_range`` when one is declared but the version is outside it; ``tamper``
+    marks a canary; ``required`` the checks that must have been checked; ``problem`` an ERROR
+    reason found before any check (versions unknown or different, outcome unknown)."""
 
-    name: str
-    ok: bool | None
-    detail: str
-
-    @property
-    def state(self) -> str:
-        """'ok' | 'failed' | 'not checked'."""
-        return {True: "ok", False: "failed", None: "not checked"}[self.ok]
+    label: str
+    required: tuple[str, ...]
+    known_issue: KnownIssue | None = None
+    out_of_range: KnownIssue | None = None
+    tamper: str | None = None
+    problem: str = ""
 
 
 @dataclass
@@ -67,145 +108,194 @@ class ScenarioVerdict:
         return asdict(self)
 
 
-def completion_checks(sc: ScenarioConfig, obs: ScenarioObservation) -> list[Check]:
-    """``completed`` (every request ``ok``) and ``token-counts`` (``usage`` as ``sc.expect``
-    says, and as many ``token_ids`` as ``usage`` claims): the checks every kind shares."""
-    recs = obs.records
-    out: list[Check] = []
-    bad = [r for r in recs if r.outcome != "ok"]
-    out.append(Check("completed", not bad and bool(recs),
-                     f"{len(recs) - len(bad)}/{len(recs)} completed" +
-                     (f"; {bad[0].request_id}: {bad[0].outcome} {bad[0].diagnosis}".rstrip() if bad else "")))
-    exp = sc.expect
-    wrong = []
-    for r in recs:
-        if r.outcome != "ok":
-            continue
-        if exp.completion_tokens is not None and r.completion_tokens != exp.completion_tokens:
-            wrong.append(f"{r.request_id}: completion_tokens {r.completion_tokens} != {exp.completion_tokens}")
-        if exp.total_tokens is not None and r.total_tokens != exp.total_tokens:
-            wrong.append(f"{r.request_id}: total_tokens {r.total_tokens} != {exp.total_tokens}")
-        if r.decode and r.decode.token_ids is not None and r.completion_tokens is not None \
-                and len(r.decode.token_ids) != r.completion_tokens:
-            wrong.append(f"{r.request_id}: {len(r.decode.token_ids)} token_ids but usage says {r.completion_tokens}")
-    answered = sum(r.outcome == "ok" for r in recs)
-    out.append(Check("token-counts", not wrong and answered > 0,
-                     "; ".join(wrong) or (f"as expected ({exp.completion_tokens} + prompt = {exp.total_tokens})"
-                                          if answered else "no answer to count")))
-    return out
+def _versions(obs: ScenarioObservation) -> tuple[str, str]:
+    """(P's, D's) vLLM version: ``obs.versions`` per instance, D's falling back to ``vllm_version``."""
+    return obs.versions.get(obs.prefill, ""), obs.versions.get(obs.decode, "") or obs.vllm_version
 
 
-def _checks(sc: ScenarioConfig, obs: ScenarioObservation) -> list[Check]:
-    out = completion_checks(sc, obs)
-    answered = sum(r.outcome == "ok" for r in obs.records)
-    ev = obs.evidence
-    # Every answered request's prompt must have come over NIXL (the edge prompts are new to D),
-    # so one request recomputed locally next to a transferred one still fails the check.
-    ok_recs = [r for r in obs.records if r.outcome == "ok"]
-    want_tokens = sum(len(r.prompt) for r in ok_recs)
-    pulled = (ev is not None and ev.nixl_bytes > 0 and ev.external_prompt_tokens >= want_tokens
-              and ev.nixl_transfers >= len(ok_recs))
-    out.append(Check("kv-pulled", pulled and answered > 0,
-                     "no answered request to show a transfer for" if answered == 0 else
-                     (f"nixl {ev.nixl_bytes:.0f} B in {ev.nixl_transfers:.0f} transfers, "
-                      f"{ev.external_prompt_tokens:.0f} prompt tokens from external_kv_transfer "
-                      f"(expected >= {want_tokens} in >= {len(ok_recs)} transfers)")
-                     if ev else "no decode metrics"))
-    if sc.parity:
-        ps = summarize(obs.parity)
-        first = next((p for p in obs.parity if p and p.status != "equal"), None)
-        out.append(Check("parity", ps["compared"] == answered and ps["diverged"] == 0 and ps["refused"] == 0
-                         and answered > 0,
-                         f"{ps['equal']}/{answered} equal" + (f"; {first.describe()}" if first else "")))
-    out.append(Check("alive", not obs.dead,
-                     "all processes alive" if not obs.dead else
-                     "died: " + ", ".join(f"{n} (exit {rc})" for n, rc in obs.dead.items())))
-    fatal = {k: v for k, v in obs.fatal_lines.items() if v}
-    out.append(Check("no-fatal-log", not fatal,
-                     "no fatal log lines" if not fatal else
-                     "; ".join(f"{k}: {v[0][:160]}" for k, v in fatal.items())))
-    out.append(kv_integrity_check(obs))
-    not_idle = [d for d in obs.drains if not d.idle]
-    out.append(Check("idle-after", not not_idle and bool(obs.drains),
-                     "; ".join(d.describe() for d in (not_idle or obs.drains)) or "not checked"))
-    return out
-
-
-def kv_integrity_check(obs: ScenarioObservation, answered_ids: set[str] | None = None) -> Check:
-    """``kv-integrity``: no request of this scenario that D *answered* had its KV read after
-    prefill released it. vLLM's prefill logs ``Potentially invalid KV blocks for unrecognized
-    request <id> ... They may have expired`` (vllm/.../nixl/pull_worker.py) naming its own request
-    id, which it returned to us as ``kv_transfer_params.remote_request_id``; a match is stale KV
-    that reached a client as HTTP 200. Lines for abandoned requests (stalls, cancellations) and
-    "Releasing expired KV blocks ... retrieved by 0 remote worker(s)" are lease housekeeping.
-    ``answered_ids`` defaults to the ids of ``obs.records`` with outcome ok (or a parity
-    divergence, which is what stale KV looks like)."""
-    if answered_ids is None:
-        answered_ids = {(r.prefill.kv_transfer_params or {}).get("remote_request_id")
-                        for r in obs.records if r.outcome == "ok" and r.prefill is not None} - {None}
-    hits = [ln for lines in obs.kv_integrity_lines.values() for ln in lines
-            if "Potentially invalid KV blocks" in ln and any(i and i in ln for i in answered_ids)]
-    return Check("kv-integrity", not hits,
-                 "no answered request read released KV blocks" if not hits else
-                 f"{len(hits)} answered request(s) read KV blocks prefill had released (lease expired): "
-                 + hits[0][hits[0].find("Potentially"):][:160])
-
-
-def _symptom_seen(symptom: str, obs: ScenarioObservation, failed: list[Check]) -> bool:
-    if symptom == "stall":
-        return any(r.outcome == "stalled" for r in obs.records)
-    if symptom == "stale-kv":
-        return (any(c.name == "kv-integrity" for c in failed)
-                or any(p is not None and p.status == "diverged" for p in obs.parity))
-    return any(r.outcome not in ("ok", "stalled") for r in obs.records)
-
-
-def judge(sc: ScenarioConfig, obs: ScenarioObservation) -> ScenarioVerdict:
-    """The verdict for scenario ``sc`` from ``obs`` (rules in the module docstring)."""
-    ki = sc.known_issue if (sc.known_issue and obs.vllm_version and
-                            sc.known_issue.applies_to(obs.vllm_version)) else None
-    expectation = (f"xfail: {ki.id} ({ki.symptom}) on vLLM {ki.affects}" if ki else "pass")
-    if obs.error:
-        return ScenarioVerdict(sc.name, "ERROR", expectation, obs.error)
-    checks = _checks(sc, obs)
-    failed = [c for c in checks if not c.ok]
+def expectation_of(sc: ScenarioConfig, obs: ScenarioObservation, refusal: bool = False) -> Expectation:
+    """The frozen :class:`Expectation` of ``sc`` on the versions ``obs`` reports."""
+    required = required_checks(sc, refusal)
     if sc.tamper:
-        return _judge_tampered(sc, checks)
+        return Expectation(f"caught: {sc.tamper}", required, tamper=sc.tamper)
+    ki = sc.known_issue
     if ki is None:
-        if not failed:
-            return ScenarioVerdict(sc.name, "PASS", expectation, "all checks hold", checks)
-        return ScenarioVerdict(sc.name, "FAIL", expectation,
-                               "; ".join(f"{c.name}: {c.detail}" for c in failed), checks)
-    if not failed:
-        return ScenarioVerdict(sc.name, "XPASS", expectation,
-                               f"known issue fixed: update the expectation ({ki.id} no longer reproduces "
-                               f"on vLLM {obs.vllm_version})", checks)
-    collateral = [c for c in failed if c.name not in SYMPTOM_CHECKS]
-    if _symptom_seen(ki.symptom, obs, failed) and not collateral:
-        diag = obs.stall_diagnosis or next((r.diagnosis for r in obs.records if r.diagnosis), "")
-        if ki.symptom == "stale-kv":
-            diag = "; ".join(f"{c.name}: {c.detail}" for c in failed if c.name in ("kv-integrity", "parity"))
-        return ScenarioVerdict(sc.name, "XFAIL", expectation, f"{ki.id}: {diag}", checks)
-    return ScenarioVerdict(sc.name, "FAIL", expectation,
-                           "; ".join(f"{c.name}: {c.detail}" for c in (collateral or failed)), checks)
+        return Expectation("pass", required)
+    p_ver, d_ver = _versions(obs)
+    label = f"xfail: {ki.id} ({ki.symptom.kind}) on vLLM {ki.affects}"
+    if not p_ver or not d_ver:
+        unknown = " and ".join(n for n, v in ((obs.prefill, p_ver), (obs.decode, d_ver)) if not v)
+        return Expectation(label, required, problem=f"known issue {ki.id} applies to vLLM {ki.affects}, but the "
+                                                    f"version of {unknown} is unknown (no /version answer)")
+    if p_ver.split("+")[0] != d_ver.split("+")[0]:
+        return Expectation(label, required, problem=f"known issue {ki.id} applies to vLLM {ki.affects}, but prefill "
+                                                    f"runs {p_ver} and decode {d_ver}: judge one version at a time")
+    if ki.applies_to(d_ver):
+        return Expectation(label, required, known_issue=ki)
+    return Expectation("pass", required, out_of_range=ki)
 
 
-def _judge_tampered(sc: ScenarioConfig, checks: list[Check]) -> ScenarioVerdict:
-    """A negative control passes when the tampering is *caught*: by parity (the answer differs
-    from the reference of the prompt D was given) or by an error; and nothing else broke."""
+def _explained(c: Check, m: Match | None) -> bool:
+    if m is None or not m.matched:
+        return False
+    if c.requests:
+        return c.name in m.explains and set(c.requests) <= m.requests
+    return c.name in m.run_checks
+
+
+def _list(checks: list[Check]) -> str:
+    return "; ".join(f"{c.name}: {c.detail}" for c in checks)
+
+
+def decide(name: str, checks: list[Check], exp: Expectation, m: Match | None = None,
+           error: str = "", dead: bool = False) -> ScenarioVerdict:
+    """The verdict of scenario ``name`` (rules in the module docstring). Pure.
+
+    ``m``: the known issue's signature match (also for one outside its range), or the canary's
+    catch (:func:`canary_match`); ``error``: the rig could not run the scenario; ``dead``: an
+    instance died (then ``error`` does not hide the death's FAIL)."""
+    def v(verdict: str, reason: str) -> ScenarioVerdict:
+        return ScenarioVerdict(name, verdict, exp.label, reason, checks)
+
+    if error and not dead:
+        return v("ERROR", error)
+    if exp.problem:
+        return v("ERROR", exp.problem)
+    failed = [c for c in checks if c.ok is False]
+    # Only an expectation that applies explains anything: a known issue outside its range
+    # (``exp.out_of_range``) only names itself in the FAIL.
+    explains = m if (exp.known_issue is not None or exp.tamper) else None
+    # A death leads the reason: it explains most of what follows it.
+    unexplained = sorted((c for c in failed if not _explained(c, explains)), key=lambda c: c.name != "alive")
     by = {c.name: c for c in checks}
-    caught = [c for c in (by.get("parity"), by.get("completed")) if c is not None and not c.ok]
-    collateral = [c for c in checks if not c.ok and c.name not in SYMPTOM_CHECKS]
-    expectation = f"caught: {sc.tamper}"
-    if caught and not collateral:
-        return ScenarioVerdict(sc.name, "PASS", expectation,
-                               f"tampering caught by {caught[0].name}: {caught[0].detail}", checks)
-    if collateral:
-        return ScenarioVerdict(sc.name, "FAIL", expectation,
-                               "; ".join(f"{c.name}: {c.detail}" for c in collateral), checks)
-    return ScenarioVerdict(sc.name, "FAIL", expectation,
-                           f"{sc.tamper} passed silently: the answer matched the reference of the "
-                           "prompt D was given, so parity cannot vouch for the KV", checks)
+    gaps = [by[n] if n in by else Check(n, None, "not checked: the kind produced no such check")
+            for n in exp.required if n not in by or (by[n].ok is None and not _explained(by[n], explains))]
+    if exp.tamper:
+        if m is not None and m.matched:
+            if unexplained:
+                return v("FAIL", _list(unexplained))
+            return v("ERROR", _inconclusive(gaps)) if gaps else v("PASS", f"tampering caught by {m.seen}")
+        if failed:
+            return v("FAIL", f"canary inconclusive: no real catch ({m.expected if m else 'a catch'}); "
+                             f"seen: {_list(failed)}")
+        if gaps:
+            return v("ERROR", _inconclusive(gaps))
+        return v("FAIL", f"{exp.tamper} passed silently: the answer matched the reference of the prompt D was "
+                         "given, so parity cannot vouch for the KV")
+    if unexplained:
+        reason = _list(unexplained)
+        if m is not None and exp.out_of_range is not None and m.matched:
+            ki = exp.out_of_range
+            reason = (f"matches known issue {ki.id}, outside its declared range {ki.affects}: update `affects`? "
+                      f"({m.shown}); {reason}")
+        elif m is not None and exp.known_issue is not None:
+            ki = exp.known_issue
+            reason = (f"{ki.id} matched on {', '.join(sorted(m.requests | m.instances))}, but not: {reason}"
+                      if m.matched else f"not known issue {ki.id}: expected {m.expected}, seen {m.seen}; {reason}")
+        return v("FAIL", reason)
+    if gaps:
+        return v("ERROR", _inconclusive(gaps))
+    if exp.known_issue is not None:
+        if failed:
+            return v("XFAIL", f"{exp.known_issue.id}: {m.shown if m else ''}")
+        return v("XPASS", f"known issue fixed: update the expectation ({exp.known_issue.id} no longer reproduces)")
+    return v("PASS", "all checks hold")
+
+
+def _inconclusive(gaps: list[Check]) -> str:
+    return "inconclusive: " + "; ".join(f"{c.name} {c.detail}" for c in gaps)
+
+
+def canary_match(obs: ScenarioObservation, checks: list[Check], reqs: list[RequestFacts] | None = None) -> Match:
+    """The catch of a tampered scenario (issue #9 item 3): a parity divergence on an answered
+    request whose KV was pulled (``kv-pulled`` did not fail on it), or an HTTP error status from
+    D. A timeout, a stall or a missing pull is no catch."""
+    reqs = facts_of_records(obs) if reqs is None else reqs
+    by = {c.name: c for c in checks}
+    kv = by.get("kv-pulled")
+    unpulled = set(kv.requests) if kv is not None and kv.ok is False else set()
+    if kv is not None and kv.ok is None:
+        unpulled = {r.request_id for r in reqs}
+    caught, seen = [], []
+    for r in reqs:
+        if r.outcome == "ok" and r.parity == "diverged" and r.request_id not in unpulled:
+            caught.append((r.request_id, f"parity: {by['parity'].detail}" if "parity" in by else "parity"))
+        elif r.outcome == "http_error" and r.hop == "decode" and r.status is not None:
+            caught.append((r.request_id, f"decode HTTP {r.status}: {r.error[:120]}"))
+        else:
+            seen.append(f"{r.request_id}: {r.outcome}" + (", KV not pulled" if r.request_id in unpulled else "")
+                        + (f", parity {r.parity}" if r.parity else ""))
+    return Match(frozenset(i for i, _ in caught),
+                 frozenset({"completed", "token-counts", "parity", "kv-integrity", "kv-pulled"}),
+                 seen=caught[0][1] if caught else "; ".join(seen),
+                 expected="a divergence on an answered request whose KV was pulled, or an HTTP error from D")
+
+
+def edge_checks(sc: ScenarioConfig, obs: ScenarioObservation, outcome=None) -> list[Check]:
+    """The checks of an edge-like scenario: completed, token-counts, kv-pulled, parity, alive,
+    no-fatal-log, kv-integrity, idle-after (:mod:`rig.checks`). ``outcome`` defaults to
+    ``sc.expect`` (the version's outcome, :meth:`rig.config.Expectation.for_version`)."""
+    outcome = outcome or sc.expect
+    out = completion_checks(outcome, obs.records)
+    if outcome.http_status is None:
+        out.append(_kv_pulled(obs))
+        if sc.parity:
+            out.append(parity_check(obs.records, obs.parity))
+    out += [alive_check(obs), fatal_log_check(obs), kv_integrity_check(obs), idle_check(obs)]
+    return out
+
+
+def _kv_pulled(obs: ScenarioObservation) -> Check:
+    """``kv-pulled``: every answered request's prompt came over NIXL (the edge prompts are new
+    to D): D's NIXL bytes grew, ``prompt_tokens_by_source{external_kv_transfer}`` counted at
+    least every answered prompt and there were as many transfers. The counters are per instance,
+    so a shortfall fails on every answered request; with no answer it fails on every request."""
+    ok_recs = [r for r in obs.records if r.outcome == "ok"]
+    if not ok_recs:
+        return Check("kv-pulled", False, "no answered request to show a transfer for",
+                     tuple(r.request_id for r in obs.records))
+    gap = not_checked_for_metrics("kv-pulled", obs, [obs.decode], KV_PULLED_METRICS)
+    ev = obs.evidence
+    if gap or ev is None:
+        return gap or Check("kv-pulled", None, "not checked: no decode metrics")
+    want = sum(len(r.prompt) or r.prompt_len for r in ok_recs)
+    pulled = ev.nixl_bytes > 0 and ev.external_prompt_tokens >= want and ev.nixl_transfers >= len(ok_recs)
+    return Check("kv-pulled", pulled,
+                 f"nixl {ev.nixl_bytes:.0f} B in {ev.nixl_transfers:.0f} transfers, {ev.external_prompt_tokens:.0f} "
+                 f"prompt tokens from external_kv_transfer (expected >= {want} in >= {len(ok_recs)} transfers)",
+                 () if pulled else tuple(r.request_id for r in ok_recs))
+
+
+def judge(sc: ScenarioConfig, obs: ScenarioObservation, blocks: BlockFacts | None = None,
+          extra: list[Check] | None = None, checks: list[Check] | None = None,
+          reqs: list[RequestFacts] | None = None, required: tuple[str, ...] | None = None) -> ScenarioVerdict:
+    """The verdict for scenario ``sc`` of any kind from ``obs``: ``checks`` (default
+    :func:`edge_checks`) plus ``extra`` kind checks, the expectation on ``obs``'s versions, the
+    known issue's signature match (``blocks``: D's block arithmetic for a stall's ``admission``;
+    ``reqs``: the requests in the engine's vocabulary, default from ``obs.records``), then
+    :func:`decide`. ``required`` replaces the kind's required checks (e.g. ``pdrig wave``
+    against servers the rig does not run, which has no logs to scan)."""
+    p_ver, d_ver = _versions(obs)
+    outcome = sc.expect.for_version(d_ver)
+    if checks is None and outcome is None:
+        exp = expectation_of(sc, obs)
+        return decide(sc.name, [], Expectation(exp.label, exp.required, problem=(
+            f"the expected outcome depends on the vLLM version ({', '.join(v.vllm for v in sc.expect.by_version)}) "
+            "and decode's version is unknown")), error=obs.error, dead=bool(obs.dead))
+    refusal = outcome is not None and outcome.http_status is not None
+    if checks is None:
+        checks = edge_checks(sc, obs, outcome)
+    checks = list(checks) + list(extra or [])
+    exp = expectation_of(sc, obs, refusal)
+    if required is not None:
+        exp = replace(exp, required=required)
+    reqs = facts_of_records(obs) if reqs is None else reqs
+    m = None
+    if exp.tamper:
+        m = canary_match(obs, checks, reqs)
+    elif sc.known_issue is not None:
+        m = match(sc.known_issue.symptom, obs, reqs, blocks)
+    return decide(sc.name, checks, exp, m, obs.error, bool(obs.dead))
 
 
 def run_passed(verdicts: list[ScenarioVerdict]) -> bool:

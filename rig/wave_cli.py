@@ -258,7 +258,11 @@ async def _run(args: argparse.Namespace, cfg: RigConfig | None, sc: Any, ps: lis
                                    "block_size": block_size, "max_model_len": mml, "usable_blocks": blocks,
                                    "deadline_s": deadline, "drain_s": drain_s,
                                    "config_file": args.config if cfg else None})
-        verdict = judge_wave(sc, obs, wave, result.extra_sections)
+        # Servers the rig did not start: no process to watch, no log to scan (shown "not checked").
+        from rig.verdict import REQUIRED
+
+        no_logs = tuple(n for n in REQUIRED[sc.kind] if n not in ("alive", "no-fatal-log", "kv-integrity"))
+        verdict = judge_wave(sc, obs, wave, result.extra_sections, required=no_logs)
         result.observations.append(obs)
         result.verdicts.append(verdict)
         result.timings = {"wave": wave.wall_s, "total": time.monotonic() - t0}

@@ -85,8 +85,12 @@ def scenario(name: str, decode: str, prompt_tokens: int = 40, max_tokens: int = 
             **extra}
 
 
+# The fake's stall has the livelock's gauges but no block arithmetic (no cache_config_info, no
+# spec decode), so this signature leaves ``admission`` out.
 LIVELOCK = {"id": "spec-admission-livelock", "title": "flat spec block reservation",
-            "affects": ">=0.32.0,<0.33", "symptom": "stall"}
+            "affects": ">=0.32.0,<0.33",
+            "symptom": {"kind": "stall", "instance": "decode", "waiting_reason": "capacity",
+                        "kv_fetch_stage": "waiting_to_start", "kv_usage_max": 0.05}}
 
 
 def processes_mentioning(text: str) -> dict[int, str]:

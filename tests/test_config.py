@@ -162,14 +162,16 @@ def test_top_level_not_a_mapping(tmp_path):
 @pytest.mark.parametrize("spec", ["0.32", "~=0", "version 0.32", "=<0.32"])
 def test_known_issue_affects_must_be_a_specifier(tmp_path, base, spec):
     base["scenarios"] = [{"name": "x", "prompt_tokens": 4, "max_tokens": 1,
-                          "known_issue": {"id": "a", "title": "b", "affects": spec}}]
+                          "known_issue": {"id": "a", "title": "b", "affects": spec,
+                                          "symptom": {"kind": "wrong-output"}}}]
     msg = error_of(tmp_path, base)
     assert "scenarios[0](x).known_issue.affects: not a PEP 440 version specifier" in msg
 
 
 def test_known_issue_applies_to_versions(tmp_path, base):
     base["scenarios"] = [{"name": "x", "prompt_tokens": 4, "max_tokens": 1,
-                          "known_issue": {"id": "a", "title": "b", "affects": ">=0.32.0,<0.33"}}]
+                          "known_issue": {"id": "a", "title": "b", "affects": ">=0.32.0,<0.33",
+                                          "symptom": {"kind": "wrong-output"}}}]
     ki = load(tmp_path, base).scenarios[0].known_issue
     assert ki.applies_to("0.32.0") and ki.applies_to("0.32.5") and ki.applies_to("0.32.1rc1")
     assert not ki.applies_to("0.31.9") and not ki.applies_to("0.33.0")

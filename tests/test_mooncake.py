@@ -450,7 +450,7 @@ def test_store_section_only_on_store_kinds_and_roundtrip_length(tmp_path):
     data["scenarios"] = [{"name": "e", "prompt_tokens": 40, "max_tokens": 2, "store": {"requests": 1}}]
     p = tmp_path / "c.yaml"
     p.write_text(yaml.safe_dump(data))
-    with pytest.raises(ConfigError, match="store: is only for kinds"):
+    with pytest.raises(ConfigError, match="store: not used by kind 'edge'"):
         load_config(p)
     data["scenarios"] = [{"name": "r", "kind": "store-roundtrip", "prompt_tokens": 32, "max_tokens": 2}]
     p.write_text(yaml.safe_dump(data))

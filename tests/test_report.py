@@ -51,7 +51,9 @@ def result(tmp_path) -> RunResult:
                         [Check("completed", False, f"0/1 completed; edge-126-0: stalled {DIAG}")]),
         ScenarioVerdict("edge-126-6blk", "FAIL", "pass", "parity: 0/1 equal; diverged at 1: 13 != 12", fail_checks),
         ScenarioVerdict("edge-fixed", "XPASS", XF, "known issue fixed: update the expectation", []),
-        ScenarioVerdict("edge-broken", "ERROR", "pass", "metrics unavailable: ConnectError | x", []),
+        ScenarioVerdict("edge-broken", "ERROR", "pass", "metrics unavailable: ConnectError | x",
+                        [Check("completed", True, "1/1 completed"),
+                         Check("no-fatal-log", None, "not checked: decode: log file missing")]),
     ]
     return r
 
@@ -83,17 +85,22 @@ def test_report_json(result):
     assert xfail["observation"]["records"][0]["outcome"] == "stalled"
     assert "prompt" not in xfail["observation"]["records"][0]
     assert data["scenarios"][2]["verdict"]["checks"][1] == {
-        "name": "parity", "ok": False, "detail": "0/1 equal; diverged at 1: 13 != 12"}
+        "name": "parity", "ok": False, "detail": "0/1 equal; diverged at 1: 13 != 12", "requests": []}
+    assert data["scenarios"][4]["verdict"]["checks"][1]["ok"] is None  # not checked stays null, not false
 
 
 def test_junit(result):
     result.finish_status()
     root = ET.parse(write_report(result) / "junit.xml").getroot()
     assert root.tag == "testsuite" and root.get("name") == "pdrig.cpu-tiny"
-    assert (root.get("tests"), root.get("failures"), root.get("errors"), root.get("skipped")) == ("5", "2", "1", "1")
+    # + one skipped testcase for the check that was not checked, with its reason
+    assert (root.get("tests"), root.get("failures"), root.get("errors"), root.get("skipped")) == ("6", "2", "1", "2")
     cases = {c.get("name"): c for c in root.findall("testcase")}
-    assert list(cases) == ["edge-96", "edge-126", "edge-126-6blk", "edge-fixed", "edge-broken"]
-    assert all(c.get("classname") == "pdrig.cpu-tiny" for c in cases.values())
+    assert list(cases) == ["edge-96", "edge-126", "edge-126-6blk", "edge-fixed", "edge-broken", "no-fatal-log"]
+    assert all(c.get("classname") == "pdrig.cpu-tiny" for n, c in cases.items() if n != "no-fatal-log")
+    nc = cases["no-fatal-log"]
+    assert nc.get("classname") == "pdrig.cpu-tiny.edge-broken"
+    assert nc.find("skipped").get("message") == "not checked: not checked: decode: log file missing"
     assert cases["edge-126"].get("time") == "11.000"
 
     def outcome(case):
@@ -106,10 +113,11 @@ def test_junit(result):
     assert outcome(cases["edge-broken"]) == ["error"]
     skipped = cases["edge-126"].find("skipped")
     assert skipped.get("message") == f"xfail: spec-admission-livelock: {DIAG}"
-    assert "completed: FAILED" in skipped.text
+    assert "completed: failed" in skipped.text
     failure = cases["edge-126-6blk"].find("failure")
     assert failure.get("message") == "FAIL: parity: 0/1 equal; diverged at 1: 13 != 12"
-    assert "parity: FAILED - 0/1 equal" in failure.text and "completed: ok - 1/1 completed" in failure.text
+    assert "parity: failed - 0/1 equal" in failure.text and "completed: ok - 1/1 completed" in failure.text
+    assert "no-fatal-log: not checked - not checked: decode: log file missing" in cases["edge-broken"].find("error").text
     assert cases["edge-fixed"].find("failure").get("message").startswith("XPASS: known issue fixed")
     assert cases["edge-broken"].find("error").get("message") == "metrics unavailable: ConnectError | x"
     assert cases["edge-126"].find("system-out").text == XF
@@ -137,8 +145,9 @@ def test_summary_md(result):
     header = next(ln for ln in lines if ln.startswith("| scenario"))
     cols = [c.strip() for c in header.strip("|").split("|")]
     assert cols == ["scenario", "decode", "expectation", "verdict", "tokens (completion/total)", "P ms",
-                    "D ms", "time to verdict s", "parity", "diagnosis"]
-    rows = [ln for ln in lines if ln.startswith("| ") and not ln.startswith("| scenario")]
+                    "D ms", "time to verdict s", "parity", "checks", "diagnosis"]
+    start = lines.index(header) + 2
+    rows = lines[start:lines.index("", start)]
     assert len(rows) == 5
     by_name = {r.split("|")[1].strip(): r for r in rows}
     assert list(by_name) == ["edge-96", "edge-126", "edge-126-6blk", "edge-fixed", "edge-broken"]
@@ -161,6 +170,11 @@ def test_summary_md(result):
     assert dict(zip(cols, cells("edge-fixed")))["verdict"] == "XPASS"
     broken = dict(zip(cols, cells("edge-broken")))
     assert broken["verdict"] == "ERROR" and broken["diagnosis"] == "metrics unavailable: ConnectError \\| x"
+    assert broken["checks"] == "1 ok, 1 not checked" and c["checks"] == "1 failed"
+    # Every check that is not ok is listed with its state and why.
+    assert "### Checks not ok" in lines
+    assert "| edge-broken | no-fatal-log | not checked | not checked: decode: log file missing |" in lines
+    assert "| edge-126-6blk | parity | failed | 0/1 equal; diverged at 1: 13 != 12 |" in lines
 
 
 def test_summary_md_error_and_extra_sections(tmp_path):

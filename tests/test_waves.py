@@ -45,8 +45,10 @@ async def wave_and_drain(sc, p, d, tmp: Path, drain_s: float = 5.0, block_size: 
             drains = await wv.check_drains(http, [p, d], res.baseline_kv, drain_s, interval_s=0.1)
         finally:
             store.close()
+    # As the runner fills it: both logs scanned (nothing found), P and D versions known.
     obs = ScenarioObservation(sc.name, d.name, p.name, drains=drains,
-                              evidence=TransferEvidence.between(before[d.name], after))
+                              evidence=TransferEvidence.between(before[d.name], after),
+                              fatal_lines={p.name: [], d.name: []}, kv_integrity_lines={p.name: [], d.name: []})
     sections: list[str] = []
     return res, obs, wv.judge_wave(sc, obs, res, sections), sections
 
@@ -95,7 +97,7 @@ def test_wave_config_validation():
         scenario("prefix-wave", prefix_tokens=56, prompt_tokens=56)
     with pytest.raises(ValueError, match="during-decode, which needs max_tokens >= 2"):
         scenario("pressure-wave", cancel_fraction=0.5, max_tokens=1)
-    with pytest.raises(ValueError, match="wave: only for kind"):
+    with pytest.raises(ValueError, match="wave: not used by kind 'edge'"):
         ScenarioConfig.model_validate({"name": "e", "prompt_tokens": 8, "max_tokens": 2, "wave": {}})
     with pytest.raises(ValueError, match="prompt_tokens"):
         ScenarioConfig.model_validate({"name": "e", "kind": "edge"})  # edge still needs them
@@ -152,7 +154,9 @@ def test_small_pressure_wave_passes_against_healthy_fakes(healthy, tmp_path):
     assert set(s["cancel_points"]) <= {"before-prefill", "between", "during-decode"}
     assert s["throughput_req_s"] > 0 and s["latency_s"]["p50"] > 0
     assert {c.name for c in v.checks} == {"completed", "no-errors", "no-empty", "token-counts", "kv-pulled",
-                                          "parity", "kv-integrity", "no-stall", "idle-after"}
+                                          "parity", "alive", "no-fatal-log", "kv-integrity", "no-stall",
+                                          "idle-after"}
+    assert all(c.ok for c in v.checks)
     assert res.parity["compared"] == 18 and res.parity["equal"] == 18
     # a stream cut after its first token may still finish on a zero-latency fake (a race)
     assert 180 <= res.deltas["decode"]["request_success"] <= 180 + s["cancel_points"].get("during-decode", 0)

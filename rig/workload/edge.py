@@ -23,7 +23,7 @@ from rig.client import PDClient, PDRecord, cancel_task, classify, prefill_failur
 from rig.config import ScenarioConfig
 from rig.observations import ScenarioObservation, SnapshotStore
 from rig.parity import compare
-from rig.stall import StallDetector
+from rig.stall import Stall, StallDetector
 from rig.workload.prompts import make_prompt, seed_of
 
 
@@ -87,15 +87,16 @@ async def _pd_one(client: PDClient, rec: PDRecord, p: Endpoint, d: Endpoint,
         rec.diagnosis = f"decode: {rec.decode.error or 'empty answer'}"
 
 
-async def cancel_stalled(records: list[PDRecord], decode_tasks: dict[str, asyncio.Task], diagnosis: str) -> None:
-    """Mark every pending request whose decode hop is in flight ``stalled`` with ``diagnosis``
+async def cancel_stalled(records: list[PDRecord], decode_tasks: dict[str, asyncio.Task], stall: Stall) -> None:
+    """Mark every pending request whose decode hop is in flight ``stalled`` with the stall's
+    diagnosis, its structured facts (``PDRecord.stall``, what a known issue's signature matches)
     and the time since it was sent to D, then cancel the hop (the client disconnects, so vLLM
     drops the request)."""
     now = time.monotonic()
     for r in records:
         task = decode_tasks.get(r.request_id)
         if r.outcome == "pending" and task is not None and not task.done():
-            r.outcome, r.diagnosis = "stalled", diagnosis
+            r.outcome, r.diagnosis, r.stall = "stalled", stall.diagnosis, stall.facts
             r.verdict_after_s = now - (r.decode_sent_at or now)
             await cancel_task(task)
 
@@ -117,7 +118,7 @@ async def _watch(http: httpx.AsyncClient, d: Endpoint, window_s: float, interval
             store.sample(scenario, snap)
         stall = detector.feed(snap)
         if stall:
-            await cancel_stalled(records, decode_tasks, stall.diagnosis)
+            await cancel_stalled(records, decode_tasks, stall)
             return stall.diagnosis
         await asyncio.sleep(interval_s)
     return ""

@@ -20,6 +20,7 @@ from rig.client import PDClient, PDRecord
 from rig.cluster import Cluster
 from rig.config import RigConfig, ScenarioConfig
 from rig.observations import ScenarioObservation, SnapshotStore
+from rig.signatures import BlockFacts
 from rig.verdict import Check, ScenarioVerdict, judge
 from rig.workload.edge import Endpoint, flush_prefill_pool, run_edge
 from rig.workload.prompts import seed_of
@@ -49,7 +50,19 @@ class Kind:
     judge: Callable[[ScenarioConfig, ScenarioObservation, Any, list[str]], ScenarioVerdict]
 
 
-async def _run_edge(sc: ScenarioConfig, ctx: ScenarioContext, obs: ScenarioObservation) -> None:
+def block_facts(cfg: RigConfig, decode: str) -> BlockFacts:
+    """The decode instance's block arithmetic from the config (block size, usable blocks =
+    num_gpu_blocks_override - 1, k, max_model_len); the stall facts' ``vllm:cache_config_info``
+    overrides the usable blocks where the server exposes it (rig.signatures.admission_of)."""
+    from rig.workload.waves import usable_blocks_of
+
+    spec = cfg.instance(decode).speculative
+    return BlockFacts(block_size=cfg.block_size, usable_blocks=usable_blocks_of(cfg, [decode])[decode],
+                      num_speculative_tokens=spec.num_speculative_tokens if spec else 0,
+                      max_model_len=cfg.max_model_len)
+
+
+async def _run_edge(sc: ScenarioConfig, ctx: ScenarioContext, obs: ScenarioObservation) -> BlockFacts:
     t = ctx.cfg.timeouts
     between = None
     if sc.hold_between_s:
@@ -69,6 +82,7 @@ async def _run_edge(sc: ScenarioConfig, ctx: ScenarioContext, obs: ScenarioObser
     await run_edge(sc, ctx.client, ctx.http, ctx.prefill, ctx.decode, sc.deadline_s or t.request_s,
                    t.stall_window_s, t.metrics_interval_s, ctx.store, obs, transfer_window_s=t.kv_transfer_s,
                    between=between)
+    return block_facts(ctx.cfg, ctx.decode.name)
 
 
 async def _usable_from_metrics(ctx: ScenarioContext) -> int | None:
@@ -79,8 +93,8 @@ async def _usable_from_metrics(ctx: ScenarioContext) -> int | None:
     return n - 1 if n else None
 
 
-def _judge_edge(sc: ScenarioConfig, obs: ScenarioObservation, _result: Any, _sections: list[str]) -> ScenarioVerdict:
-    return judge(sc, obs)
+def _judge_edge(sc: ScenarioConfig, obs: ScenarioObservation, result: Any, _sections: list[str]) -> ScenarioVerdict:
+    return judge(sc, obs, blocks=result if isinstance(result, BlockFacts) else None)
 
 
 async def _run_wave(sc: ScenarioConfig, ctx: ScenarioContext, obs: ScenarioObservation) -> Any:
@@ -120,20 +134,29 @@ async def _run_retrieval(sc: ScenarioConfig, ctx: ScenarioContext, obs: Scenario
     return result
 
 
-def _judge_retrieval(sc: ScenarioConfig, obs: ScenarioObservation, result: Any, sections: list[str]) -> ScenarioVerdict:
-    """The edge checks (completion, parity, transfer, liveness, idle) plus the retrieval rate:
-    P/D must retrieve at least as many identifiers as the non-disaggregated reference."""
-    v = judge(sc, obs)
+def retrieval_check(result: Any) -> Check:
+    """``retrieval``: P/D retrieves at least as many identifiers as the non-disaggregated
+    reference. Not checked when nothing was compared or the reference retrieved none (0 >= 0
+    says nothing: the tiny random model retrieves nothing on either side)."""
     if result is None:
-        return v
+        return Check("retrieval", None, "not checked: the retrieval workload did not run")
     pd, ref = result.rates()
-    ok = result.compared > 0 and result.pd_hits >= result.ref_hits
-    v.checks.append(Check("retrieval", ok, f"P/D {result.pd_hits}/{result.compared} ({pd:.0%}), "
-                                           f"reference {result.ref_hits}/{result.compared} ({ref:.0%})"))
-    if not ok and v.verdict == "PASS":
-        v.verdict, v.reason = "FAIL", f"retrieval: {v.checks[-1].detail}"
-    sections.append(f"### Retrieval `{sc.name}`\n\n| requests compared | P/D retrieved | reference retrieved |\n"
-                    f"|---|---|---|\n| {result.compared} | {result.pd_hits} ({pd:.0%}) | {result.ref_hits} ({ref:.0%}) |\n")
+    detail = (f"P/D {result.pd_hits}/{result.compared} ({pd:.0%}), "
+              f"reference {result.ref_hits}/{result.compared} ({ref:.0%})")
+    if result.compared == 0 or result.ref_hits == 0:
+        return Check("retrieval", None, f"not checked: the reference retrieved nothing to compare with; {detail}")
+    return Check("retrieval", result.pd_hits >= result.ref_hits, detail,
+                 () if result.pd_hits >= result.ref_hits else tuple(r.request_id for r in result.records))
+
+
+def _judge_retrieval(sc: ScenarioConfig, obs: ScenarioObservation, result: Any, sections: list[str]) -> ScenarioVerdict:
+    """The edge checks (completion, parity, transfer, liveness, idle) plus :func:`retrieval_check`,
+    through the one engine."""
+    v = judge(sc, obs, extra=[retrieval_check(result)])
+    if result is not None:
+        pd, ref = result.rates()
+        sections.append(f"### Retrieval `{sc.name}`\n\n| requests compared | P/D retrieved | reference retrieved |\n"
+                        f"|---|---|---|\n| {result.compared} | {result.pd_hits} ({pd:.0%}) | {result.ref_hits} ({ref:.0%}) |\n")
     return v
 
 

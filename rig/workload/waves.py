@@ -46,9 +46,12 @@ from rig import metrics as m
 from rig.config import RigConfig, ScenarioConfig, WaveConfig
 from rig.observations import KV_EPS, DrainResult, ScenarioObservation, SnapshotStore, wait_idle
 from rig.progress import WaveProgress
-from rig.stall import StallEpisodes
+from rig.stall import StallEpisodes, cache_info  # noqa: F401  (cache_info: re-exported)
 from rig.timeline import TimelineSampler, plot_timeline
-from rig.verdict import Check, ScenarioVerdict, kv_integrity_check
+from rig.checks import (KV_PULLED_METRICS, PREFIX_HIT_METRICS, Check, alive_check, fatal_log_check, idle_check,
+                        kv_integrity_check, not_checked_for_metrics)
+from rig.signatures import facts_of_wave
+from rig.verdict import ScenarioVerdict, decide, expectation_of, judge
 from rig.workload.edge import Endpoint
 from rig.workload.engine import WaveEngine, WaveRecord, WaveRequest, make_transport, plan_cancels
 from rig.workload.prompts import make_prompt, prefix_group_prompts, seed_of
@@ -210,22 +213,6 @@ class WaveResult:
 
 
 # ------------------------------------------------------------------------------------ helpers
-
-
-def cache_info(snap: m.MetricSnapshot) -> dict[str, int]:
-    """``num_gpu_blocks`` / ``block_size`` from vLLM's ``vllm:cache_config_info`` labels (when
-    the server exposes it; the fake does not)."""
-    for (name, labels), _ in snap.samples.items():
-        if name == "vllm:cache_config_info":
-            d = dict(labels)
-            out = {}
-            for k in ("num_gpu_blocks", "block_size"):
-                try:
-                    out[k] = int(d[k])
-                except (KeyError, ValueError):
-                    pass
-            return out
-    return {}
 
 
 async def served_model(http: httpx.AsyncClient, url: str) -> tuple[str, int | None]:
@@ -517,8 +504,37 @@ def _first_error(recs: list[WaveRecord]) -> str:
     return f"; first: {recs[0].request_id}: {recs[0].status} {recs[0].error}".rstrip() if recs else ""
 
 
+def _ids(recs: list[WaveRecord]) -> tuple[str, ...]:
+    return tuple(r.request_id for r in recs)
+
+
+ANSWERED = ("ok", "parity_mismatch")
+
+
+def wave_kv_pulled(obs: ScenarioObservation, recs: list[WaveRecord]) -> Check:
+    """``kv-pulled`` per request: every prompt D answered came over NIXL or from D's own prefix
+    cache, none recomputed: D's ``prompt_tokens_by_source`` external_kv_transfer + local_cache_hit
+    >= the answered prompts' tokens, at least one NIXL transfer. (Counters are per instance: a
+    shortfall fails on every answered request.) Not checked without D's counters."""
+    answered = [r for r in recs if r.status in ANSWERED]
+    if not answered:
+        return Check("kv-pulled", False, "no answered request to show a transfer for", _ids(recs))
+    ev = obs.evidence
+    gap = not_checked_for_metrics("kv-pulled", obs, [obs.decode], KV_PULLED_METRICS)
+    if gap or ev is None:
+        return gap or Check("kv-pulled", None, "not checked: no decode metrics")
+    want = sum(r.prompt_len for r in answered)
+    got = ev.external_prompt_tokens + ev.cached_prompt_tokens
+    ok = got >= want and ev.nixl_transfers > 0
+    return Check("kv-pulled", ok,
+                 f"D: {ev.external_prompt_tokens:.0f} prompt tokens from external_kv_transfer + "
+                 f"{ev.cached_prompt_tokens:.0f} from its prefix cache (expected >= {want} for {len(answered)} "
+                 f"answered prompts), nixl {ev.nixl_bytes:.0f} B in {ev.nixl_transfers:.0f} transfers",
+                 () if ok else _ids(answered))
+
+
 def wave_checks(sc: ScenarioConfig, obs: ScenarioObservation, wave: WaveResult) -> list[Check]:
-    """The named checks of a wave (see :func:`judge_wave`)."""
+    """The named checks of a wave (see :func:`judge_wave`), each naming the requests it failed on."""
     recs = wave.records
     s = wave.summary()
     out: list[Check] = []
@@ -526,102 +542,117 @@ def wave_checks(sc: ScenarioConfig, obs: ScenarioObservation, wave: WaveResult) 
     points = ", ".join(f"{k} {v}" for k, v in sorted(s["cancel_points"].items(), key=lambda kv: str(kv[0])))
     ok_n = s["ok"]
     want = len(recs) - len(intentional)
+    unanswered = [r for r in recs if not r.intentional and r.status != "ok"]
     out.append(Check("completed", bool(recs) and ok_n == want,
                      f"{ok_n}/{want} completed ({len(recs)} requests, {len(intentional)} cancelled on purpose"
-                     + (f": {points}" if points else "") + ")"))
+                     + (f": {points}" if points else "") + ")", _ids(unanswered)))
     bad = [r for r in recs if r.status in ERRORS or (r.status == "cancelled" and not r.intentional)]
     by = Counter("aborted" if r.status == "cancelled" else r.status for r in bad)
     out.append(Check("no-errors", not bad,
                      "no timeouts, HTTP or connection errors" if not bad else
-                     ", ".join(f"{k} {v}" for k, v in sorted(by.items())) + _first_error(bad)))
+                     ", ".join(f"{k} {v}" for k, v in sorted(by.items())) + _first_error(bad), _ids(bad)))
     empty = [r for r in recs if r.status == "empty"]
     out.append(Check("no-empty", not empty, "no empty answers" if not empty else
-                     f"{len(empty)} empty answers (200 without tokens)" + _first_error(empty)))
-    wrong = []
+                     f"{len(empty)} empty answers (200 without tokens)" + _first_error(empty), _ids(empty)))
+    wrong, wrong_recs = [], []
     for r in recs:
-        if r.status not in ("ok", "parity_mismatch"):
+        if r.status not in ANSWERED:
             continue
         exp = sc.expect.completion_tokens
         if exp is None:
             exp = r.max_tokens if wave.max_model_len is None else min(r.max_tokens, wave.max_model_len - r.prompt_len)
         if r.tokens != exp:
             wrong.append(f"{r.request_id}: {r.tokens} tokens, expected {exp}")
+            wrong_recs.append(r)
         elif r.usage_tokens is not None and r.usage_tokens != r.tokens:
             wrong.append(f"{r.request_id}: {r.tokens} token_ids but usage says {r.usage_tokens}")
+            wrong_recs.append(r)
     out.append(Check("token-counts", not wrong and ok_n > 0,
                      (f"{len(wrong)} wrong: " + "; ".join(wrong[:3])) if wrong else
-                     ("every answer has its expected token count" if ok_n else "no answer to count")))
-    ev = obs.evidence
-    if ev is not None:
-        out.append(Check("kv-pulled", ev.external_prompt_tokens > 0 or ok_n == 0,
-                         f"D: {ev.external_prompt_tokens:.0f} prompt tokens from external_kv_transfer, "
-                         f"nixl {ev.nixl_bytes:.0f} B in {ev.nixl_transfers:.0f} transfers"))
+                     ("every answer has its expected token count" if ok_n else "no answer to count"),
+                     _ids(wrong_recs) if wrong else () if ok_n else _ids(unanswered)))
+    out.append(wave_kv_pulled(obs, recs))
     if wave.kind == "prefix-wave":
-        p_names = [n for n, role in wave.instances.items() if role == "prefill"]
-        hits = sum(wave.deltas.get(n, {}).get("prefix_hits", 0.0) for n in p_names)
-        d_parts = [f"{n}: local {wave.deltas.get(n, {}).get('prefix_hits', 0):.0f}, external "
-                   f"{wave.deltas.get(n, {}).get('external_prefix_hits', 0):.0f}"
-                   for n, role in wave.instances.items() if role == "decode"]
-        exp = wave.expected_prefix_hits
-        early = sum(r.cancel_point == "before-prefill" for r in recs)
-        detail = (f"P hits {hits:.0f} tokens, expected {exp if exp is not None else '?'} "
-                  f"({wave.prefix_note}); D {'; '.join(d_parts)}")
-        if exp is None or not wave.prefix_fits or early:
-            why = "not checked" + (f": {early} requests cancelled before P answered" if early else "")
-            out.append(Check("prefix-hits", True, f"{why}; {detail}"))
-        else:
-            out.append(Check("prefix-hits", hits == exp, detail))
+        out.append(_prefix_hits(obs, wave, recs))
     if sc.parity and (wave.params.get("parity_fraction") or 0) > 0:
-        pr = wave.parity
-        mism = [r for r in recs if r.status == "parity_mismatch"]
-        ok = ok_n == 0 or (pr.get("compared", 0) > 0 and not mism and not pr.get("failed") and not pr.get("refused"))
-        out.append(Check("parity", ok,
-                         f"{pr.get('equal', 0)}/{pr.get('compared', 0)} sampled answers equal to a direct request to P"
-                         + (f", {pr['failed']} references failed" if pr.get("failed") else "")
-                         + (f"; {mism[0].request_id}: {mism[0].parity}" if mism else "")))
-    if obs.dead or obs.fatal_lines:
-        fatal = {k: v for k, v in obs.fatal_lines.items() if v}
-        out.append(Check("alive", not obs.dead, "all processes alive" if not obs.dead else
-                         "died: " + ", ".join(f"{n} (exit {rc})" for n, rc in obs.dead.items())))
-        out.append(Check("no-fatal-log", not fatal, "no fatal log lines" if not fatal else
-                         "; ".join(f"{k}: {v[0][:160]}" for k, v in fatal.items())))
-    out.append(kv_integrity_check(obs, {r.remote_request_id for r in recs
-                                        if r.remote_request_id and r.status in ("ok", "parity_mismatch")}))
+        out.append(_wave_parity(wave, recs, ok_n))
+    if obs.dead or obs.fatal_lines or obs.unscanned_logs:
+        out.append(alive_check(obs))
+        out.append(fatal_log_check(obs))
+    else:  # pdrig wave against a deployment the rig did not launch: no processes, no logs
+        out.append(Check("alive", None, "not checked: the rig does not run these processes"))
+        out.append(Check("no-fatal-log", None, "not checked: no log of these processes was scanned"))
+    rid = {r.remote_request_id: r.request_id for r in recs if r.remote_request_id}
+    out.append(kv_integrity_check(
+        obs, {k: v for k, v in rid.items() if any(r.request_id == v and r.status in ANSWERED for r in recs)},
+        {k: v for k, v in rid.items() if any(r.request_id == v and r.status not in ANSWERED for r in recs)}))
     out.append(_stall_check(wave))
-    drains = obs.drains or wave.drains
-    not_idle = [dr for dr in drains if not dr.idle]
-    out.append(Check("idle-after", bool(drains) and not not_idle,
-                     "; ".join(describe_drain(dr, wave.usable_blocks.get(dr.instance)) for dr in (not_idle or drains))
-                     or "not checked"))
+    out.append(idle_check(obs, obs.drains or wave.drains,
+                          lambda dr: describe_drain(dr, wave.usable_blocks.get(dr.instance))))
     return out
 
 
-def judge_wave(sc: ScenarioConfig, obs: ScenarioObservation, wave: WaveResult | None,
-               sections: list[str] | None = None) -> ScenarioVerdict:
-    """The verdict of a wave scenario, with named checks: ``completed`` (every request not
-    cancelled on purpose answered), ``no-errors`` (no timeout / HTTP / connection error or
-    unplanned cancel), ``no-empty``, ``token-counts``, ``kv-pulled`` (when D's evidence is
-    there), ``prefix-hits`` (prefix waves), ``parity`` (the sample), ``alive`` and
-    ``no-fatal-log`` (when the rig runs the processes), ``kv-integrity``, ``no-stall`` (no
-    instance froze with requests waiting, unless :func:`explain_stall` explains it) and
-    ``idle-after`` (drained within drain_s; a leak is named with its gauge and blocks).
+def _prefix_hits(obs: ScenarioObservation, wave: WaveResult, recs: list[WaveRecord]) -> Check:
+    """``prefix-hits``: P's prefix-cache hits equal the expected count; not checked (never ok)
+    when the expectation is unknown, the prefixes cannot all stay cached, requests were
+    cancelled before P answered, or P lacks the counter."""
+    p_names = [n for n, role in wave.instances.items() if role == "prefill"]
+    hits = sum(wave.deltas.get(n, {}).get("prefix_hits", 0.0) for n in p_names)
+    d_parts = [f"{n}: local {wave.deltas.get(n, {}).get('prefix_hits', 0):.0f}, external "
+               f"{wave.deltas.get(n, {}).get('external_prefix_hits', 0):.0f}"
+               for n, role in wave.instances.items() if role == "decode"]
+    exp = wave.expected_prefix_hits
+    early = sum(r.cancel_point == "before-prefill" for r in recs)
+    detail = (f"P hits {hits:.0f} tokens, expected {exp if exp is not None else '?'} "
+              f"({wave.prefix_note}); D {'; '.join(d_parts)}")
+    gap = not_checked_for_metrics("prefix-hits", obs, p_names, PREFIX_HIT_METRICS)
+    if gap:
+        return gap
+    if exp is None or not wave.prefix_fits or early:
+        why = (f"{early} requests cancelled before P answered" if early else
+               "the expected hits are unknown" if exp is None else "the prefixes cannot all stay cached on P")
+        return Check("prefix-hits", None, f"not checked: {why}; {detail}")
+    return Check("prefix-hits", hits == exp, detail)
 
-    PASS when every check holds, FAIL otherwise, ERROR when the wave could not run. When
-    ``sections`` is given, the wave's markdown section (:func:`wave_section`) is appended to it
-    (the runner passes ``RunResult.extra_sections``).
+
+def _wave_parity(wave: WaveResult, recs: list[WaveRecord], ok_n: int) -> Check:
+    pr = wave.parity
+    mism = [r for r in recs if r.status == "parity_mismatch"]
+    detail = (f"{pr.get('equal', 0)}/{pr.get('compared', 0)} sampled answers equal to a direct request to P"
+              + (f", {pr['failed']} references failed" if pr.get("failed") else "")
+              + (f"; {mism[0].request_id}: {mism[0].parity}" if mism else ""))
+    if mism or pr.get("refused"):
+        return Check("parity", False, detail, _ids(mism))
+    if ok_n and (pr.get("compared", 0) == 0 or pr.get("failed")):
+        return Check("parity", None, f"not checked: {detail}")
+    if not ok_n:
+        return Check("parity", False, "no answer to compare", _ids([r for r in recs if not r.intentional]))
+    return Check("parity", True, detail)
+
+
+def judge_wave(sc: ScenarioConfig, obs: ScenarioObservation, wave: WaveResult | None,
+               sections: list[str] | None = None, required: tuple[str, ...] | None = None) -> ScenarioVerdict:
+    """The verdict of a wave scenario through the one engine (:func:`rig.verdict.judge`), with
+    named checks: ``completed`` (every request not cancelled on purpose answered), ``no-errors``
+    (no timeout / HTTP / connection error or unplanned cancel), ``no-empty``, ``token-counts``,
+    ``kv-pulled`` (per request, :func:`wave_kv_pulled`), ``prefix-hits`` (prefix waves),
+    ``parity`` (the sample), ``alive`` and ``no-fatal-log`` (not checked when the rig does not
+    run the processes), ``kv-integrity``, ``no-stall`` (no instance froze with requests waiting,
+    unless :func:`explain_stall` explains it) and ``idle-after`` (a leak is named with its gauge
+    and blocks). ``required``: the checks that must have been checked (default: the kind's,
+    rig.verdict.REQUIRED). A ``known_issue`` is honoured like on any kind.
+
+    When ``sections`` is given, the wave's markdown section (:func:`wave_section`) is appended
+    to it (the runner passes ``RunResult.extra_sections``).
     """
-    expectation = "pass"
     if wave is None or (wave.error and not wave.records) or obs.error:
         reason = obs.error or (wave.error if wave else "the wave did not run")
-        v = ScenarioVerdict(sc.name, "ERROR", expectation, reason)
+        v = decide(sc.name, [], expectation_of(sc, obs), error=reason)
     else:
         checks = wave_checks(sc, obs, wave)
-        failed = [c for c in checks if not c.ok]
         if wave.error:
             checks.append(Check("metrics", False, wave.error))
-            failed.append(checks[-1])
-        v = (ScenarioVerdict(sc.name, "PASS", expectation, "all checks hold", checks) if not failed else
-             ScenarioVerdict(sc.name, "FAIL", expectation, "; ".join(f"{c.name}: {c.detail}" for c in failed), checks))
+        v = judge(sc, obs, checks=checks, reqs=facts_of_wave(wave.records), required=required)
     if sections is not None and wave is not None:
         sections.append(wave_section(wave, v))
     return v
