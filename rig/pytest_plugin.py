@@ -9,7 +9,8 @@ A P/D case (``edge-126`` of the edge suite, with its known issue)::
     import pytest
 
     LIVELOCK = dict(id="spec-admission-livelock", title="flat spec block reservation",
-                    affects=">=0.32.0,<0.33", symptom="stall")
+                    affects=">=0.32.0,<0.33",
+                    symptom=dict(kind="stall", waiting_reason="capacity", admission="fits-but-waits"))
 
     @pytest.mark.pdrig_known_issue(**LIVELOCK)
     def test_edge_126(pdrig):
@@ -32,7 +33,8 @@ Fixtures:
 
 Markers: ``pdrig_known_issue(**fields)`` (or one dict): the YAML's ``known_issue`` mapping,
 validated by ``rig.config.KnownIssue`` (strict: a pass on an affected version is XPASS and fails;
-``affects`` is a PEP 440 range on the server's vLLM version; ``symptom`` names what it excuses).
+``affects`` is a PEP 440 range on the servers' vLLM version; ``symptom`` is the signature the
+failure must match, on the requests that show it, for XFAIL), so the marker follows the model.
 ``pdrig_pair(prefill=..., decode=...)``: the instances ``pd_client`` uses.
 
 Options: ``--pdrig-config F`` (ini ``pdrig_config``; default: the rig checkout's

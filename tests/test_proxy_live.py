@@ -27,7 +27,8 @@ USER_CASES = '''
 import pytest
 
 LIVELOCK = dict(id="spec-admission-livelock", title="flat spec-decode block reservation",
-                affects=">=0.32.0,<0.33", symptom="stall")
+                affects=">=0.32.0,<0.33", symptom=dict(kind="stall", waiting_reason="capacity",
+                                                       kv_fetch_stage="waiting_to_start", admission="fits-but-waits"))
 
 def test_edge_96(pdrig):
     pdrig.scenario(decode="decode", prompt_tokens=96, max_tokens=2, expect={"completion_tokens": 2, "total_tokens": 98})
