@@ -64,7 +64,7 @@ def run_pytest(where: Path, *args: str) -> subprocess.CompletedProcess:
 def user_repo(tmp_path):
     """A directory outside this repository with a rig config of fake servers."""
     data = fake_config(tmp_path, decodes={
-        "decode": {}, "decode-stall": {"env": {"FAKE_VLLM_FAULT": "stall"}},
+        "decode": {}, "decode-stall": {"env": {"FAKE_VLLM_FAULT": "stall", "FAKE_VLLM_FAULT_ARG": "100"}},  # warm-up prompts pass
         "decode-diverge": {"env": {"FAKE_VLLM_FAULT": "diverge-at", "FAKE_VLLM_FAULT_ARG": "1"}}})
     write_config(tmp_path, data, "pdrig.yaml")
     (tmp_path / "pytest.ini").write_text("[pytest]\npdrig_config = pdrig.yaml\n")
