@@ -18,8 +18,10 @@ so the proxies are what is measured. With two or more CPUs the proxy under test 
 the stub and load generator on CPU 1.
 
 Reported per path and mode (non-streamed / streamed): throughput (requests/s at concurrency
-``--concurrency`` for ``--seconds``), and latency p50/p99 at concurrency 1; ``added`` is the
-path's latency minus ``direct``'s. Goal (issue #14): pdrig >= 3x toy throughput and <= 1 ms added
+``--concurrency`` for ``--seconds``), the proxy process's own CPU time per request during it
+(user + system, /proc: what the proxy costs whatever else runs on the host), and latency p50/p99
+at concurrency 1; ``added`` is the path's latency minus ``direct``'s. On a loaded host the added
+latency is mostly the proxy waiting for a CPU (three wake-ups per request), hence the CPU column. Goal (issue #14): pdrig >= 3x toy throughput and <= 1 ms added
 p50. Other load on the host (live vLLM servers) lowers every figure; the load average is printed.
 
     .venv/bin/python scripts/bench_proxy.py                      # ~1 min
@@ -175,31 +177,48 @@ async def one(session, url: str | None, stub: str, stream: bool) -> None:
             raise RuntimeError(f"bad answer {r.status}: {raw[:200]!r}")
 
 
+def cpu_seconds(pid: int | None) -> float:
+    """User + system CPU time of process ``pid`` so far (0 for None), from /proc/PID/stat."""
+    if pid is None:
+        return 0.0
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 async def measure(url: str | None, stub: str, stream: bool, concurrency: int, seconds: float,
-                  latency_n: int) -> dict:
-    """Throughput at ``concurrency`` for ``seconds``, then latency at concurrency 1."""
+                  latency_n: int, proxy_pid: int | None) -> dict:
+    """Throughput at ``concurrency`` for ``seconds`` (and the proxy's CPU time per request in it),
+    then latency at concurrency 1."""
     import aiohttp
 
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=concurrency + 4)) as session:
         for _ in range(50):  # warm connections and code paths
             await one(session, url, stub, stream)
-        done, t_end = 0, time.monotonic() + seconds
+        done, errors, t_end = 0, 0, time.monotonic() + seconds
 
         async def worker() -> None:
-            nonlocal done
+            nonlocal done, errors
             while time.monotonic() < t_end:
-                await one(session, url, stub, stream)
-                done += 1
-        t0 = time.monotonic()
+                try:
+                    await one(session, url, stub, stream)
+                    done += 1
+                except (aiohttp.ClientError, RuntimeError):  # counted, not fatal: part of the comparison
+                    errors += 1
+        t0, cpu0 = time.monotonic(), cpu_seconds(proxy_pid)
         await asyncio.gather(*(worker() for _ in range(concurrency)))
         rps = done / (time.monotonic() - t0)
+        cpu_ms = (cpu_seconds(proxy_pid) - cpu0) / max(done, 1) * 1e3
         lat = []
         for _ in range(latency_n):
             t = time.perf_counter()
-            await one(session, url, stub, stream)
+            try:
+                await one(session, url, stub, stream)
+            except (aiohttp.ClientError, RuntimeError):
+                errors += 1
+                continue
             lat.append(time.perf_counter() - t)
     q = statistics.quantiles(lat, n=100)
-    return {"rps": rps, "p50_ms": statistics.median(lat) * 1e3, "p99_ms": q[98] * 1e3}
+    return {"rps": rps, "p50_ms": statistics.median(lat) * 1e3, "p99_ms": q[98] * 1e3, "proxy_cpu_ms": cpu_ms, "errors": errors}
 
 
 def main() -> int:
@@ -208,6 +227,7 @@ def main() -> int:
     ap.add_argument("--concurrency", type=int, default=64)
     ap.add_argument("--latency-requests", type=int, default=1000, help="sequential requests for p50/p99")
     ap.add_argument("--json", help="write the results here")
+    ap.add_argument("--no-pin", action="store_true", help="do not pin the proxies / the stub and load generator")
     ap.add_argument("--role", help=argparse.SUPPRESS)  # internal: stub / toy child processes
     ap.add_argument("--port", type=int, help=argparse.SUPPRESS)
     ap.add_argument("--upstream", help=argparse.SUPPRESS)
@@ -218,7 +238,7 @@ def main() -> int:
     if args.role == "toy":
         toy_main(args.port, args.upstream, args.upstream)
         return 0
-    two = len(os.sched_getaffinity(0)) >= 2
+    two = len(os.sched_getaffinity(0)) >= 2 and not args.no_pin
     cpu_proxy, cpu_rest = (0, 1) if two else (None, None)
     if cpu_rest is not None:
         os.sched_setaffinity(0, {cpu_rest})
@@ -241,10 +261,13 @@ def main() -> int:
         for stream in (False, True):
             for path in ("direct", "pdrig", "toy"):
                 key = f"{path} {'stream' if stream else 'json'}"
+                pid = procs[path].pid if path in procs else None
                 results[key] = aio.run(measure(urls[path], stub, stream, args.concurrency, args.seconds,
-                                               args.latency_requests))
+                                               args.latency_requests, pid))
                 print(f"{key:14s} {results[key]['rps']:8.0f} req/s   p50 {results[key]['p50_ms']:6.2f} ms"
-                      f"   p99 {results[key]['p99_ms']:6.2f} ms", file=sys.stderr, flush=True)
+                      f"   p99 {results[key]['p99_ms']:6.2f} ms   proxy CPU {results[key]['proxy_cpu_ms']:.3f} ms/req"
+                      f"   errors {results[key]['errors']}",
+                      file=sys.stderr, flush=True)
     finally:
         for p in procs.values():
             p.terminate()
@@ -255,16 +278,17 @@ def main() -> int:
                 p.kill()
     print(f"\n{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, {os.cpu_count()} CPUs, load average "
           f"{' '.join(f'{x:.2f}' for x in os.getloadavg())}; concurrency {args.concurrency}, {args.seconds:g} s "
-          f"per throughput run, {args.latency_requests} sequential requests for latency")
-    print("| mode | path | req/s | p50 ms | p99 ms | added p50 ms | added p99 ms | vs toy |")
-    print("|---|---|---|---|---|---|---|---|")
+          f"per throughput run, {args.latency_requests} sequential requests for latency, "
+          f"{'proxy on CPU 0, stub and load generator on CPU 1' if two else 'unpinned'}")
+    print("| mode | path | req/s | p50 ms | p99 ms | added p50 ms | added p99 ms | proxy CPU ms/req | errors | vs toy |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     for mode in ("json", "stream"):
         base, toy = results[f"direct {mode}"], results[f"toy {mode}"]
         for path in ("direct", "pdrig", "toy"):
             r = results[f"{path} {mode}"]
             print(f"| {mode} | {path} | {r['rps']:.0f} | {r['p50_ms']:.2f} | {r['p99_ms']:.2f} | "
                   f"{r['p50_ms'] - base['p50_ms']:+.2f} | {r['p99_ms'] - base['p99_ms']:+.2f} | "
-                  f"{r['rps'] / toy['rps']:.1f}x |")
+                  f"{r['proxy_cpu_ms']:.3f} | {r['errors']} | {r['rps'] / toy['rps']:.1f}x |")
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=1))
     return 0

@@ -86,6 +86,7 @@ def test_plugin_cases_and_vllm_bench_serve_through_proxy(outside_repo):
             "test_pd_cases.py", "test_bench.py"]
     r = subprocess.run(argv, cwd=outside_repo, env=env, capture_output=True, text=True, timeout=900)
     out = r.stdout + r.stderr
+    print(out[-8000:])  # with -s: the child's verdicts and vllm bench serve's result table
     states = {name: s for s, name in re.findall(r"^(PASSED|FAILED|XFAIL|XPASS|ERROR) \S+::(\w+)", out, re.M)}
     assert states == {"test_edge_96": "PASSED", "test_edge_126": "XFAIL",
                       "test_vllm_bench_serve_through_proxy": "PASSED"}, out[-6000:]
