@@ -50,6 +50,7 @@ import time
 import uuid
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import aiohttp
@@ -345,7 +346,7 @@ def endpoints_from_file(path: str) -> tuple[list[tuple[str, str]], list[tuple[st
     (``{name: {"url": ..., "role": "prefill"|"decode"|...}}``). Raises ValueError naming the file
     when it is unreadable or lacks a prefill or a decode."""
     try:
-        data = json.loads(open(path).read())
+        data = json.loads(Path(path).read_text())
     except (OSError, ValueError) as e:
         raise ValueError(f"--endpoints {path}: cannot read it ({e}); give the endpoints.json of a "
                          "`pdrig up` run directory") from None

@@ -5,6 +5,7 @@ rig's own Cluster, plus recording stubs where the test must see exactly what eac
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 import time
@@ -321,3 +322,18 @@ def test_up_with_proxy_serves_pd_and_stops_everything(tmp_path):
     left = wait_no_survivors(str(tmp_path), within_s=10)
     kill_pids(left)
     assert left == {}, f"servers survived pdrig up: {left}"
+
+
+def test_endpoints_file_of_pdrig_up(tmp_path):
+    from rig.proxy import endpoints_from_file
+
+    f = tmp_path / "endpoints.json"
+    f.write_text(json.dumps({"mooncake-master": {"url": "http://127.0.0.1:8080", "role": "mooncake-master"},
+                             "prefill": {"url": "http://127.0.0.1:8100", "role": "prefill"},
+                             "decode": {"url": "http://127.0.0.1:8200", "role": "decode"}}))
+    assert endpoints_from_file(str(f)) == ([("prefill", "http://127.0.0.1:8100")], [("decode", "http://127.0.0.1:8200")])
+    f.write_text(json.dumps({"prefill": {"url": "http://127.0.0.1:8100", "role": "prefill"}}))
+    with pytest.raises(ValueError, match="at least one prefill and one decode"):
+        endpoints_from_file(str(f))
+    with pytest.raises(ValueError, match="cannot read it"):
+        endpoints_from_file(str(tmp_path / "missing.json"))
