@@ -7,7 +7,7 @@ requires) and a pure :func:`decide`, which never looks at anything but its argum
 
 1. a rig error (``ScenarioObservation.error``) with no instance death -> ERROR;
 2. known issue declared and P's / D's vLLM version unknown or different -> ERROR (the range
-   cannot be judged);
+   cannot be judged), unless an instance died: a death is FAIL whatever else is unknown;
 3. every failed check must be explained, else FAIL naming it. A known issue's signature
    (:mod:`rig.signatures`) explains the request checks it names only on the requests that show
    the symptom, and run-level checks (alive, no-fatal-log, idle-after, no-stall) only when it
@@ -159,7 +159,7 @@ def decide(name: str, checks: list[Check], exp: Expectation, m: Match | None = N
 
     if error and not dead:
         return v("ERROR", error)
-    if exp.problem:
+    if exp.problem and not dead:  # a death is a FAIL whatever else is unknown (issue #9 item 6)
         return v("ERROR", exp.problem)
     failed = [c for c in checks if c.ok is False]
     # Only an expectation that applies explains anything: a known issue outside its range
@@ -277,6 +277,8 @@ def judge(sc: ScenarioConfig, obs: ScenarioObservation, blocks: BlockFacts | Non
     against servers the rig does not run, which has no logs to scan)."""
     p_ver, d_ver = _versions(obs)
     outcome = sc.expect.for_version(d_ver)
+    if outcome is None and obs.dead:  # a dead decode has no /version; its death decides
+        outcome = sc.expect
     if checks is None and outcome is None:
         exp = expectation_of(sc, obs)
         return decide(sc.name, [], Expectation(exp.label, exp.required, problem=(

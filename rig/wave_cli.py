@@ -184,6 +184,7 @@ async def _run(args: argparse.Namespace, cfg: RigConfig | None, sc: Any, ps: lis
     from rig import metrics as m
     from rig.observations import ScenarioObservation, SnapshotStore, TransferEvidence
     from rig.report import RunResult, print_summary, write_report
+    from rig.verdict import REQUIRED
     from rig.workload.waves import (cache_info, check_drains, judge_wave, run_wave, served_model, stall_settings,
                                     usable_blocks_of)
 
@@ -259,8 +260,6 @@ async def _run(args: argparse.Namespace, cfg: RigConfig | None, sc: Any, ps: lis
                                    "deadline_s": deadline, "drain_s": drain_s,
                                    "config_file": args.config if cfg else None})
         # Servers the rig did not start: no process to watch, no log to scan (shown "not checked").
-        from rig.verdict import REQUIRED
-
         no_logs = tuple(n for n in REQUIRED[sc.kind] if n not in ("alive", "no-fatal-log", "kv-integrity"))
         verdict = judge_wave(sc, obs, wave, result.extra_sections, required=no_logs)
         result.observations.append(obs)

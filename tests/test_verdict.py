@@ -316,6 +316,16 @@ def test_a_crash_is_fail_decode_died_not_a_rig_error():
     assert v.reason.startswith("alive: decode died (exit 1): TypeError: Cannot inspect kernel parameters for function")
 
 
+def test_a_death_is_fail_even_when_the_dead_decode_left_no_version():
+    # warm-up death: D never answered /version, and edge-126 declares a known issue
+    v = judge(sc(LIVELOCK), crashed_obs(versions={"prefill": "0.30.0"}, vllm_version=""), BLOCKS)
+    assert v.verdict == "FAIL" and v.reason.startswith("alive: decode died (exit 1): TypeError"), v.reason
+    v = judge(sc(prompt_tokens=127, expect={"completion_tokens": 1, "by_version": [{"vllm": "<0.28",
+                                                                                    "http_status": 400}]}),
+              crashed_obs(versions={}, vllm_version=""))
+    assert v.verdict == "FAIL" and v.reason.startswith("alive: decode died"), v.reason
+
+
 def test_crash_signature():
     assert judge(sc(CRASH_KI), crashed_obs()).verdict == "XFAIL"
     other = crashed_obs(death_lines={"decode": "RuntimeError: out of memory"})

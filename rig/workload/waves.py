@@ -540,9 +540,10 @@ def wave_checks(sc: ScenarioConfig, obs: ScenarioObservation, wave: WaveResult) 
     out: list[Check] = []
     intentional = [r for r in recs if r.intentional]
     points = ", ".join(f"{k} {v}" for k, v in sorted(s["cancel_points"].items(), key=lambda kv: str(kv[0])))
-    ok_n = s["ok"]
+    # Answered = D answered (a parity mismatch is answered; the parity check judges its tokens).
+    ok_n = sum(r.status in ANSWERED for r in recs)
     want = len(recs) - len(intentional)
-    unanswered = [r for r in recs if not r.intentional and r.status != "ok"]
+    unanswered = [r for r in recs if not r.intentional and r.status not in ANSWERED]
     out.append(Check("completed", bool(recs) and ok_n == want,
                      f"{ok_n}/{want} completed ({len(recs)} requests, {len(intentional)} cancelled on purpose"
                      + (f": {points}" if points else "") + ")", _ids(unanswered)))
