@@ -8,7 +8,7 @@
 
 Both run in one child pytest session, so the topology starts once (~1 min on the 2-core box, plus
 ~40 s for the XFAIL case: its stall verdict and P's lease on the abandoned blocks).
-Run it under /work/bin/live.
+On a shared host, run it under the host's live-server lock (it uses ports 8100/8200, CPUs 0/1).
 """
 
 from __future__ import annotations
