@@ -132,6 +132,9 @@ class Matrix:
             cfg = apply_fixes(cfg, spec)
             cfg = cfg.model_copy(update={"launch": cfg.launch.model_copy(
                 update={"command": launch_command(cfg, python)})})
+            from rig.cli import preflight  # the same refusals as `pdrig e2e` (CPUs, executable)
+
+            preflight(cfg)
             (run_dir / "logs").mkdir(parents=True)
             self._log(f"{name}/{_suite_label(suite)}: {len(names)} scenario(s) with {python} -> {run_dir}")
             result = SuiteRunner(cfg, select_scenarios(cfg, names), run_dir, quiet=self.quiet).run()
