@@ -196,8 +196,9 @@ def _hash(*parts: str) -> str:
 def _spec_hash(spec: BuildSpec, files: BuildsFile, device: str) -> str:
     """What the env depends on: the spec, the install script, the patches' text, the base's."""
     parts = [spec.model_dump_json(exclude={"description", "fixes"}), device]
-    if spec.vllm is not None:
-        parts.append(INSTALL_SCRIPT.read_text())
+    if spec.vllm is not None:  # the script's commands; its comments do not change an env
+        parts.append("\n".join(ln for ln in INSTALL_SCRIPT.read_text().splitlines()
+                               if not ln.lstrip().startswith("#")))
     for patch in spec.patches:
         parts.append(_patch_path(patch).read_text())
     if spec.base is not None:
