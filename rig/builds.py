@@ -35,7 +35,7 @@ from pathlib import Path
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from rig.config import ConfigError, RigConfig, ScenarioConfig
+from rig.config import ConfigError, RigConfig, ScenarioConfig, load_config
 
 REPO = Path(__file__).resolve().parent.parent
 DEFAULT_BUILDS_FILE = REPO / "configs" / "builds.yaml"
@@ -66,7 +66,7 @@ class BuildSpec(BaseModel):
     @classmethod
     def _version(cls, v: str | None) -> str | None:
         if v is not None and not re.fullmatch(VERSION, str(v)):
-            raise ValueError(f"not a release version like 0.32.0; for your own env use python: PATH")
+            raise ValueError("not a release version like 0.32.0; for your own env use python: PATH")
         return v
 
     @model_validator(mode="after")
@@ -412,8 +412,6 @@ def cmd_build(args) -> int:
     files = load_builds(args.builds)
     device = "cpu"
     if args.config:
-        from rig.config import load_config
-
         device = load_config(args.config).device
     try:
         stamp = Builder(files, builds_dir(args.builds_dir), device).build(args.name)

@@ -25,8 +25,11 @@ from pathlib import Path
 
 from rig.builds import (DEFAULT_BUILDS_FILE, BuildError, Builder, BuildsFile, SuiteSpec, apply_fixes,
                         builds_dir, fixed_note, load_builds)
+from rig.cli import preflight
 from rig.config import ConfigError, RigConfig, load_config
 from rig.grid import BuildRuns, IssueRef, build_grid, render_junit, render_md
+from rig.report import write_report
+from rig.runner import SuiteRunner, select_scenarios
 
 FINISHED = ("passed", "failed", "error")
 
@@ -102,8 +105,6 @@ class Matrix:
 
     def run_build(self, name: str, resume: bool) -> list[dict]:
         """Run every suite on build ``name``; returns the reports (recorded or new)."""
-        from rig.runner import SuiteRunner, select_scenarios
-
         spec = self.files.get(name)
         reports = []
         python: str | None = None
@@ -132,17 +133,13 @@ class Matrix:
             cfg = apply_fixes(cfg, spec)
             cfg = cfg.model_copy(update={"launch": cfg.launch.model_copy(
                 update={"command": launch_command(cfg, python)})})
-            from rig.cli import preflight  # the same refusals as `pdrig e2e` (CPUs, executable)
-
-            preflight(cfg)
+            preflight(cfg)  # the same refusals as `pdrig e2e` (CPUs, executable)
             (run_dir / "logs").mkdir(parents=True)
             self._log(f"{name}/{_suite_label(suite)}: {len(names)} scenario(s) with {python} -> {run_dir}")
             result = SuiteRunner(cfg, select_scenarios(cfg, names), run_dir, quiet=self.quiet).run()
             fixed = {sc.name: ki.id for sc in self.load(suite).scenarios
                      if (ki := sc.known_issue) is not None and ki.id in spec.fixes}
             if fixed:  # the verdict says "pass"; say who declared it
-                from rig.report import write_report
-
                 for v in result.verdicts:
                     if v.scenario in fixed:
                         v.expectation = fixed_note(spec, fixed[v.scenario])
