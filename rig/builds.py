@@ -365,6 +365,8 @@ def apply_patch(patch: Path, site: Path) -> None:
     hard link is replaced by its own copy first, so the file it shares is never written.
     Raises BuildError naming the patch file, the target file and each hunk that failed.
     """
+    if shutil.which("patch") is None:
+        raise BuildError(f"{patch}: GNU patch is not installed (Debian: apt-get install patch)")
     files = patched_files(patch)
     if not files:
         raise BuildError(f"{patch}: not a unified diff (no '+++ b/<path>' line)")
