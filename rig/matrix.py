@@ -18,6 +18,7 @@ reason, never an aborted matrix.
 from __future__ import annotations
 
 import json
+import re
 import sys
 import time
 from datetime import datetime, timezone
@@ -27,7 +28,7 @@ from rig.builds import (DEFAULT_BUILDS_FILE, BuildError, Builder, BuildsFile, Su
                         builds_dir, fixed_note, load_builds)
 from rig.cli import preflight
 from rig.config import ConfigError, RigConfig, load_config
-from rig.grid import BuildRuns, IssueRef, build_grid, render_junit, render_md
+from rig.grid import ENGINE_DEATH, BuildRuns, IssueRef, build_grid, render_junit, render_md
 from rig.report import write_report
 from rig.runner import SuiteRunner, select_scenarios
 
@@ -59,10 +60,36 @@ def _suite_label(name: str) -> str:
 
 
 def _read_report(run_dir: Path) -> dict | None:
+    """``report.json`` of a run directory plus ``death_causes`` (rig.grid.instance_deaths)."""
     try:
-        return json.loads((run_dir / "report.json").read_text())
+        rep = json.loads((run_dir / "report.json").read_text())
     except (OSError, ValueError):
         return None
+    rep["death_causes"] = {log.stem: cause for log in sorted((run_dir / "logs").glob("*.log"))
+                           if (cause := death_cause(log))}
+    return rep
+
+
+_CAUSE = re.compile(r"\b([A-Za-z_.]*(?:Error|Exception)): (.+)")
+
+
+def death_cause(log: Path) -> str:
+    """The root cause of an engine death in a vLLM log: the first ``SomeError: message`` after
+    the first traceback, skipping vLLM's own wrappers (EngineDeadError, "Worker failed"); ""
+    when the log shows no engine death."""
+    try:
+        text = log.read_text(errors="replace")
+    except OSError:
+        return ""
+    if not any(m in text for m in ENGINE_DEATH):
+        return ""
+    seen_traceback = False
+    for line in text.splitlines():
+        seen_traceback = seen_traceback or "Traceback (most recent call last)" in line
+        m = _CAUSE.search(line) if seen_traceback else None
+        if m and "EngineDead" not in m.group(1) and "Worker failed" not in m.group(2):
+            return f"{m.group(1)}: {m.group(2).strip()}"
+    return ""
 
 
 def _broken_report(run_dir: Path, cfg: RigConfig | None, why: str) -> dict:

