@@ -18,6 +18,9 @@ A build is a name plus exactly one of:
 The builds directory is ``.cache/builds`` unless ``PDRIG_BUILDS_DIR`` or ``--builds-dir`` says
 otherwise. Each built env has a stamp (``<dir>/<name>/pdrig-build.json``): a second build with
 the same inputs returns at once.
+
+One module (~430 lines) because the models, the env builder and ``pdrig build`` share the spec
+and its hash; the grid (rig/grid.py) and the matrix run (rig/matrix.py) are separate.
 """
 
 from __future__ import annotations
