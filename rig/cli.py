@@ -9,6 +9,8 @@
     pdrig k8s   [--config F] [--run-id ID] [-n NS] [-o FILE]        render Kubernetes manifests
     pdrig wave prefix|pressure [--endpoints F | --prefill URL --decode URL] ...   a manual wave
     pdrig proxy [--endpoints F | --prefill URL ... --decode URL ...] [--port 8000]  OpenAI-compatible P/D front
+    pdrig build NAME [--builds-dir D]                               create a vLLM build's env (configs/builds.yaml)
+    pdrig matrix --builds a,b [--suite edge,lease] [--resume]       the suites on each build; matrix.md
 
 Exit codes: 0 all expectations hold; 1 a scenario failed (FAIL/XPASS/ERROR); 2 bad config or
 environment (refused before anything starts); 3 the run itself broke (a server did not start, a
@@ -462,6 +464,11 @@ def build_parser() -> argparse.ArgumentParser:
     from rig.wave_cli import add_wave_parser  # `pdrig wave prefix|pressure` (rig/wave_cli.py)
 
     add_wave_parser(sub)
+    from rig.builds import add_build_parser  # `pdrig build NAME` (issue #11)
+    from rig.matrix import add_matrix_parser  # `pdrig matrix --builds a,b` (issue #11)
+
+    add_build_parser(sub)
+    add_matrix_parser(sub)
     return ap
 
 

