@@ -864,6 +864,9 @@ def _format_validation_error(source: str, err: ValidationError, data: dict,
             msg = "required field is missing"
         if isinstance(value, (str, int, float, bool)) and e["type"] not in ("extra_forbidden", "missing"):
             msg += f" (got {value!r})"
+        if e["type"] in ("list_type", "tuple_type") and isinstance(value, (str, int, float)):
+            # --set values are YAML: a list is written in brackets, e.g. cpus=[1] or cpus=[0,1]
+            msg += f"; write a YAML list, e.g. [{value}]"
         field_name = str(e["loc"][-1]) if e["loc"] else ""
         origin = next((ov for ov in overrides or [] if ov.split("=", 1)[0].strip().split(".")[-1] == field_name), None)
         if origin is not None:

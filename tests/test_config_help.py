@@ -65,6 +65,13 @@ def test_wrong_value_keeps_value_advice_and_lists_literal_choices():
     assert "'auto', 'float32', 'bfloat16' or 'float16'" in msg and "fix the value or drop that --set" in msg
 
 
+def test_a_scalar_where_a_list_belongs_shows_the_list_syntax():
+    # --set values are YAML: `cpus=1` or `cpus=1,2` is not a list; the error shows the form that is
+    assert "write a YAML list, e.g. [1]" in error_of(["decode.decode-6blk.cpus=1"])
+    assert "write a YAML list, e.g. [1,2]" in error_of(["decode.decode-6blk.cpus=1,2"])
+    assert load_config(CPU_TINY, ["decode.decode-6blk.cpus=[1]"]).instance("decode-6blk").cpus == [1]
+
+
 def test_wrong_instance_name_lists_the_instances():
     msg = error_of(["decode.decode-7blk.port=9000"])
     assert "decode has no item 'decode-7blk'; did you mean 'decode-6blk'?" in msg
