@@ -221,7 +221,7 @@ async def _run(args: argparse.Namespace, cfg: RigConfig | None, sc: Any, ps: lis
         drain_s = args.drain or (cfg.timeouts.drain_s if cfg else 40.0)
         progress = "off" if args.quiet else args.progress
         if not args.quiet:
-            print(f"[pdrig wave] {sc.kind} {sc.name} -> {run_dir} (seed {sc.seed}; P {', '.join(e.url for e in ps)}; "
+            print(f"[pdrig wave] {sc.name} -> {run_dir} (seed {sc.seed}; P {', '.join(e.url for e in ps)}; "
                   f"D {', '.join(e.url for e in ds)})", file=sys.stderr, flush=True)
         wave = await run_wave(sc, model, ps, ds, http, store, run_dir / "waves", deadline_s=deadline,
                               usable_blocks=blocks, block_size=block_size, max_model_len=mml, progress=progress,

@@ -300,7 +300,7 @@ def test_cli_pressure_wave_with_urls(healthy, tmp_path, capsys):
     assert report["status"] == "passed"
     assert report["scenarios"][0]["verdict"]["verdict"] == "PASS"
     summary = (tmp_path / "summary.md").read_text()
-    assert "## pressure-wave `pressure-wave`: PASS" in summary
+    assert "## pressure-wave: PASS" in summary
     assert "![pressure-wave timeline](waves/pressure-wave-timeline.png)" in summary
     assert (tmp_path / "waves" / "pressure-wave-timeline.png").is_file()
     assert (tmp_path / "junit.xml").is_file()
@@ -398,7 +398,7 @@ def test_suite_runner_runs_the_waves_suite_on_fakes(tmp_path):
     hits = next(c for c in verdicts["prefix-wave-ci"].checks if c.name == "prefix-hits")
     assert hits.ok and "P hits 896 tokens, expected 896" in hits.detail
     summary = (run_dir / "summary.md").read_text()
-    assert "## prefix-wave `prefix-wave-ci`: PASS" in summary and "## pressure-wave `pressure-wave-ci`: PASS" in summary
+    assert "## prefix-wave-ci: PASS" in summary and "## pressure-wave-ci: PASS" in summary
     assert (run_dir / "waves" / "pressure-wave-ci-timeline.png").is_file()
     assert (run_dir / "metrics" / "timeline.jsonl").stat().st_size > 0
     # D has 5 usable blocks; the CI pressure wave keeps 3 one-block requests in flight (no queue)

@@ -678,7 +678,9 @@ def wave_section(wave: WaveResult, verdict: ScenarioVerdict | None = None, link_
     """
     s = wave.summary()
     pr = wave.params
-    lines = [f"## {wave.kind} `{wave.scenario}`" + (f": {verdict.verdict}" if verdict else ""), ""]
+    # The heading names the scenario; its kind only when the name does not already say it.
+    title = wave.scenario if wave.kind in wave.scenario else f"{wave.kind} `{wave.scenario}`"
+    lines = [f"## {title}" + (f": {verdict.verdict}" if verdict else ""), ""]
     desc = (f"{pr.get('groups')} groups x {pr.get('per_group')} requests sharing a "
             f"{pr.get('prefix_tokens')}-token prefix"
             if wave.kind == "prefix-wave" else f"{pr.get('requests')} requests")
