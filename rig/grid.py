@@ -152,17 +152,23 @@ def instance_deaths(report: dict[str, Any]) -> dict[str, dict[str, str]]:
 
 def symptom_seen(symptom: str, scenario: dict[str, Any]) -> bool:
     """Whether a recorded scenario (``report.json`` item: verdict + observation) shows the
-    symptom of a known issue, whatever its verdict was: ``stall`` a stalled request, ``stale-kv``
-    a failed kv-integrity check or a diverged parity, ``error`` a request that failed otherwise
-    (the same reading as rig/verdict.py's, on recorded data)."""
+    symptom of a known issue, whatever its verdict was. ``symptom`` is the kind of the known
+    issue's signature (rig/signatures.py): ``stall`` a stalled request, ``stale-kv`` a failed
+    kv-integrity check or a diverged parity, ``wrong-output`` a diverged parity, ``crash`` an
+    instance that died, ``http-error`` (and anything else) a request that failed otherwise. This
+    is the kind-level reading on recorded data; the field-by-field match is the engine's."""
     obs = scenario.get("observation") or {}
     records = obs.get("records") or []
+    diverged = any(p and p.get("status") == "diverged" for p in obs.get("parity") or [])
     if symptom == "stall":
         return any(r.get("outcome") == "stalled" for r in records)
     if symptom == "stale-kv":
         checks = (scenario.get("verdict") or {}).get("checks") or []
-        return (any(c.get("name") == "kv-integrity" and c.get("ok") is False for c in checks)
-                or any(p and p.get("status") == "diverged" for p in obs.get("parity") or []))
+        return any(c.get("name") == "kv-integrity" and c.get("ok") is False for c in checks) or diverged
+    if symptom == "wrong-output":
+        return diverged
+    if symptom == "crash":
+        return bool(obs.get("dead"))
     return any(r.get("outcome") not in ("ok", "stalled") for r in records)
 
 

@@ -184,7 +184,7 @@ class Matrix:
                     scenarios.append(sc.name)
                     ki = sc.known_issue
                     if ki is not None:
-                        issues[sc.name] = IssueRef(ki.id, ki.affects, ki.symptom)
+                        issues[sc.name] = IssueRef(ki.id, ki.affects, ki.symptom.kind)  # the signature's kind (rig.signatures)
         return scenarios, issues
 
     def collect(self, name: str) -> BuildRuns:

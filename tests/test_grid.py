@@ -185,3 +185,18 @@ def test_death_cause_is_the_root_error_under_vllm_wrappers(tmp_path):
     quiet = tmp_path / "ok.log"
     quiet.write_text("INFO started\nTypeError: not an engine death\n")
     assert death_cause(quiet) == ""
+
+
+def test_the_suites_known_issues_reach_the_grid_as_signature_kinds(tmp_path):
+    """The matrix reads each scenario's known issue from the real suites: the symptom the grid
+    looks for is the signature's kind (rig.signatures), so a recorded livelock reads as seen."""
+    from rig.builds import load_builds
+    from rig.matrix import Matrix
+
+    cfg = str(Path(__file__).resolve().parents[1] / "configs" / "cpu-tiny.yaml")
+    m = Matrix(load_builds(), None, cfg, [], ["edge", "lease"], tmp_path)
+    _, issues = m.grid_inputs()
+    assert issues["edge-126"].symptom == "stall" and issues["edge-127"].symptom == "stall"
+    assert issues["lease-expired-read"].symptom == "stale-kv"
+    stalled = {"observation": {"records": [{"outcome": "stalled"}]}}
+    assert symptom_seen(issues["edge-126"].symptom, stalled)
