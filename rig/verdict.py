@@ -16,7 +16,9 @@ requires) and a pure :func:`decide`, which never looks at anything but its argum
    "inconclusive: <check> not checked: <why>" (decided here: a verdict that rests on evidence
    the rig could not gather is neither PASS nor XFAIL, and it is not a vLLM failure either);
 5. known issue in range: signature matched -> XFAIL, nothing failed -> XPASS (fails the run:
-   "known issue fixed: update the expectation"); canary: caught -> PASS, else FAIL
+   "known issue fixed: update the expectation"), or PASS with a note for a non-strict known
+   issue (``strict: false``, pytest's xfail(strict=False): a bug whose showing depends on
+   timing); canary: caught -> PASS, else FAIL
    ("canary inconclusive" when it was not answered over pulled KV, "passed silently" when it was
    and matched); otherwise PASS.
 
@@ -214,6 +216,9 @@ def decide(name: str, checks: list[Check], exp: Expectation, m: Match | None = N
     if exp.known_issue is not None:
         if failed:
             return v("XFAIL", f"{exp.known_issue.id}: {m.shown if m else ''}")
+        if not exp.known_issue.strict:  # pytest's xfail(strict=False): a timing-dependent bug
+            return v("PASS", f"all checks hold; known issue {exp.known_issue.id} did not show this time "
+                             "(strict: false, its showing depends on timing)")
         return v("XPASS", f"known issue fixed: update the expectation ({exp.known_issue.id} no longer reproduces)")
     return v("PASS", "all checks hold")
 

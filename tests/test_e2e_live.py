@@ -259,6 +259,9 @@ def test_sigstop_decode_past_the_lease_is_named_by_the_verdict(lease_run):
     assert ev["done_at"] - ev["fired_at"] >= 8 and "SIGCONT" in ev["detail"]
     assert ev["fired_at"] - obs["records"][0]["decode_sent_at"] >= 0.02
     assert obs["records"][0]["outcome"] in checks["fault-outcome"]["detail"]
-    # vLLM 0.32.0: D answers 200 after SIGCONT; P logs the read of expired blocks for it
-    assert v["verdict"] == "XFAIL" and v["reason"].startswith("nixl-expired-lease-read"), v["reason"]
+    # vLLM 0.32.0: when D had not pulled before the SIGSTOP, it answers 200 after SIGCONT and P
+    # logs the read of expired blocks for it (XFAIL); when it had, the read was fresh (PASS with the
+    # non-strict note). Either way the verdict names what happened; nothing else is accepted.
+    assert (v["verdict"] == "XFAIL" and v["reason"].startswith("nixl-expired-lease-read")) or \
+        (v["verdict"] == "PASS" and "nixl-expired-lease-read did not show this time" in v["reason"]), v["reason"]
     assert processes_of_run(run_dir) == []
