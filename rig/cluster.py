@@ -326,6 +326,11 @@ class Cluster:
                         pin_cpus(run.popen.pid, spec.cpus, tree=True)
                     return run.ready_after_s
                 if time.monotonic() > deadline:
+                    if self.attach:  # nothing of ours to show: name where we looked
+                        raise ClusterError(f"{name} at {spec.base_url} (attached: the rig did not start it) did "
+                                           f"not answer {spec.health_path} with the model listed within "
+                                           f"{self.startup_timeout_s:.0f} s (timeouts.startup_s): is the "
+                                           "deployment up at that address (--endpoint NAME=URL)?", name)
                     raise ClusterError(f"{name} was not ready within {self.startup_timeout_s:.0f} s "
                                        "(timeouts.startup_s)", name, log_tail(spec.log_path))
                 # The runner waits here in a worker thread, which a signal cannot interrupt; an

@@ -287,3 +287,17 @@ def test_attach_runs_get_fresh_prompts_unless_a_seed_is_given():
     assert make_prompt(96, sa[n]) != make_prompt(96, sb[n])
     assert cli.fresh_prompt_seeds(cfg, "20261130-200322-cpu-tiny").scenarios == a.scenarios  # reproducible
     assert all(s.seed is None for s in cfg.scenarios if s.name != "edge-126")  # cfg unchanged
+
+
+def test_attach_to_an_endpoint_that_does_not_answer_names_the_url(fake_servers_dir, restore_signals, capsys):
+    """An attached instance that never answers: the run breaks (rc 3) naming the URL it polled,
+    not a bare 'not ready' (the rig has no log of its own to show)."""
+    base = fake_servers_dir
+    data = fake_config(base, scenarios=[scenario("one", "decode")])
+    data["timeouts"] = {**data.get("timeouts", {}), "startup_s": 2}
+    config = write_config(base, data, "attach.yaml")
+    rc = cli.main(["e2e", "-c", str(config), "--attach", "--quiet",
+                   "--endpoint", "prefill=http://127.0.0.1:1026", "--endpoint", "decode=http://127.0.0.1:1027"])
+    assert rc == 3
+    report = json.loads(max((base / "runs").glob("*/report.json")).read_text())
+    assert "http://127.0.0.1:102" in report["error"] and "attached: the rig did not start it" in report["error"]
