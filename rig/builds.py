@@ -35,10 +35,9 @@ import sys
 import time
 from pathlib import Path
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from rig.config import ConfigError, RigConfig, ScenarioConfig, load_config
+from rig.config import ConfigError, RigConfig, ScenarioConfig, load_config, read_yaml_mapping
 
 REPO = Path(__file__).resolve().parent.parent
 DEFAULT_BUILDS_FILE = REPO / "configs" / "builds.yaml"
@@ -136,12 +135,7 @@ class BuildsFile(BaseModel):
 def load_builds(path: str | Path = DEFAULT_BUILDS_FILE) -> BuildsFile:
     """Read and validate a builds file; raises ConfigError with one line per bad field."""
     p = Path(path)
-    if not p.is_file():
-        raise ConfigError(f"builds file {str(p)!r} not found (the team's is configs/builds.yaml)")
-    try:
-        data = yaml.safe_load(p.read_text()) or {}
-    except yaml.YAMLError as e:
-        raise ConfigError(f"{p}: not valid YAML: {e}") from None
+    data = read_yaml_mapping(p, f"builds file {str(p)!r} not found (the team's is configs/builds.yaml)")
     try:
         return BuildsFile.model_validate(data)
     except ValidationError as e:

@@ -881,20 +881,28 @@ def _format_validation_error(source: str, err: ValidationError, data: dict,
     return f"{source}: invalid config\n  " + "\n  ".join(lines)
 
 
-def load_config(path: str | Path, overrides: list[str] | None = None) -> RigConfig:
-    """Read a YAML config, apply ``--set`` overrides, validate.
-
-    Raises ConfigError (file missing, bad YAML, invalid field) with a message naming the field.
-    """
-    p = Path(path)
+def read_yaml_mapping(p: Path, missing: str) -> dict:
+    """The YAML mapping in file ``p``; raises ConfigError with ``missing`` when there is no such
+    file, and naming the file when it is not valid YAML or not a mapping (configs, builds files)."""
     if not p.is_file():
-        raise ConfigError(f"config file {str(p)!r} not found; the profiles are in configs/ (e.g. configs/cpu-tiny.yaml)")
+        raise ConfigError(missing)
     try:
         data = yaml.safe_load(p.read_text()) or {}
     except yaml.YAMLError as e:
         raise ConfigError(f"{p}: not valid YAML: {e}") from None
     if not isinstance(data, dict):
         raise ConfigError(f"{p}: the top level must be a mapping of fields")
+    return data
+
+
+def load_config(path: str | Path, overrides: list[str] | None = None) -> RigConfig:
+    """Read a YAML config, apply ``--set`` overrides, validate.
+
+    Raises ConfigError (file missing, bad YAML, invalid field) with a message naming the field.
+    """
+    p = Path(path)
+    data = read_yaml_mapping(p, f"config file {str(p)!r} not found; the profiles are in configs/ "
+                                "(e.g. configs/cpu-tiny.yaml)")
     overrides = overrides or []
     # Overrides of scenarios apply after the suite is read (so they can name its scenarios);
     # all others before (so --set suite=... picks the suite).

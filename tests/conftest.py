@@ -146,6 +146,12 @@ def fake_servers_dir(tmp_path) -> Path:
     """Per-test directory for fake-server configs and runs; after the test no process mentioning
     it may survive (leftovers are killed by PID, then the test fails)."""
     yield tmp_path
-    left = wait_no_survivors(str(tmp_path), within_s=10)
+    assert_no_survivors(tmp_path, within_s=10)
+
+
+def assert_no_survivors(path: Path, within_s: float) -> None:
+    """Fail the test if a process mentioning ``path`` is still alive ``within_s`` seconds after
+    it ended (leftovers are killed by PID first, so one leak does not spill into other tests)."""
+    left = wait_no_survivors(str(path), within_s=within_s)
     kill_pids(left)
-    assert left == {}, f"fake servers survived the run: {left}"
+    assert left == {}, f"servers survived the test: {left}"

@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import ROOT, fake_config, free_ports, kill_pids, scenario, wait_no_survivors, write_config
+from conftest import ROOT, assert_no_survivors, fake_config, free_ports, scenario, wait_no_survivors, write_config
 
 from rig import cli
 from rig.config import load_config
@@ -22,9 +22,7 @@ from rig.ports import PortConflict, PortReservation, config_ports, reserve, shif
 @pytest.fixture()
 def base(tmp_path):
     yield tmp_path
-    left = wait_no_survivors(str(tmp_path), within_s=15)
-    kill_pids(left)
-    assert left == {}, f"servers survived: {left}"
+    assert_no_survivors(tmp_path, within_s=15)
 
 
 HOLD = """

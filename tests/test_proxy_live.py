@@ -19,7 +19,7 @@ import subprocess
 import sys
 
 import pytest
-from conftest import ROOT, kill_pids, wait_no_survivors
+from conftest import ROOT, assert_no_survivors
 
 pytestmark = pytest.mark.e2e
 
@@ -70,9 +70,7 @@ def test_vllm_bench_serve_through_proxy(pd_client, pdrig_session, tmp_path):
 @pytest.fixture()
 def outside_repo(tmp_path):
     yield tmp_path
-    left = wait_no_survivors(str(tmp_path), within_s=30)
-    kill_pids(left)
-    assert left == {}, f"vLLM servers survived the pytest session: {left}"
+    assert_no_survivors(tmp_path, within_s=30)
 
 
 def test_plugin_cases_and_vllm_bench_serve_through_proxy(outside_repo):
