@@ -27,11 +27,11 @@ import sys
 import time
 from pathlib import Path
 
-from rig import aio
-from rig.cluster import Cluster, ClusterError, install_signal_handlers
-from rig.config import ConfigError, RigConfig, load_config
-from rig.config_help import REPO_CONFIGS, unknown_scenarios_message
-from rig.plan import build_plan, busy_ports
+from rig.transport import aio
+from rig.cluster.processes import Cluster, ClusterError, install_signal_handlers
+from rig.config.schema import ConfigError, RigConfig, load_config
+from rig.config.help import REPO_CONFIGS, unknown_scenarios_message
+from rig.plan.processes import build_plan, busy_ports
 
 DEFAULT_CONFIG = "configs/cpu-tiny.yaml"
 
@@ -61,7 +61,7 @@ def preflight(cfg: RigConfig) -> None:
                 f"config {cfg.name!r} has device: cuda, but this machine has no usable NVIDIA GPU "
                 "(nvidia-smi missing or failing). Run it on a GPU node after `make setup PROFILE=gpu`, "
                 "or use the CPU default: make e2e CONFIG=configs/cpu-tiny.yaml")
-    from rig import mooncake
+    from rig.plan import mooncake
 
     mooncake.preflight(cfg)  # store modes: names a missing libibverbs/libnl or mooncake_master
     problem = cpu_problem(cfg)
@@ -74,8 +74,8 @@ def preflight(cfg: RigConfig) -> None:
 
 
 def cpu_problem(cfg: RigConfig) -> str:
-    """:func:`rig.cluster.unavailable_cpus` for the config's instances ("" when all fit)."""
-    from rig.cluster import unavailable_cpus
+    """:func:`rig.cluster.processes.unavailable_cpus` for the config's instances ("" when all fit)."""
+    from rig.cluster.processes import unavailable_cpus
 
     return unavailable_cpus((role, inst.name, inst.cpus or ()) for role, inst in cfg.instances())
 
@@ -99,7 +99,7 @@ def fresh_prompt_seeds(cfg: RigConfig, salt: str) -> RigConfig:
 
 def cmd_e2e(args: argparse.Namespace) -> int:
     """Run the config's suite (or ``--scenario`` ones); exit 0 only if all are PASS/XFAIL."""
-    from rig.runner import SuiteRunner, new_run_dir, select_scenarios
+    from rig.run.runner import SuiteRunner, new_run_dir, select_scenarios
 
     if (args.endpoint or args.log or args.logs_from_compose) and not args.attach:
         raise ConfigError("--endpoint / --log / --logs-from-compose describe a deployment the rig did "
@@ -119,7 +119,7 @@ def cmd_e2e(args: argparse.Namespace) -> int:
         preflight(cfg)
     scenarios = select_scenarios(cfg, args.scenario)
     if args.instances:
-        from rig.topology import parse_instances, scenarios_on
+        from rig.run.topology import parse_instances, scenarios_on
 
         scenarios = scenarios_on(cfg, scenarios, parse_instances(cfg, args.instances))
     if not scenarios:
@@ -133,7 +133,7 @@ def cmd_e2e(args: argparse.Namespace) -> int:
         chosen = {s.name for s in scenarios}
         scenarios = [s for s in select_scenarios(cfg, args.scenario) if s.name in chosen]
     print(f"[pdrig] run directory: {run_dir}", file=sys.stderr, flush=True)
-    from rig.logs import attach_log_source
+    from rig.cluster.logs import attach_log_source
 
     # attach.logs (config or --log): where attached instances' logs are; without one, an
     # instance's log checks are "not checked" (Cluster.log_source).
@@ -145,7 +145,7 @@ def cmd_e2e(args: argparse.Namespace) -> int:
 
 def cmd_plan(args: argparse.Namespace) -> int:
     """Print the plan (no process is started, no model built)."""
-    from rig.runner import resolve_model
+    from rig.run.runner import resolve_model
 
     cfg = load_config(args.config, args.overrides)
     plan = build_plan(cfg, Path(cfg.run_root) / "<timestamp>-" f"{cfg.name}", resolve_model(cfg, build=False),
@@ -173,7 +173,7 @@ def cmd_config(args: argparse.Namespace) -> int:
     description, from the pydantic models; otherwise the effective config (file + ``--set``) as YAML."""
     import yaml
 
-    from rig.config_help import explain
+    from rig.config.help import explain
 
     if args.explain is not None:
         try:
@@ -188,7 +188,7 @@ def cmd_config(args: argparse.Namespace) -> int:
 
 def cmd_build_model(args: argparse.Namespace) -> int:
     """Build the tiny model if the config uses it and print its directory."""
-    from rig.runner import resolve_model
+    from rig.run.runner import resolve_model
 
     cfg = load_config(args.config, args.overrides)
     print(resolve_model(cfg))
@@ -196,12 +196,12 @@ def cmd_build_model(args: argparse.Namespace) -> int:
 
 
 def cmd_up(args: argparse.Namespace) -> int:
-    """Start instances (default: :func:`rig.topology.default_instances`, the pair a manual wave
+    """Start instances (default: :func:`rig.run.topology.default_instances`, the pair a manual wave
     needs), warm every P->D pair up as `e2e` does, write ``endpoints.json``, and keep them up
-    until Ctrl-C or a death (exit 1). The config's ports stay reserved meanwhile (rig/ports.py)."""
-    from rig.ports import reserve
-    from rig.runner import new_run_dir, resolve_model
-    from rig.topology import default_instances, parse_instances
+    until Ctrl-C or a death (exit 1). The config's ports stay reserved meanwhile (rig/cluster/ports.py)."""
+    from rig.cluster.ports import reserve
+    from rig.run.runner import new_run_dir, resolve_model
+    from rig.run.topology import default_instances, parse_instances
 
     cfg = load_config(args.config, args.overrides)
     preflight(cfg)
@@ -233,11 +233,11 @@ def cmd_up(args: argparse.Namespace) -> int:
 
 
 async def _warm_up_pairs(cfg: RigConfig, cluster: Cluster, engines: list[str]) -> None:
-    """:func:`rig.warmup.warm_up` from the first started prefill to every started decode."""
+    """:func:`rig.workload.warmup.warm_up` from the first started prefill to every started decode."""
     import httpx
 
-    from rig.client import PDClient
-    from rig.warmup import warm_up
+    from rig.transport.client import PDClient
+    from rig.workload.warmup import warm_up
     from rig.workload.edge import Endpoint
 
     prefills = [n for n in engines if n in {p.name for p in cfg.prefill}]
@@ -267,7 +267,7 @@ def _up_proxy(args: argparse.Namespace, plan, names: list[str], cluster: Cluster
 
 def cmd_proxy(args: argparse.Namespace) -> int:
     """Serve the OpenAI-compatible P/D proxy (rig/proxy.py) until Ctrl-C."""
-    from rig import aio
+    from rig.transport import aio
     from rig.proxy import PDProxy, endpoints_from_file, serve
 
     try:
@@ -297,17 +297,17 @@ def cmd_proxy(args: argparse.Namespace) -> int:
 
 
 def cmd_compose(args: argparse.Namespace) -> int:
-    """Render docker-compose.yml from the config (rig/compose.py) and the files it mounts.
+    """Render docker-compose.yml from the config (rig/plan/compose.py) and the files it mounts.
 
     Only the instances of one P/D pair (``--instances``, default
-    :func:`rig.topology.default_instances`) plus a Mooncake master if the config has one. The run
+    :func:`rig.run.topology.default_instances`) plus a Mooncake master if the config has one. The run
     directory (``--run-dir``, default ``<run_root>/compose-<config name>``) is mounted for logs
     and connector files and receives ``docker-compose.yml`` (``-o`` to put it elsewhere) and
     ``instances`` (the rendered names, for ``pdrig e2e --attach --instances``).
     """
-    from rig import compose
-    from rig.runner import resolve_model
-    from rig.topology import default_instances, parse_instances
+    from rig.plan import compose
+    from rig.run.runner import resolve_model
+    from rig.run.topology import default_instances, parse_instances
 
     cfg = load_config(args.config, args.overrides)
     engines, why = (parse_instances(cfg, args.instances), "as given by --instances") if args.instances \
@@ -333,10 +333,10 @@ def cmd_compose(args: argparse.Namespace) -> int:
 
 
 def cmd_k8s(args: argparse.Namespace) -> int:
-    """Render the config's plan as Kubernetes manifests (rig/k8s.py) to stdout or ``-o FILE``."""
+    """Render the config's plan as Kubernetes manifests (rig/plan/k8s.py) to stdout or ``-o FILE``."""
     from datetime import datetime, timezone
 
-    from rig import k8s
+    from rig.plan import k8s
 
     cfg = load_config(args.config, args.overrides)
     run_id = args.run_id or datetime.now(timezone.utc).strftime("r%m%d-%H%M%S")
@@ -461,11 +461,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--image", help="container image (default: kubernetes.image, else by device)")
     p.add_argument("-o", "--output", default="-", help="output file (default: - for stdout)")
     p.set_defaults(func=cmd_k8s)
-    from rig.wave_cli import add_wave_parser  # `pdrig wave prefix|pressure` (rig/wave_cli.py)
+    from rig.run.wave_cli import add_wave_parser  # `pdrig wave prefix|pressure` (rig/run/wave_cli.py)
 
     add_wave_parser(sub)
-    from rig.builds import add_build_parser  # `pdrig build NAME` (issue #11)
-    from rig.matrix import add_matrix_parser  # `pdrig matrix --builds a,b` (issue #11)
+    from rig.cluster.builds import add_build_parser  # `pdrig build NAME` (issue #11)
+    from rig.run.matrix import add_matrix_parser  # `pdrig matrix --builds a,b` (issue #11)
 
     add_build_parser(sub)
     add_matrix_parser(sub)

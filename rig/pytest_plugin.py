@@ -20,9 +20,9 @@ A P/D case (``edge-126`` of the edge suite, with its known issue)::
 Fixtures:
 
 - ``pdrig`` (per test, over one session): :meth:`PDRigCase.scenario` takes the fields of a YAML
-  scenario (``rig.config.ScenarioConfig``; ``name`` defaults to the test's name), runs it on the
+  scenario (``rig.config.schema.ScenarioConfig``; ``name`` defaults to the test's name), runs it on the
   session's topology through the same runner and verdict engine as ``pdrig e2e``
-  (:meth:`rig.runner.SuiteRunner.run_on`, ``rig.verdict``) and turns the verdict into the test's
+  (:meth:`rig.run.runner.SuiteRunner.run_on`, ``rig.judge.verdict``) and turns the verdict into the test's
   outcome: PASS passes, XFAIL is ``pytest.xfail``, FAIL / XPASS / ERROR fail with the rig's
   diagnosis and checks. The run directory is in the test report (section ``pdrig`` and the
   ``pdrig_run_dir`` property, also in junit XML).
@@ -32,14 +32,14 @@ Fixtures:
 - ``pdrig_session``: the session's :class:`PDRigSession` (config, run directory, cluster).
 
 Markers: ``pdrig_known_issue(**fields)`` (or one dict): the YAML's ``known_issue`` mapping,
-validated by ``rig.config.KnownIssue`` (strict: a pass on an affected version is XPASS and fails;
+validated by ``rig.config.schema.KnownIssue`` (strict: a pass on an affected version is XPASS and fails;
 ``affects`` is a PEP 440 range on the servers' vLLM version; ``symptom`` is the signature the
 failure must match, on the requests that show it, for XFAIL), so the marker follows the model.
 ``pdrig_pair(prefill=..., decode=...)``: the instances ``pd_client`` uses.
 
 Options: ``--pdrig-config F`` (ini ``pdrig_config``; default: the rig checkout's
 ``configs/cpu-tiny.yaml``) and ``--pdrig-set path=value`` (repeatable, as ``pdrig e2e --set``).
-The session's servers are torn down with the rig's guarantees (``rig.cluster.Cluster``: process
+The session's servers are torn down with the rig's guarantees (``rig.cluster.processes.Cluster``: process
 groups, its reaper) at the end of the session, whatever way it ends.
 """
 
@@ -73,7 +73,7 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 def known_issue_of(item: pytest.Item):
-    """The :class:`rig.config.KnownIssue` of the test's ``pdrig_known_issue`` marker, or None.
+    """The :class:`rig.config.schema.KnownIssue` of the test's ``pdrig_known_issue`` marker, or None.
 
     Raises pytest.UsageError naming the field when the mapping does not validate."""
     mark = item.get_closest_marker("pdrig_known_issue")
@@ -81,7 +81,7 @@ def known_issue_of(item: pytest.Item):
         return None
     from pydantic import ValidationError
 
-    from rig.config import KnownIssue
+    from rig.config.schema import KnownIssue
 
     fields = dict(mark.args[0]) if mark.args else {}
     fields.update(mark.kwargs)
@@ -96,16 +96,16 @@ def known_issue_of(item: pytest.Item):
 class PDRigSession:
     """The session's config, run directory and (once asked for) cluster and runner.
 
-    One :class:`rig.runner.SuiteRunner` for the session: every scenario lands in one report in
+    One :class:`rig.run.runner.SuiteRunner` for the session: every scenario lands in one report in
     ``run_dir`` (report.json, junit.xml, summary.md, the servers' logs). Raises
-    ``rig.config.ConfigError`` for a bad config, ``rig.cluster.ClusterError`` when an instance
+    ``rig.config.schema.ConfigError`` for a bad config, ``rig.cluster.processes.ClusterError`` when an instance
     cannot start.
     """
 
     def __init__(self, config_path: str, overrides: list[str]):
         from rig.cli import preflight
-        from rig.config import load_config
-        from rig.runner import SuiteRunner, new_run_dir
+        from rig.config.schema import load_config
+        from rig.run.runner import SuiteRunner, new_run_dir
 
         self.cfg = load_config(config_path, overrides)
         preflight(self.cfg)
@@ -116,16 +116,16 @@ class PDRigSession:
 
     @property
     def cluster(self):
-        """The session's :class:`rig.cluster.Cluster` (built on first use; starts nothing)."""
+        """The session's :class:`rig.cluster.processes.Cluster` (built on first use; starts nothing)."""
         if self._cluster is None:
             import json
             import sys
 
             import yaml
 
-            from rig.cluster import Cluster
-            from rig.plan import build_plan
-            from rig.runner import resolve_model
+            from rig.cluster.processes import Cluster
+            from rig.plan.processes import build_plan
+            from rig.run.runner import resolve_model
 
             plan = build_plan(self.cfg, self.run_dir, resolve_model(self.cfg), sys.executable)
             self.runner.result.plan = plan.to_json()
@@ -137,7 +137,7 @@ class PDRigSession:
     def scenario(self, fields: dict[str, Any]):
         """Validate ``fields`` as a scenario of this config (instance names, lengths, lease rules:
         the config's own validators) and run it; returns its ``ScenarioVerdict``."""
-        from rig.config import ConfigError, RigConfig
+        from rig.config.schema import ConfigError, RigConfig
 
         try:
             cfg = RigConfig.model_validate({**self.cfg.model_dump(mode="json"), "scenarios": [fields]})
@@ -168,7 +168,7 @@ class PDRigSession:
 
     def close(self) -> None:
         """Stop the proxies and every server of the session; write the report once more."""
-        from rig.report import write_report
+        from rig.report.render import write_report
 
         for front in self._proxies.values():
             front.stop()
@@ -219,7 +219,7 @@ class PDRigCase:
 
 
 def _scenario_name(test_name: str) -> str:
-    """A scenario name (rig.config.NAME_PATTERN) from a test name: ``test_edge_126[x]`` -> ``edge-126-x``."""
+    """A scenario name (rig.config.schema.NAME_PATTERN) from a test name: ``test_edge_126[x]`` -> ``edge-126-x``."""
     name = re.sub(r"[^a-z0-9]+", "-", test_name.lower().removeprefix("test_")).strip("-")
     return name or "case"
 
@@ -228,9 +228,9 @@ class PDPair:
     """The ``pd_client`` fixture: one prefill and one decode instance of the session's topology.
 
     ``prefill`` / ``decode`` are instance names, ``prefill_url`` / ``decode_url`` base URLs.
-    :meth:`request` is the rig's two-hop request (rig.client.PDClient), :meth:`direct` the
+    :meth:`request` is the rig's two-hop request (rig.transport.client.PDClient), :meth:`direct` the
     non-disaggregated reference; both take a prompt as token IDs and return a
-    ``rig.client.Hop`` / ``PDRecord``. ``proxy_url`` is an OpenAI-compatible front (``pdrig proxy``)
+    ``rig.transport.client.Hop`` / ``PDRecord``. ``proxy_url`` is an OpenAI-compatible front (``pdrig proxy``)
     over the pair, for the OpenAI SDK, ``vllm bench serve`` and the like.
     """
 
@@ -245,8 +245,8 @@ class PDPair:
         return self.session.proxy_url(self.prefill, self.decode)
 
     def _run(self, coro_fn):
-        from rig import aio
-        from rig.client import PDClient
+        from rig.transport import aio
+        from rig.transport.client import PDClient
 
         async def go():
             client = PDClient(self.model, timeout_s=self.session.cfg.timeouts.request_s)
@@ -258,8 +258,8 @@ class PDPair:
 
     def request(self, prompt: list[int], max_tokens: int):
         """Prefill hop then decode hop with P's ``kv_transfer_params``; a ``PDRecord`` whose
-        ``outcome`` is ``ok`` or the first failing hop's class (rig.client.classify)."""
-        from rig.client import PDRecord, classify, prefill_failure
+        ``outcome`` is ``ok`` or the first failing hop's class (rig.transport.client.classify)."""
+        from rig.transport.client import PDRecord, classify, prefill_failure
 
         async def two_hops(client):
             rec = PDRecord("pd_client", len(prompt), max_tokens, prompt)
@@ -285,7 +285,7 @@ def pdrig_session(request: pytest.FixtureRequest):
     """The session's :class:`PDRigSession`; its servers stop when the session ends."""
     cfg = request.config
     path = cfg.getoption("--pdrig-config") or cfg.getini("pdrig_config") or str(_DEFAULT_CONFIG)
-    from rig.config import ConfigError
+    from rig.config.schema import ConfigError
 
     try:
         session = PDRigSession(path, cfg.getoption("--pdrig-set"))

@@ -141,9 +141,9 @@ def bare_startup(config: str, overrides: list[str], work: Path, names: list[str]
     Raises RuntimeError when one exits or is not ready within ``timeout_s``; nothing outlives it."""
     import httpx
 
-    from rig.config import load_config
-    from rig.plan import build_plan
-    from rig.runner import resolve_model
+    from rig.config.schema import load_config
+    from rig.plan.processes import build_plan
+    from rig.run.runner import resolve_model
 
     cfg = load_config(config, overrides)
     run_dir = work / ("bare" if names is None else "bare-all")
@@ -247,7 +247,7 @@ def main(argv: list[str] | None = None) -> int:
                          "measured floor of a parallel start-up")
     ap.add_argument("--out", help="JSON output (default runs/bench/e2e-<stamp>.json)")
     args = ap.parse_args(argv)
-    from rig.config import load_config
+    from rig.config.schema import load_config
 
     cfg = load_config(args.config, args.overrides)
     stamp = datetime.now(timezone.utc).strftime("%Y%m%d-%H%M%S")

@@ -128,7 +128,7 @@ def toy_main(port: int, prefill: str, decode: str) -> None:
 # ---------------------------------------------------------------------------- the harness
 def _uvloop_run(coro) -> None:
     sys.path.insert(0, str(ROOT))
-    from rig import aio
+    from rig.transport import aio
 
     aio.run(coro)
 
@@ -256,7 +256,7 @@ def main() -> int:
         wait_up(urls["pdrig"], procs["pdrig"])
         wait_up(urls["toy"], procs["toy"])
         sys.path.insert(0, str(ROOT))
-        from rig import aio
+        from rig.transport import aio
 
         for stream in (False, True):
             for path in ("direct", "pdrig", "toy"):

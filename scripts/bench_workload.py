@@ -113,8 +113,8 @@ async def _child_engine(args: argparse.Namespace) -> dict:
 async def _child_wave(args: argparse.Namespace) -> dict:
     import httpx
 
-    from rig.config import ScenarioConfig
-    from rig.observations import SnapshotStore
+    from rig.config.schema import ScenarioConfig
+    from rig.observe.observations import SnapshotStore
     from rig.workload.edge import Endpoint
     from rig.workload.waves import run_wave
 
@@ -203,7 +203,7 @@ def main() -> int:
     ap.add_argument("--modes", default="engine,wave")
     ap.add_argument("--streams", default="never,always,mixed", help="stream modes of the engine runs")
     ap.add_argument("--loops", default="uvloop,asyncio",
-                    help="uvloop (what the rig uses, rig/aio.py) and/or asyncio (comma list)")
+                    help="uvloop (what the rig uses, rig/transport/aio.py) and/or asyncio (comma list)")
     ap.add_argument("--requests", type=int, default=2048)
     ap.add_argument("--concurrency", type=int, default=64)
     ap.add_argument("--prompt-tokens", type=int, default=48)

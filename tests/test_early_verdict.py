@@ -17,14 +17,14 @@ from conftest import LIVELOCK, fake_config, scenario, write_config
 from test_evidence_fake import base  # noqa: F401 - the fixture: per-test dir, no fake survives
 from test_stall import DATA, snap
 
-from rig.cluster import Cluster
-from rig.config import load_config
-from rig.early_verdict import AdmissionReasoning
-from rig.metrics import parse_metrics
-from rig.plan import build_plan
-from rig.runner import SuiteRunner, new_run_dir
-from rig.signatures import BlockFacts
-from rig.stall import StallDetector
+from rig.cluster.processes import Cluster
+from rig.config.schema import load_config
+from rig.judge.early_verdict import AdmissionReasoning
+from rig.observe.metrics import parse_metrics
+from rig.plan.processes import build_plan
+from rig.run.runner import SuiteRunner, new_run_dir
+from rig.judge.signatures import BlockFacts
+from rig.observe.stall import StallDetector
 
 # The CPU default's decode: 4 usable blocks of 32 tokens, ngram k=1, max_model_len 128.
 FIVE_BLOCKS = BlockFacts(block_size=32, usable_blocks=4, num_speculative_tokens=1, max_model_len=128)

@@ -16,7 +16,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from rig import metrics as m
+from rig.observe import metrics as m
 from rig.workload.edge import Endpoint
 from rig.workload.engine import (CANCEL_POINTS, CLIENTS, WaveEngine, WaveRequest, make_transport,
                                  plan_cancels)
@@ -302,10 +302,10 @@ def test_plan_cancels():
 
 
 def test_the_rig_runs_its_event_loop_on_uvloop_when_installed():
-    # rig/aio.py: uvloop is a dependency of the rig (pyproject) and measurably cheaper per hop.
+    # rig/transport/aio.py: uvloop is a dependency of the rig (pyproject) and measurably cheaper per hop.
     import asyncio
 
-    from rig import aio
+    from rig.transport import aio
 
     async def loop_type() -> str:
         return type(asyncio.get_running_loop()).__module__

@@ -14,11 +14,11 @@ from pathlib import Path
 import pytest
 from conftest import fake_config, kill_pids, scenario, wait_no_survivors, write_config
 
-from rig.cluster import Cluster, ClusterError
-from rig.config import load_config
-from rig.logs import FileLog
-from rig.plan import build_plan
-from rig.runner import SuiteRunner, new_run_dir, resolve_model
+from rig.cluster.processes import Cluster, ClusterError
+from rig.config.schema import load_config
+from rig.cluster.logs import FileLog
+from rig.plan.processes import build_plan
+from rig.run.runner import SuiteRunner, new_run_dir, resolve_model
 
 
 @pytest.fixture()
@@ -178,8 +178,8 @@ def test_death_line_of_the_recorded_0_30_0_crash_names_the_exception():
     the exception that ends it, with the process that raised it."""
     from conftest import DATA
 
-    from rig.cluster import FATAL_PATTERNS
-    from rig.logs import first_fatal_line
+    from rig.cluster.processes import FATAL_PATTERNS
+    from rig.cluster.logs import first_fatal_line
 
     text = (DATA / "vllm-0.30.0-decode-ngram-crash.log").read_text()
     line = first_fatal_line(text, FATAL_PATTERNS)
@@ -237,7 +237,7 @@ def test_a_missing_diagnostic_metric_is_recorded_and_the_scenario_still_runs(bas
 def test_recorded_0_30_0_decode_lacks_only_a_diagnostic_metric():
     from conftest import DATA
 
-    from rig import metrics as m
+    from rig.observe import metrics as m
 
     snap = m.parse_metrics((DATA / "vllm-0.30.0-decode-nospec-before-edge-126-nospec.prom").read_text(), "decode")
     assert m.missing_metrics(snap, m.required_metrics("decode", nixl=True)) == []
@@ -247,8 +247,8 @@ def test_recorded_0_30_0_decode_lacks_only_a_diagnostic_metric():
 
 
 def test_an_absent_gauge_is_never_idle():
-    from rig import metrics as m
-    from rig.observations import idle_verdict
+    from rig.observe import metrics as m
+    from rig.observe.observations import idle_verdict
 
     snap = m.parse_metrics("vllm:num_requests_waiting 0\nvllm:num_requests_running 0\n", "d")
     state = m.idle_state(snap)

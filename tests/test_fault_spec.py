@@ -1,6 +1,6 @@
-"""Validation of fault scenarios (rig/fault_spec.py, issue #12): every action and trigger accepts
+"""Validation of fault scenarios (rig/config/faults.py, issue #12): every action and trigger accepts
 what it needs and refuses the rest with one error naming the field and the fix; the checks of
-rig/faults.py on hand-built results."""
+rig/workload/faults.py on hand-built results."""
 
 from __future__ import annotations
 
@@ -8,13 +8,13 @@ import pytest
 from conftest import fake_config, write_config
 from pydantic import ValidationError
 
-from rig.checks import Check
-from rig.client import Hop, PDRecord
-from rig.config import ConfigError, load_config
-from rig.fault_spec import Fault, FaultScenarioConfig, Trigger
-from rig.fault_checks import fault_fired_check, fault_outcome_check, recovery_serves_check
-from rig.faults import FaultEvent, FaultResult
-from rig.observations import ScenarioObservation
+from rig.judge.checks import Check
+from rig.transport.client import Hop, PDRecord
+from rig.config.schema import ConfigError, load_config
+from rig.config.faults import Fault, FaultScenarioConfig, Trigger
+from rig.judge.fault_checks import fault_fired_check, fault_outcome_check, recovery_serves_check
+from rig.workload.faults import FaultEvent, FaultResult
+from rig.observe.observations import ScenarioObservation
 
 
 def fault(**kw) -> Fault:

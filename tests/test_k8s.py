@@ -1,4 +1,4 @@
-"""rig.k8s: the plan as Kubernetes manifests, validated offline against the Kubernetes schemas
+"""rig.plan.k8s: the plan as Kubernetes manifests, validated offline against the Kubernetes schemas
 (kubernetes-validate bundles them), checked against the plan, and compared with golden files.
 
 The golden files tests/data/k8s-cpu-tiny.yaml and tests/data/k8s-h200-2node.yaml are regenerated
@@ -20,8 +20,8 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from rig import compose, k8s
-from rig.config import ConfigError, load_config
+from rig.plan import compose, k8s
+from rig.config.schema import ConfigError, load_config
 
 ROOT = Path(__file__).resolve().parent.parent
 DATA = ROOT / "tests" / "data"
@@ -313,7 +313,7 @@ def test_readiness_probe_passes_exactly_when_the_server_is_ready(tmp_path):
 
     from conftest import FAKE, free_ports
 
-    from rig.plan import ProcessSpec
+    from rig.plan.processes import ProcessSpec
 
     port, side = free_ports(2)
     spec = ProcessSpec(name="decode", role="decode", argv=(), env={}, log_path="", host="127.0.0.1",

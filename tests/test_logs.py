@@ -7,11 +7,11 @@ from pathlib import Path
 
 from conftest import fake_config, kill_pids, wait_no_survivors, write_config
 
-from rig.cluster import FATAL_PATTERNS, Cluster
-from rig.config import load_config
-from rig.logs import FileLog, matching_lines, start_marker, stop_marker, until_stop_marker
-from rig.plan import build_plan
-from rig.runner import resolve_model
+from rig.cluster.processes import FATAL_PATTERNS, Cluster
+from rig.config.schema import load_config
+from rig.cluster.logs import FileLog, matching_lines, start_marker, stop_marker, until_stop_marker
+from rig.plan.processes import build_plan
+from rig.run.runner import resolve_model
 
 TEARDOWN = "Traceback (most recent call last):\nEngineDeadError: EngineCore encountered an issue\n"
 
@@ -55,6 +55,6 @@ def test_stop_writes_the_marker_before_the_servers_teardown_lines(tmp_path: Path
     traceback_at = next(i for i, ln in enumerate(lines) if "Traceback (most recent call last)" in ln)
     assert started < marker < traceback_at, log
     assert "EngineDeadError" in log
-    # Reading the log (as rig.evidence.LogScanner does) ignores the teardown the rig caused.
+    # Reading the log (as rig.observe.evidence.LogScanner does) ignores the teardown the rig caused.
     src = FileLog("decode", plan.by_name("decode").log_path)
     assert matching_lines(src.since(0) or "", FATAL_PATTERNS) == []

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from rig import metrics as m
-from rig.observations import TransferEvidence
+from rig.observe import metrics as m
+from rig.observe.observations import TransferEvidence
 
 DATA = Path(__file__).resolve().parent / "data"
 # Decode-6blk before and after edge-126 (126-token prompt pulled from P over NIXL, 2 tokens out).

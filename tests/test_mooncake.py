@@ -1,4 +1,4 @@
-"""Unit tests of rig.mooncake: argv, JSON shapes and refusals (no server, no vLLM import)."""
+"""Unit tests of rig.plan.mooncake: argv, JSON shapes and refusals (no server, no vLLM import)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import stat
 
 import pytest
 
-from rig import mooncake as mc
+from rig.plan import mooncake as mc
 
 
 # --- master_argv -------------------------------------------------------------------------------
@@ -261,9 +261,9 @@ from pathlib import Path  # noqa: E402
 import jsonschema  # noqa: E402
 import yaml  # noqa: E402
 
-from rig import compose  # noqa: E402
-from rig.config import ConfigError, load_config  # noqa: E402
-from rig.plan import build_plan  # noqa: E402
+from rig.plan import compose  # noqa: E402
+from rig.config.schema import ConfigError, load_config  # noqa: E402
+from rig.plan.processes import build_plan  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 CPU_MC = ROOT / "configs" / "cpu-tiny-mooncake.yaml"

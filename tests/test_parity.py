@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from rig.parity import ParityResult, compare, summarize
+from rig.observe.parity import ParityResult, compare, summarize
 
 
 def test_equal():

@@ -1,4 +1,4 @@
-"""Host-wide port reservations (rig/ports.py, issue #9 item 8): a second run on the same ports
+"""Host-wide port reservations (rig/cluster/ports.py, issue #9 item 8): a second run on the same ports
 refuses at once naming the first's run directory; the locks die with their holder, SIGKILL
 included; ``ports.free`` takes other ports and the plan records them."""
 
@@ -15,8 +15,8 @@ import pytest
 from conftest import ROOT, assert_no_survivors, fake_config, free_ports, scenario, wait_no_survivors, write_config
 
 from rig import cli
-from rig.config import load_config
-from rig.ports import PortConflict, PortReservation, config_ports, reserve, shifted
+from rig.config.schema import load_config
+from rig.cluster.ports import PortConflict, PortReservation, config_ports, reserve, shifted
 
 
 @pytest.fixture()
@@ -27,7 +27,7 @@ def base(tmp_path):
 
 HOLD = """
 import sys, time
-from rig.ports import PortReservation
+from rig.cluster.ports import PortReservation
 r = PortReservation(sys.argv[1], sys.argv[2])
 r.acquire({int(p): "test" for p in sys.argv[3:]})
 print("held", flush=True)
@@ -127,7 +127,7 @@ def test_free_ports_take_other_ports_while_the_configured_ones_are_held(base):
     wanted = config_ports(cfg)
     with PortReservation(base / "locks", "runs/holder") as held:
         held.acquire(wanted)
-        from rig.runner import SuiteRunner, new_run_dir
+        from rig.run.runner import SuiteRunner, new_run_dir
 
         run_dir = new_run_dir(cfg)
         result = SuiteRunner(cfg, list(cfg.scenarios), run_dir, quiet=True).run()

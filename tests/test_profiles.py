@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from rig.config import ConfigError, load_config
-from rig.plan import Plan, build_plan
+from rig.config.schema import ConfigError, load_config
+from rig.plan.processes import Plan, build_plan
 
 CONFIGS = Path(__file__).resolve().parent.parent / "configs"
 MODEL = "/models/m"

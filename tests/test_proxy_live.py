@@ -42,7 +42,7 @@ def test_edge_126(pdrig):
 BENCH_CASE = '''
 import json, subprocess, sys
 import httpx
-from rig.runner import resolve_model
+from rig.run.runner import resolve_model
 
 BENCH = ("import sys; from vllm.utils.argparse_utils import FlexibleArgumentParser; "
          "from vllm.benchmarks.serve import add_cli_args, main; p = FlexibleArgumentParser(); "

@@ -8,11 +8,11 @@ import xml.etree.ElementTree as ET
 
 import pytest
 
-from rig.client import Hop, PDRecord
-from rig.observations import ScenarioObservation
-from rig.parity import ParityResult
-from rig.report import RunResult, render_summary_md, write_report
-from rig.verdict import Check, ScenarioVerdict
+from rig.transport.client import Hop, PDRecord
+from rig.observe.observations import ScenarioObservation
+from rig.observe.parity import ParityResult
+from rig.report.render import RunResult, render_summary_md, write_report
+from rig.judge.verdict import Check, ScenarioVerdict
 
 DIAG = ("admission livelock on decode: waiting=1 (capacity) running=0 kv=0.0% kv_fetch "
         "waiting_to_start=1, unchanged for 8.0 s")

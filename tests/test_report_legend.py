@@ -6,9 +6,9 @@ from __future__ import annotations
 from conftest import ROOT
 from rich.console import Console
 
-from rig.config import load_config
-from rig.report import RunResult, print_summary, render_summary_md
-from rig.verdict import ScenarioVerdict
+from rig.config.schema import load_config
+from rig.report.render import RunResult, print_summary, render_summary_md
+from rig.judge.verdict import ScenarioVerdict
 
 XF = "xfail: spec-admission-livelock (stall) on vLLM >=0.32.0,<0.33"
 

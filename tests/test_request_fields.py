@@ -1,4 +1,4 @@
-"""Request fields per hop (rig/request_fields.py, issue #12 item 1): validation, pass-through to
+"""Request fields per hop (rig/config/request_fields.py, issue #12 item 1): validation, pass-through to
 the right hop only (read from the fake servers' logs), streaming per hop with the stream check,
 and parity per choice."""
 
@@ -8,12 +8,12 @@ import pytest
 from conftest import fake_config, kill_pids, scenario, wait_no_survivors, write_config
 from pydantic import ValidationError
 
-from rig.checks import stream_check
-from rig.client import Hop, PDRecord
-from rig.config import ConfigError, load_config
-from rig.parity import compare_choices, compare_hops
-from rig.request_fields import RequestFields
-from rig.runner import SuiteRunner, new_run_dir
+from rig.judge.checks import stream_check
+from rig.transport.client import Hop, PDRecord
+from rig.config.schema import ConfigError, load_config
+from rig.observe.parity import compare_choices, compare_hops
+from rig.config.request_fields import RequestFields
+from rig.run.runner import SuiteRunner, new_run_dir
 
 
 def test_fields_merge_all_then_the_hop():
@@ -113,7 +113,7 @@ R16_PARAMS = {"do_remote_prefill": True, "remote_block_ids": [[4, 6]], "remote_r
 
 
 def _r16_obs(lines: list[str], outcome: str = "ok", unscanned: bool = False):
-    from rig.observations import ScenarioObservation
+    from rig.observe.observations import ScenarioObservation
 
     rec = PDRecord("r16-0", 64, 8, outcome=outcome, prefill=Hop("prefill", status=200, kv_transfer_params=R16_PARAMS))
     obs = ScenarioObservation(scenario="r16", decode="decode", prefill="prefill", records=[rec],
@@ -124,7 +124,7 @@ def _r16_obs(lines: list[str], outcome: str = "ok", unscanned: bool = False):
 
 
 def test_sibling_blocks_left_to_the_lease_fail_released_by_d():
-    from rig.checks import lease_release_check
+    from rig.judge.checks import lease_release_check
 
     c = lease_release_check(_r16_obs([R16_LINE]))
     assert c.ok is False and c.requests == ("r16-0",) and "0_cmpl-aa07caf12f702ced-0-9dd92fdc" in c.detail

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from rig.metrics import parse_metrics
-from rig.stall import StallDetector, describe
+from rig.observe.metrics import parse_metrics
+from rig.observe.stall import StallDetector, describe
 
 DATA = Path(__file__).resolve().parent / "data"
 
@@ -195,7 +195,7 @@ def test_windows_must_be_positive():
 
 
 def test_episodes_group_a_stall_per_instance_and_end_when_it_moves():
-    from rig.stall import StallEpisodes
+    from rig.observe.stall import StallEpisodes
 
     eps = StallEpisodes(4.0)
     frozen = [snap(float(t), instance="prefill") for t in range(10)]  # t = 0..9 frozen

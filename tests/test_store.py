@@ -18,10 +18,10 @@ from pathlib import Path
 import httpx
 import pytest
 
-from rig import metrics as m
-from rig.client import PDClient
-from rig.config import ScenarioConfig, load_config
-from rig.observations import DrainResult, ScenarioObservation
+from rig.observe import metrics as m
+from rig.transport.client import PDClient
+from rig.config.schema import ScenarioConfig, load_config
+from rig.observe.observations import DrainResult, ScenarioObservation
 from rig.workload import store as st
 from rig.workload.edge import Endpoint
 
@@ -400,8 +400,8 @@ def test_fatal_line_fails(tmp_path):
 def test_every_configurable_kind_has_a_runner_and_a_judge():
     import typing
 
-    from rig.config import ScenarioConfig
-    from rig.workload.kinds import KINDS
+    from rig.config.schema import ScenarioConfig
+    from rig.run.kinds import KINDS
     from rig.workload.store import STORE_KINDS
 
     kinds = set(typing.get_args(ScenarioConfig.model_fields["kind"].annotation))

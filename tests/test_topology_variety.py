@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from rig.config import ConfigError, load_config
-from rig.plan import build_plan
+from rig.config.schema import ConfigError, load_config
+from rig.plan.processes import build_plan
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 from conftest import LIVELOCK, ROOT, fake_config, kill_pids, scenario, wait_no_survivors, write_config
 
-from rig.config import ConfigError, load_config
-from rig.topology import default_instances, parse_instances, scenarios_on
+from rig.config.schema import ConfigError, load_config
+from rig.run.topology import default_instances, parse_instances, scenarios_on
 
 CPU_TINY = ROOT / "configs" / "cpu-tiny.yaml"
 

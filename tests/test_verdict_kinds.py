@@ -8,8 +8,8 @@ import asyncio
 
 import pytest
 
-from rig.config import ConfigError, ScenarioConfig, load_config
-from rig.observations import DrainResult, ScenarioObservation, TransferEvidence
+from rig.config.schema import ConfigError, ScenarioConfig, load_config
+from rig.observe.observations import DrainResult, ScenarioObservation, TransferEvidence
 from rig.workload import store as st
 from rig.workload import waves as wv
 from rig.workload.engine import WaveRecord
@@ -145,7 +145,7 @@ def test_the_suites_carry_full_signatures_and_version_data():
 
 
 def test_a_rig_exception_in_a_store_batch_is_raised_not_cancelled(monkeypatch, tmp_path):
-    from rig.client import PDRecord
+    from rig.transport.client import PDRecord
 
     async def boom(ctx, rec, route):
         raise KeyError("the rig's own bug")

@@ -6,7 +6,7 @@ from pathlib import Path
 
 from conftest import ROOT, free_ports
 
-from rig.wave_cli import main
+from rig.run.wave_cli import main
 
 
 def test_unreachable_servers_leave_no_run_directory(tmp_path: Path, capsys):

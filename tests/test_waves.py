@@ -14,10 +14,10 @@ import httpx
 import pytest
 import yaml
 
-from rig import metrics as m
-from rig.config import ConfigError, ScenarioConfig, load_config
-from rig.observations import ScenarioObservation, SnapshotStore, TransferEvidence
-from rig.timeline import load_rows, plot_timeline
+from rig.observe import metrics as m
+from rig.config.schema import ConfigError, ScenarioConfig, load_config
+from rig.observe.observations import ScenarioObservation, SnapshotStore, TransferEvidence
+from rig.observe.timeline import load_rows, plot_timeline
 from rig.workload import waves as wv
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -282,7 +282,7 @@ def test_timeline_plot_from_rows(tmp_path):
 
 
 def test_cli_pressure_wave_with_urls(healthy, tmp_path, capsys):
-    from rig.wave_cli import main
+    from rig.run.wave_cli import main
 
     p, d = healthy
     rc = main(["pressure", "--prefill", p.url, "--decode", d.url, "--requests", "60", "--concurrency", "8",
@@ -312,7 +312,7 @@ def test_cli_pressure_wave_with_urls(healthy, tmp_path, capsys):
 
 
 def test_cli_prefix_wave_with_endpoints_file(healthy, tmp_path, capsys):
-    from rig.wave_cli import main
+    from rig.run.wave_cli import main
 
     p, d = healthy
     ep = tmp_path / "endpoints.json"
@@ -328,7 +328,7 @@ def test_cli_prefix_wave_with_endpoints_file(healthy, tmp_path, capsys):
 
 
 def test_cli_refusals(capsys, tmp_path):
-    from rig.wave_cli import main
+    from rig.run.wave_cli import main
 
     assert main(["pressure"]) == 2
     assert "at least one prefill and one decode" in capsys.readouterr().err
@@ -383,8 +383,8 @@ def test_suite_files_validate_against_cpu_tiny(tmp_path):
 
 
 def test_suite_runner_runs_the_waves_suite_on_fakes(tmp_path):
-    """rig/runner.py's dispatch: configs/suites/waves.yaml end to end on fake servers."""
-    from rig.runner import SuiteRunner, new_run_dir
+    """rig/run/runner.py's dispatch: configs/suites/waves.yaml end to end on fake servers."""
+    from rig.run.runner import SuiteRunner, new_run_dir
 
     cfg = load_config(_cpu_tiny_with("waves.yaml", tmp_path, fake=True))
     run_dir = new_run_dir(cfg)
@@ -413,7 +413,7 @@ def test_suite_runner_runs_the_waves_suite_on_fakes(tmp_path):
 def test_progress_lines_and_rich_panel():
     import io
 
-    from rig.progress import WaveProgress, resolve_mode, status_line
+    from rig.observe.progress import WaveProgress, resolve_mode, status_line
 
     counts = {"ok": 90, "failed": 2, "cancelled": 8, "in_flight": 16}
     latest = {"prefill": {"num_requests_running": 1.0, "num_requests_waiting": 0.0, "kv_cache_usage_perc": 0.05},
@@ -441,7 +441,7 @@ def test_progress_lines_and_rich_panel():
 
 
 def test_timeline_rates_do_not_spike_on_a_close_last_sample():
-    from rig.timeline import series
+    from rig.observe.timeline import series
 
     rows = [{"rel_t": t, "instance": "d", "request_success_total": n}
             for t, n in ((0.0, 0), (1.0, 10), (2.0, 20), (2.05, 21))]

@@ -1,1 +1,2 @@
-"""Step 4 of the rig's flow: workloads (edge prompts, prefix waves, pressure waves)."""
+"""Layer 6, workload: what is fired at the cluster (edge prompts as token-ID lists, prefix and pressure
+waves, store and retrieval workloads, faults, warm-up); records what happened, judges nothing."""

@@ -2,11 +2,11 @@
 
 For each scenario the rig sends ``concurrent`` distinct prompts of exactly ``prompt_tokens``
 token IDs through the two hops, while a watcher samples the decode instance's ``/metrics``
-about every ``metrics_interval_s`` and feeds a :class:`~rig.stall.StallDetector`. When the
+about every ``metrics_interval_s`` and feeds a :class:`~rig.observe.stall.StallDetector`. When the
 detector fires, the outstanding decode requests are cancelled (the client disconnects, so vLLM
 drops them) and marked ``stalled`` with the diagnosis and the time from sending to D until the
 verdict. Then each answered request is compared with a non-disaggregated reference served by
-the prefill instance (:mod:`rig.parity`).
+the prefill instance (:mod:`rig.observe.parity`).
 """
 
 from __future__ import annotations
@@ -18,13 +18,13 @@ from dataclasses import dataclass
 
 import httpx
 
-from rig import metrics as m
-from rig.client import Hop, PDClient, PDRecord, cancel_task, classify, prefill_failure
-from rig.config import ScenarioConfig
-from rig.observations import ScenarioObservation, SnapshotStore
-from rig.parity import compare_hops
-from rig.request_fields import RequestFields
-from rig.stall import EarlyRule, Stall, StallDetector
+from rig.observe import metrics as m
+from rig.transport.client import Hop, PDClient, PDRecord, cancel_task, classify, prefill_failure
+from rig.config.schema import ScenarioConfig
+from rig.observe.observations import ScenarioObservation, SnapshotStore
+from rig.observe.parity import compare_hops
+from rig.config.request_fields import RequestFields
+from rig.observe.stall import EarlyRule, Stall, StallDetector
 from rig.workload.prompts import make_prompt, seed_of
 
 
@@ -109,9 +109,9 @@ async def _watch(http: httpx.AsyncClient, d: Endpoint, window_s: float, interval
                  early: EarlyRule | None = None, engine_cpu: Callable[[], float | None] | None = None) -> str:
     """Sample D until all requests are done; on a stall cancel the outstanding decode hops.
 
-    ``window_s`` / ``transfer_window_s`` / ``early``: see :class:`rig.stall.StallDetector`;
+    ``window_s`` / ``transfer_window_s`` / ``early``: see :class:`rig.observe.stall.StallDetector`;
     ``engine_cpu`` reads D's EngineCore CPU seconds after each sample (the early rule's evidence
-    of scheduler iterations, rig.early_verdict)."""
+    of scheduler iterations, rig.judge.early_verdict)."""
     detector = StallDetector(window_s, transfer_window_s=transfer_window_s, early=early)
     while any(r.outcome == "pending" for r in records):
         try:
@@ -139,7 +139,7 @@ async def run_edge(sc: ScenarioConfig, client: PDClient, http: httpx.AsyncClient
     Each request has ``deadline_s`` seconds for both hops; past it the request is ``timeout``.
     D frozen for ``window_s`` seconds (``transfer_window_s`` while a KV read is in flight) is a
     stall: the outstanding decode hops are cancelled and marked ``stalled``. ``early`` (with
-    ``engine_cpu``, rig.early_verdict) may decide such a stall sooner, by reasoning. ``between``
+    ``engine_cpu``, rig.judge.early_verdict) may decide such a stall sooner, by reasoning. ``between``
     (if given) is awaited after P's answer and before the decode hop of each request.
     """
     seed = sc.seed if sc.seed is not None else seed_of(sc.name)

@@ -1,6 +1,6 @@
 """The wave engine: many two-hop P/D requests at bounded concurrency, one record per request.
 
-Each request is the P/D exchange of :mod:`rig.client` (prefill hop to P with ``max_tokens: 1``
+Each request is the P/D exchange of :mod:`rig.transport.client` (prefill hop to P with ``max_tokens: 1``
 and ``do_remote_decode``, then the decode hop to D with P's ``kv_transfer_params``), run by one
 of ``concurrency`` workers (a worker pool: at most ``concurrency`` requests in flight, like a
 semaphore, without a task per waiting request). Every request has a deadline for both hops.
@@ -23,7 +23,7 @@ Outcome (``status``) of a record: ``ok`` or its error class: ``timeout`` (deadli
 
 Two well-kept HTTP clients implement the hops with the same bodies and error classes:
 :class:`AiohttpTransport` (the default) and :class:`HttpxTransport` (via
-:class:`~rig.client.PDClient`). scripts/bench_workload.py measures them (figures in
+:class:`~rig.transport.client.PDClient`). scripts/bench_workload.py measures them (figures in
 docs/measurements.md): aiohttp is the default because httpx's pool does not scale to a wave's
 concurrency. A faster hand-written HTTP client was deliberately not kept: the rig's job is P/D,
 not HTTP.
@@ -41,8 +41,8 @@ from typing import Any, Protocol
 import httpx
 import msgspec
 
-from rig.client import PREFILL_PARAMS, Hop, PDClient, classify, completion_body, error_text, fill_from_completion
-from rig.parity import compare
+from rig.transport.client import PREFILL_PARAMS, Hop, PDClient, classify, completion_body, error_text, fill_from_completion
+from rig.observe.parity import compare
 from rig.workload.edge import Endpoint
 
 CANCEL_POINTS = ("before-prefill", "between", "during-decode")
@@ -92,8 +92,8 @@ class _StreamState:
 
 class Transport(Protocol):
     """The hops of a wave over one HTTP client. Hops never raise for HTTP problems: they
-    return a :class:`~rig.client.Hop` whose ``error`` starts with ``timeout``, ``HTTP <code>`` or
-    ``connection error`` (see :func:`rig.client.classify`); cancellation propagates."""
+    return a :class:`~rig.transport.client.Hop` whose ``error`` starts with ``timeout``, ``HTTP <code>`` or
+    ``connection error`` (see :func:`rig.transport.client.classify`); cancellation propagates."""
 
     name: str
 
@@ -113,7 +113,7 @@ class Transport(Protocol):
 
 
 class HttpxTransport:
-    """Hops over httpx: :class:`~rig.client.PDClient` for the non-streamed hops, its connection
+    """Hops over httpx: :class:`~rig.transport.client.PDClient` for the non-streamed hops, its connection
     pool for streams (read here so a stream can be cut after its first token)."""
 
     name = "httpx"

@@ -1,7 +1,7 @@
 """Mooncake store scenarios (issue #3): workloads, observations and verdict.
 
 The topology is P (``kv_producer``) + D (``kv_consumer``) with ``nixl+store`` (or
-``mooncake-store``) and a supervised ``mooncake_master`` (rig.mooncake). P writes the full blocks
+``mooncake-store``) and a supervised ``mooncake_master`` (rig.plan.mooncake). P writes the full blocks
 of every prompt it computes into the store; any instance that later meets the same prefix may
 load them instead of computing them. D loads only *full* blocks and never the block holding the
 last prompt token, so a prompt of ``n`` tokens can take at most ``floor((n-1)/bs) x bs`` tokens
@@ -55,14 +55,14 @@ from typing import Any
 
 import httpx
 
-from rig import metrics as m
-from rig.client import Hop, PDClient, PDRecord, classify, prefill_failure
-from rig.config import STORE_KINDS, RigConfig, ScenarioConfig, StoreScenarioConfig
-from rig.observations import ScenarioObservation, SnapshotStore
-from rig.parity import compare
-from rig.stall import StallDetector
-from rig.checks import Check, alive_check, completion_checks, fatal_log_check, idle_check, parity_check
-from rig.verdict import ScenarioVerdict, decide, expectation_of, judge
+from rig.observe import metrics as m
+from rig.transport.client import Hop, PDClient, PDRecord, classify, prefill_failure
+from rig.config.schema import STORE_KINDS, RigConfig, ScenarioConfig, StoreScenarioConfig
+from rig.observe.observations import ScenarioObservation, SnapshotStore
+from rig.observe.parity import compare
+from rig.observe.stall import StallDetector
+from rig.judge.checks import Check, alive_check, completion_checks, fatal_log_check, idle_check, parity_check
+from rig.judge.verdict import ScenarioVerdict, decide, expectation_of, judge
 from rig.workload.edge import Endpoint, cancel_stalled
 from rig.workload.prompts import make_prompt, seed_of
 
@@ -300,7 +300,7 @@ class StoreContext:
     @classmethod
     def of(cls, cfg: RigConfig, cluster: Any, p: Endpoint, d: Endpoint, client: PDClient,
            http: httpx.AsyncClient, snapshots: SnapshotStore | None, run_dir: str | Path) -> "StoreContext":
-        """Build the context from a running :class:`~rig.cluster.Cluster` (finds the master)."""
+        """Build the context from a running :class:`~rig.cluster.processes.Cluster` (finds the master)."""
         master = next((Endpoint(s.name, s.base_url) for s in cluster.plan.processes
                        if s.role == "mooncake-master"), None)
         return cls(cfg, p, d, master, client, http, snapshots, Path(run_dir))
@@ -781,7 +781,7 @@ def store_checks(sc: ScenarioConfig, obs: ScenarioObservation, so: StoreObservat
 
 def judge_store(sc: ScenarioConfig, obs: ScenarioObservation, so: StoreObservation | None = None,
                 sections: list[str] | None = None) -> ScenarioVerdict:
-    """The verdict of a store scenario through the one engine (:func:`rig.verdict.judge`) on
+    """The verdict of a store scenario through the one engine (:func:`rig.judge.verdict.judge`) on
     :func:`store_checks`; ERROR when the rig could not run it. ``so`` is what
     :func:`run_store_scenario` returned; with ``sections`` (RunResult.extra_sections) a markdown
     section is appended. A ``known_issue`` is honoured like on any kind."""

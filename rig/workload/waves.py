@@ -16,11 +16,11 @@ throughput. It passes only with zero errors and zero empty streams besides the i
 cancellations.
 
 After every wave both P and D must drain back to idle (waiting 0, running 0, KV usage at the
-pre-wave baseline) within ``drain_s`` (:func:`rig.observations.wait_idle`); otherwise the verdict
+pre-wave baseline) within ``drain_s`` (:func:`rig.observe.observations.wait_idle`); otherwise the verdict
 names the leak: instance, gauge, and how many blocks' worth (KV usage x usable blocks).
 
 A configurable sample of completed requests (``parity_fraction``, default 10 %) is compared
-token by token with a direct, non-disaggregated request to P (:func:`rig.parity.compare`).
+token by token with a direct, non-disaggregated request to P (:func:`rig.observe.parity.compare`).
 
 Files (under ``<run_dir>/waves/``): ``<scenario>-records.jsonl`` (one line per request),
 ``<scenario>.json`` (the wave's facts) and ``<scenario>-timeline.png``; the samples go to
@@ -42,16 +42,16 @@ from typing import Any
 
 import httpx
 
-from rig import metrics as m
-from rig.config import RigConfig, ScenarioConfig, WaveConfig
-from rig.observations import KV_EPS, DrainResult, ScenarioObservation, SnapshotStore, absent_gauges, idle_verdict, wait_idle
-from rig.progress import WaveProgress
-from rig.stall import StallEpisodes, cache_info  # noqa: F401  (cache_info: re-exported)
-from rig.timeline import TimelineSampler, plot_timeline
-from rig.checks import (KV_PULLED_METRICS, PREFIX_HIT_METRICS, Check, alive_check, fatal_log_check, idle_check,
+from rig.observe import metrics as m
+from rig.config.schema import RigConfig, ScenarioConfig, WaveConfig
+from rig.observe.observations import KV_EPS, DrainResult, ScenarioObservation, SnapshotStore, absent_gauges, idle_verdict, wait_idle
+from rig.observe.progress import WaveProgress
+from rig.observe.stall import StallEpisodes, cache_info  # noqa: F401  (cache_info: re-exported)
+from rig.observe.timeline import TimelineSampler, plot_timeline
+from rig.judge.checks import (KV_PULLED_METRICS, PREFIX_HIT_METRICS, Check, alive_check, fatal_log_check, idle_check,
                         kv_integrity_check, not_checked_for_metrics)
-from rig.signatures import facts_of_wave
-from rig.verdict import ScenarioVerdict, decide, expectation_of, judge
+from rig.judge.signatures import facts_of_wave
+from rig.judge.verdict import ScenarioVerdict, decide, expectation_of, judge
 from rig.workload.edge import Endpoint
 from rig.workload.engine import WaveEngine, WaveRecord, WaveRequest, make_transport, plan_cancels
 from rig.workload.prompts import make_prompt, prefix_group_prompts, seed_of
@@ -277,7 +277,7 @@ def describe_drain(d: DrainResult, usable_blocks: int | None) -> str:
 
 async def check_drains(http: httpx.AsyncClient, endpoints: list[Endpoint], baseline_kv: dict[str, float],
                        drain_s: float, interval_s: float = 0.5) -> list[DrainResult]:
-    """:func:`rig.observations.wait_idle` for every endpoint, concurrently."""
+    """:func:`rig.observe.observations.wait_idle` for every endpoint, concurrently."""
     return list(await asyncio.gather(*(wait_idle(http, e.name, e.url, baseline_kv.get(e.name, 0.0), drain_s, interval_s)
                                        for e in endpoints)))
 
@@ -295,7 +295,7 @@ async def run_wave(sc: ScenarioConfig, model: str, prefills: list[Endpoint], dec
     """Run one wave scenario against running servers; no drain check (see :func:`check_drains`).
 
     Every instance's samples go through a stall detector (``stall_window_s``, and
-    ``transfer_window_s`` while a KV read is in flight; :mod:`rig.stall`); each episode is
+    ``transfer_window_s`` while a KV read is in flight; :mod:`rig.observe.stall`); each episode is
     explained or not by :func:`explain_stall` (``kv_lease_s`` = P's NIXL kv_lease_duration).
 
     Takes a baseline scrape of every instance, samples the timeline while the engine sends the
@@ -438,7 +438,7 @@ def usable_blocks_of(cfg: RigConfig, names: list[str]) -> dict[str, int | None]:
 async def run_wave_scenario(sc: ScenarioConfig, cfg: RigConfig, p: Endpoint, d: Endpoint,
                             http: httpx.AsyncClient, store: SnapshotStore | None, run_dir: str | Path,
                             quiet: bool = False) -> WaveResult:
-    """The suite runner's entry (rig/runner.py): one wave on the phase's P and D with the
+    """The suite runner's entry (rig/run/runner.py): one wave on the phase's P and D with the
     config's model, block size, deadlines and block counts. The runner checks the drains."""
     return await run_wave(sc, cfg.model.served_name, [p], [d], http, store, Path(run_dir) / "waves",
                           deadline_s=sc.deadline_s or cfg.timeouts.request_s,
@@ -636,7 +636,7 @@ def _wave_parity(wave: WaveResult, recs: list[WaveRecord], ok_n: int) -> Check:
 
 def judge_wave(sc: ScenarioConfig, obs: ScenarioObservation, wave: WaveResult | None,
                sections: list[str] | None = None, required: tuple[str, ...] | None = None) -> ScenarioVerdict:
-    """The verdict of a wave scenario through the one engine (:func:`rig.verdict.judge`), with
+    """The verdict of a wave scenario through the one engine (:func:`rig.judge.verdict.judge`), with
     named checks: ``completed`` (every request not cancelled on purpose answered), ``no-errors``
     (no timeout / HTTP / connection error or unplanned cancel), ``no-empty``, ``token-counts``,
     ``kv-pulled`` (per request, :func:`wave_kv_pulled`), ``prefix-hits`` (prefix waves),
@@ -644,7 +644,7 @@ def judge_wave(sc: ScenarioConfig, obs: ScenarioObservation, wave: WaveResult | 
     run the processes), ``kv-integrity``, ``no-stall`` (no instance froze with requests waiting,
     unless :func:`explain_stall` explains it) and ``idle-after`` (a leak is named with its gauge
     and blocks). ``required``: the checks that must have been checked (default: the kind's,
-    rig.verdict.REQUIRED). A ``known_issue`` is honoured like on any kind.
+    rig.judge.verdict.REQUIRED). A ``known_issue`` is honoured like on any kind.
 
     When ``sections`` is given, the wave's markdown section (:func:`wave_section`) is appended
     to it (the runner passes ``RunResult.extra_sections``).

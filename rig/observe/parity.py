@@ -1,0 +1,89 @@
+"""Output parity: a P/D answer against a non-disaggregated reference, token by token.
+
+With greedy decoding, the same model and the same prompt, a correct KV transfer gives the same
+tokens as serving the prompt without disaggregation. The most dangerous P/D failures (decode
+reading freed, stale or never-filled blocks) return HTTP 200 with wrong tokens; this module is
+what catches them. A comparison is only meaningful with identical output caps, so a pair whose
+``max_tokens`` differ is *refused*, never reported as equal or diverged.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any
+
+
+@dataclass(frozen=True)
+class ParityResult:
+    """``status``: equal | diverged | refused. For ``diverged``, ``position`` is the first
+    0-based output position that differs and ``pd_token``/``ref_token`` the tokens there
+    (None where one side is shorter)."""
+
+    status: str
+    position: int | None = None
+    pd_token: int | None = None
+    ref_token: int | None = None
+    reason: str = ""
+
+    def to_json(self) -> dict[str, Any]:
+        """JSON-able dict."""
+        return asdict(self)
+
+    def describe(self) -> str:
+        """One line for tables: 'equal', 'diverged at 3: 517 != 12', 'refused: ...'."""
+        if self.status == "diverged":
+            where = f"{self.reason}: " if self.reason else ""
+            if self.position is None:
+                return f"diverged: {self.reason}"
+            return f"diverged at {where}{self.position}: {self.pd_token} != {self.ref_token}"
+        if self.status == "refused":
+            return f"refused: {self.reason}"
+        return self.status
+
+
+def compare(pd_tokens: list[int], ref_tokens: list[int], pd_max_tokens: int, ref_max_tokens: int) -> ParityResult:
+    """Compare generated token IDs of a P/D answer and its reference.
+
+    Refused when the output caps differ (the comparison would mean nothing). A length
+    difference is a divergence at the first missing position.
+    """
+    if pd_max_tokens != ref_max_tokens:
+        return ParityResult("refused", reason=f"max_tokens differ (P/D {pd_max_tokens}, reference {ref_max_tokens})")
+    for i in range(max(len(pd_tokens), len(ref_tokens))):
+        a = pd_tokens[i] if i < len(pd_tokens) else None
+        b = ref_tokens[i] if i < len(ref_tokens) else None
+        if a != b:
+            return ParityResult("diverged", position=i, pd_token=a, ref_token=b)
+    return ParityResult("equal")
+
+
+def compare_choices(pd_choices: list[list[int]], ref_choices: list[list[int]], pd_max_tokens: int,
+                    ref_max_tokens: int) -> ParityResult:
+    """Parity per choice (``n`` > 1 or several prompts in one request; issue #12 item 1): choice
+    ``i`` of the P/D answer against choice ``i`` of the reference, the first that is not equal
+    (its ``reason`` names the choice) or equal. A different number of choices is a divergence."""
+    if len(pd_choices) != len(ref_choices):
+        return ParityResult("diverged", reason=f"{len(pd_choices)} choices, reference {len(ref_choices)}")
+    for i, (a, b) in enumerate(zip(pd_choices, ref_choices)):
+        r = compare(a, b, pd_max_tokens, ref_max_tokens)
+        if r.status != "equal":
+            return ParityResult(r.status, r.position, r.pd_token, r.ref_token, f"choice {i}" + (f": {r.reason}" if r.reason else ""))
+    return ParityResult("equal")
+
+
+def compare_hops(pd: Any, ref: Any, pd_max_tokens: int, ref_max_tokens: int) -> ParityResult:
+    """:func:`compare_choices` when either :class:`rig.transport.client.Hop` has several choices, else
+    :func:`compare` of their ``token_ids``."""
+    if pd.choices or ref.choices:
+        return compare_choices(pd.choices or [pd.token_ids or []], ref.choices or [ref.token_ids or []],
+                               pd_max_tokens, ref_max_tokens)
+    return compare(pd.token_ids or [], ref.token_ids or [], pd_max_tokens, ref_max_tokens)
+
+
+def summarize(results: list[ParityResult | None]) -> dict[str, int]:
+    """Counts ``{compared, equal, diverged, refused}`` over results (None = not compared)."""
+    done = [r for r in results if r is not None]
+    return {"compared": sum(r.status != "refused" for r in done),
+            "equal": sum(r.status == "equal" for r in done),
+            "diverged": sum(r.status == "diverged" for r in done),
+            "refused": sum(r.status == "refused" for r in done)}

@@ -1,0 +1,239 @@
+"""The stall detector: tells a request that is stuck from one that is slow, from ``/metrics``.
+
+vLLM's own P/D e2e test for the 0.32.0 admission livelock waits 60 s and says "timed out". The
+rig samples the decode instance about once a second while requests are outstanding and calls it
+a stall when, for ``window_s`` seconds, requests wait (``num_requests_waiting > 0``), none runs
+(``num_requests_running == 0``) and nothing that measures progress moves (generated and prompt
+tokens, KV usage, KV-fetch stages, NIXL transfers, preemptions, finished requests). The
+diagnosis quotes the frozen values, e.g.::
+
+    admission livelock on decode: waiting=1 (capacity) running=0 kv=0.0% kv_fetch
+    waiting_to_start=1, unchanged for 8.0 s
+
+A frozen state with a KV read in flight (``kv_fetch in_progress > 0``) is judged against the
+longer ``transfer_window_s``: ``/metrics`` cannot show a NIXL read's own progress, and on a
+starved 2-core CI host one 4-block read took more than 8 s before it completed (measured on
+vLLM 0.32.0, decode-6blk, edge-126). The livelock's signature (``waiting_to_start``) keeps
+the short window.
+
+The window is the fallback. A detector given an ``early`` rule (:mod:`rig.judge.early_verdict`) may
+decide sooner by reasoning: the frozen state plus the block arithmetic plus evidence that D's
+engine kept iterating (its EngineCore's CPU time grew while nothing moved). The stall then says
+which evidence decided (``Stall.decided_by``).
+
+The detector is pure (``feed`` snapshots, get a verdict) so it is tested on recorded sequences.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+from rig.observe import metrics as m
+
+# Everything whose change means the engine is doing something.
+_PROGRESS = (m.GENERATION_TOKENS, m.PROMPT_TOKENS, m.KV_USAGE, m.NIXL_XFER_COUNT, m.PREEMPTIONS,
+             m.REQUEST_SUCCESS, m.RUNNING, m.WAITING)
+
+
+def cache_info(snap: m.MetricSnapshot) -> dict[str, int]:
+    """``num_gpu_blocks`` / ``block_size`` from vLLM's ``vllm:cache_config_info`` labels (when
+    the server exposes it; the fake does not)."""
+    for (name, labels), _ in snap.samples.items():
+        if name == "vllm:cache_config_info":
+            d = dict(labels)
+            out = {}
+            for k in ("num_gpu_blocks", "block_size"):
+                try:
+                    out[k] = int(d[k])
+                except (KeyError, ValueError):
+                    pass
+            return out
+    return {}
+
+
+@dataclass(frozen=True)
+class StallFacts:
+    """The frozen state of one instance as structured facts, which a known issue's stall
+    signature (rig.config.schema.StallSignature) matches field by field.
+
+    ``waiting`` / ``running``: request gauges; ``kv_usage``: 0..1; ``waiting_reasons`` and
+    ``kv_fetch_stages``: the non-zero values of ``vllm:num_requests_waiting_by_reason`` and
+    ``vllm:num_requests_kv_fetch_by_stage`` (vllm/v1/metrics/loggers.py, 0.32.0);
+    ``num_gpu_blocks`` / ``block_size`` from ``vllm:cache_config_info`` (blocks incl. the null
+    block; tokens per block), None when the server does not expose it; ``duration_s`` seconds.
+    """
+
+    instance: str
+    waiting: float
+    running: float
+    kv_usage: float
+    waiting_reasons: dict[str, float]
+    kv_fetch_stages: dict[str, float]
+    duration_s: float
+    num_gpu_blocks: int | None = None
+    block_size: int | None = None
+
+    @classmethod
+    def of(cls, s: m.MetricSnapshot, duration_s: float) -> "StallFacts":
+        """The facts of snapshot ``s`` frozen for ``duration_s`` seconds."""
+        info = cache_info(s)
+        return cls(instance=s.instance, waiting=s.value(m.WAITING), running=s.value(m.RUNNING),
+                   kv_usage=s.value(m.KV_USAGE),
+                   waiting_reasons={k: v for k, v in s.by_label(m.WAITING_BY_REASON, "reason").items() if v > 0},
+                   kv_fetch_stages={k: v for k, v in s.by_label(m.KV_FETCH_BY_STAGE, "stage").items() if v > 0},
+                   duration_s=round(duration_s, 3), num_gpu_blocks=info.get("num_gpu_blocks"),
+                   block_size=info.get("block_size"))
+
+
+@dataclass(frozen=True)
+class Stall:
+    """A detected stall: where, since when (monotonic seconds), how long, why (``diagnosis``,
+    for people) and the frozen state as ``facts`` (for the verdict engine)."""
+
+    instance: str
+    since: float
+    duration_s: float
+    diagnosis: str
+    facts: StallFacts | None = None
+    decided_by: str = "window"  # "window" (frozen for the whole window) or the early rule's evidence
+
+
+# An early rule: ``(facts, frozen_s, samples, engine_cpu_s) -> evidence text or None``; called on
+# every frozen sample with the seconds and number of samples the state has been frozen and the
+# engine CPU seconds used meanwhile (None when unknown). See rig.judge.early_verdict.AdmissionReasoning.
+EarlyRule = Callable[[StallFacts, float, int, "float | None"], "str | None"]
+
+
+def _signature(s: m.MetricSnapshot) -> tuple:
+    """The values that must all stay constant for the engine to count as frozen."""
+    fetch = tuple(sorted(s.by_label(m.KV_FETCH_BY_STAGE, "stage").items()))
+    reasons = tuple(sorted(s.by_label(m.WAITING_BY_REASON, "reason").items()))
+    return tuple(s.value(n) for n in _PROGRESS) + (fetch, reasons)
+
+
+def _is_blocked(s: m.MetricSnapshot) -> bool:
+    return s.value(m.WAITING) > 0 and s.value(m.RUNNING) == 0
+
+
+def describe(s: m.MetricSnapshot, duration_s: float) -> str:
+    """Human diagnosis of a frozen snapshot (see module docstring for the format).
+
+    "admission livelock" when requests wait for capacity with the KV cache essentially empty
+    (the engine has room it will not use); "stall" otherwise.
+    """
+    waiting = s.value(m.WAITING)
+    kv = s.value(m.KV_USAGE)
+    reasons = {k: v for k, v in s.by_label(m.WAITING_BY_REASON, "reason").items() if v > 0}
+    fetch = {k: v for k, v in s.by_label(m.KV_FETCH_BY_STAGE, "stage").items() if v > 0}
+    kind = "admission livelock" if reasons.get("capacity", 0) > 0 and kv < 0.5 else "stall"
+    reason_txt = f" ({', '.join(sorted(reasons))})" if reasons else ""
+    fetch_txt = "".join(f" kv_fetch {k}={v:g}" for k, v in sorted(fetch.items()))
+    return (f"{kind} on {s.instance}: waiting={waiting:g}{reason_txt} running={s.value(m.RUNNING):g} "
+            f"kv={kv * 100:.1f}%{fetch_txt}, unchanged for {duration_s:.1f} s")
+
+
+def _transfer_in_flight(s: m.MetricSnapshot) -> bool:
+    return s.by_label(m.KV_FETCH_BY_STAGE, "stage").get("in_progress", 0) > 0
+
+
+class StallDetector:
+    """Feed snapshots of one instance in time order; ``feed`` returns a :class:`Stall` once the
+    blocked-and-frozen state has lasted ``window_s`` seconds (snapshot ``t`` is monotonic s),
+    or ``transfer_window_s`` seconds (default: ``window_s``) while a KV read is in flight.
+
+    Any change of the progress signature, the blocked condition ending, or a gap between two
+    samples longer than ``max_gap_s`` (default half the window) restarts the window.
+
+    Raises ValueError for a window <= 0 s.
+    """
+
+    def __init__(self, window_s: float, max_gap_s: float | None = None,
+                 transfer_window_s: float | None = None, early: EarlyRule | None = None):
+        if window_s <= 0 or (transfer_window_s is not None and transfer_window_s <= 0):
+            raise ValueError(f"stall windows must be > 0 s (got {window_s}, {transfer_window_s})")
+        self.window_s = window_s
+        self.transfer_window_s = max(window_s, transfer_window_s or window_s)
+        # Two samples far apart prove nothing about the time between them (a starved observer
+        # or a slow scrape): a gap longer than this restarts the window. Default: half the window.
+        self.max_gap_s = window_s / 2 if max_gap_s is None else max_gap_s
+        self.early = early
+        self._since: float | None = None
+        self._sig: tuple | None = None
+        self._last_t: float | None = None
+        self._samples = 0  # snapshots in the current frozen span
+        self._cpu_at_since: float | None = None  # engine CPU seconds when the span began
+
+    def feed(self, s: m.MetricSnapshot, engine_cpu_s: float | None = None) -> Stall | None:
+        """Add one snapshot (with, optionally, the instance engine's cumulative CPU seconds read
+        right after it); return a Stall when the window is reached or the early rule decides,
+        else None."""
+        gap = self._last_t is not None and s.t - self._last_t > self.max_gap_s
+        self._last_t = s.t
+        if not _is_blocked(s):
+            self._since, self._sig = None, None
+            return None
+        sig = _signature(s)
+        if sig != self._sig or gap:
+            self._since, self._sig, self._samples, self._cpu_at_since = s.t, sig, 1, engine_cpu_s
+            return None
+        assert self._since is not None
+        self._samples += 1
+        duration = s.t - self._since
+        if duration >= (self.transfer_window_s if _transfer_in_flight(s) else self.window_s):
+            return Stall(instance=s.instance, since=self._since, duration_s=duration,
+                         diagnosis=describe(s, duration), facts=StallFacts.of(s, duration))
+        if self.early is not None:
+            cpu = (engine_cpu_s - self._cpu_at_since
+                   if engine_cpu_s is not None and self._cpu_at_since is not None else None)
+            facts = StallFacts.of(s, duration)
+            evidence = self.early(facts, duration, self._samples, cpu)
+            if evidence:
+                return Stall(instance=s.instance, since=self._since, duration_s=duration,
+                             diagnosis=f"{describe(s, duration)}; decided early: {evidence}",
+                             facts=facts, decided_by=evidence)
+        return None
+
+
+@dataclass
+class StallEpisode:
+    """One stall of one instance, from the first moment it counted as frozen (``since``,
+    monotonic s) for ``duration_s`` seconds (until the last sample that still showed it)."""
+
+    instance: str
+    since: float
+    duration_s: float
+    diagnosis: str
+
+
+class StallEpisodes:
+    """Stall episodes of several instances from one stream of snapshots (a wave's timeline).
+
+    Each instance gets its own :class:`StallDetector`; consecutive stalls with the same start are
+    one episode, whose duration and diagnosis grow with it. ``episodes`` is in start order.
+    """
+
+    def __init__(self, window_s: float, transfer_window_s: float | None = None):
+        self.window_s, self.transfer_window_s = window_s, transfer_window_s
+        self.episodes: list[StallEpisode] = []
+        self._detectors: dict[str, StallDetector] = {}
+        self._open: dict[str, StallEpisode] = {}
+
+    def feed(self, s: m.MetricSnapshot) -> StallEpisode | None:
+        """Add one snapshot of ``s.instance``; returns the episode it extends or opens, if any."""
+        det = self._detectors.get(s.instance)
+        if det is None:
+            det = self._detectors[s.instance] = StallDetector(self.window_s,
+                                                              transfer_window_s=self.transfer_window_s)
+        stall = det.feed(s)
+        if stall is None:
+            self._open.pop(s.instance, None)
+            return None
+        ep = self._open.get(s.instance)
+        if ep is not None and ep.since == stall.since:
+            ep.duration_s, ep.diagnosis = stall.duration_s, stall.diagnosis
+            return ep
+        ep = StallEpisode(stall.instance, stall.since, stall.duration_s, stall.diagnosis)
+        self.episodes.append(ep)
+        self._open[s.instance] = ep
+        return ep

@@ -1,0 +1,251 @@
+"""Step 7 of the rig's flow: the report, written into the run directory.
+
+``report.json`` (everything: config, plan, versions, timings, observations, verdicts),
+``junit.xml`` (one testcase per scenario: XFAIL as skipped, FAIL/XPASS as failure, ERROR as
+error, so CI systems show it natively; plus one skipped testcase per check that was "not
+checked", with the reason) and ``summary.md`` (one row per scenario: expectation, verdict,
+tokens, latency per hop, time-to-verdict, parity, check counts, diagnosis; then every check that
+failed or was not checked, with the requests it failed on). The terminal shows the
+same table with rich. :func:`write_report` is called on every exit path, also for a failed or
+interrupted run, with whatever was observed so far.
+"""
+
+from __future__ import annotations
+
+import json
+import xml.etree.ElementTree as ET
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+
+from rig.observe.observations import ScenarioObservation
+from rig.observe.parity import summarize
+from rig.judge.verdict import ScenarioVerdict, run_passed
+
+
+@dataclass
+class RunResult:
+    """A whole run: its scenarios' observations and verdicts plus run-level facts.
+
+    ``timings`` are seconds (``startup`` per phase, ``total``); ``status`` is
+    ``passed`` | ``failed`` | ``interrupted`` | ``error``.
+    """
+
+    name: str
+    run_dir: str
+    config: dict[str, Any]
+    plan: dict[str, Any] = field(default_factory=dict)
+    vllm_version: str = ""
+    observations: list[ScenarioObservation] = field(default_factory=list)
+    verdicts: list[ScenarioVerdict] = field(default_factory=list)
+    timings: dict[str, float] = field(default_factory=dict)
+    status: str = "running"
+    error: str = ""
+    extra_sections: list[str] = field(default_factory=list)  # markdown appended to summary.md
+
+    def finish_status(self) -> str:
+        """Set and return ``status`` from the verdicts unless the run was interrupted/errored."""
+        if self.status == "running":
+            self.status = "passed" if run_passed(self.verdicts) else "failed"
+        return self.status
+
+
+def _ms(v: float | None) -> str:
+    return "-" if v is None else f"{v * 1000:.0f}"
+
+
+def scenario_rows(result: RunResult) -> list[dict[str, str]]:
+    """The summary table's rows (one per scenario) as display strings."""
+    rows = []
+    obs_by = {o.scenario: o for o in result.observations}
+    for v in result.verdicts:
+        o = obs_by.get(v.scenario)
+        recs = o.records if o else []
+        ok = [r for r in recs if r.outcome == "ok"]
+        toks = ", ".join(f"{r.completion_tokens}/{r.total_tokens}" for r in ok) or "-"
+        p_lat = max((r.prefill.latency_s for r in recs if r.prefill and r.prefill.latency_s), default=None)
+        d_lat = max((r.decode.latency_s for r in recs if r.decode and r.decode.latency_s), default=None)
+        ttv = max((r.verdict_after_s for r in recs if r.verdict_after_s is not None), default=None)
+        ps = summarize(o.parity) if o else {"compared": 0, "equal": 0}
+        rows.append({
+            "scenario": v.scenario,
+            "decode": o.decode if o else "-",
+            "expectation": v.expectation,
+            "verdict": v.verdict,
+            "tokens (completion/total)": toks,
+            "P ms": _ms(p_lat),
+            "D ms": _ms(d_lat),
+            "time to verdict s": "-" if ttv is None else f"{ttv:.1f}",
+            "parity": f"{ps['equal']}/{ps['compared']} equal" if ps["compared"] else "-",
+            "checks": check_counts(v),
+            "diagnosis": v.reason,
+        })
+    return rows
+
+
+def check_counts(v: ScenarioVerdict) -> str:
+    """'6 ok, 1 failed, 1 not checked' over the scenario's checks (tri-state, rig.judge.checks)."""
+    n: dict[str, int] = {}
+    for c in v.checks:
+        n[c.state] = n.get(c.state, 0) + 1
+    return ", ".join(f"{n[k]} {k}" for k in ("ok", "failed", "not checked") if n.get(k)) or "-"
+
+
+def checks_md(result: RunResult) -> list[str]:
+    """summary.md lines: every check that failed or was not checked, per scenario, with why."""
+    lines = []
+    for v in result.verdicts:
+        for c in v.checks:
+            if c.ok is not True:
+                on = f" (on {', '.join(c.requests)})" if c.requests else ""
+                lines.append(f"| {v.scenario} | {c.name} | {c.state} | "
+                             + f"{c.detail}{on}".replace("|", "\\|").replace("\n", " ") + " |")
+    return (["", "### Checks not ok", "", "| scenario | check | state | detail |", "|---|---|---|---|", *lines]
+            if lines else [])
+
+
+VERDICT_LEGEND = (
+    "PASS every check held; FAIL a check failed; XFAIL expected failure: a known issue showed its "
+    "named symptom on a vLLM version it affects (the run still passes); XPASS a known issue did not "
+    "reproduce where expected (the run fails: update the expectation); ERROR the rig could not judge "
+    "the scenario (no answer, a server died, the run broke)")
+
+
+def known_issue_lines(result: RunResult) -> list[str]:
+    """The legend and, per known issue of the run's scenarios, ``id: title (affects; upstream)``
+    with the scenarios expecting it; [] when no scenario of the run declares one. The table's
+    ``expectation`` column shows only the id (config: ``ScenarioConfig.known_issue``)."""
+    judged = {v.scenario for v in result.verdicts}
+    scs = list(result.config.get("scenarios") or []) + [result.config.get("scenario") or {}]
+    issues: dict[str, tuple[dict[str, Any], list[str]]] = {}
+    for sc in scs:
+        ki = sc.get("known_issue") if isinstance(sc, dict) else None
+        if ki and sc.get("name") in judged:
+            issues.setdefault(ki["id"], (ki, []))[1].append(sc["name"])
+    if not issues:
+        return []
+    lines = [f"Verdicts: {VERDICT_LEGEND}.", "Known issues:"]
+    for kid, (ki, names) in issues.items():
+        up = f"; upstream: {ki['upstream']}" if ki.get("upstream") else ""
+        sym = ki["symptom"].get("kind", "?") if isinstance(ki["symptom"], dict) else ki["symptom"]
+        lines.append(f"- {kid}: {ki['title']} (vLLM {ki['affects']}, symptom {sym}{up}); "
+                     f"expected on {', '.join(names)}")
+    return lines
+
+
+def render_summary_md(result: RunResult) -> str:
+    """summary.md: status line, timings, the scenario table, extra sections."""
+    rows = scenario_rows(result)
+    lines = [f"# pdrig run `{Path(result.run_dir).name}`: {result.status.upper()}", ""]
+    lines.append(f"- config: `{result.name}`; vLLM {result.vllm_version or 'unknown'}")
+    if result.timings:
+        lines.append("- timings: " + ", ".join(f"{k} {v:.1f} s" for k, v in result.timings.items()))
+    if result.error:
+        lines.append(f"- error: {result.error}")
+    counts: dict[str, int] = {}
+    for v in result.verdicts:
+        counts[v.verdict] = counts.get(v.verdict, 0) + 1
+    lines.append("- verdicts: " + (", ".join(f"{k} {n}" for k, n in sorted(counts.items())) or "none"))
+    lines.append("")
+    if rows:
+        cols = list(rows[0])
+        lines.append("| " + " | ".join(cols) + " |")
+        lines.append("|" + "---|" * len(cols))
+        for r in rows:
+            lines.append("| " + " | ".join(str(r[c]).replace("|", "\\|").replace("\n", " ") for c in cols) + " |")
+    lines += checks_md(result)
+    legend = known_issue_lines(result)
+    lines += ["", legend[0], "", *legend[1:]] if legend else []
+    lines += ["", *result.extra_sections] if result.extra_sections else []
+    return "\n".join(lines) + "\n"
+
+
+def render_junit(result: RunResult) -> str:
+    """junit.xml with one testcase per scenario (classname = the config name)."""
+    suite = ET.Element("testsuite", name=f"pdrig.{result.name}", tests=str(len(result.verdicts)))
+    n_fail = n_err = n_skip = n_extra = 0
+    obs_by = {o.scenario: o for o in result.observations}
+    for v in result.verdicts:
+        o = obs_by.get(v.scenario)
+        case = ET.SubElement(suite, "testcase", classname=f"pdrig.{result.name}", name=v.scenario,
+                             time=f"{o.wall_s:.3f}" if o else "0")
+        detail = "\n".join(f"{c.name}: {c.state} - {c.detail}" for c in v.checks)
+        if v.verdict == "XFAIL":
+            n_skip += 1
+            ET.SubElement(case, "skipped", message=f"xfail: {v.reason}"[:1000]).text = detail
+        elif v.verdict in ("FAIL", "XPASS"):
+            n_fail += 1
+            ET.SubElement(case, "failure", message=f"{v.verdict}: {v.reason}"[:1000]).text = detail
+        elif v.verdict == "ERROR":
+            n_err += 1
+            ET.SubElement(case, "error", message=v.reason[:1000]).text = "\n".join(filter(None, [v.reason, detail]))
+        ET.SubElement(case, "system-out").text = v.expectation
+        for c in v.checks:
+            if c.ok is None:  # a check that could not look: a skipped case with the reason, never a pass
+                n_skip += 1
+                sub = ET.SubElement(suite, "testcase", classname=f"pdrig.{result.name}.{v.scenario}", name=c.name,
+                                    time="0")
+                ET.SubElement(sub, "skipped", message=f"not checked: {c.detail}"[:1000])
+                n_extra += 1
+    if result.status in ("error", "interrupted"):
+        # A run that ends early must not look green to CI just because no scenario failed.
+        n_err += 1
+        case = ET.SubElement(suite, "testcase", classname=f"pdrig.{result.name}", name="pdrig-run")
+        ET.SubElement(case, "error", message=f"run {result.status}: {result.error}"[:1000]).text = result.error
+        n_extra += 1
+    suite.set("tests", str(len(result.verdicts) + n_extra))
+    suite.set("failures", str(n_fail))
+    suite.set("errors", str(n_err))
+    suite.set("skipped", str(n_skip))
+    return ET.tostring(suite, encoding="unicode", xml_declaration=True)
+
+
+def result_json(result: RunResult) -> dict[str, Any]:
+    """The full report as a JSON-able dict."""
+    return {
+        "name": result.name, "run_dir": result.run_dir, "status": result.status,
+        "error": result.error, "vllm_version": result.vllm_version, "timings": result.timings,
+        "config": result.config, "plan": result.plan,
+        "scenarios": [{"verdict": v.to_json(),
+                       "observation": next((o.to_json() for o in result.observations
+                                            if o.scenario == v.scenario), None)}
+                      for v in result.verdicts],
+    }
+
+
+def write_report(result: RunResult) -> Path:
+    """Write report.json, junit.xml and summary.md into ``result.run_dir``; returns the dir."""
+    d = Path(result.run_dir)
+    d.mkdir(parents=True, exist_ok=True)
+    (d / "report.json").write_text(json.dumps(result_json(result), indent=1, default=str))
+    (d / "junit.xml").write_text(render_junit(result))
+    (d / "summary.md").write_text(render_summary_md(result))
+    return d
+
+
+_STYLE = {"PASS": "green", "XFAIL": "yellow", "XPASS": "bold red", "FAIL": "bold red", "ERROR": "bold magenta"}
+
+
+def print_summary(result: RunResult, console: Console | None = None) -> None:
+    """The verdict table and the run directory on the terminal."""
+    # Off a terminal (CI logs, redirects) rich would wrap at 80 columns, one word per line.
+    console = console or (Console() if Console().is_terminal else Console(width=240))
+    rows = scenario_rows(result)
+    table = Table(title=f"pdrig {result.name}: {result.status.upper()}", show_lines=False)
+    for col in (rows[0] if rows else {"scenario": ""}):
+        table.add_column(col, overflow="fold", max_width=70 if col == "diagnosis" else None)
+    for r in rows:
+        # Cell text comes from servers and logs: escape it, "[/dev/shm]" must not be markup.
+        table.add_row(*[f"[{_STYLE.get(v, '')}]{v}[/]" if k == "verdict" else escape(str(v)) for k, v in r.items()])
+    console.print(table)
+    for line in known_issue_lines(result):
+        console.print(escape(line))
+    if result.error:
+        console.print(f"[bold red]error:[/] {escape(result.error)}")
+    if result.timings:
+        console.print("timings: " + ", ".join(f"{k} {v:.1f} s" for k, v in result.timings.items()))
+    console.print(f"run directory: {escape(result.run_dir)}")

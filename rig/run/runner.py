@@ -1,0 +1,382 @@
+"""Runs a suite end to end: config -> plan -> cluster -> workload -> observations -> verdict -> report.
+
+Scenarios are grouped into *phases* by the (prefill, decode) pair they need, in suite order.
+The cluster keeps what the next phase still needs (the prefill instance) and swaps the rest,
+so each topology is started once and reused by all its scenarios. On a 2-core CPU host this
+also keeps two servers running at a time instead of four (each idle CPU instance with NIXL
+spins about two cores; see configs/cpu-tiny.yaml).
+
+The report is rewritten after every scenario and once more on the way out, whatever the way
+out is (pass, fail, exception, Ctrl-C, SIGTERM), so the run directory always holds what was
+observed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+import time
+import traceback
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+
+import httpx
+import yaml
+
+from rig.transport import aio
+from rig.observe import metrics as m
+from rig.transport.client import PDClient
+from rig.cluster.processes import Cluster, ClusterError
+from rig.config.schema import ConfigError, RigConfig, ScenarioConfig
+from rig.observe.evidence import UNKNOWN_VERSION, LogScanner, MetricPresence, metric_presence, read_versions, settle_deaths
+from rig.cluster.logs import LogSource
+from rig.observe.observations import ScenarioObservation, SnapshotStore, TransferEvidence, wait_idle
+from rig.plan.processes import Plan, build_plan, with_endpoints
+from rig.cluster.ports import PortReservation
+from rig.cluster.ports import reserve as reserve_ports
+from rig.report.render import RunResult, print_summary, write_report
+from rig.cluster.tiny_model import ensure_tiny_model, tiny_model_dir
+from rig.judge.verdict import ScenarioVerdict
+from rig.workload.warmup import warm_up
+from rig.workload.edge import Endpoint
+from rig.run.kinds import KINDS, ScenarioContext
+
+
+def new_run_dir(cfg: RigConfig, label: str | None = None) -> Path:
+    """``<run_root>/<YYYYmmdd-HHMMSS>-<label or config name>``, created (never reused)."""
+    stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
+    base = Path(cfg.run_root) / f"{stamp}-{label or cfg.name}"
+    d, n = base, 1
+    while d.exists():
+        n += 1
+        d = base.with_name(f"{base.name}-{n}")
+    (d / "logs").mkdir(parents=True)
+    return d
+
+
+def resolve_model(cfg: RigConfig, build: bool = True) -> str:
+    """The model argument for vLLM: the built tiny model's directory, a local path or a hub id.
+
+    ``build=False`` (``pdrig plan``) returns the same string without building or checking.
+    Raises ConfigError when ``model.source: path`` names a directory that does not exist.
+    """
+    if cfg.model.source == "tiny":
+        models = Path(cfg.cache_dir) / "models"
+        built = ensure_tiny_model(cfg.model.tiny, models) if build else tiny_model_dir(cfg.model.tiny, models)
+        return str(built.resolve())
+    if cfg.model.source == "path":
+        p = Path(cfg.model.path or "")
+        if build and not p.is_dir():
+            raise ConfigError(f"model.path: {str(p)!r} is not a directory; give a local model "
+                              "directory or use model.source: hub on a machine with hub access")
+        return str(p.resolve())
+    return str(cfg.model.path)
+
+
+@dataclass(frozen=True)
+class Phase:
+    """Scenarios that share one (prefill, decode) pair."""
+
+    prefill: str
+    decode: str
+    scenarios: tuple[ScenarioConfig, ...]
+
+
+def phases_of(cfg: RigConfig, scenarios: list[ScenarioConfig]) -> list[Phase]:
+    """Group ``scenarios`` by their (prefill, decode) pair, keeping first-appearance order."""
+    order: list[tuple[str, str]] = []
+    groups: dict[tuple[str, str], list[ScenarioConfig]] = {}
+    for sc in scenarios:
+        key = (sc.prefill or cfg.prefill[0].name, sc.decode or cfg.decode[0].name)
+        if key not in groups:
+            order.append(key)
+            groups[key] = []
+        groups[key].append(sc)
+    return [Phase(p, d, tuple(groups[(p, d)])) for p, d in order]
+
+
+def select_scenarios(cfg: RigConfig, names: list[str] | None) -> list[ScenarioConfig]:
+    """The scenarios to run: all, or those named (raises ConfigError for an unknown name)."""
+    if not names:
+        return list(cfg.scenarios)
+    known = {s.name: s for s in cfg.scenarios}
+    unknown = [n for n in names if n not in known]
+    if unknown:
+        raise ConfigError(f"--scenario: unknown {unknown}; this config has {sorted(known)}")
+    return [known[n] for n in names]
+
+
+class SuiteRunner:
+    """Runs the selected scenarios of a config against a cluster it starts and stops."""
+
+    def __init__(self, cfg: RigConfig, scenarios: list[ScenarioConfig], run_dir: Path, quiet: bool = False,
+                 attach: bool = False, log_sources: dict[str, LogSource] | None = None):
+        self.cfg = cfg
+        self.attach = attach  # judge endpoints started elsewhere (Compose); start/stop nothing
+        # Instance -> where its log is read (attach mode: Compose, Kubernetes, a declared path);
+        # launched instances default to their log file (Cluster.log_source).
+        self.log_sources = dict(log_sources or {})
+        self.scenarios = scenarios
+        self.run_dir = run_dir
+        self.quiet = quiet
+        self.result = RunResult(name=cfg.name, run_dir=str(run_dir), config=cfg.model_dump(mode="json"))
+        self.logs = LogScanner()  # every instance's log, read through Cluster.log_source
+        # scenario -> what its kind returned (wave statistics, store counters, retrieval rates)
+        self.kind_results: dict[str, object] = {}
+        # The scenario in flight and its observation as filled so far: kept in the report
+        # (ERROR, "interrupted mid-scenario") when Ctrl-C or a crash stops the run inside it.
+        self._in_flight: tuple[ScenarioConfig, ScenarioObservation, float] | None = None
+
+    def log(self, msg: str) -> None:
+        """Progress line on stderr (the report is the real output)."""
+        if not self.quiet:
+            print(f"[pdrig {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+
+    def run(self) -> RunResult:
+        """Run everything; always writes the report. Never raises for failures of the system
+        under test; KeyboardInterrupt (Ctrl-C, SIGTERM via the CLI's handlers) is recorded as
+        ``interrupted`` and re-raised after teardown and the report."""
+        t0 = time.monotonic()
+        cluster: Cluster | None = None
+        interrupted: BaseException | None = None
+        ports: PortReservation | None = None
+        try:
+            if not self.attach:  # attached servers hold their own ports; the rig binds none
+                # Before anything starts: a second run on this host refuses here, at once.
+                self.cfg, ports = reserve_ports(self.cfg, str(self.run_dir.resolve()))
+                self.result.config = self.cfg.model_dump(mode="json")  # ports.free: the ports used
+            # Attached: nothing is launched, so no model is built; endpoints as attach.endpoints says.
+            model_path = "(attached: served by the deployment)" if self.attach else resolve_model(self.cfg)
+            plan = build_plan(self.cfg, self.run_dir, model_path, sys.executable)
+            if self.attach:
+                plan = with_endpoints(plan, self.cfg.attach.endpoints)
+            self.result.plan = plan.to_json()
+            (self.run_dir / "plan.json").write_text(json.dumps(plan.to_json(), indent=1))
+            (self.run_dir / "config.yaml").write_text(yaml.safe_dump(self.result.config, sort_keys=False))
+            cluster = Cluster(plan, self.cfg.timeouts.startup_s, self.cfg.timeouts.shutdown_grace_s,
+                              attach=self.attach, log_sources=self.log_sources)
+            aio.run(self._run_phases(cluster, plan))
+        except KeyboardInterrupt as e:
+            self.result.status, self.result.error = "interrupted", f"interrupted ({e or 'SIGINT'})"
+            interrupted = e
+            self._keep_partial("interrupted mid-scenario")
+        except (ClusterError, ConfigError) as e:
+            self.result.status, self.result.error = "error", str(e)
+        except Exception as e:  # the rig's own bug outside any scenario: keep the evidence, report it
+            self.result.status, self.result.error = "error", f"{type(e).__name__}: {e}"
+            self._rig_exception(self._in_flight[0].name if self._in_flight else "-", "running the suite", e)
+            self._keep_partial(f"the rig failed mid-scenario: {type(e).__name__}: {e}")
+        finally:
+            if cluster is not None:
+                t_stop = time.monotonic()
+                cluster.stop_all()
+                self.result.timings["teardown"] = time.monotonic() - t_stop
+            if ports is not None:
+                ports.release()  # after the servers are gone (a dying rig releases them anyway)
+            self.result.timings["total"] = time.monotonic() - t0
+            self.result.finish_status()
+            write_report(self.result)
+            if not self.quiet:
+                print_summary(self.result)
+        if interrupted is not None:
+            raise interrupted
+        return self.result
+
+    def run_on(self, cluster: Cluster, scenarios: list[ScenarioConfig]) -> list[ScenarioVerdict]:
+        """Run ``scenarios`` on a ``cluster`` the caller owns and keeps up between calls (the pytest
+        plugin's session topology); returns their verdicts. Phases work as in :meth:`run`
+        (instances a phase lacks are started, those it does not need stopped), but the cluster is
+        never torn down here. Verdicts accumulate in ``self.result``, and the report in the run
+        directory is rewritten on every exit path. Exceptions (ClusterError, KeyboardInterrupt,
+        the rig's own) propagate after the scenario in flight is kept as ERROR."""
+        self.scenarios = list(scenarios)
+        first = len(self.result.verdicts)
+        try:
+            aio.run(self._run_phases(cluster, cluster.plan))
+        except BaseException as e:
+            self._keep_partial(f"the run stopped mid-scenario: {type(e).__name__}: {e}")
+            raise
+        finally:
+            self.result.status = "running"  # recomputed from all verdicts so far
+            self.result.finish_status()
+            write_report(self.result)
+        return self.result.verdicts[first:]
+
+    def _keep_partial(self, why: str) -> None:
+        """Put the scenario that was in flight into the result as an ERROR verdict with its
+        partial observation (records answered so far, stall diagnosis, log lines)."""
+        if self._in_flight is None:
+            return
+        sc, obs, started = self._in_flight
+        self._in_flight = None
+        answered = sum(r.outcome == "ok" for r in obs.records)
+        obs.wall_s = time.monotonic() - started
+        obs.error = obs.error or f"{why}: partial observation ({answered}/{len(obs.records)} requests answered)"
+        self.result.observations.append(obs)
+        try:  # the kind's own judge gives ERROR (obs.error is set) with the scenario's expectation
+            verdict = KINDS[sc.kind].judge(sc, obs, None, self.result.extra_sections)
+        except Exception:  # a judge that needs what the interrupted run never produced
+            verdict = ScenarioVerdict(sc.name, "ERROR", "pass", obs.error)
+        self.result.verdicts.append(verdict)
+
+    async def _run_phases(self, cluster: Cluster, plan: Plan) -> None:
+        timeouts = self.cfg.timeouts
+        store = SnapshotStore(self.run_dir)
+        client = PDClient(self.cfg.model.served_name, timeout_s=max(timeouts.request_s, 5.0))
+        # A fresh connection per scrape: on a keep-alive connection, D's /metrics answered up to
+        # 4.6 s late during the 0.32.0 livelock on a 2-core host, against < 1 s for new ones.
+        http = httpx.AsyncClient(timeout=10.0, limits=httpx.Limits(max_keepalive_connections=0))
+        extra = [p.name for p in plan.processes if p.role == "mooncake-master"]
+        try:
+            for i, ph in enumerate(phases_of(self.cfg, self.scenarios)):
+                needed = set(extra) | {ph.prefill, ph.decode}
+                # An instance that died in an earlier phase is restarted: the run goes on.
+                dead = await asyncio.to_thread(cluster.dead)
+                stale = [n for n in cluster.procs if n not in needed or n in dead]
+                if stale:
+                    self.log(f"stopping {', '.join(stale)}" + (f" (died: {dead})" if dead else ""))
+                    await asyncio.to_thread(cluster.stop, stale)
+                    self.logs.forget(stale)
+                new = [n for n in [*extra, ph.prefill, ph.decode] if n not in cluster.procs]
+                self.log(f"phase {i + 1}: starting {', '.join(sorted(new)) or 'nothing new'}")
+                self.logs.starting(cluster, new)
+                t = time.monotonic()
+                await asyncio.to_thread(cluster.start, [*extra, ph.prefill, ph.decode])
+                self.result.timings[f"startup phase {i + 1}"] = time.monotonic() - t
+                self.logs.phase_started(cluster)
+                t = time.monotonic()
+                warm = await self._warm_up(client, http, cluster, ph)
+                self.result.vllm_version = (self.result.vllm_version or decode_version(warm.versions, ph) or
+                                            next((v for v in warm.versions.values() if v != UNKNOWN_VERSION), ""))
+                self.result.timings[f"warm-up phase {i + 1}"] = time.monotonic() - t
+                for sc in ph.scenarios:
+                    self.log(f"scenario {sc.name} on {ph.prefill} -> {ph.decode}")
+                    obs, kind_result = await self._scenario(sc, ph, cluster, client, http, store, warm)
+                    self._in_flight = None
+                    self.result.observations.append(obs)
+                    self.kind_results[sc.name] = kind_result
+                    verdict = self._judge(sc, obs, kind_result)
+                    self.result.verdicts.append(verdict)
+                    self.log(f"  {verdict.verdict}: {verdict.reason[:200]}")
+                    write_report(self.result)
+        finally:
+            store.close()
+            await client.aclose()
+            await http.aclose()
+
+    def _judge(self, sc: ScenarioConfig, obs: ScenarioObservation, kind_result: object) -> ScenarioVerdict:
+        """The kind's verdict; a rig exception while judging is that scenario's ERROR (traceback
+        in rig-traceback.txt), and the run goes on."""
+        try:
+            return KINDS[sc.kind].judge(sc, obs, kind_result, self.result.extra_sections)
+        except Exception as e:
+            why = self._rig_exception(sc.name, "judging", e)
+            return ScenarioVerdict(sc.name, "ERROR", "pass", why, [])
+
+    def _rig_exception(self, scenario: str, doing: str, e: Exception) -> str:
+        """Append the current traceback to ``rig-traceback.txt`` (one section per exception) and
+        return the ERROR reason naming it."""
+        with open(self.run_dir / "rig-traceback.txt", "a") as f:
+            f.write(f"=== {time.strftime('%Y-%m-%d %H:%M:%S')} scenario {scenario}: {doing} ===\n"
+                    f"{traceback.format_exc()}\n")
+        return f"rig error while {doing}: {type(e).__name__}: {e} (traceback in rig-traceback.txt)"
+
+    async def _warm_up(self, client: PDClient, http: httpx.AsyncClient, cluster: Cluster, ph: Phase) -> PhaseEvidence:
+        """:func:`rig.workload.warmup.warm_up` for the phase's pair, then the phase's evidence: the vLLM
+        version of P and of D (``/version``) and the metrics the checks read that they lack. A
+        warm-up request that fails is not fatal here: a dead instance is found by
+        :func:`rig.observe.evidence.settle_deaths` before each scenario, anything else by the scenarios."""
+        _, failed = await warm_up(client, http, Endpoint(ph.prefill, cluster.url(ph.prefill)),
+                                  Endpoint(ph.decode, cluster.url(ph.decode)), self.log)
+        for name in failed:
+            self.result.timings.setdefault(f"warm-up failed {name}", 0.0)
+        versions = await read_versions(http, cluster, [ph.prefill, ph.decode])
+        connectors = {n: self.cfg.instance(n).connector or self.cfg.connector for n in (ph.prefill, ph.decode)}
+        presence = await metric_presence(http, cluster, {ph.prefill: "prefill", ph.decode: "decode"},
+                                         {n: c in ("nixl", "nixl+store") for n, c in connectors.items()})
+        for n, missing in presence.all_missing().items():
+            self.log(f"{n} (vLLM {versions[n]}) lacks metrics the rig reads: {', '.join(missing)}")
+        return PhaseEvidence(versions, presence)
+
+    async def _scenario(self, sc: ScenarioConfig, ph: Phase, cluster: Cluster, client: PDClient,
+                        http: httpx.AsyncClient, store: SnapshotStore,
+                        warm: PhaseEvidence) -> tuple[ScenarioObservation, object]:
+        """Run one scenario of any kind; returns its observation and the kind's own result.
+
+        Not run (the observation says why) when an instance it needs is dead (FAIL: ``dead``,
+        ``death_lines``) or lacks a metric its checks read (ERROR naming it). A rig exception
+        while running it is that scenario's ERROR with the traceback in rig-traceback.txt."""
+        timeouts = self.cfg.timeouts
+        kind_result: object = None
+        obs = ScenarioObservation(scenario=sc.name, decode=ph.decode, prefill=ph.prefill,
+                                  vllm_version=decode_version(warm.versions, ph), versions=dict(warm.versions),
+                                  missing_metrics=warm.presence.all_missing())
+        t0 = time.monotonic()
+        self._in_flight = (sc, obs, t0)
+        p = Endpoint(ph.prefill, cluster.url(ph.prefill))
+        d = Endpoint(ph.decode, cluster.url(ph.decode))
+        needed = [ph.prefill, ph.decode]
+        dead = await settle_deaths(http, cluster, needed, timeouts.shutdown_grace_s)
+        missing_error = warm.presence.error(warm.versions)
+        if not any(n in dead for n in needed) and missing_error:
+            obs.error = missing_error
+        elif not any(n in dead for n in needed):
+            got: dict[str, object] = {}
+            try:
+                await self._run_kind(sc, cluster, client, http, store, obs, p, d, got)
+            except httpx.HTTPError as e:
+                # An instance that died is an observation (FAIL), not a rig error.
+                dead = await settle_deaths(http, cluster, needed, timeouts.shutdown_grace_s)
+                if not any(n in dead for n in needed):
+                    obs.error = f"metrics unavailable: {type(e).__name__}: {e}"
+            except Exception as e:  # the rig's own bug: this scenario is ERROR, the run goes on
+                obs.error = self._rig_exception(sc.name, "running it", e)
+            kind_result = got.get("result")
+        obs.dead = await settle_deaths(http, cluster, needed, timeouts.shutdown_grace_s)
+        obs.death_lines = {n: self.logs.death_line(cluster, n) for n in obs.dead}
+        self.logs.scan(cluster, obs)
+        obs.wall_s = time.monotonic() - t0
+        return obs, kind_result
+
+    async def _run_kind(self, sc: ScenarioConfig, cluster: Cluster, client: PDClient, http: httpx.AsyncClient,
+                        store: SnapshotStore, obs: ScenarioObservation, p: Endpoint, d: Endpoint,
+                        got: dict[str, object]) -> None:
+        """The kind's requests between metric snapshots, then transfer evidence and drains.
+        The kind's own result goes to ``got["result"]`` as soon as it exists (a failure after the
+        kind ran keeps it). Raises httpx.HTTPError when an instance stops answering."""
+        timeouts = self.cfg.timeouts
+        before = {e.name: await m.scrape(http, e.url, e.name) for e in (p, d)}
+        for s in before.values():
+            store.save(f"{sc.name}-before", s)
+        ctx = ScenarioContext(self.cfg, cluster, p, d, client, http, store, self.run_dir, self.quiet)
+        got["result"] = await KINDS[sc.kind].run(sc, ctx, obs)
+        after_d = await m.scrape(http, d.url, d.name)
+        store.save(f"{sc.name}-after", after_d)
+        obs.evidence = TransferEvidence.between(before[d.name], after_d)
+        # D first (the subject), then P, which may hold blocks for an abandoned transfer
+        # until its kv_lease_duration (30 s by default) expires.
+        for e in (d, p):
+            obs.drains.append(await wait_idle(http, e.name, e.url, before[e.name].get(m.KV_USAGE) or 0.0,
+                                              timeouts.drain_s))
+        for e in (p, d):
+            store.save(f"{sc.name}-idle", await m.scrape(http, e.url, e.name))
+
+
+@dataclass
+class PhaseEvidence:
+    """What the warm-up of a phase learnt: ``versions`` (``{instance: /version}``, "unknown" when
+    it did not answer) and which metrics the checks read each instance lacks."""
+
+    versions: dict[str, str]
+    presence: MetricPresence
+
+
+def decode_version(versions: dict[str, str], ph: Phase) -> str:
+    """The version a known issue is matched against (``ScenarioObservation.vllm_version``): the
+    decode's, the subject of the scenarios; '' when it did not answer ``/version`` (never the
+    prefill's instead: ``versions`` holds both, and unknown or different versions are the verdict
+    engine's to judge)."""
+    v = versions.get(ph.decode, UNKNOWN_VERSION)
+    return "" if v == UNKNOWN_VERSION else v
