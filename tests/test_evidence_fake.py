@@ -262,7 +262,7 @@ def test_an_absent_gauge_is_never_idle():
 
 
 def test_a_rig_exception_is_that_scenarios_error_with_its_traceback_and_the_run_goes_on(base, monkeypatch):
-    from rig.workload import kinds
+    from rig.run import kinds
 
     edge = kinds.KINDS["edge"]
 
