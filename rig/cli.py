@@ -21,13 +21,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import shutil
-import subprocess
 import sys
 import time
 from pathlib import Path
 
 from rig.transport import aio
+from rig.cluster.preflight import cpu_problem, preflight
 from rig.cluster.processes import Cluster, ClusterError, install_signal_handlers
 from rig.config.schema import ConfigError, RigConfig, load_config
 from rig.config.help import REPO_CONFIGS, unknown_scenarios_message
@@ -40,44 +39,6 @@ def _config_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--config", "-c", default=DEFAULT_CONFIG, help=f"rig config YAML (default {DEFAULT_CONFIG})")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="PATH=VALUE",
                    help="override a config field, e.g. --set timeouts.stall_window_s=5 (repeatable)")
-
-
-def preflight(cfg: RigConfig) -> None:
-    """Refuse early, with one clear message, what cannot work on this machine.
-
-    Raises ConfigError when a cuda profile runs where ``nvidia-smi`` finds no GPU, or when the
-    launch command's executable is not found.
-    """
-    if cfg.device == "cuda":
-        smi = shutil.which("nvidia-smi")
-        ok = False
-        if smi:
-            try:
-                ok = subprocess.run([smi, "-L"], capture_output=True, timeout=20).returncode == 0
-            except (OSError, subprocess.TimeoutExpired):
-                ok = False
-        if not ok:
-            raise ConfigError(
-                f"config {cfg.name!r} has device: cuda, but this machine has no usable NVIDIA GPU "
-                "(nvidia-smi missing or failing). Run it on a GPU node after `make setup PROFILE=gpu`, "
-                "or use the CPU default: make e2e CONFIG=configs/cpu-tiny.yaml")
-    from rig.plan import mooncake
-
-    mooncake.preflight(cfg)  # store modes: names a missing libibverbs/libnl or mooncake_master
-    problem = cpu_problem(cfg)
-    if problem:
-        raise ConfigError(problem)
-    exe = cfg.launch.command[0]
-    if exe != "{python}" and shutil.which(exe) is None:
-        raise ConfigError(f"launch.command[0]: {exe!r} is not on PATH; run `make setup` "
-                          "(PROFILE=gpu installs `vllm` on GPU nodes)")
-
-
-def cpu_problem(cfg: RigConfig) -> str:
-    """:func:`rig.cluster.processes.unavailable_cpus` for the config's instances ("" when all fit)."""
-    from rig.cluster.processes import unavailable_cpus
-
-    return unavailable_cpus((role, inst.name, inst.cpus or ()) for role, inst in cfg.instances())
 
 
 def fresh_prompt_seeds(cfg: RigConfig, salt: str) -> RigConfig:

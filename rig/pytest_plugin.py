@@ -103,7 +103,7 @@ class PDRigSession:
     """
 
     def __init__(self, config_path: str, overrides: list[str]):
-        from rig.cli import preflight
+        from rig.cluster.preflight import preflight
         from rig.config.schema import load_config
         from rig.run.runner import SuiteRunner, new_run_dir
 

@@ -30,7 +30,7 @@ from pathlib import Path
 import httpx
 
 from rig.cluster.logs import FileLog, LogSource, start_marker, stop_marker
-from rig.plan.processes import Plan, ProcessSpec, probe_host
+from rig.plan.processes import Plan, ProcessSpec, busy_ports, probe_host
 from rig.cluster.reaper import Reaper, kill_groups
 
 # Set by the CLI's signal handlers (install_signal_handlers): stop waiting for servers to start.
@@ -266,8 +266,6 @@ class Cluster:
         it is ready (with its log tail) or is not ready within ``startup_timeout_s``; the
         processes already started stay registered for teardown.
         """
-        from rig.plan.processes import busy_ports
-
         todo = [n for n in names if n not in self.procs]
         problem = "" if self.attach else unavailable_cpus(
             (spec.role, spec.name, spec.cpus) for spec in map(self.plan.by_name, todo))

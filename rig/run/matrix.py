@@ -26,7 +26,7 @@ from pathlib import Path
 
 from rig.cluster.builds import (DEFAULT_BUILDS_FILE, BuildError, Builder, BuildsFile, SuiteSpec, apply_fixes,
                         builds_dir, fixed_note, load_builds)
-from rig.cli import preflight
+from rig.cluster.preflight import preflight
 from rig.config.schema import ConfigError, RigConfig, load_config
 from rig.report.grid import ENGINE_DEATH, BuildRuns, IssueRef, build_grid, render_junit, render_md
 from rig.report.render import write_report
