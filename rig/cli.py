@@ -228,7 +228,6 @@ def _up_proxy(args: argparse.Namespace, plan, names: list[str], cluster: Cluster
 
 def cmd_proxy(args: argparse.Namespace) -> int:
     """Serve the OpenAI-compatible P/D proxy (rig/proxy.py) until Ctrl-C."""
-    from rig.transport import aio
     from rig.proxy import PDProxy, endpoints_from_file, serve
 
     try:

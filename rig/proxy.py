@@ -59,6 +59,7 @@ import aiohttp
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
+from rig.transport import aio
 from rig.transport.client import decode_body, prefill_body
 
 POLICIES = ("round-robin", "least-outstanding")
@@ -391,8 +392,6 @@ class ProxyThread:
         self._started = threading.Event()
 
     def _main(self) -> None:
-        from rig.transport import aio
-
         async def run() -> None:
             self._loop, self._stop = asyncio.get_running_loop(), asyncio.Event()
             await serve(self.proxy, self.host, self.port, self._started, self._stop)
