@@ -25,12 +25,12 @@ import sys
 import time
 from pathlib import Path
 
-from rig.transport import aio
 from rig.cluster.preflight import cpu_problem, preflight
 from rig.cluster.processes import Cluster, ClusterError, install_signal_handlers
-from rig.config.schema import ConfigError, RigConfig, load_config
 from rig.config.help import REPO_CONFIGS, unknown_scenarios_message
+from rig.config.schema import ConfigError, RigConfig, load_config
 from rig.plan.processes import build_plan, busy_ports
+from rig.transport import aio
 
 DEFAULT_CONFIG = "configs/cpu-tiny.yaml"
 
@@ -198,8 +198,8 @@ async def _warm_up_pairs(cfg: RigConfig, cluster: Cluster, engines: list[str]) -
     import httpx
 
     from rig.transport.client import PDClient
-    from rig.workload.warmup import warm_up
     from rig.workload.edge import Endpoint
+    from rig.workload.warmup import warm_up
 
     prefills = [n for n in engines if n in {p.name for p in cfg.prefill}]
     decodes = [n for n in engines if n in {d.name for d in cfg.decode}]

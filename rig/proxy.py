@@ -401,7 +401,7 @@ class ProxyThread:
             self._error = e
             self._started.set()
 
-    def start(self, timeout_s: float = 10.0) -> "ProxyThread":
+    def start(self, timeout_s: float = 10.0) -> ProxyThread:
         """Start serving and wait until the socket listens; returns self (already serving: no-op)."""
         if self._thread.is_alive():
             return self
@@ -418,7 +418,7 @@ class ProxyThread:
             self._loop.call_soon_threadsafe(self._stop.set)
         self._thread.join(timeout=10)
 
-    def __enter__(self) -> "ProxyThread":
+    def __enter__(self) -> ProxyThread:
         return self.start()
 
     def __exit__(self, *exc) -> None:

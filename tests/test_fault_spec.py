@@ -5,16 +5,16 @@ rig/workload/faults.py on hand-built results."""
 from __future__ import annotations
 
 import pytest
-from conftest import fake_config, write_config
 from pydantic import ValidationError
 
-from rig.judge.checks import Check
-from rig.transport.client import Hop, PDRecord
-from rig.config.schema import ConfigError, load_config
+from conftest import fake_config, write_config
 from rig.config.faults import Fault, FaultScenarioConfig, Trigger
+from rig.config.schema import ConfigError, load_config
+from rig.judge.checks import Check
 from rig.judge.fault_checks import fault_fired_check, fault_outcome_check, recovery_serves_check
-from rig.workload.faults import FaultEvent, FaultResult
 from rig.observe.observations import ScenarioObservation
+from rig.transport.client import Hop, PDRecord
+from rig.workload.faults import FaultEvent, FaultResult
 
 
 def fault(**kw) -> Fault:

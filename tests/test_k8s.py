@@ -20,8 +20,8 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from rig.plan import compose, k8s
 from rig.config.schema import ConfigError, load_config
+from rig.plan import compose, k8s
 
 ROOT = Path(__file__).resolve().parent.parent
 DATA = ROOT / "tests" / "data"
@@ -312,7 +312,6 @@ def test_readiness_probe_passes_exactly_when_the_server_is_ready(tmp_path):
     import time
 
     from conftest import FAKE, free_ports
-
     from rig.plan.processes import ProcessSpec
 
     port, side = free_ports(2)

@@ -18,6 +18,7 @@ import sys
 from pathlib import Path
 
 import pytest
+
 from conftest import ROOT
 
 LINT_IMPORTS = [sys.executable, "-c",

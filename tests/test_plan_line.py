@@ -8,7 +8,6 @@ import sys
 from pathlib import Path
 
 from conftest import fake_config, kill_pids, wait_no_survivors, write_config
-
 from rig import cli
 from rig.cluster.processes import Cluster
 from rig.config.schema import load_config

@@ -14,14 +14,14 @@ import httpx
 import openai
 import pytest
 from aiohttp import web
-from conftest import ROOT, fake_config, free_ports, kill_pids, wait_no_survivors
 
-from rig.transport.client import PREFILL_PARAMS
+from conftest import ROOT, fake_config, free_ports, kill_pids, wait_no_survivors
 from rig.cluster.processes import Cluster
 from rig.config.schema import RigConfig
 from rig.observe.metrics import parse_metrics
 from rig.plan.processes import build_plan
 from rig.proxy import Backend, PDProxy, Picker, ProxyThread
+from rig.transport.client import PREFILL_PARAMS
 
 
 @pytest.fixture(scope="module")

@@ -19,6 +19,7 @@ import subprocess
 import sys
 
 import pytest
+
 from conftest import ROOT, assert_no_survivors
 
 pytestmark = pytest.mark.e2e

@@ -5,15 +5,15 @@ and parity per choice."""
 from __future__ import annotations
 
 import pytest
-from conftest import fake_config, kill_pids, scenario, wait_no_survivors, write_config
 from pydantic import ValidationError
 
-from rig.judge.checks import stream_check
-from rig.transport.client import Hop, PDRecord
-from rig.config.schema import ConfigError, load_config
-from rig.observe.parity import compare_choices, compare_hops
+from conftest import fake_config, kill_pids, scenario, wait_no_survivors, write_config
 from rig.config.request_fields import RequestFields
+from rig.config.schema import ConfigError, load_config
+from rig.judge.checks import stream_check
+from rig.observe.parity import compare_choices, compare_hops
 from rig.run.runner import SuiteRunner, new_run_dir
+from rig.transport.client import Hop, PDRecord
 
 
 def test_fields_merge_all_then_the_hop():

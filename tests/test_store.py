@@ -18,10 +18,10 @@ from pathlib import Path
 import httpx
 import pytest
 
-from rig.observe import metrics as m
-from rig.transport.client import PDClient
 from rig.config.schema import ScenarioConfig, load_config
+from rig.observe import metrics as m
 from rig.observe.observations import DrainResult, ScenarioObservation
+from rig.transport.client import PDClient
 from rig.workload import store as st
 from rig.workload.edge import Endpoint
 

@@ -72,7 +72,7 @@ class BuildSpec(BaseModel):
         return v
 
     @model_validator(mode="after")
-    def _one_source(self) -> "BuildSpec":
+    def _one_source(self) -> BuildSpec:
         given = [k for k in ("vllm", "python", "base") if getattr(self, k) is not None]
         if len(given) != 1:
             raise ValueError(f"give exactly one of vllm: (a release), python: (an existing env's "
@@ -112,7 +112,7 @@ class BuildsFile(BaseModel):
         return data
 
     @model_validator(mode="after")
-    def _bases(self) -> "BuildsFile":
+    def _bases(self) -> BuildsFile:
         for b in self.builds.values():
             if b.base is not None and b.base not in self.builds:
                 raise ValueError(f"builds.{b.name}.base: {b.base!r} is not a build here; "

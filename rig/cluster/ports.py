@@ -29,9 +29,9 @@ import os
 from pathlib import Path
 from typing import Any
 
-from rig.plan import mooncake
 from rig.cluster.processes import ClusterError
 from rig.config.schema import ConfigError, RigConfig
+from rig.plan import mooncake
 from rig.plan.processes import bindable, side_channel_port
 
 FREE_SEARCH_STEPS = 2000  # offsets tried by ports.free before giving up
@@ -69,7 +69,7 @@ class PortReservation:
         self.holder = holder
         self._fds: dict[int, int] = {}
 
-    def __enter__(self) -> "PortReservation":
+    def __enter__(self) -> PortReservation:
         return self
 
     def __exit__(self, *exc: Any) -> None:

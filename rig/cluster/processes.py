@@ -30,8 +30,8 @@ from pathlib import Path
 import httpx
 
 from rig.cluster.logs import FileLog, LogSource, start_marker, stop_marker
-from rig.plan.processes import Plan, ProcessSpec, busy_ports, probe_host
 from rig.cluster.reaper import Reaper, kill_groups
+from rig.plan.processes import Plan, ProcessSpec, busy_ports, probe_host
 
 # Set by the CLI's signal handlers (install_signal_handlers): stop waiting for servers to start.
 INTERRUPTED = threading.Event()
@@ -253,7 +253,7 @@ class Cluster:
 
     # -- lifecycle ---------------------------------------------------------------------------
 
-    def __enter__(self) -> "Cluster":
+    def __enter__(self) -> Cluster:
         return self
 
     def __exit__(self, *exc) -> None:
@@ -280,7 +280,7 @@ class Cluster:
             self._spawn(self.plan.by_name(name))
         with ThreadPoolExecutor(max_workers=max(1, len(todo))) as pool:
             results = list(pool.map(self._wait_ready, todo))
-        return dict(zip(todo, results))
+        return dict(zip(todo, results, strict=True))
 
     def _spawn(self, spec: ProcessSpec) -> None:
         if self.attach:
@@ -292,13 +292,12 @@ class Cluster:
             Path(path).parent.mkdir(parents=True, exist_ok=True)
             Path(path).write_text(content)
         Path(spec.log_path).parent.mkdir(parents=True, exist_ok=True)
-        log = open(spec.log_path, "ab")
         # The marker is inherited by EngineCore and workers, so leak checks can find every
         # process of a run (rig.cluster.processes.processes_of_run) whatever its argv looks like.
         env = {**os.environ, **spec.env, RUN_MARKER: str(Path(self.plan.run_dir).resolve())}
-        popen = subprocess.Popen(list(spec.argv), env=env, stdout=log, stderr=subprocess.STDOUT,
-                                 stdin=subprocess.DEVNULL, start_new_session=True)
-        log.close()
+        with open(spec.log_path, "ab") as log:  # the child keeps its own copy of the descriptor
+            popen = subprocess.Popen(list(spec.argv), env=env, stdout=log, stderr=subprocess.STDOUT,
+                                     stdin=subprocess.DEVNULL, start_new_session=True)
         append_marker(spec.log_path, start_marker(spec.name, popen.pid))
         self._reaper.add(popen.pid)  # start_new_session: pgid == pid
         pin_cpus(popen.pid, spec.cpus)

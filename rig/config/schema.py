@@ -10,16 +10,16 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Annotated, Any, Literal, Union
+from typing import Annotated, Any, Literal
 
 import yaml
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from rig.config.help import did_you_mean, model_at, suite_candidates
-from rig.config.faults import FaultScenarioConfig
-from rig.config.request_fields import RequestFields
 from rig.cluster.tiny_model import TinyModelRecipe
+from rig.config.faults import FaultScenarioConfig
+from rig.config.help import did_you_mean, model_at, suite_candidates
+from rig.config.request_fields import RequestFields
 
 NAME_PATTERN = r"^[a-z0-9][a-z0-9-]*$"
 ConnectorMode = Literal["nixl", "mooncake-store", "nixl+store", "mooncake-p2p"]
@@ -83,7 +83,7 @@ class InstanceConfig(_Strict):
     env: dict[str, str] = Field(default_factory=dict)
 
     @model_validator(mode="after")
-    def _tp_matches_gpus(self) -> "InstanceConfig":
+    def _tp_matches_gpus(self) -> InstanceConfig:
         if self.gpu_ids and len(self.gpu_ids) != self.tensor_parallel_size:
             raise ValueError(
                 f"gpu_ids has {len(self.gpu_ids)} GPUs but tensor_parallel_size is "
@@ -104,7 +104,7 @@ class ModelConfig(_Strict):
     tiny: TinyModelRecipe = Field(default_factory=TinyModelRecipe)
 
     @model_validator(mode="after")
-    def _path_given(self) -> "ModelConfig":
+    def _path_given(self) -> ModelConfig:
         if self.source != "tiny" and not self.path:
             raise ValueError(f"source={self.source!r} needs model.path (a directory or hub id)")
         return self
@@ -179,7 +179,7 @@ class AttachLogConfig(_Strict):
     kubernetes: KubernetesLogConfig | None = None
 
     @model_validator(mode="after")
-    def _exactly_one(self) -> "AttachLogConfig":
+    def _exactly_one(self) -> AttachLogConfig:
         given = [k for k in ("file", "compose", "kubernetes") if getattr(self, k) is not None]
         if len(given) != 1:
             raise ValueError(f"give exactly one of file, compose, kubernetes (got {given or 'none'})")
@@ -355,8 +355,7 @@ class WrongOutputSignature(_Signature):
     kind: Literal["wrong-output"]
 
 
-Signature = Annotated[Union[StallSignature, HttpErrorSignature, CrashSignature, StaleKvSignature,
-                            WrongOutputSignature], Field(discriminator="kind")]
+Signature = Annotated[StallSignature | HttpErrorSignature | CrashSignature | StaleKvSignature | WrongOutputSignature, Field(discriminator="kind")]
 
 
 class KnownIssue(_Strict):
@@ -422,7 +421,7 @@ class _Outcome(_Strict):
         return _regex(v, "http_message")
 
     @model_validator(mode="after")
-    def _one_outcome(self) -> "_Outcome":
+    def _one_outcome(self) -> _Outcome:
         if self.http_status is not None and (self.completion_tokens is not None or self.total_tokens is not None):
             raise ValueError("give either token counts (an answer) or http_status (a refusal), not both")
         if self.http_message is not None and self.http_status is None:
@@ -590,7 +589,7 @@ class ScenarioConfig(_Strict):
         return data
 
     @model_validator(mode="after")
-    def _hold_consistent(self) -> "ScenarioConfig":
+    def _hold_consistent(self) -> ScenarioConfig:
         if (self.hold_between_s or self.flush_prefill) and self.kind != "edge":
             raise ValueError(f"hold_between_s / flush_prefill: only for kind edge (kind is {self.kind!r})")
         if self.flush_prefill and not self.hold_between_s:
@@ -598,14 +597,14 @@ class ScenarioConfig(_Strict):
         return self
 
     @model_validator(mode="after")
-    def _retrieval_consistent(self) -> "ScenarioConfig":
+    def _retrieval_consistent(self) -> ScenarioConfig:
         if (self.kind == "retrieval") != (self.retrieval is not None):
             raise ValueError("retrieval: give it exactly when kind is 'retrieval' "
                              f"(kind is {self.kind!r}; retrieval is {'set' if self.retrieval else 'missing'})")
         return self
 
     @model_validator(mode="after")
-    def _fault_consistent(self) -> "ScenarioConfig":  # issue #12
+    def _fault_consistent(self) -> ScenarioConfig:  # issue #12
         if (self.kind == "fault") != (self.fault is not None):
             raise ValueError("fault: give it exactly when kind is 'fault' "
                              f"(kind is {self.kind!r}; fault is {'set' if self.fault else 'missing'})")
@@ -624,7 +623,7 @@ class ScenarioConfig(_Strict):
         return data
 
     @model_validator(mode="after")
-    def _wave_consistent(self) -> "ScenarioConfig":  # issue #4
+    def _wave_consistent(self) -> ScenarioConfig:  # issue #4
         if self.kind not in WAVE_KINDS:
             if self.wave is not None:
                 raise ValueError(f"wave: only for kind prefix-wave or pressure-wave (kind is {self.kind!r})")
@@ -694,7 +693,7 @@ class RigConfig(_Strict):
         raise KeyError(name)
 
     @model_validator(mode="after")
-    def _mooncake(self) -> "RigConfig":  # issue #3: the only Mooncake validator
+    def _mooncake(self) -> RigConfig:  # issue #3: the only Mooncake validator
         """Refuse at config time what cannot work with Mooncake (rig.plan.mooncake.config_problems):
         mooncake-p2p on cpu, colliding Mooncake ports, store scenarios on a non-store topology."""
         from rig.plan import mooncake
@@ -705,7 +704,7 @@ class RigConfig(_Strict):
         return self
 
     @model_validator(mode="after")
-    def _attach_names(self) -> "RigConfig":  # issue #15
+    def _attach_names(self) -> RigConfig:  # issue #15
         names = [i.name for _, i in self.instances()]
         for section in ("endpoints", "logs"):
             unknown = sorted(set(getattr(self.attach, section)) - set(names))
@@ -715,7 +714,7 @@ class RigConfig(_Strict):
         return self
 
     @model_validator(mode="after")
-    def _consistent(self) -> "RigConfig":
+    def _consistent(self) -> RigConfig:
         names = [i.name for _, i in self.instances()]
         dup = {n for n in names if names.count(n) > 1}
         if dup:

@@ -15,11 +15,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from rig.observe import metrics as m
-from rig.transport.client import PDRecord
 from rig.config.schema import _Outcome
+from rig.observe import metrics as m
 from rig.observe.observations import ScenarioObservation
 from rig.observe.parity import ParityResult
+from rig.transport.client import PDRecord
 
 # Which metrics each metric check reads (rig/observe/metrics.py names): missing on the instance it
 # looks at -> that check is "not checked" (issue #9 item 5).
@@ -111,7 +111,7 @@ def parity_check(records: list[PDRecord], parity: list[ParityResult | None], wha
     Failed on the requests that diverged or were refused a comparison, and on every request
     when none was answered; not checked when no request diverged but a reference is missing
     (the rig could not compare)."""
-    answered = [(r, p) for r, p in zip(records, parity + [None] * len(records)) if r.outcome == "ok"]
+    answered = [(r, p) for r, p in zip(records, parity + [None] * len(records), strict=False) if r.outcome == "ok"]
     if not answered:
         return Check("parity", False, "no answer to compare", tuple(r.request_id for r in records))
     bad = [(r, p) for r, p in answered if p is not None and p.status != "equal"]

@@ -18,8 +18,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from rig.config.schema import (CrashSignature, HttpErrorSignature, StaleKvSignature, StallSignature,
-                        WrongOutputSignature)
+from rig.config.schema import CrashSignature, HttpErrorSignature, StaleKvSignature, StallSignature, WrongOutputSignature
 from rig.observe.observations import ScenarioObservation
 from rig.observe.parity import ParityResult
 from rig.observe.stall import StallFacts

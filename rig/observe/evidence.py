@@ -24,9 +24,9 @@ from dataclasses import dataclass, field
 
 import httpx
 
-from rig.observe import metrics as m
-from rig.cluster.processes import FATAL_PATTERNS, KV_INTEGRITY_PATTERNS, Cluster
 from rig.cluster.logs import first_fatal_line, matching_lines
+from rig.cluster.processes import FATAL_PATTERNS, KV_INTEGRITY_PATTERNS, Cluster
+from rig.observe import metrics as m
 from rig.observe.observations import ScenarioObservation
 
 UNKNOWN_VERSION = "unknown"

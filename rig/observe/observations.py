@@ -18,8 +18,8 @@ from typing import Any
 import httpx
 
 from rig.observe import metrics as m
-from rig.transport.client import PDRecord
 from rig.observe.parity import ParityResult
+from rig.transport.client import PDRecord
 
 
 @dataclass
@@ -113,7 +113,7 @@ class TransferEvidence:
     spec_drafts: float = 0.0
 
     @classmethod
-    def between(cls, before: m.MetricSnapshot, after: m.MetricSnapshot) -> "TransferEvidence":
+    def between(cls, before: m.MetricSnapshot, after: m.MetricSnapshot) -> TransferEvidence:
         """Deltas of the transfer counters from ``before`` to ``after`` (same instance)."""
         return cls(
             nixl_bytes=m.delta(before, after, m.NIXL_BYTES_SUM),
@@ -178,7 +178,7 @@ class SnapshotStore:
     def __init__(self, run_dir: str | Path):
         self.dir = Path(run_dir) / "metrics"
         self.dir.mkdir(parents=True, exist_ok=True)
-        self._timeline = open(self.dir / "timeline.jsonl", "a")
+        self._timeline = open(self.dir / "timeline.jsonl", "a")  # noqa: SIM115 - appended to until close()
 
     def save(self, label: str, snap: m.MetricSnapshot) -> None:
         """Write ``snap``'s raw text as ``metrics/<label>-<instance>.prom``."""

@@ -26,8 +26,8 @@ The detector is pure (``feed`` snapshots, get a verdict) so it is tested on reco
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 from rig.observe import metrics as m
 
@@ -75,7 +75,7 @@ class StallFacts:
     block_size: int | None = None
 
     @classmethod
-    def of(cls, s: m.MetricSnapshot, duration_s: float) -> "StallFacts":
+    def of(cls, s: m.MetricSnapshot, duration_s: float) -> StallFacts:
         """The facts of snapshot ``s`` frozen for ``duration_s`` seconds."""
         info = cache_info(s)
         return cls(instance=s.instance, waiting=s.value(m.WAITING), running=s.value(m.RUNNING),

@@ -24,8 +24,8 @@ Modes of :func:`kv_transfer_config`:
 from __future__ import annotations
 
 import ctypes
-import json
 import importlib.util
+import json
 import os
 import shutil
 import sys

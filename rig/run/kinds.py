@@ -9,20 +9,21 @@ judge reads (wave statistics, store counters, retrieval rates). Adding a kind = 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Awaitable, Callable
+from typing import Any
 
 import httpx
 
-from rig.observe import metrics as m
-from rig.transport.client import PDClient, PDRecord
 from rig.cluster.processes import Cluster
 from rig.config.schema import RigConfig, ScenarioConfig
 from rig.judge.early_verdict import AdmissionReasoning
-from rig.observe.observations import ScenarioObservation, SnapshotStore
 from rig.judge.signatures import BlockFacts
 from rig.judge.verdict import Check, ScenarioVerdict, judge
+from rig.observe import metrics as m
+from rig.observe.observations import ScenarioObservation, SnapshotStore
+from rig.transport.client import PDClient, PDRecord
 from rig.workload.edge import Endpoint, flush_prefill_pool, run_edge
 from rig.workload.prompts import seed_of
 

@@ -24,8 +24,17 @@ import time
 from datetime import datetime, timezone
 from pathlib import Path
 
-from rig.cluster.builds import (DEFAULT_BUILDS_FILE, BuildError, Builder, BuildsFile, SuiteSpec, apply_fixes,
-                        builds_dir, fixed_note, load_builds)
+from rig.cluster.builds import (
+    DEFAULT_BUILDS_FILE,
+    Builder,
+    BuildError,
+    BuildsFile,
+    SuiteSpec,
+    apply_fixes,
+    builds_dir,
+    fixed_note,
+    load_builds,
+)
 from rig.cluster.preflight import preflight
 from rig.config.schema import ConfigError, RigConfig, load_config
 from rig.report.grid import ENGINE_DEATH, BuildRuns, IssueRef, build_grid, render_junit, render_md
@@ -197,7 +206,7 @@ class Matrix:
                   else f"{spec.base} + {', '.join(spec.patches)}")
         return BuildRuns(name, reports, tuple(spec.fixes), stamp.get("vllm_version", spec.vllm or ""), source)
 
-    def write(self, builds: list[str], header: list[str]) -> "tuple[Path, bool]":
+    def write(self, builds: list[str], header: list[str]) -> tuple[Path, bool]:
         """Write matrix.md / matrix.json / junit.xml for ``builds``; returns (md path, passed)."""
         scenarios, issues = self.grid_inputs()
         grid = build_grid([self.collect(b) for b in builds], scenarios, issues)

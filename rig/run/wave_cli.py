@@ -31,8 +31,8 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-from rig.transport import aio
 from rig.config.schema import ConfigError, RigConfig
+from rig.transport import aio
 
 DEFAULT_CONFIG = "configs/cpu-tiny.yaml"
 
@@ -182,12 +182,19 @@ async def _run(args: argparse.Namespace, cfg: RigConfig | None, sc: Any, ps: lis
                known: set[str], run_dir: Path) -> int:
     import httpx
 
+    from rig.judge.verdict import REQUIRED
     from rig.observe import metrics as m
     from rig.observe.observations import ScenarioObservation, SnapshotStore, TransferEvidence
     from rig.report.render import RunResult, print_summary, write_report
-    from rig.judge.verdict import REQUIRED
-    from rig.workload.waves import (cache_info, check_drains, judge_wave, run_wave, served_model, stall_settings,
-                                    usable_blocks_of)
+    from rig.workload.waves import (
+        cache_info,
+        check_drains,
+        judge_wave,
+        run_wave,
+        served_model,
+        stall_settings,
+        usable_blocks_of,
+    )
 
     endpoints = ps + ds
     http = httpx.AsyncClient(timeout=10.0)

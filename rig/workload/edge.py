@@ -18,13 +18,13 @@ from dataclasses import dataclass
 
 import httpx
 
-from rig.observe import metrics as m
-from rig.transport.client import Hop, PDClient, PDRecord, cancel_task, classify, prefill_failure
+from rig.config.request_fields import RequestFields
 from rig.config.schema import ScenarioConfig
+from rig.observe import metrics as m
 from rig.observe.observations import ScenarioObservation, SnapshotStore
 from rig.observe.parity import compare_hops
-from rig.config.request_fields import RequestFields
 from rig.observe.stall import EarlyRule, Stall, StallDetector
+from rig.transport.client import Hop, PDClient, PDRecord, cancel_task, classify, prefill_failure
 from rig.workload.prompts import make_prompt, seed_of
 
 

@@ -31,15 +31,15 @@ from typing import Any
 
 import httpx
 
-from rig.observe import metrics as m
-from rig.transport.client import PDRecord, cancel_task, classify, prefill_failure
 from rig.cluster.processes import ClusterError
-from rig.config.schema import ScenarioConfig
 from rig.config.faults import Fault
+from rig.config.request_fields import RequestFields
+from rig.config.schema import ScenarioConfig
+from rig.observe import metrics as m
 from rig.observe.observations import DrainResult, ScenarioObservation, wait_idle
 from rig.observe.parity import compare_hops
-from rig.config.request_fields import RequestFields
 from rig.observe.stall import StallDetector
+from rig.transport.client import PDRecord, cancel_task, classify, prefill_failure
 from rig.workload.edge import reference
 from rig.workload.prompts import make_prompt, seed_of
 

@@ -18,8 +18,8 @@ import re
 import string
 from dataclasses import dataclass, field
 
-from rig.transport.client import PDClient, PDRecord, classify
 from rig.observe.parity import ParityResult, compare
+from rig.transport.client import PDClient, PDRecord, classify
 from rig.workload.edge import Endpoint
 
 _FILLER = ("The committee reviewed the quarterly logistics report and noted steady progress on "

@@ -55,14 +55,14 @@ from typing import Any
 
 import httpx
 
-from rig.observe import metrics as m
-from rig.transport.client import Hop, PDClient, PDRecord, classify, prefill_failure
 from rig.config.schema import STORE_KINDS, RigConfig, ScenarioConfig, StoreScenarioConfig
+from rig.judge.checks import Check, alive_check, completion_checks, fatal_log_check, idle_check, parity_check
+from rig.judge.verdict import ScenarioVerdict, decide, expectation_of, judge
+from rig.observe import metrics as m
 from rig.observe.observations import ScenarioObservation, SnapshotStore
 from rig.observe.parity import compare
 from rig.observe.stall import StallDetector
-from rig.judge.checks import Check, alive_check, completion_checks, fatal_log_check, idle_check, parity_check
-from rig.judge.verdict import ScenarioVerdict, decide, expectation_of, judge
+from rig.transport.client import Hop, PDClient, PDRecord, classify, prefill_failure
 from rig.workload.edge import Endpoint, cancel_stalled
 from rig.workload.prompts import make_prompt, seed_of
 
@@ -299,7 +299,7 @@ class StoreContext:
 
     @classmethod
     def of(cls, cfg: RigConfig, cluster: Any, p: Endpoint, d: Endpoint, client: PDClient,
-           http: httpx.AsyncClient, snapshots: SnapshotStore | None, run_dir: str | Path) -> "StoreContext":
+           http: httpx.AsyncClient, snapshots: SnapshotStore | None, run_dir: str | Path) -> StoreContext:
         """Build the context from a running :class:`~rig.cluster.processes.Cluster` (finds the master)."""
         master = next((Endpoint(s.name, s.base_url) for s in cluster.plan.processes
                        if s.role == "mooncake-master"), None)
@@ -460,7 +460,7 @@ async def _run_batch(ctx: StoreContext, sc: ScenarioConfig, recs: list[PDRecord]
                     rec.verdict_after_s = time.monotonic() - rec.decode_sent_at
 
     done = asyncio.Event()
-    for rec, route in zip(recs, routes):
+    for rec, route in zip(recs, routes, strict=True):
         tasks[rec.request_id] = asyncio.create_task(one(rec, route))
     watcher = asyncio.create_task(_watch(ctx, sc, recs, tasks, done, so))
     try:
@@ -756,7 +756,7 @@ def store_checks(sc: ScenarioConfig, obs: ScenarioObservation, so: StoreObservat
                          f"mem_cache_hit_bytes +{so.master.get('mem_cache_hit_bytes', 0):,.0f}"))
     elif so.kind == "prefix-wave-store":
         routed = so.routes.count("store")
-        answered = sum(r.outcome == "ok" and route == "store" for r, route in zip(recs, so.routes))
+        answered = sum(r.outcome == "ok" and route == "store" for r, route in zip(recs, so.routes, strict=False))
         detail = (f"D took {so.d_store_tokens:.0f} prompt tokens from the store "
                   f"({_fmt_bytes(so.d_bytes_got)}) over {routed} store-routed requests ({answered} answered)")
         out.append(Check("store-loaded", so.d_store_tokens > 0 and so.d_bytes_got > 0, detail) if answered else

@@ -42,16 +42,32 @@ from typing import Any
 
 import httpx
 
-from rig.observe import metrics as m
 from rig.config.schema import RigConfig, ScenarioConfig, WaveConfig
-from rig.observe.observations import KV_EPS, DrainResult, ScenarioObservation, SnapshotStore, absent_gauges, idle_verdict, wait_idle
+from rig.judge.checks import (
+    KV_PULLED_METRICS,
+    PREFIX_HIT_METRICS,
+    Check,
+    alive_check,
+    fatal_log_check,
+    idle_check,
+    kv_integrity_check,
+    not_checked_for_metrics,
+)
+from rig.judge.signatures import facts_of_wave
+from rig.judge.verdict import ScenarioVerdict, decide, expectation_of, judge
+from rig.observe import metrics as m
+from rig.observe.observations import (
+    KV_EPS,
+    DrainResult,
+    ScenarioObservation,
+    SnapshotStore,
+    absent_gauges,
+    idle_verdict,
+    wait_idle,
+)
 from rig.observe.progress import WaveProgress
 from rig.observe.stall import StallEpisodes, cache_info  # noqa: F401  (cache_info: re-exported)
 from rig.observe.timeline import TimelineSampler, plot_timeline
-from rig.judge.checks import (KV_PULLED_METRICS, PREFIX_HIT_METRICS, Check, alive_check, fatal_log_check, idle_check,
-                        kv_integrity_check, not_checked_for_metrics)
-from rig.judge.signatures import facts_of_wave
-from rig.judge.verdict import ScenarioVerdict, decide, expectation_of, judge
 from rig.workload.edge import Endpoint
 from rig.workload.engine import WaveEngine, WaveRecord, WaveRequest, make_transport, plan_cancels
 from rig.workload.prompts import make_prompt, prefix_group_prompts, seed_of
@@ -326,7 +342,7 @@ async def run_wave(sc: ScenarioConfig, model: str, prefills: list[Endpoint], dec
     params["requests"] = len(requests)
     try:
         before = dict(zip([e.name for e in endpoints],
-                          await asyncio.gather(*(m.scrape(http, e.url, e.name) for e in endpoints))))
+                          await asyncio.gather(*(m.scrape(http, e.url, e.name) for e in endpoints)), strict=True))
     except (httpx.HTTPError, ValueError) as e:
         res.error = f"metrics unavailable before the wave: {type(e).__name__}: {e}"
         return res
@@ -376,7 +392,7 @@ async def run_wave(sc: ScenarioConfig, model: str, prefills: list[Endpoint], dec
             await prog.stop()
         try:
             after = dict(zip([e.name for e in endpoints],
-                             await asyncio.gather(*(m.scrape(http, e.url, e.name) for e in endpoints))))
+                             await asyncio.gather(*(m.scrape(http, e.url, e.name) for e in endpoints)), strict=True))
         except (httpx.HTTPError, ValueError) as e:
             res.error = f"metrics unavailable after the wave: {type(e).__name__}: {e}"
         for name, snap in after.items():
