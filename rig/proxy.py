@@ -329,10 +329,8 @@ class PDProxy:
                 err = {"error": {"message": f"decode instance {d.name} broke off its stream: "
                                             f"{type(e).__name__}: {e}", "type": "BadGatewayError",
                                  "param": None, "code": 502, "hop": "decode"}}
-                try:
+                with contextlib.suppress(ConnectionResetError):
                     await out.write(f"data: {json.dumps(err)}\n\n".encode())
-                except ConnectionResetError:
-                    pass
                 return out
             try:
                 await out.write(chunk)

@@ -26,6 +26,7 @@ under ``/work/bin/live`` on the team box (``make bench``).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import signal
@@ -195,20 +196,14 @@ def bare_startup(config: str, overrides: list[str], work: Path, names: list[str]
 def _stop(procs: list[subprocess.Popen], grace_s: float = 10.0) -> None:
     """SIGTERM every process group, SIGKILL what is left after ``grace_s``."""
     for p in procs:
-        try:
+        with contextlib.suppress(ProcessLookupError):
             os.killpg(p.pid, signal.SIGTERM)
-        except ProcessLookupError:
-            pass
     deadline = time.monotonic() + grace_s
     for p in procs:
-        try:
+        with contextlib.suppress(subprocess.TimeoutExpired):
             p.wait(timeout=max(0.1, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            pass
-        try:
+        with contextlib.suppress(ProcessLookupError):
             os.killpg(p.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
 
 
 def run_suite(config: str, overrides: list[str], scenarios: list[str], root: Path) -> dict[str, Any]:

@@ -20,6 +20,7 @@ asserted: speed is measured here, never in tests.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import platform
@@ -37,11 +38,9 @@ PY = sys.executable
 def machine() -> str:
     """'<CPU model>, <n> usable CPUs, <m> GiB RAM, <kernel>' from /proc (Linux)."""
     model = "unknown CPU"
-    try:
+    with contextlib.suppress(OSError, StopIteration):
         model = next(ln.split(":", 1)[1].strip() for ln in Path("/proc/cpuinfo").read_text().splitlines()
                      if ln.startswith("model name"))
-    except (OSError, StopIteration):
-        pass
     try:
         kib = int(next(ln.split()[1] for ln in Path("/proc/meminfo").read_text().splitlines()
                        if ln.startswith("MemTotal")))

@@ -24,6 +24,7 @@ Lock files stay in the directory after release (an unlocked file is free); only 
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import os
 from pathlib import Path
@@ -125,10 +126,8 @@ class PortReservation:
     def release(self) -> None:
         """Drop every lock this reservation holds (safe to call more than once)."""
         for fd in self._fds.values():
-            try:
+            with contextlib.suppress(OSError):
                 os.close(fd)  # closing the last descriptor releases the flock
-            except OSError:
-                pass
         self._fds.clear()
 
 

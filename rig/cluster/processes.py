@@ -16,6 +16,7 @@ uses ``pkill -f``: it kills only the process groups it created.
 from __future__ import annotations
 
 import atexit
+import contextlib
 import os
 import signal
 import socket
@@ -132,10 +133,8 @@ def lower_group_priority(pid: int, nice: int) -> None:
     nice set, and at most 11 ms with the autogroup nice. Failures (no autogroup, no
     permission) are ignored: priority is an aid, not a requirement.
     """
-    try:
+    with contextlib.suppress(OSError):
         Path(f"/proc/{pid}/autogroup").write_text(str(nice))
-    except OSError:
-        pass
 
 
 def _threads_of(pid: int, include_self: bool) -> list[int]:
@@ -391,10 +390,8 @@ class Cluster:
             append_marker(r.spec.log_path, stop_marker(r.spec.name))
         kill_groups({r.popen.pid for r in runs}, self.grace_s, reap=lambda: [r.popen.poll() for r in runs])
         for r in runs:
-            try:
+            with contextlib.suppress(subprocess.TimeoutExpired):
                 r.popen.wait(timeout=5)
-            except subprocess.TimeoutExpired:
-                pass
             self._reaper.remove(r.popen.pid)
 
     def stop_all(self) -> None:
@@ -418,10 +415,8 @@ class Cluster:
         if self.attach or run is None or run.popen is None:
             raise ClusterError(f"cannot signal {name}: " + ("attach mode (the rig did not start it)" if self.attach
                                                             else "not started by this cluster"))
-        try:
+        with contextlib.suppress(ProcessLookupError):
             os.killpg(run.popen.pid, sig)
-        except ProcessLookupError:
-            pass
         return run.popen.pid
 
     def restart(self, name: str) -> float:

@@ -26,6 +26,7 @@ The detector is pure (``feed`` snapshots, get a verdict) so it is tested on reco
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -44,10 +45,8 @@ def cache_info(snap: m.MetricSnapshot) -> dict[str, int]:
             d = dict(labels)
             out = {}
             for k in ("num_gpu_blocks", "block_size"):
-                try:
+                with contextlib.suppress(KeyError, ValueError):
                     out[k] = int(d[k])
-                except (KeyError, ValueError):
-                    pass
             return out
     return {}
 

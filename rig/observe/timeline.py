@@ -14,6 +14,7 @@ Rows use the keys of ``timeline.jsonl`` (metric names without ``vllm:``), plus `
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import time
 from pathlib import Path
@@ -90,10 +91,8 @@ class TimelineSampler:
         while not self._stop.is_set():
             t = time.monotonic()
             await self.sample_once()
-            try:
+            with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._stop.wait(), max(0.0, self.interval_s - (time.monotonic() - t)))
-            except TimeoutError:
-                pass
 
     def start(self) -> None:
         """Start sampling in the background (the first sample is taken at once)."""

@@ -22,6 +22,7 @@ Wire-up in rig/cli.py ``build_parser``: ``from rig.run.wave_cli import add_wave_
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import shutil
 import sys
@@ -235,10 +236,8 @@ async def _run(args: argparse.Namespace, cfg: RigConfig | None, sc: Any, ps: lis
                               **(stall_settings(cfg) if cfg else {}))
         after = {}
         for e in ds:
-            try:
+            with contextlib.suppress(httpx.HTTPError):
                 after[e.name] = await m.scrape(http, e.url, e.name)
-            except httpx.HTTPError:
-                pass
         ev = None
         for e in ds:
             if e.name in after:
@@ -250,17 +249,13 @@ async def _run(args: argparse.Namespace, cfg: RigConfig | None, sc: Any, ps: lis
                   file=sys.stderr, flush=True)
         wave.drains = await check_drains(http, endpoints, wave.baseline_kv, drain_s)
         for e in endpoints:
-            try:
+            with contextlib.suppress(httpx.HTTPError):
                 store.save(f"{sc.name}-idle", await m.scrape(http, e.url, e.name))
-            except httpx.HTTPError:
-                pass
         obs = ScenarioObservation(scenario=sc.name, decode=",".join(e.name for e in ds),
                                   prefill=",".join(e.name for e in ps), evidence=ev, drains=wave.drains,
                                   wall_s=time.monotonic() - t0, error="" if wave.records else wave.error)
-        try:
+        with contextlib.suppress(httpx.HTTPError, ValueError):
             obs.vllm_version = (await http.get(ds[0].url + "/version")).json().get("version", "")
-        except (httpx.HTTPError, ValueError):
-            pass
         result = RunResult(name=f"wave-{args.kind}", run_dir=str(run_dir), vllm_version=obs.vllm_version,
                            config={"scenario": sc.model_dump(mode="json"), "model": model,
                                    "prefill": {e.name: e.url for e in ps}, "decode": {e.name: e.url for e in ds},

@@ -45,6 +45,7 @@ block: no store key) that makes it step once ("stats flush").
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import json
 import time
@@ -409,10 +410,8 @@ async def _watch(ctx: StoreContext, sc: ScenarioConfig, records: list[PDRecord],
             if stall:
                 await cancel_stalled(records, tasks, stall)
                 return stall.diagnosis
-        try:
+        with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(done.wait(), t.metrics_interval_s)
-        except TimeoutError:
-            pass
     return ""
 
 

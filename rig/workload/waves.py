@@ -30,6 +30,7 @@ Files (under ``<run_dir>/waves/``): ``<scenario>-records.jsonl`` (one line per r
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import math
 import random
@@ -740,10 +741,8 @@ def wave_section(wave: WaveResult, verdict: ScenarioVerdict | None = None, link_
     for label, p in (("records", wave.records_path), ("timeline", wave.timeline_png)):
         if p:
             rel = Path(p)
-            try:
+            with contextlib.suppress(ValueError):
                 rel = rel.relative_to(base if base is not None else Path(p).parent.parent)
-            except ValueError:
-                pass
             lines.append("")
             lines.append(f"![{wave.scenario} timeline]({rel.as_posix()})" if label == "timeline"
                          else f"- records: [{rel.as_posix()}]({rel.as_posix()})")
