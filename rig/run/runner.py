@@ -232,8 +232,8 @@ class SuiteRunner:
         timeouts = self.cfg.timeouts
         store = SnapshotStore(self.run_dir)
         client = PDClient(self.cfg.model.served_name, timeout_s=max(timeouts.request_s, 5.0))
-        # A fresh connection per scrape: on a keep-alive connection, D's /metrics answered up to
-        # 4.6 s late during the 0.32.0 livelock on a 2-core host, against < 1 s for new ones.
+        # A fresh connection per scrape: on a keep-alive connection D's /metrics answered seconds
+        # late during the 0.32.0 livelock, new connections did not (docs/vllm-cpu-facts.md "CPU hosts").
         http = httpx.AsyncClient(timeout=10.0, limits=httpx.Limits(max_keepalive_connections=0))
         extra = [p.name for p in plan.processes if p.role == "mooncake-master"]
         try:

@@ -212,8 +212,8 @@ class _Exchange:
         sent = rec.decode_sent_at or time.monotonic()
         if f.trigger.event == "decode-sent":
             target = sent + f.trigger.after_ms / 1000
-            # asyncio runs a timer up to its clock resolution early (measured live: 19.8 ms for a
-            # 20 ms trigger): sleep again until the event has really come, never fire before it.
+            # asyncio runs a timer up to its clock resolution early (seen live: docs/faults.md):
+            # sleep again until the event has really come, never fire before it.
             while (now := time.monotonic()) < target:
                 await asyncio.sleep(target - now)
             ev.event_at = time.monotonic()
