@@ -219,7 +219,8 @@ def _up_proxy(args: argparse.Namespace, plan, names: list[str], cluster: Cluster
         return None
     from rig.proxy import PDProxy, ProxyThread
 
-    pools = {role: [(n, cluster.url(n)) for n in names if plan.by_name(n).role == role] for role in ("prefill", "decode")}
+    pools = {role: [(n, cluster.url(n)) for n in names if plan.by_name(n).role == role]
+             for role in ("prefill", "decode")}
     front = ProxyThread(PDProxy(pools["prefill"], pools["decode"], args.proxy_policy), "127.0.0.1", args.proxy).start()
     print(f"{'proxy':16s} {'pdrig proxy':16s} {front.url}  (OpenAI API: /v1/completions, /v1/chat/completions)")
     return front

@@ -207,7 +207,8 @@ class PDProxy:
         b = self.decode.backends[0]
         try:
             async with self.session.get(b.url + request.path) as r:
-                return _relay(r.status, await r.read(), r.headers.get("Content-Type", ""), None, {DECODE_HEADER: b.name})
+                return _relay(r.status, await r.read(), r.headers.get("Content-Type", ""), None,
+                              {DECODE_HEADER: b.name})
         except (aiohttp.ClientError, TimeoutError) as e:
             return error_response(502, f"decode instance {b.name} ({b.url}): {type(e).__name__}: {e}",
                                   "decode", "BadGatewayError")

@@ -226,7 +226,9 @@ def run_suite(config: str, overrides: list[str], scenarios: list[str], root: Pat
 
 
 def _fmt(s: dict[str, float] | None, unit: str = "") -> str:
-    return "-" if not s else f"min {s['min']:.2f}{unit} median {s['median']:.2f}{unit} max {s['max']:.2f}{unit} (n={s['n']})"
+    if not s:
+        return "-"
+    return f"min {s['min']:.2f}{unit} median {s['median']:.2f}{unit} max {s['max']:.2f}{unit} (n={s['n']})"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -263,7 +265,8 @@ def main(argv: list[str] | None = None) -> int:
         n_pre = len({s.prefill or cfg.prefill[0].name for s in scen})
         result["floor"] = floor_of(bare, n_pre, n_dec, len(os.sched_getaffinity(0)))
         if args.bare_all:
-            names = sorted({s.prefill or cfg.prefill[0].name for s in scen} | {s.decode or cfg.decode[0].name for s in scen})
+            names = sorted({s.prefill or cfg.prefill[0].name for s in scen}
+                           | {s.decode or cfg.decode[0].name for s in scen})
             every = bare_startup(args.config, args.overrides, work, names=names, pin=False)
             result["bare_all"] = {**every, "ratio_to_pair": every["pair_ready_s"] / bare["pair_ready_s"]}
             print(f"every instance at once, unpinned ({', '.join(names)}): {every['pair_ready_s']:.1f} s = "

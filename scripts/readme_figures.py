@@ -129,7 +129,8 @@ def measure_wave(config: str, requests: int, concurrency: int) -> list[str]:
             time.sleep(0.5)
         up_s = time.monotonic() - t0
         wave_cmd = rig("wave", "pressure", "--endpoints",
-                       str(endpoints.relative_to(ROOT)) if endpoints.is_relative_to(ROOT) else str(endpoints), "--config", config,
+                       str(endpoints.relative_to(ROOT)) if endpoints.is_relative_to(ROOT) else str(endpoints),
+                       "--config", config,
                        "--requests",
                        str(requests), "--concurrency", str(concurrency), "--quiet")
         t1 = time.monotonic()

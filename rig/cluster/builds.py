@@ -370,7 +370,8 @@ def apply_patch(patch: Path, site: Path) -> None:
     missing = [f for f in files if not (site / f).is_file()]
     if missing:
         raise BuildError(f"{patch}: does not apply: {', '.join(missing)} not found under {site}")
-    cmd = ["patch", "-p1", "--forward", "--batch", "--no-backup-if-mismatch", "-r", "-", "-i", str(patch), "-d", str(site)]
+    cmd = ["patch", "-p1", "--forward", "--batch", "--no-backup-if-mismatch", "-r", "-", "-i", str(patch),
+           "-d", str(site)]
     dry = subprocess.run([*cmd, "--dry-run"], capture_output=True, text=True)
     if dry.returncode != 0:
         raise BuildError(f"{patch}: does not apply to {site}: {_hunk_failures(dry.stdout + dry.stderr)}")

@@ -190,7 +190,8 @@ class AttachConfig(_Strict):
     """``pdrig e2e --attach``: judge a deployment the rig did not start (rig/cli.py cmd_e2e).
 
     ``endpoints`` replaces an instance's ``http://host:port`` (default: the config's host and
-    port; rig.plan.processes.with_endpoints); ``logs`` says where its log is (rig.cluster.logs.attach_log_source). An instance without a log source has its log checks
+    port; rig.plan.processes.with_endpoints); ``logs`` says where its log is
+    (rig.cluster.logs.attach_log_source). An instance without a log source has its log checks
     "not checked". Both are keyed by instance name and used only with ``--attach``.
     """
 
@@ -355,7 +356,8 @@ class WrongOutputSignature(_Signature):
     kind: Literal["wrong-output"]
 
 
-Signature = Annotated[StallSignature | HttpErrorSignature | CrashSignature | StaleKvSignature | WrongOutputSignature, Field(discriminator="kind")]
+Signature = Annotated[StallSignature | HttpErrorSignature | CrashSignature | StaleKvSignature | WrongOutputSignature,
+                      Field(discriminator="kind")]
 
 
 class KnownIssue(_Strict):
@@ -565,7 +567,8 @@ class ScenarioConfig(_Strict):
     wave: WaveConfig | None = Field(None, description="prefix-wave / pressure-wave settings (issue #4)")
     store: StoreScenarioConfig | None = Field(None, description="store kinds' settings (issue #3)")
     retrieval: RetrievalConfig | None = Field(None, description="kind retrieval's settings (issue #5)")
-    fault: FaultScenarioConfig | None = Field(None, description="kind fault's settings (issue #12, rig/config/faults.py)")
+    fault: FaultScenarioConfig | None = Field(
+        None, description="kind fault's settings (issue #12, rig/config/faults.py)")
     request: RequestFields | None = Field(
         None, description="extra completions fields per hop: all / prefill / decode / reference, passed "
                           "through unchanged (issue #12, rig/config/request_fields.py)")

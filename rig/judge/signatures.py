@@ -191,7 +191,8 @@ def _http(sig: HttpErrorSignature, reqs: list[RequestFacts]) -> Match:
             hits.append(r.request_id)
         else:
             seen.append(f"{r.request_id}: {r.outcome} on {r.hop or '-'}" + (f" {r.error[:120]}" if r.error else ""))
-    expected = f"HTTP {sig.status or 'error'} on the {sig.hop} hop" + (f" matching /{sig.message}/" if sig.message else "")
+    expected = (f"HTTP {sig.status or 'error'} on the {sig.hop} hop"
+                + (f" matching /{sig.message}/" if sig.message else ""))
     first = next((r for r in reqs if r.request_id in hits), None)
     return Match(frozenset(hits), REQUEST_CHECKS, frozenset(sig.excuses),
                  seen="; ".join(seen) or "no HTTP error", expected=expected,

@@ -168,7 +168,8 @@ class MetricPresence:
         if not parts:
             return ""
         return ("metrics the checks read are missing: " + "; ".join(parts) +
-                " (rig/observe/metrics.py REQUIRED_METRICS: a renamed metric needs the rig updated for this vLLM version)")
+                " (rig/observe/metrics.py REQUIRED_METRICS: a renamed metric needs the rig updated "
+                "for this vLLM version)")
 
 
 async def metric_presence(http: httpx.AsyncClient, cluster: Cluster, roles: dict[str, str],

@@ -3,8 +3,8 @@ the master process / per-instance files and environment that rig.plan.processes 
 
 Nothing here imports vLLM, torch or the ``mooncake`` package (importing ``mooncake.store``
 already needs ``libibverbs.so.1``); the builders are pure, :func:`master_binary` looks for the
-binary on disk and :func:`preflight` / :func:`missing_system_libraries` probe the machine. The rules below were read from vLLM
-0.32.0's source (``vllm/distributed/mooncake_store.py``,
+binary on disk and :func:`preflight` / :func:`missing_system_libraries` probe the machine. The
+rules below were read from vLLM 0.32.0's source (``vllm/distributed/mooncake_store.py``,
 ``vllm/distributed/kv_transfer/kv_connector/v1/{multi_connector.py,mooncake/,nixl/}``,
 ``vllm/config/kv_transfer.py``) and checked with live CPU servers and
 ``mooncake-transfer-engine-non-cuda==0.3.13.post1``; docs/mooncake-notes.md has the

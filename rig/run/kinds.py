@@ -59,7 +59,8 @@ def block_facts(cfg: RigConfig, decode: str) -> BlockFacts:
     from rig.workload.waves import usable_blocks_of
 
     spec = cfg.instance(decode).speculative
-    return BlockFacts(block_size=cfg.instance(decode).block_size or cfg.block_size, usable_blocks=usable_blocks_of(cfg, [decode])[decode],
+    return BlockFacts(block_size=cfg.instance(decode).block_size or cfg.block_size,
+                      usable_blocks=usable_blocks_of(cfg, [decode])[decode],
                       num_speculative_tokens=spec.num_speculative_tokens if spec else 0,
                       max_model_len=cfg.max_model_len)
 
@@ -170,7 +171,8 @@ def _judge_retrieval(sc: ScenarioConfig, obs: ScenarioObservation, result: Any, 
     if result is not None:
         pd, ref = result.rates()
         sections.append(f"### Retrieval `{sc.name}`\n\n| requests compared | P/D retrieved | reference retrieved |\n"
-                        f"|---|---|---|\n| {result.compared} | {result.pd_hits} ({pd:.0%}) | {result.ref_hits} ({ref:.0%}) |\n")
+                        f"|---|---|---|\n| {result.compared} | {result.pd_hits} ({pd:.0%}) "
+                        f"| {result.ref_hits} ({ref:.0%}) |\n")
     return v
 
 

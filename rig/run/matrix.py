@@ -193,7 +193,8 @@ class Matrix:
                     scenarios.append(sc.name)
                     ki = sc.known_issue
                     if ki is not None:
-                        issues[sc.name] = IssueRef(ki.id, ki.affects, ki.symptom.kind)  # the signature's kind (rig.judge.signatures)
+                        # the symptom is the signature's kind (rig.judge.signatures)
+                        issues[sc.name] = IssueRef(ki.id, ki.affects, ki.symptom.kind)
         return scenarios, issues
 
     def collect(self, name: str) -> BuildRuns:
@@ -239,8 +240,10 @@ def cmd_matrix(args) -> int:
         for b in builds:
             m.run_build(b, args.resume)
     wall = time.monotonic() - t0
-    header = [f"written {datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC by `pdrig {' '.join(sys.argv[1:]) or 'matrix'}`",
-              f"config {args.config}" + (f" with {' '.join('--set ' + o for o in args.overrides)}" if args.overrides else ""),
+    invocation = " ".join(sys.argv[1:]) or "matrix"
+    sets = " ".join("--set " + o for o in args.overrides)
+    header = [f"written {datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC by `pdrig {invocation}`",
+              f"config {args.config}" + (f" with {sets}" if args.overrides else ""),
               f"this invocation ran for {wall:.0f} s" + (" (report only)" if args.report_only else "")]
     md, passed = m.write(builds, header)
     print(md.read_text())

@@ -16,8 +16,8 @@ scenario is cancelled (and the rig's teardown continues stopped groups: rig.clus
 Then the recovery checks: a fresh P/D request served with parity over KV D really pulled, and
 then every instance back to idle (waiting 0, running 0, KV usage at its pre-scenario baseline)
 within ``nixl.kv_lease_duration + fault.idle_margin_s`` (P may hold an abandoned request's
-blocks until its lease expires). The checks (:func:`rig.judge.fault_checks.fault_checks`) go through the one verdict engine
-(:func:`rig.judge.verdict.judge`), so a known issue excuses only the symptom it names.
+blocks until its lease expires). The checks (:func:`rig.judge.fault_checks.fault_checks`) go
+through the one verdict engine (:func:`rig.judge.verdict.judge`), so a known issue excuses only the symptom it names.
 """
 
 from __future__ import annotations

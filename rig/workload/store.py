@@ -514,7 +514,8 @@ async def _roundtrip(sc: ScenarioConfig, st: StoreScenarioConfig, ctx: StoreCont
         base = await _master_snap(ctx)
         rec.prefill = await ctx.client.direct(ctx.p.name, ctx.p.url, rec.prompt, sc.max_tokens)
         if classify(rec.prefill) != "ok":
-            rec.outcome, rec.diagnosis = classify(rec.prefill), f"P (store writer): {rec.prefill.error or 'empty answer'}"
+            rec.outcome = classify(rec.prefill)
+            rec.diagnosis = f"P (store writer): {rec.prefill.error or 'empty answer'}"
             continue
         refs[rec.request_id] = rec.prefill
         keys = n // bs
@@ -819,8 +820,9 @@ def store_section(sc: ScenarioConfig, obs: ScenarioObservation, so: StoreObserva
         ("master valid/total GETs", _ratio(so.master_get_ratio)),
         ("D preemptions (counter / running->waiting seen)", f"{so.d.get('preemptions', 0):.0f} / {so.requeues_seen}"),
         ("D NIXL bytes", f"{so.d.get('nixl_bytes', 0):,.0f}"),
-        ("master keys / allocated / capacity", f"{ma.get('key_count', 0):.0f} / {_fmt_bytes(ma.get('allocated_bytes', 0))}"
-                                               f" / {_fmt_bytes(ma.get('capacity_bytes', 0))}"),
+        ("master keys / allocated / capacity",
+         f"{ma.get('key_count', 0):.0f} / {_fmt_bytes(ma.get('allocated_bytes', 0))}"
+         f" / {_fmt_bytes(ma.get('capacity_bytes', 0))}"),
         ("master put_end / get_replica_list items", f"+{so.master.get('put_end_items', 0):.0f} / "
                                                     f"+{so.master.get('get_replica_list_items', 0):.0f}"),
         ("master evicted keys / alloc failures", f"+{so.master.get('evicted_keys', 0):.0f} / "
