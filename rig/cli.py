@@ -23,6 +23,7 @@ import argparse
 import json
 import sys
 import time
+from datetime import UTC
 from pathlib import Path
 
 from rig.cluster.preflight import cpu_problem, preflight
@@ -294,12 +295,12 @@ def cmd_compose(args: argparse.Namespace) -> int:
 
 def cmd_k8s(args: argparse.Namespace) -> int:
     """Render the config's plan as Kubernetes manifests (rig/plan/k8s.py) to stdout or ``-o FILE``."""
-    from datetime import datetime, timezone
+    from datetime import datetime
 
     from rig.plan import k8s
 
     cfg = load_config(args.config, args.overrides)
-    run_id = args.run_id or datetime.now(timezone.utc).strftime("r%m%d-%H%M%S")
+    run_id = args.run_id or datetime.now(UTC).strftime("r%m%d-%H%M%S")
     text = k8s.k8s_yaml(cfg, run_id, args.namespace, args.image)
     if args.output == "-":
         sys.stdout.write(text)

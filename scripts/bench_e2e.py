@@ -34,7 +34,7 @@ import statistics
 import subprocess
 import sys
 import time
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -247,10 +247,10 @@ def main(argv: list[str] | None = None) -> int:
     from rig.config.schema import load_config
 
     cfg = load_config(args.config, args.overrides)
-    stamp = datetime.now(timezone.utc).strftime("%Y%m%d-%H%M%S")
+    stamp = datetime.now(UTC).strftime("%Y%m%d-%H%M%S")
     work = ROOT / "runs" / "bench" / f"e2e-{stamp}"
     work.mkdir(parents=True, exist_ok=True)
-    result: dict[str, Any] = {"date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+    result: dict[str, Any] = {"date": datetime.now(UTC).isoformat(timespec="seconds"),
                               "command": " ".join([Path(sys.executable).name, *sys.argv]),
                               "config": args.config, "overrides": args.overrides, "cpus": os.cpu_count(),
                               "loadavg_before": os.getloadavg()}

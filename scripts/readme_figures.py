@@ -28,7 +28,7 @@ import signal
 import subprocess
 import sys
 import time
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -167,7 +167,7 @@ def main() -> int:
     ap.add_argument("--concurrency", type=int, default=16, help="manual wave: concurrency (default 16)")
     ap.add_argument("--append", type=Path, help="also append the section to this file (e.g. docs/measurements.md)")
     args = ap.parse_args()
-    stamp = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    stamp = datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")
     lines = [f"## {stamp}: `scripts/readme_figures.py`{' --only ' + args.only if args.only else ''}", "",
              f"Machine: {machine()}; {vllm_version()}; config `{args.config}`.", ""]
     if args.only in (None, "e2e"):

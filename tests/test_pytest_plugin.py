@@ -12,10 +12,10 @@ import os
 import re
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
 
 import pytest
-import tomllib
 
 from conftest import LIVELOCK, ROOT, fake_config, kill_pids, wait_no_survivors, write_config
 

@@ -18,7 +18,7 @@ import re
 import subprocess
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
@@ -81,7 +81,7 @@ _TEARDOWN = re.compile(rf"^{re.escape(STOP_MARKER)} .*?(?=^{re.escape(START_MARK
 
 
 def _now() -> str:
-    return datetime.now(timezone.utc).isoformat(timespec="seconds")
+    return datetime.now(UTC).isoformat(timespec="seconds")
 
 
 def start_marker(instance: str, pid: int) -> str:

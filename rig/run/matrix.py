@@ -21,7 +21,7 @@ import json
 import re
 import sys
 import time
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 from rig.cluster.builds import (
@@ -242,7 +242,7 @@ def cmd_matrix(args) -> int:
     wall = time.monotonic() - t0
     invocation = " ".join(sys.argv[1:]) or "matrix"
     sets = " ".join("--set " + o for o in args.overrides)
-    header = [f"written {datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC by `pdrig {invocation}`",
+    header = [f"written {datetime.now(UTC):%Y-%m-%d %H:%M} UTC by `pdrig {invocation}`",
               f"config {args.config}" + (f" with {sets}" if args.overrides else ""),
               f"this invocation ran for {wall:.0f} s" + (" (report only)" if args.report_only else "")]
     md, passed = m.write(builds, header)
