@@ -203,10 +203,16 @@ class PDProxy:
     async def _metrics(self, _request: web.Request) -> web.Response:
         return web.Response(body=generate_latest(self.metrics.registry), headers={"Content-Type": CONTENT_TYPE_LATEST})
 
+    def _session(self) -> aiohttp.ClientSession:
+        """The client session the app's start-up created; RuntimeError before start-up."""
+        if self.session is None:
+            raise RuntimeError("PDProxy: the client session is created when the app starts (PDProxy.app)")
+        return self.session
+
     async def _relay_get(self, request: web.Request) -> web.Response:
         b = self.decode.backends[0]
         try:
-            async with self.session.get(b.url + request.path) as r:
+            async with self._session().get(b.url + request.path) as r:
                 return _relay(r.status, await r.read(), r.headers.get("Content-Type", ""), None,
                               {DECODE_HEADER: b.name})
         except (aiohttp.ClientError, TimeoutError) as e:
@@ -259,7 +265,7 @@ class PDProxy:
         """P's ``kv_transfer_params``; raises :class:`HopFailed` with the client's answer."""
         try:
             with self._in_flight("prefill", p):
-                async with self.session.post(p.url + route, data=json.dumps(body),
+                async with self._session().post(p.url + route, data=json.dumps(body),
                                              headers={**headers, "Content-Type": _JSON}) as r:
                     raw = await r.read()
                     status, ctype = r.status, r.headers.get("Content-Type", "")
@@ -281,7 +287,7 @@ class PDProxy:
         """D's answer relayed to the client (streamed when D streams)."""
         try:
             with self._in_flight("decode", d):
-                async with self.session.post(d.url + route, data=json.dumps(body),
+                async with self._session().post(d.url + route, data=json.dumps(body),
                                              headers={**headers, "Content-Type": _JSON}) as r:
                     ctype = r.headers.get("Content-Type", "")
                     if r.status != 200 or not stream or not ctype.startswith("text/event-stream"):

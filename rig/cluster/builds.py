@@ -290,6 +290,7 @@ class Builder:
         if spec.vllm is not None:
             self._install_release(spec, env_dir)
         else:
+            assert spec.base is not None  # BuildSpec's validator: exactly one of python, vllm, base
             base_py = self.python(spec.base)
             self._overlay(spec, base_py, env_dir)
         py = env_dir / "bin" / "python"

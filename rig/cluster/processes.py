@@ -377,22 +377,24 @@ class Cluster:
             return True
         if owners & ours:
             return True
+        pids = sorted(p for p in owners if p is not None)
         raise ClusterError(f"{run.spec.name}: port {run.spec.port} is answered by another process "
-                           f"(pid {sorted(owners)}), not the one the rig started; change the port or "
+                           f"(pid {pids}), not the one the rig started; change the port or "
                            "stop that server", run.spec.name, log_tail(run.spec.log_path))
 
     def stop(self, names: list[str]) -> None:
         """Stop the named processes (SIGTERM to each group, SIGKILL after the grace period)."""
-        runs = [r for r in (self.procs.pop(n) for n in names if n in self.procs) if r.popen is not None]
+        runs = [(r.spec, r.popen) for r in (self.procs.pop(n) for n in names if n in self.procs)
+                if r.popen is not None]
         if not runs:
             return
-        for r in runs:  # says in the log itself that what follows is the rig's teardown
-            append_marker(r.spec.log_path, stop_marker(r.spec.name))
-        kill_groups({r.popen.pid for r in runs}, self.grace_s, reap=lambda: [r.popen.poll() for r in runs])
-        for r in runs:
+        for spec, _ in runs:  # says in the log itself that what follows is the rig's teardown
+            append_marker(spec.log_path, stop_marker(spec.name))
+        kill_groups({p.pid for _, p in runs}, self.grace_s, reap=lambda: [p.poll() for _, p in runs])
+        for _, p in runs:
             with contextlib.suppress(subprocess.TimeoutExpired):
-                r.popen.wait(timeout=5)
-            self._reaper.remove(r.popen.pid)
+                p.wait(timeout=5)
+            self._reaper.remove(p.pid)
 
     def stop_all(self) -> None:
         """Stop every process and close the reaper; safe to call more than once."""

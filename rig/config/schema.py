@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, get_args
 
 import yaml
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
@@ -493,7 +493,7 @@ class WaveConfig(_Strict):
     concurrency: int = Field(64, ge=1, description="requests in flight at most (C)")
     cancel_fraction: float = Field(0.0, ge=0, le=1, description="fraction cancelled on purpose (X)")
     cancel_points: list[CancelPoint] = Field(
-        default_factory=lambda: ["before-prefill", "between", "during-decode"], min_length=1,
+        default_factory=lambda: list(get_args(CancelPoint)), min_length=1,
         description="where intentional cancels happen: before P answers, between P and D, "
                     "during D's stream (after its first token)")
     cancel_prefill_after_s: float = Field(
@@ -584,7 +584,7 @@ class ScenarioConfig(_Strict):
             allowed = KIND_FIELDS.get(kind)
             unused = sorted(k for k in data if allowed is not None and k not in allowed
                             and k in SCENARIO_FIELDS and data[k] is not None)
-            if unused:
+            if unused and allowed is not None:
                 raise ValueError(
                     f"{', '.join(unused)}: not used by kind {kind!r}; remove "
                     f"{'it' if len(unused) == 1 else 'them'} (kind {kind!r} takes "
@@ -806,8 +806,8 @@ def _set_path(data: Any, path: list[str], value: Any, full: str) -> None:
             idx = next((i for i, x in enumerate(data) if isinstance(x, dict) and x.get("name") == key), None)
         if idx is None or idx >= len(data):
             names = [x["name"] for x in data if isinstance(x, dict) and isinstance(x.get("name"), str)]
-            where = full.split("=", 1)[0].split(".")
-            where = ".".join(where[:where.index(key)]) if key in where else "the list"
+            parts = full.split("=", 1)[0].split(".")
+            where = ".".join(parts[:parts.index(key)]) if key in parts else "the list"
             raise ConfigError(
                 f"--set {full}: {where} has no item {key!r}{did_you_mean(key, names)} "
                 f"(items: {', '.join(names) or 'none'}; or an index 0..{len(data) - 1})")

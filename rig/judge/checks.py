@@ -79,7 +79,8 @@ def completion_checks(outcome: _Outcome, records: list[PDRecord]) -> list[Check]
                  f"{len(records) - len(bad)}/{len(records)} completed" +
                  (f"; {bad[0].request_id}: {bad[0].outcome} {bad[0].diagnosis}".rstrip() if bad else ""),
                  tuple(r.request_id for r in bad))]
-    wrong_ids, wrong = [], []
+    miscounted_ids: list[str] = []
+    miscounted: list[str] = []
     for r in records:
         if r.outcome != "ok":
             continue
@@ -92,11 +93,11 @@ def completion_checks(outcome: _Outcome, records: list[PDRecord]) -> list[Check]
                 and len(r.decode.token_ids) != r.completion_tokens:
             why.append(f"{len(r.decode.token_ids)} token_ids but usage says {r.completion_tokens}")
         if why:
-            wrong_ids.append(r.request_id)
-            wrong.append(f"{r.request_id}: " + ", ".join(why))
+            miscounted_ids.append(r.request_id)
+            miscounted.append(f"{r.request_id}: " + ", ".join(why))
     answered = sum(r.outcome == "ok" for r in records)
-    if wrong:
-        out.append(Check("token-counts", False, "; ".join(wrong), tuple(wrong_ids)))
+    if miscounted:
+        out.append(Check("token-counts", False, "; ".join(miscounted), tuple(miscounted_ids)))
     elif answered:
         out.append(Check("token-counts", True,
                          f"as expected ({outcome.completion_tokens} + prompt = {outcome.total_tokens})"))
@@ -229,10 +230,9 @@ def stream_check(records: list[PDRecord]) -> Check | None:
     streamed = [r for r in records if r.outcome == "ok" and r.decode is not None and r.decode.ttft_s is not None]
     if not streamed:
         return None
-    bad = [r for r in streamed if r.decode.stream_problem]
+    bad = [(r.request_id, r.decode.stream_problem) for r in streamed if r.decode and r.decode.stream_problem]
     if bad:
-        return Check("stream-complete", False, f"{bad[0].request_id}: {bad[0].decode.stream_problem}",
-                     tuple(r.request_id for r in bad))
+        return Check("stream-complete", False, f"{bad[0][0]}: {bad[0][1]}", tuple(rid for rid, _ in bad))
     return Check("stream-complete", True, f"{len(streamed)} streamed answer(s) complete and in order")
 
 

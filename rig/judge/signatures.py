@@ -219,7 +219,8 @@ def _stale(sig: StaleKvSignature, obs: ScenarioObservation, reqs: list[RequestFa
     lines = [ln for v in obs.kv_integrity_lines.values() for ln in v if "Potentially invalid KV blocks" in ln]
     hits, seen, shown = [], [], []
     for r in reqs:
-        named = bool(r.remote_request_id) and any(r.remote_request_id in ln for ln in lines)
+        rid = r.remote_request_id
+        named = rid is not None and rid != "" and any(rid in ln for ln in lines)
         diverged = r.parity == "diverged"
         if r.outcome == "ok" and named and (diverged or not sig.parity):
             hits.append(r.request_id)

@@ -69,6 +69,7 @@ async def _run_edge(sc: ScenarioConfig, ctx: ScenarioContext, obs: ScenarioObser
     t = ctx.cfg.timeouts
     between = None
     if sc.hold_between_s:
+        hold_s = sc.hold_between_s
         usable = None
         if sc.flush_prefill:
             from rig.workload.waves import usable_blocks_of
@@ -77,7 +78,7 @@ async def _run_edge(sc: ScenarioConfig, ctx: ScenarioContext, obs: ScenarioObser
 
         async def hold(rec: PDRecord) -> None:
             # A router that queues the decode hop: P's blocks wait for D, and P's lease runs.
-            await asyncio.sleep(sc.hold_between_s)
+            await asyncio.sleep(hold_s)
             if usable:
                 await flush_prefill_pool(ctx.client, ctx.prefill, usable, ctx.cfg.block_size,
                                          ctx.cfg.max_model_len, seed_of(sc.name))

@@ -166,6 +166,7 @@ class Matrix:
             if build_error:
                 reports.append(_broken_report(run_dir, cfg, build_error))
                 continue
+            assert python is not None  # the build's interpreter, or build_error above
             cfg = apply_fixes(cfg, spec)
             cfg = cfg.model_copy(update={"launch": cfg.launch.model_copy(
                 update={"command": launch_command(cfg, python)})})

@@ -209,8 +209,8 @@ async def _run(args: argparse.Namespace, cfg: RigConfig | None, sc: Any, ps: lis
             for e in endpoints:
                 url = e.url
                 before[e.name] = await m.scrape(http, e.url, e.name)
-        except (httpx.HTTPError, ValueError, KeyError) as e:
-            raise ConfigError(f"cannot reach {url} ({type(e).__name__}: {e}); is `pdrig up` running, "
+        except (httpx.HTTPError, ValueError, KeyError) as err:
+            raise ConfigError(f"cannot reach {url} ({type(err).__name__}: {err}); is `pdrig up` running, "
                               "are the URLs right?") from None
         model = args.model or model
         mml = mml or (cfg.max_model_len if cfg else None)

@@ -74,6 +74,7 @@ async def _pd_one(client: PDClient, rec: PDRecord, p: Endpoint, d: Endpoint,
         # Negative control: D gets another prompt with P's KV. The reference (and so parity)
         # uses the prompt D was given, so wrong KV shows up as a divergence.
         rec.prompt = tamper_prompt
+    assert rec.prefill.kv_transfer_params is not None  # prefill_failure is None only when P gave them
     task = asyncio.create_task(client.decode(d.name, d.url, rec.prompt, rec.max_tokens,
                                              rec.prefill.kv_transfer_params, fields.for_hop("decode")))
     decode_tasks[rec.request_id] = task

@@ -204,7 +204,7 @@ class _Exchange:
             return
         rec.outcome = classify(rec.decode)
         if rec.outcome != "ok":
-            rec.diagnosis = f"decode: {rec.decode.error or 'empty answer'}"
+            rec.diagnosis = f"decode: {(rec.decode.error if rec.decode else None) or 'empty answer'}"
 
     async def _on_decode(self, f: Fault, rec: PDRecord, task: asyncio.Task, cancelled_by: list[str]) -> None:
         """Wait for ``f``'s decode-side event, then act."""

@@ -425,6 +425,7 @@ async def _send(ctx: StoreContext, rec: PDRecord, route: str) -> None:
         if failure:
             rec.outcome, rec.diagnosis = failure
             return
+        assert rec.prefill.kv_transfer_params is not None  # prefill_failure is None only when P gave them
         rec.decode_sent_at = time.monotonic()
         rec.decode = await c.decode(ctx.d.name, ctx.d.url, rec.prompt, rec.max_tokens,
                                     rec.prefill.kv_transfer_params)
