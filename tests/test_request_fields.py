@@ -5,15 +5,15 @@ and parity per choice."""
 from __future__ import annotations
 
 import pytest
-from conftest import fake_config, kill_pids, scenario, wait_no_survivors, write_config
 from pydantic import ValidationError
 
-from rig.judge.checks import stream_check
-from rig.transport.client import Hop, PDRecord
-from rig.config.schema import ConfigError, load_config
-from rig.observe.parity import compare_choices, compare_hops
+from conftest import fake_config, kill_pids, scenario, wait_no_survivors, write_config
 from rig.config.request_fields import RequestFields
+from rig.config.schema import ConfigError, load_config
+from rig.judge.checks import stream_check
+from rig.observe.parity import compare_choices, compare_hops
 from rig.run.runner import SuiteRunner, new_run_dir
+from rig.transport.client import Hop, PDRecord
 
 
 def test_fields_merge_all_then_the_hop():
@@ -108,8 +108,10 @@ def test_fields_reach_their_hop_only_and_streams_and_choices_are_judged(tmp_path
 # 2026-11-30, r16-n2-on-prefill-hop: n 2 on the prefill hop, 5 s lease): the params name child 1,
 # child 0's blocks waited for the lease.
 R16_LINE = ("(Worker pid=21091) WARNING 11-30 20:59:21 [base_worker.py:3032] Releasing expired KV blocks for "
-            "request 0_cmpl-aa07caf12f702ced-0-9dd92fdc which were retrieved by 0 remote worker(s) before lease expired.")
-R16_PARAMS = {"do_remote_prefill": True, "remote_block_ids": [[4, 6]], "remote_request_id": "1_cmpl-aa07caf12f702ced-0-9dd92fdc"}
+            "request 0_cmpl-aa07caf12f702ced-0-9dd92fdc which were retrieved by 0 remote worker(s) "
+            "before lease expired.")
+R16_PARAMS = {"do_remote_prefill": True, "remote_block_ids": [[4, 6]],
+              "remote_request_id": "1_cmpl-aa07caf12f702ced-0-9dd92fdc"}
 
 
 def _r16_obs(lines: list[str], outcome: str = "ok", unscanned: bool = False):

@@ -18,10 +18,10 @@ from pathlib import Path
 import httpx
 import pytest
 
-from rig.observe import metrics as m
-from rig.transport.client import PDClient
 from rig.config.schema import ScenarioConfig, load_config
+from rig.observe import metrics as m
 from rig.observe.observations import DrainResult, ScenarioObservation
+from rig.transport.client import PDClient
 from rig.workload import store as st
 from rig.workload.edge import Endpoint
 
@@ -151,7 +151,8 @@ class World:
         for src in ("local_compute", "external_kv_transfer"):
             lines.append(f'vllm:prompt_tokens_by_source_total{{{LABELS},source="{src}"}} {e.get(src, 0)}')
         for src in ("p2p", "external_unspecified"):
-            lines.append(f'vllm:prompt_tokens_cached_by_source_total{{{LABELS},source="{src}"}} {e.get("cached_" + src, 0)}')
+            cached = e.get("cached_" + src, 0)
+            lines.append(f'vllm:prompt_tokens_cached_by_source_total{{{LABELS},source="{src}"}} {cached}')
         for (op, status), (calls, keys, nbytes, failed) in self.ops[inst].items():
             lab = f'{LABELS},operation="{op}",status="{status}"'
             lines += [f"vllm:mooncake_store_operation_total{{{lab}}} {calls}",

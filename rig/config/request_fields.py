@@ -72,7 +72,7 @@ class RequestFields(BaseModel):
         return _check(v, "prefill", {**RIG_OWNED, **PREFILL_OWNED})
 
     @model_validator(mode="after")
-    def _stream_options_need_stream(self) -> "RequestFields":
+    def _stream_options_need_stream(self) -> RequestFields:
         for hop in HOPS:
             f = self.for_hop(hop)
             if "stream_options" in f and not f.get("stream"):

@@ -22,9 +22,9 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from rig.judge.verdict import ScenarioVerdict, run_passed
 from rig.observe.observations import ScenarioObservation
 from rig.observe.parity import summarize
-from rig.judge.verdict import ScenarioVerdict, run_passed
 
 
 @dataclass

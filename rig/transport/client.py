@@ -18,6 +18,7 @@ exact and outputs comparable token by token with a non-disaggregated reference
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import time
 from dataclasses import asdict, dataclass, field
@@ -315,7 +316,5 @@ def prefill_failure(hop: Hop) -> tuple[str, str] | None:
 async def cancel_task(task: asyncio.Task) -> None:
     """Cancel ``task`` and wait for it to finish (closing its HTTP connection)."""
     task.cancel()
-    try:
+    with contextlib.suppress(asyncio.CancelledError, Exception):
         await task
-    except (asyncio.CancelledError, Exception):
-        pass

@@ -18,13 +18,13 @@ from dataclasses import dataclass
 
 import httpx
 
-from rig.observe import metrics as m
-from rig.transport.client import Hop, PDClient, PDRecord, cancel_task, classify, prefill_failure
+from rig.config.request_fields import RequestFields
 from rig.config.schema import ScenarioConfig
+from rig.observe import metrics as m
 from rig.observe.observations import ScenarioObservation, SnapshotStore
 from rig.observe.parity import compare_hops
-from rig.config.request_fields import RequestFields
 from rig.observe.stall import EarlyRule, Stall, StallDetector
+from rig.transport.client import Hop, PDClient, PDRecord, cancel_task, classify, prefill_failure
 from rig.workload.prompts import make_prompt, seed_of
 
 
@@ -74,6 +74,7 @@ async def _pd_one(client: PDClient, rec: PDRecord, p: Endpoint, d: Endpoint,
         # Negative control: D gets another prompt with P's KV. The reference (and so parity)
         # uses the prompt D was given, so wrong KV shows up as a divergence.
         rec.prompt = tamper_prompt
+    assert rec.prefill.kv_transfer_params is not None  # prefill_failure is None only when P gave them
     task = asyncio.create_task(client.decode(d.name, d.url, rec.prompt, rec.max_tokens,
                                              rec.prefill.kv_transfer_params, fields.for_hop("decode")))
     decode_tasks[rec.request_id] = task

@@ -41,17 +41,25 @@ from typing import Any, Protocol
 import httpx
 import msgspec
 
-from rig.transport.client import PREFILL_PARAMS, Hop, PDClient, classify, completion_body, error_text, fill_from_completion
 from rig.observe.parity import compare
+from rig.transport.client import (
+    PREFILL_PARAMS,
+    Hop,
+    PDClient,
+    classify,
+    completion_body,
+    error_text,
+    fill_from_completion,
+)
 from rig.workload.edge import Endpoint
 
 CANCEL_POINTS = ("before-prefill", "between", "during-decode")
 ERROR_CLASSES = ("timeout", "http_error", "connection_error", "empty", "cancelled", "parity_mismatch")
 STREAM_EXTRA = {"stream": True, "stream_options": {"include_usage": True}}
 _JSON_HEADERS = {"Content-Type": "application/json"}
-# msgspec's JSON codec: bodies (token-ID lists) encode ~10x and answers decode ~4x faster than the
-# standard library's json (48-token prompt, 8-token answer: 6.2 -> 0.6 us and 7.1 -> 1.9 us per
-# call on the 2-core/24 GiB CPU box, 2026-11-30, docs/performance.md). Its DecodeError is a ValueError.
+# msgspec's JSON codec: bodies (token-ID lists) encode and answers decode several times faster than
+# with the standard library's json (dated figures: docs/measurements.md). Its
+# DecodeError is a ValueError.
 _ENCODE = msgspec.json.Encoder().encode
 _DECODE = msgspec.json.Decoder().decode
 
@@ -62,7 +70,8 @@ class _StreamState:
     __slots__ = ("hop", "t0", "tokens", "stop_after", "cut")
 
     def __init__(self, hop: Hop, t0: float, stop_after: int | None):
-        self.hop, self.t0, self.tokens, self.stop_after, self.cut = hop, t0, [], stop_after, False
+        self.hop, self.t0, self.stop_after, self.cut = hop, t0, stop_after, False
+        self.tokens: list[int] = []
 
     def feed(self, payload: bytes | str) -> bool:
         """One SSE ``data:`` payload (JSON or ``[DONE]``); True = stop reading."""
@@ -179,7 +188,7 @@ class AiohttpTransport:
             timeout=aiohttp.ClientTimeout(total=timeout_s, sock_connect=10.0),
             read_bufsize=1 << 20,  # SSE lines with prompt_token_ids of long prompts
             # vLLM sets no cookies; without a jar aiohttp skips cookie filtering per request
-            # (+5 % aiohttp exchanges per CPU-s against the fake, 2-core/24 GiB CPU box, 2026-11-30).
+            # (the saving: docs/measurements.md).
             cookie_jar=aiohttp.DummyCookieJar(),
             skip_auto_headers=("User-Agent",))
 
@@ -188,7 +197,7 @@ class AiohttpTransport:
         try:
             async with self.session.post(f"{url}/v1/completions", data=_ENCODE(body),
                                          headers=_JSON_HEADERS) as r:
-                hop.status = r.status
+                status = hop.status = r.status
                 raw = await r.read()
         except TimeoutError as e:
             hop.error = f"timeout: {type(e).__name__}"
@@ -197,8 +206,8 @@ class AiohttpTransport:
         hop.latency_s = time.monotonic() - t0
         if hop.error:
             return hop
-        if hop.status != 200:
-            hop.error = error_text(hop.status, raw.decode("utf-8", "replace"))
+        if status != 200:
+            hop.error = error_text(status, raw.decode("utf-8", "replace"))
             return hop
         try:
             fill_from_completion(hop, _DECODE(raw))

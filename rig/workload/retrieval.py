@@ -18,8 +18,8 @@ import re
 import string
 from dataclasses import dataclass, field
 
-from rig.transport.client import PDClient, PDRecord, classify
 from rig.observe.parity import ParityResult, compare
+from rig.transport.client import PDClient, PDRecord, classify
 from rig.workload.edge import Endpoint
 
 _FILLER = ("The committee reviewed the quarterly logistics report and noted steady progress on "
@@ -50,7 +50,9 @@ def make_retrieval_prompt(rng: random.Random, context_words: int, depth: float) 
 
 def retrieved(text: str | None, identifier: str) -> bool:
     """True when ``identifier`` appears in ``text`` (case and surrounding spaces ignored)."""
-    return bool(text) and re.sub(r"\s+", "", identifier.upper()) in re.sub(r"\s+", "", text.upper())
+    if not text:
+        return False
+    return re.sub(r"\s+", "", identifier.upper()) in re.sub(r"\s+", "", text.upper())
 
 
 @dataclass
