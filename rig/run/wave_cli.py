@@ -37,7 +37,6 @@ from rig.config.schema import ConfigError, RigConfig
 from rig.transport import aio
 
 
-
 def add_wave_parser(subparsers: Any) -> argparse.ArgumentParser:
     """Add the ``wave`` subcommand to ``pdrig``'s subparsers; returns its parser."""
     p = subparsers.add_parser(
