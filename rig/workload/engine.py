@@ -41,6 +41,7 @@ from typing import Any, Protocol
 import httpx
 import msgspec
 
+from rig.transport.fast import FastTransport
 from rig.transport.client import PREFILL_PARAMS, Hop, PDClient, classify, completion_body, error_text, fill_from_completion
 from rig.observe.parity import compare
 from rig.workload.edge import Endpoint
@@ -252,15 +253,18 @@ class AiohttpTransport:
         await self.session.close()
 
 
-CLIENTS = ("aiohttp", "httpx")
+CLIENTS = ("aiohttp", "httpx", "fast")
 
 
 def make_transport(kind: str, model: str, timeout_s: float, max_connections: int) -> Transport:
-    """An ``aiohttp`` or ``httpx`` transport; raises ValueError for another name."""
+    """An ``aiohttp``, ``httpx`` or ``fast`` (:mod:`rig.transport.fast`) transport; raises
+    ValueError for another name."""
     if kind == "aiohttp":
         return AiohttpTransport(model, timeout_s, max_connections)
     if kind == "httpx":
         return HttpxTransport(model, timeout_s, max_connections)
+    if kind == "fast":
+        return FastTransport(model, timeout_s, max_connections)
     raise ValueError(f"unknown client {kind!r}; use one of {list(CLIENTS)}")
 
 
