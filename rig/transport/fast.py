@@ -9,8 +9,8 @@ parser: ``httptools`` (MagicStack, the llhttp bindings uvicorn uses) parses stat
 ``Content-Length`` and chunked bodies; asyncio's (uvloop's) transports do the I/O.
 
 What it does (and only this): ``POST <path>/v1/completions`` with a JSON body on keep-alive
-connections, one request per connection at a time (no pipelining), to ``http://`` or
-``https://`` URLs. A reused connection has been idle for less than :data:`KEEPALIVE_S`
+connections, one request per connection at a time (no pipelining), to ``http://`` URLs (the
+rig's servers; no TLS). A reused connection has been idle for less than :data:`KEEPALIVE_S`
 (vLLM's uvicorn closes idle connections after ``VLLM_HTTP_TIMEOUT_KEEP_ALIVE`` = 5 s,
 vllm/envs.py), so the server does not close one under a request. A connection goes back to
 the pool only after a complete answer the server did not mark ``Connection: close``; every
@@ -28,15 +28,21 @@ awaiting task closes the connection and propagates.
 from __future__ import annotations
 
 import asyncio
-import ssl
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 from urllib.parse import urlsplit
 
 import httptools
 import msgspec
 
-from rig.transport.client import PREFILL_PARAMS, Hop, completion_body, error_text, fill_from_completion
+from rig.transport.client import (
+    PREFILL_PARAMS,
+    Hop,
+    completion_body,
+    error_text,
+    fill_from_completion,
+)
 
 KEEPALIVE_S = 2.0  # reuse idle connections younger than this (vLLM closes them at 5 s)
 CONNECT_TIMEOUT_S = 10.0  # as the aiohttp transport's sock_connect
@@ -49,15 +55,15 @@ class _Target:
     """Where one endpoint URL's requests go: host, port, TLS and the request head up to
     ``Content-Length``'s value (built once per URL)."""
 
-    __slots__ = ("host", "port", "ssl", "head", "idle")
+    __slots__ = ("head", "host", "idle", "port")
 
     def __init__(self, url: str):
         u = urlsplit(url)
-        if u.scheme not in ("http", "https") or not u.hostname:
-            raise ValueError(f"endpoint URL {url!r}: expected http://HOST:PORT or https://HOST:PORT")
+        if u.scheme != "http" or not u.hostname:
+            raise ValueError(f"endpoint URL {url!r}: the fast client speaks plain http://HOST:PORT only; "
+                             "use the wave client 'aiohttp' for other URLs")
         self.host = u.hostname
-        self.port = u.port or (443 if u.scheme == "https" else 80)
-        self.ssl = ssl.create_default_context() if u.scheme == "https" else None
+        self.port = u.port or 80
         path = (u.path.rstrip("/") + "/v1/completions")
         self.head = (f"POST {path} HTTP/1.1\r\nHost: {u.netloc}\r\nContent-Type: application/json\r\n"
                      f"Accept: */*\r\nUser-Agent: pdrig\r\nContent-Length: ").encode("ascii")
@@ -86,15 +92,15 @@ class _Conn(asyncio.Protocol):
         self.idle_since = 0.0
 
     # ---- asyncio.Protocol
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:  # noqa: D102
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
 
-    def connection_lost(self, exc: Exception | None) -> None:  # noqa: D102
+    def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
         self._fail(ConnectionError("server closed the connection before the answer was complete"
                                    + (f" ({exc})" if exc else "")))
 
-    def data_received(self, data: bytes) -> None:  # noqa: D102
+    def data_received(self, data: bytes) -> None:
         if self.waiter is None or self.waiter.done():
             self.close()  # bytes nobody asked for (or after a cut stream): never reuse this connection
             return
@@ -106,10 +112,10 @@ class _Conn(asyncio.Protocol):
             self._fail(ConnectionError(f"answer is not HTTP/1.1: {e}"))
 
     # ---- httptools callbacks
-    def on_headers_complete(self) -> None:  # noqa: D102
+    def on_headers_complete(self) -> None:
         self.status = self.parser.get_status_code()
 
-    def on_body(self, data: bytes) -> None:  # noqa: D102
+    def on_body(self, data: bytes) -> None:
         if self.on_line is None or self.status != 200:
             self.body.append(data)
             return
@@ -124,7 +130,7 @@ class _Conn(asyncio.Protocol):
                 self._done()
                 return
 
-    def on_message_complete(self) -> None:  # noqa: D102
+    def on_message_complete(self) -> None:
         if self.on_line is not None and self.tail and not self.cut and self.status == 200:
             self.on_body(b"\n")  # a last line without its newline
         self.reusable = self.parser.should_keep_alive() and not self.cut
@@ -169,9 +175,10 @@ class _Conn(asyncio.Protocol):
 class _SSE:
     """One streamed completion: fills ``hop`` (TTFT, tokens, usage, finish reason) from the SSE
     ``data:`` payloads; ``__call__`` returns True to stop reading after ``stop_after`` tokens (an
-    intentional cancel during D's stream: ``finish_reason`` becomes ``cancelled``)."""
+    intentional cancel during D's stream: ``finish_reason`` becomes ``cancelled``), unless the
+    stream already finished (a ``finish_reason`` came; the usage chunk after it is no token)."""
 
-    __slots__ = ("hop", "t0", "tokens", "stop_after")
+    __slots__ = ("hop", "stop_after", "t0", "tokens")
 
     def __init__(self, hop: Hop, t0: float, stop_after: int | None):
         self.hop, self.t0, self.tokens, self.stop_after = hop, t0, [], stop_after
@@ -183,7 +190,6 @@ class _SSE:
         hop = self.hop
         if chunk.get("usage"):
             hop.usage = chunk["usage"]
-        last = False
         for choice in chunk.get("choices") or ():
             ids = choice.get("token_ids") or ()
             if (ids or choice.get("text")) and hop.ttft_s is None:
@@ -191,8 +197,7 @@ class _SSE:
             self.tokens.extend(ids)
             if choice.get("finish_reason"):
                 hop.finish_reason = choice["finish_reason"]
-                last = True
-        if self.stop_after is not None and not last and len(self.tokens) >= self.stop_after:
+        if self.stop_after is not None and hop.finish_reason is None and len(self.tokens) >= self.stop_after:
             hop.finish_reason = "cancelled"
             return True
         return False
@@ -220,7 +225,7 @@ class FastTransport:
         limit = min(CONNECT_TIMEOUT_S, self.timeout_s)
         try:
             async with asyncio.timeout(limit):
-                _, conn = await loop.create_connection(_Conn, t.host, t.port, ssl=t.ssl)
+                _, conn = await loop.create_connection(_Conn, t.host, t.port, )
         except TimeoutError:
             raise TimeoutError(f"connecting to {t.host}:{t.port} took over {limit:g} s") from None
         self._open.add(conn)

@@ -41,9 +41,9 @@ from typing import Any, Protocol
 import httpx
 import msgspec
 
-from rig.transport.fast import FastTransport
 from rig.transport.client import PREFILL_PARAMS, Hop, PDClient, classify, completion_body, error_text, fill_from_completion
 from rig.observe.parity import compare
+from rig.transport.fast import FastTransport
 from rig.workload.edge import Endpoint
 
 CANCEL_POINTS = ("before-prefill", "between", "during-decode")
