@@ -21,12 +21,12 @@ Outcome (``status``) of a record: ``ok`` or its error class: ``timeout`` (deadli
 ``planned_cancel`` is set, else an abort of the wave), ``parity_mismatch`` (set by
 :meth:`WaveEngine.parity` when the tokens differ from a direct request to P).
 
-Two well-kept HTTP clients implement the hops with the same bodies and error classes:
-:class:`AiohttpTransport` (the default) and :class:`HttpxTransport` (via
-:class:`~rig.transport.client.PDClient`). scripts/bench_workload.py measures them (figures in
-docs/measurements.md): aiohttp is the default because httpx's pool does not scale to a wave's
-concurrency. A faster hand-written HTTP client was deliberately not kept: the rig's job is P/D,
-not HTTP.
+Three transports implement the hops with the same bodies and error classes:
+:class:`AiohttpTransport` (the default), :class:`HttpxTransport` (via
+:class:`~rig.transport.client.PDClient`) and :class:`~rig.transport.fast.FastTransport` (client
+``fast``: keep-alive POSTs over asyncio protocols with httptools' parser, about twice aiohttp's
+P/D requests per client CPU-second). scripts/bench_workload.py measures them (figures in
+docs/performance.md); httpx's pool does not scale to a wave's concurrency.
 """
 
 from __future__ import annotations
