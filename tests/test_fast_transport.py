@@ -8,7 +8,10 @@ from __future__ import annotations
 
 import asyncio
 import json
+import shutil
 import socket
+import ssl
+import subprocess
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
@@ -45,7 +48,7 @@ async def _read_request(reader: asyncio.StreamReader) -> dict | None:
     return {"line": lines[0], "headers": headers, "body": body}
 
 
-async def serve(handler: Handler, seen: Seen) -> tuple[asyncio.Server, Endpoint]:
+async def serve(handler: Handler, seen: Seen, tls: ssl.SSLContext | None = None) -> tuple[asyncio.Server, Endpoint]:
     """A server that calls ``handler`` for each request; the handler writes the answer and may
     close the writer (then the connection ends)."""
 
@@ -67,9 +70,9 @@ async def serve(handler: Handler, seen: Seen) -> tuple[asyncio.Server, Endpoint]
             seen.open_now -= 1
             writer.close()
 
-    server = await asyncio.start_server(conn, "127.0.0.1", 0)
+    server = await asyncio.start_server(conn, "127.0.0.1", 0, ssl=tls)
     port = server.sockets[0].getsockname()[1]
-    return server, Endpoint("prefill", f"http://127.0.0.1:{port}")
+    return server, Endpoint("prefill", f"{'https' if tls else 'http'}://127.0.0.1:{port}")
 
 
 async def until_client_goes(reader: asyncio.StreamReader) -> None:
@@ -110,9 +113,9 @@ def run(coro):
 
 
 async def with_server(handler: Handler, body: Callable[[FastTransport, Endpoint, Seen], Awaitable[None]],
-                      timeout_s: float = 5.0, max_connections: int = 8) -> Seen:
+                      timeout_s: float = 5.0, max_connections: int = 8, tls: ssl.SSLContext | None = None) -> Seen:
     seen = Seen()
-    server, ep = await serve(handler, seen)
+    server, ep = await serve(handler, seen, tls)
     tr = FastTransport(MODEL, timeout_s, max_connections)
     try:
         await body(tr, ep, seen)
@@ -317,15 +320,60 @@ def test_connection_refused_is_a_connection_error():
     assert hop.error.startswith("connection error: ConnectionRefusedError") and classify(hop) == "connection_error"
 
 
-def test_https_url_is_refused_naming_the_fix():
+@pytest.fixture(scope="module")
+def tls_cert(tmp_path_factory) -> tuple[str, ssl.SSLContext]:
+    """A self-signed certificate for 127.0.0.1 (openssl's CLI) and a server context using it."""
+    if shutil.which("openssl") is None:
+        pytest.skip("needs the openssl command to make a test certificate")
+    d = tmp_path_factory.mktemp("tls")
+    cert, key = d / "cert.pem", d / "key.pem"
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", str(key), "-out", str(cert),
+                    "-days", "1", "-subj", "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1"],
+                   check=True, capture_output=True)
+    ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    ctx.load_cert_chain(cert, key)
+    return str(cert), ctx
+
+
+def test_https_with_a_trusted_certificate(tls_cert, monkeypatch):
+    cert, ctx = tls_cert
+    monkeypatch.setenv("SSL_CERT_FILE", cert)  # the client trusts what the system trusts, plus this
+
+    async def handler(reader, writer, req):
+        writer.write(answer(completion([6], KTP)))
+
+    async def body(tr, ep, seen):
+        assert ep.url.startswith("https://")
+        for _ in range(2):
+            hop = await tr.prefill(ep, [1])
+            assert hop.error is None and hop.kv_transfer_params == KTP
+
+    assert run(with_server(handler, body, tls=ctx)).connections == 1
+
+
+def test_https_with_an_untrusted_certificate_is_a_connection_error(tls_cert, monkeypatch):
+    monkeypatch.delenv("SSL_CERT_FILE", raising=False)
+    _, ctx = tls_cert
+
+    async def handler(reader, writer, req):
+        writer.write(answer(completion([6], KTP)))
+
+    async def body(tr, ep, seen):
+        hop = await tr.prefill(ep, [1])
+        assert hop.error.startswith("connection error: SSLCertVerificationError") and hop.status is None
+
+    run(with_server(handler, body, tls=ctx))
+
+
+def test_a_url_that_is_not_http_is_refused_naming_it():
     async def body():
         tr = FastTransport(MODEL, 5, 4)
         try:
-            await tr.prefill(Endpoint("prefill", "https://example.invalid:8443"), [1])
+            await tr.prefill(Endpoint("prefill", "unix:///run/vllm.sock"), [1])
         finally:
             await tr.aclose()
 
-    with pytest.raises(ValueError, match="https://example.invalid:8443.*use the wave client 'aiohttp'"):
+    with pytest.raises(ValueError, match="unix:///run/vllm.sock.*expected http://HOST:PORT or https://HOST:PORT"):
         run(body())
 
 

@@ -9,8 +9,8 @@ parser: ``httptools`` (MagicStack, the llhttp bindings uvicorn uses) parses stat
 ``Content-Length`` and chunked bodies; asyncio's (uvloop's) transports do the I/O.
 
 What it does (and only this): ``POST <path>/v1/completions`` with a JSON body on keep-alive
-connections, one request per connection at a time (no pipelining), to ``http://`` URLs (the
-rig's servers; no TLS). A reused connection has been idle for less than :data:`KEEPALIVE_S`
+connections, one request per connection at a time (no pipelining), to ``http://`` or
+``https://`` URLs. A reused connection has been idle for less than :data:`KEEPALIVE_S`
 (vLLM's uvicorn closes idle connections after ``VLLM_HTTP_TIMEOUT_KEEP_ALIVE`` = 5 s,
 vllm/envs.py), so the server does not close one under a request. A connection goes back to
 the pool only after a complete answer the server did not mark ``Connection: close``; every
@@ -28,6 +28,7 @@ awaiting task closes the connection and propagates.
 from __future__ import annotations
 
 import asyncio
+import ssl
 import time
 from collections.abc import Callable
 from typing import Any
@@ -51,19 +52,25 @@ _ENCODE = msgspec.json.Encoder().encode
 _DECODE = msgspec.json.Decoder().decode
 
 
+class BadStreamChunk(Exception):
+    """An SSE ``data:`` payload of a 200 stream that is not a JSON chunk (the message of
+    msgspec's DecodeError)."""
+
+
 class _Target:
     """Where one endpoint URL's requests go: host, port, TLS and the request head up to
     ``Content-Length``'s value (built once per URL)."""
 
-    __slots__ = ("head", "host", "idle", "port")
+    __slots__ = ("head", "host", "idle", "port", "ssl")
 
     def __init__(self, url: str):
         u = urlsplit(url)
-        if u.scheme != "http" or not u.hostname:
-            raise ValueError(f"endpoint URL {url!r}: the fast client speaks plain http://HOST:PORT only; "
-                             "use the wave client 'aiohttp' for other URLs")
+        if u.scheme not in ("http", "https") or not u.hostname:
+            raise ValueError(f"endpoint URL {url!r}: expected http://HOST:PORT or https://HOST:PORT")
         self.host = u.hostname
-        self.port = u.port or 80
+        self.port = u.port or (443 if u.scheme == "https" else 80)
+        # TLS verified as aiohttp does by default: the system CAs (or SSL_CERT_FILE / SSL_CERT_DIR)
+        self.ssl = ssl.create_default_context() if u.scheme == "https" else None
         path = (u.path.rstrip("/") + "/v1/completions")
         self.head = (f"POST {path} HTTP/1.1\r\nHost: {u.netloc}\r\nContent-Type: application/json\r\n"
                      f"Accept: */*\r\nUser-Agent: pdrig\r\nContent-Length: ").encode("ascii")
@@ -74,7 +81,7 @@ class _Conn(asyncio.Protocol):
     """One keep-alive connection and the state of the exchange on it (at most one).
 
     ``waiter`` resolves when the answer is complete, a stream was cut on purpose (``cut``), or
-    fails with ConnectionError / TimeoutError / the stream callback's ValueError.
+    fails with ConnectionError / TimeoutError / :class:`BadStreamChunk`.
     """
 
     def __init__(self) -> None:
@@ -107,7 +114,8 @@ class _Conn(asyncio.Protocol):
         try:
             self.parser.feed_data(data)
         except httptools.HttpParserCallbackError as e:  # our callback raised (a bad SSE chunk)
-            self._fail(e.__context__ if isinstance(e.__context__, ValueError) else ConnectionError(str(e)))
+            bad = e.__context__
+            self._fail(BadStreamChunk(str(bad)) if isinstance(bad, ValueError) else ConnectionError(str(e)))
         except httptools.HttpParserError as e:
             self._fail(ConnectionError(f"answer is not HTTP/1.1: {e}"))
 
@@ -225,7 +233,7 @@ class FastTransport:
         limit = min(CONNECT_TIMEOUT_S, self.timeout_s)
         try:
             async with asyncio.timeout(limit):
-                _, conn = await loop.create_connection(_Conn, t.host, t.port, )
+                _, conn = await loop.create_connection(_Conn, t.host, t.port, ssl=t.ssl)
         except TimeoutError:
             raise TimeoutError(f"connecting to {t.host}:{t.port} took over {limit:g} s") from None
         self._open.add(conn)
@@ -258,9 +266,10 @@ class FastTransport:
                 await conn.send(loop, request, on_line, self.timeout_s)
             except TimeoutError as e:
                 hop.error = f"timeout: {e}"
-            except (OSError, ValueError) as e:  # ConnectionError is an OSError; ValueError: a bad SSE chunk
-                kind = "bad SSE chunk" if isinstance(e, ValueError) else type(e).__name__
-                hop.error = f"connection error: {kind}: {e}"
+            except BadStreamChunk as e:
+                hop.error = f"connection error: bad SSE chunk: {e}"
+            except OSError as e:  # refused, reset, closed early (ConnectionError), TLS (ssl.SSLError)
+                hop.error = f"connection error: {type(e).__name__}: {e}"
             finally:  # also on cancellation: the connection is dropped, vLLM aborts the request
                 if conn is not None:
                     conn.finish()
