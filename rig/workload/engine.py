@@ -22,10 +22,10 @@ Outcome (``status``) of a record: ``ok`` or its error class: ``timeout`` (deadli
 :meth:`WaveEngine.parity` when the tokens differ from a direct request to P).
 
 Three transports implement the hops with the same bodies and error classes:
-:class:`AiohttpTransport` (the default), :class:`HttpxTransport` (via
-:class:`~rig.transport.client.PDClient`) and :class:`~rig.transport.fast.FastTransport` (client
-``fast``: keep-alive POSTs over asyncio protocols with httptools' parser, about twice aiohttp's
-P/D requests per client CPU-second). scripts/bench_workload.py measures them (figures in
+:class:`~rig.transport.fast.FastTransport` (client ``fast``, the default of ``wave.client``:
+keep-alive POSTs over asyncio protocols with httptools' parser, about twice aiohttp's P/D
+requests per client CPU-second), :class:`AiohttpTransport` and :class:`HttpxTransport` (via
+:class:`~rig.transport.client.PDClient`). scripts/bench_workload.py measures them (figures in
 docs/performance.md); httpx's pool does not scale to a wave's concurrency.
 """
 
