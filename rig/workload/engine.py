@@ -21,12 +21,12 @@ Outcome (``status``) of a record: ``ok`` or its error class: ``timeout`` (deadli
 ``planned_cancel`` is set, else an abort of the wave), ``parity_mismatch`` (set by
 :meth:`WaveEngine.parity` when the tokens differ from a direct request to P).
 
-Two well-kept HTTP clients implement the hops with the same bodies and error classes:
-:class:`AiohttpTransport` (the default) and :class:`HttpxTransport` (via
+Three transports implement the hops with the same bodies and error classes:
+:class:`~rig.transport.fast.FastTransport` (client ``fast``, the default of ``wave.client``:
+keep-alive POSTs over asyncio protocols with httptools' parser, about twice aiohttp's P/D
+requests per client CPU-second), :class:`AiohttpTransport` and :class:`HttpxTransport` (via
 :class:`~rig.transport.client.PDClient`). scripts/bench_workload.py measures them (figures in
-docs/measurements.md): aiohttp is the default because httpx's pool does not scale to a wave's
-concurrency. A faster hand-written HTTP client was deliberately not kept: the rig's job is P/D,
-not HTTP.
+docs/performance.md); httpx's pool does not scale to a wave's concurrency.
 """
 
 from __future__ import annotations
@@ -51,6 +51,7 @@ from rig.transport.client import (
     error_text,
     fill_from_completion,
 )
+from rig.transport.fast import FastTransport
 from rig.workload.edge import Endpoint
 
 CANCEL_POINTS = ("before-prefill", "between", "during-decode")
@@ -261,15 +262,18 @@ class AiohttpTransport:
         await self.session.close()
 
 
-CLIENTS = ("aiohttp", "httpx")
+CLIENTS = ("aiohttp", "httpx", "fast")
 
 
 def make_transport(kind: str, model: str, timeout_s: float, max_connections: int) -> Transport:
-    """An ``aiohttp`` or ``httpx`` transport; raises ValueError for another name."""
+    """An ``aiohttp``, ``httpx`` or ``fast`` (:mod:`rig.transport.fast`) transport; raises
+    ValueError for another name."""
     if kind == "aiohttp":
         return AiohttpTransport(model, timeout_s, max_connections)
     if kind == "httpx":
         return HttpxTransport(model, timeout_s, max_connections)
+    if kind == "fast":
+        return FastTransport(model, timeout_s, max_connections)
     raise ValueError(f"unknown client {kind!r}; use one of {list(CLIENTS)}")
 
 
