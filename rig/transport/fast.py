@@ -189,7 +189,8 @@ class _SSE:
     __slots__ = ("hop", "stop_after", "t0", "tokens")
 
     def __init__(self, hop: Hop, t0: float, stop_after: int | None):
-        self.hop, self.t0, self.tokens, self.stop_after = hop, t0, [], stop_after
+        self.hop, self.t0, self.stop_after = hop, t0, stop_after
+        self.tokens: list[int] = []
 
     def __call__(self, payload: bytes) -> bool:
         if payload[:1] == b"[":  # [DONE]
@@ -281,6 +282,7 @@ class FastTransport:
                         self._open.discard(conn)
             if hop.error is not None:
                 return None
+            assert conn is not None  # no error: the connection was made and answered
             hop.status = conn.status
             raw = b"".join(conn.body)
             if conn.status != 200:
