@@ -24,7 +24,7 @@ from lightkube.config.models import User
 
 from rig import cli
 from rig.cluster.processes import Cluster
-from rig.config.schema import ConfigError, load_config
+from rig.config import ConfigError, load_config
 from rig.cluster.logs import ComposeLog, FileLog, KubernetesLog, attach_log_source
 from rig.plan.processes import build_plan, with_endpoints
 from rig.run.runner import resolve_model

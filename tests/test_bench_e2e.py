@@ -12,7 +12,7 @@ import pytest
 from conftest import LIVELOCK, fake_config, scenario, write_config
 from test_evidence_fake import base  # noqa: F401 - the fixture: per-test dir, no fake survives
 
-from rig.config.schema import load_config
+from rig.config import load_config
 from rig.run.runner import SuiteRunner, new_run_dir
 
 SPEC = importlib.util.spec_from_file_location("bench_e2e", Path(__file__).resolve().parent.parent / "scripts"

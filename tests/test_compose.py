@@ -17,8 +17,8 @@ import pytest
 import yaml
 
 from rig.plan import compose
-from rig.config.schema import load_config
-from rig.plan.processes import Plan, ProcessSpec
+from rig.config import load_config
+from rig.plan.spec import Plan, ProcessSpec
 
 ROOT = Path(__file__).resolve().parent.parent
 SCHEMA = json.loads((ROOT / "tests" / "data" / "compose-spec.json").read_text())

@@ -18,7 +18,7 @@ from test_evidence_fake import base  # noqa: F401 - the fixture: per-test dir, n
 from test_stall import DATA, snap
 
 from rig.cluster.processes import Cluster
-from rig.config.schema import load_config
+from rig.config import load_config
 from rig.judge.early_verdict import AdmissionReasoning
 from rig.observe.metrics import parse_metrics
 from rig.plan.processes import build_plan

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from conftest import free_ports
 
-from rig.config.schema import ConfigError, load_config
+from rig.config import ConfigError, load_config
 from rig.plan.processes import build_plan, busy_ports
 
 CPU_TINY = Path(__file__).resolve().parent.parent / "configs" / "cpu-tiny.yaml"

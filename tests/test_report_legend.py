@@ -6,7 +6,7 @@ from __future__ import annotations
 from conftest import ROOT
 from rich.console import Console
 
-from rig.config.schema import load_config
+from rig.config import load_config
 from rig.report.render import RunResult, print_summary, render_summary_md
 from rig.judge.verdict import ScenarioVerdict
 

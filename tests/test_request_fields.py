@@ -10,7 +10,7 @@ from pydantic import ValidationError
 
 from rig.judge.checks import stream_check
 from rig.transport.client import Hop, PDRecord
-from rig.config.schema import ConfigError, load_config
+from rig.config import ConfigError, load_config
 from rig.observe.parity import compare_choices, compare_hops
 from rig.config.request_fields import RequestFields
 from rig.run.runner import SuiteRunner, new_run_dir

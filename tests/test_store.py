@@ -20,7 +20,7 @@ import pytest
 
 from rig.observe import metrics as m
 from rig.transport.client import PDClient
-from rig.config.schema import ScenarioConfig, load_config
+from rig.config import ScenarioConfig, load_config
 from rig.observe.observations import DrainResult, ScenarioObservation
 from rig.workload import store as st
 from rig.workload.edge import Endpoint
@@ -400,7 +400,7 @@ def test_fatal_line_fails(tmp_path):
 def test_every_configurable_kind_has_a_runner_and_a_judge():
     import typing
 
-    from rig.config.schema import ScenarioConfig
+    from rig.config import ScenarioConfig
     from rig.run.kinds import KINDS
     from rig.workload.store import STORE_KINDS
 

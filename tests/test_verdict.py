@@ -14,7 +14,7 @@ from rig.judge import verdict as engine
 from rig.transport.client import Hop, PDRecord
 from rig.cluster.processes import FATAL_PATTERNS
 from rig.cluster.logs import matching_lines
-from rig.config.schema import ScenarioConfig
+from rig.config import ScenarioConfig
 from rig.observe.metrics import parse_metrics
 from rig.observe.observations import DrainResult, ScenarioObservation, TransferEvidence
 from rig.observe.parity import ParityResult

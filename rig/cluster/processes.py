@@ -30,7 +30,7 @@ from pathlib import Path
 import httpx
 
 from rig.cluster.logs import FileLog, LogSource, start_marker, stop_marker
-from rig.plan.processes import Plan, ProcessSpec, probe_host
+from rig.plan.spec import Plan, ProcessSpec, probe_host
 from rig.cluster.reaper import Reaper, kill_groups
 
 # Set by the CLI's signal handlers (install_signal_handlers): stop waiting for servers to start.

@@ -1,8 +1,8 @@
 """Help for people writing configs: nearest valid names, field listings, where suites are.
 
-A leaf module (imports nothing from the rig): :mod:`rig.config.schema` uses it to word its errors,
+A leaf module (imports nothing from the rig): :mod:`rig.config.loading` uses it to word its errors,
 ``pdrig config --explain`` to list fields. Every function takes the pydantic model class to
-inspect, so the models stay in :mod:`rig.config.schema`.
+inspect, so the models stay in their own modules of :mod:`rig.config`.
 
 - :func:`nearest` - the did-you-mean of every error (difflib's ratio, cutoff 0.6).
 - :func:`model_at` - the model class a dotted location points into (lists and optionals unwrapped).

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from rig.judge.checks import (Check, alive_check, fatal_log_check, idle_check, kv_integrity_check, parity_check,
                         stream_check)
-from rig.config.schema import ScenarioConfig
+from rig.config import ScenarioConfig
 from rig.workload.faults import DIAGNOSED, FaultEvent, FaultResult
 from rig.observe.observations import ScenarioObservation
 

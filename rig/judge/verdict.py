@@ -36,7 +36,7 @@ from packaging.version import InvalidVersion, Version
 
 from rig.judge.checks import (KV_PULLED_METRICS, Check, alive_check, completion_checks, fatal_log_check,
                         idle_check, kv_integrity_check, not_checked_for_metrics, parity_check)
-from rig.config.schema import KnownIssue, ScenarioConfig
+from rig.config import KnownIssue, ScenarioConfig
 from rig.observe.observations import ScenarioObservation
 from rig.judge.signatures import BlockFacts, Match, RequestFacts, facts_of_records, match
 
@@ -255,7 +255,7 @@ def canary_match(obs: ScenarioObservation, checks: list[Check], reqs: list[Reque
 def edge_checks(sc: ScenarioConfig, obs: ScenarioObservation, outcome=None) -> list[Check]:
     """The checks of an edge-like scenario: completed, token-counts, kv-pulled, parity, alive,
     no-fatal-log, kv-integrity, idle-after (:mod:`rig.judge.checks`). ``outcome`` defaults to
-    ``sc.expect`` (the version's outcome, :meth:`rig.config.schema.Expectation.for_version`)."""
+    ``sc.expect`` (the version's outcome, :meth:`rig.config.Expectation.for_version`)."""
     outcome = outcome or sc.expect
     out = completion_checks(outcome, obs.records)
     if outcome.http_status is None:

@@ -18,7 +18,7 @@ import httpx
 from rig.observe import metrics as m
 from rig.transport.client import PDClient, PDRecord
 from rig.cluster.processes import Cluster
-from rig.config.schema import RigConfig, ScenarioConfig
+from rig.config import RigConfig, ScenarioConfig
 from rig.judge.early_verdict import AdmissionReasoning
 from rig.observe.observations import ScenarioObservation, SnapshotStore
 from rig.judge.signatures import BlockFacts

@@ -27,7 +27,7 @@ from pathlib import Path
 from rig.cluster.builds import (DEFAULT_BUILDS_FILE, BuildError, Builder, BuildsFile, SuiteSpec, apply_fixes,
                         builds_dir, fixed_note, load_builds)
 from rig.cli import preflight
-from rig.config.schema import ConfigError, RigConfig, load_config
+from rig.config import ConfigError, RigConfig, load_config
 from rig.report.grid import ENGINE_DEATH, BuildRuns, IssueRef, build_grid, render_junit, render_md
 from rig.report.render import write_report
 from rig.run.runner import SuiteRunner, select_scenarios

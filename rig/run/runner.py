@@ -29,7 +29,9 @@ from rig.transport import aio
 from rig.observe import metrics as m
 from rig.transport.client import PDClient
 from rig.cluster.processes import Cluster, ClusterError
-from rig.config.schema import ConfigError, RigConfig, ScenarioConfig
+from rig.config import ConfigError, RigConfig, ScenarioConfig
+from rig.cluster.mooncake import master_binary
+from rig.connectors.mooncake import MASTER_ROLE
 from rig.observe.evidence import UNKNOWN_VERSION, LogScanner, MetricPresence, metric_presence, read_versions, settle_deaths
 from rig.cluster.logs import LogSource
 from rig.observe.observations import ScenarioObservation, SnapshotStore, TransferEvidence, wait_idle
@@ -149,7 +151,7 @@ class SuiteRunner:
                 self.result.config = self.cfg.model_dump(mode="json")  # ports.free: the ports used
             # Attached: nothing is launched, so no model is built; endpoints as attach.endpoints says.
             model_path = "(attached: served by the deployment)" if self.attach else resolve_model(self.cfg)
-            plan = build_plan(self.cfg, self.run_dir, model_path, sys.executable)
+            plan = build_plan(self.cfg, self.run_dir, model_path, sys.executable, master_binary(self.cfg))
             if self.attach:
                 plan = with_endpoints(plan, self.cfg.attach.endpoints)
             self.result.plan = plan.to_json()
@@ -228,7 +230,7 @@ class SuiteRunner:
         # A fresh connection per scrape: on a keep-alive connection, D's /metrics answered up to
         # 4.6 s late during the 0.32.0 livelock on a 2-core host, against < 1 s for new ones.
         http = httpx.AsyncClient(timeout=10.0, limits=httpx.Limits(max_keepalive_connections=0))
-        extra = [p.name for p in plan.processes if p.role == "mooncake-master"]
+        extra = [p.name for p in plan.processes if p.role == MASTER_ROLE]
         try:
             for i, ph in enumerate(phases_of(self.cfg, self.scenarios)):
                 needed = set(extra) | {ph.prefill, ph.decode}

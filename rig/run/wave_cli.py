@@ -32,7 +32,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from rig.transport import aio
-from rig.config.schema import ConfigError, RigConfig
+from rig.config import ConfigError, RigConfig
 
 DEFAULT_CONFIG = "configs/cpu-tiny.yaml"
 
@@ -85,7 +85,7 @@ def add_wave_parser(subparsers: Any) -> argparse.ArgumentParser:
 
 
 def _load_config(args: argparse.Namespace) -> RigConfig | None:
-    from rig.config.schema import load_config
+    from rig.config import load_config
 
     if not Path(args.config).is_file():
         if args.config != DEFAULT_CONFIG or args.overrides:
@@ -147,7 +147,7 @@ def build_scenario(args: argparse.Namespace, cfg: RigConfig | None) -> Any:
     """The ScenarioConfig of the wave from the arguments (pydantic validation -> ConfigError)."""
     from pydantic import ValidationError
 
-    from rig.config.schema import ScenarioConfig
+    from rig.config import ScenarioConfig
 
     kind = f"{args.kind}-wave"
     wave: dict[str, Any] = {}

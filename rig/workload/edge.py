@@ -20,7 +20,7 @@ import httpx
 
 from rig.observe import metrics as m
 from rig.transport.client import Hop, PDClient, PDRecord, cancel_task, classify, prefill_failure
-from rig.config.schema import ScenarioConfig
+from rig.config import ScenarioConfig
 from rig.observe.observations import ScenarioObservation, SnapshotStore
 from rig.observe.parity import compare_hops
 from rig.config.request_fields import RequestFields

@@ -34,7 +34,7 @@ import httpx
 from rig.observe import metrics as m
 from rig.transport.client import PDRecord, cancel_task, classify, prefill_failure
 from rig.cluster.processes import ClusterError
-from rig.config.schema import ScenarioConfig
+from rig.config import ScenarioConfig
 from rig.config.faults import Fault
 from rig.observe.observations import DrainResult, ScenarioObservation, wait_idle
 from rig.observe.parity import compare_hops

@@ -43,7 +43,7 @@ from typing import Any
 import httpx
 
 from rig.observe import metrics as m
-from rig.config.schema import RigConfig, ScenarioConfig, WaveConfig
+from rig.config import RigConfig, ScenarioConfig, WaveConfig
 from rig.observe.observations import KV_EPS, DrainResult, ScenarioObservation, SnapshotStore, absent_gauges, idle_verdict, wait_idle
 from rig.observe.progress import WaveProgress
 from rig.observe.stall import StallEpisodes, cache_info  # noqa: F401  (cache_info: re-exported)
