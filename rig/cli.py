@@ -74,8 +74,8 @@ def preflight(cfg: RigConfig) -> None:
 
 
 def cpu_problem(cfg: RigConfig) -> str:
-    """:func:`rig.cluster.processes.unavailable_cpus` for the config's instances ("" when all fit)."""
-    from rig.cluster.processes import unavailable_cpus
+    """:func:`rig.cluster.scheduling.unavailable_cpus` for the config's instances ("" when all fit)."""
+    from rig.cluster.scheduling import unavailable_cpus
 
     return unavailable_cpus((role, inst.name, inst.cpus or ()) for role, inst in cfg.instances())
 

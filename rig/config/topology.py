@@ -156,9 +156,9 @@ class RigConfig(StrictModel):
                 continue
             plain = []
             for role, ref, pool in (("prefill", sc.prefill, self.prefill), ("decode", sc.decode, self.decode)):
-                inst = next((i for i in pool if i.name == ref), pool[0] if ref is None else None)
-                if inst is not None and self.connector_of(inst) not in STORE_MODES:
-                    plain.append(f"{role} {inst.name} ({self.connector_of(inst)})")
+                chosen = next((i for i in pool if i.name == ref), pool[0] if ref is None else None)
+                if chosen is not None and self.connector_of(chosen) not in STORE_MODES:
+                    plain.append(f"{role} {chosen.name} ({self.connector_of(chosen)})")
             if plain:
                 problems.append(f"scenario {sc.name} (kind {sc.kind}) needs a store connector "
                                 f"({' or '.join(STORE_MODES)}) on prefill and decode; not on {', '.join(plain)}")
