@@ -63,13 +63,10 @@ def container_plan(cfg: RigConfig, names: list[str] | None = None) -> Plan:
 
     With ``names``, only those processes (and any Mooncake master, which the engines need):
     on a small host all of a config's instances at once starve each other (README, CPU notes).
-    Ports and side-channel ports stay those of the whole config. An unset
-    ``mooncake.master_binary`` becomes ``mooncake_master`` (on the image's PATH) so the plan does
-    not name a binary found in the host's venv. ``cfg`` itself is not changed.
+    Ports and side-channel ports stay those of the whole config. No host binary is passed to
+    build_plan, so an unset ``mooncake.master_binary`` is ``mooncake_master`` on the image's PATH,
+    not a binary found in the host's venv.
     """
-    if cfg.mooncake.master_binary is None:
-        cfg = cfg.model_copy(update={"mooncake": cfg.mooncake.model_copy(
-            update={"master_binary": "mooncake_master"})})
     plan = build_plan(cfg, CONTAINER_RUN_DIR, container_model_path(cfg), CONTAINER_PYTHON)
     if names is None:
         return plan
