@@ -33,7 +33,8 @@ from rig.cluster.processes import Cluster, ClusterError, install_signal_handlers
 from rig.config import ConfigError, RigConfig, load_config
 from rig.config.help import REPO_CONFIGS, unknown_scenarios_message
 from rig.connectors.mooncake import MASTER_ROLE
-from rig.plan.processes import build_plan, busy_ports
+from rig.cluster.probes import busy_ports
+from rig.plan.processes import build_plan
 
 DEFAULT_CONFIG = "configs/cpu-tiny.yaml"
 

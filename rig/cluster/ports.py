@@ -31,7 +31,7 @@ from typing import Any
 
 from rig.cluster.processes import ClusterError
 from rig.config import ConfigError, RigConfig
-from rig.plan.processes import bindable
+from rig.cluster.probes import bindable
 
 FREE_SEARCH_STEPS = 2000  # offsets tried by ports.free before giving up
 

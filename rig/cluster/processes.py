@@ -38,7 +38,7 @@ from rig.cluster.logs import FileLog, LogSource, start_marker, stop_marker
 from rig.plan.spec import Plan, ProcessSpec, probe_host
 from rig.cluster.reaper import Reaper, kill_groups
 from rig.cluster.scheduling import lower_engine_priority, lower_group_priority, pin_cpus, unavailable_cpus
-from rig.plan.processes import busy_ports
+from rig.cluster.probes import busy_ports
 
 # Set by the CLI's signal handlers (install_signal_handlers): stop waiting for servers to start.
 INTERRUPTED = threading.Event()

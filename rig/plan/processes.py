@@ -6,14 +6,12 @@ no files and starts nothing, so ``pdrig plan`` can print it and the GPU profiles
 unit-tested argument by argument on a machine without GPUs; what depends on the host (the
 interpreter, the model directory, the ``mooncake_master`` binary) is passed in. The connector
 JSON comes from rig.connectors, the Mooncake master and store files from rig.plan.mooncake.
-``busy_ports`` is the one impure helper: it asks the OS which of the plan's ports are taken
-before anything is launched.
+Whether the plan's ports are free on this host is the cluster's question (rig.cluster.probes).
 """
 
 from __future__ import annotations
 
 import json
-import socket
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -23,7 +21,7 @@ from rig.config import InstanceConfig, RigConfig
 from rig.connectors.kv_transfer import STORE_MODES, kv_transfer_config as connector_json
 from rig.connectors.mooncake import MASTER_BINARY_NAME
 from rig.plan import mooncake
-from rig.plan.spec import Plan, ProcessSpec, probe_host
+from rig.plan.spec import Plan, ProcessSpec
 
 # Environment every CPU server needs (measured; docs/vllm-cpu-facts.md "Environment every CPU server gets"):
 CPU_ENV = {
@@ -175,26 +173,3 @@ def with_endpoints(plan: Plan, endpoints: dict[str, str]) -> Plan:
             spec = replace(spec, host=url.hostname, port=url.port, ready_ports=())
         procs.append(spec)
     return replace(plan, processes=tuple(procs))
-
-
-def _port_ports(spec: ProcessSpec) -> list[int]:
-    return [spec.port, *spec.ready_ports]
-
-
-def bindable(port: int, host: str) -> bool:
-    """True when a TCP socket can bind ``probe_host(host):port`` now (SO_REUSEADDR, so a port
-    in TIME_WAIT from a previous run counts as free)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            s.bind((probe_host(host), port))
-            return True
-        except OSError:
-            return False
-
-
-def busy_ports(plan: Plan, names: list[str] | None = None) -> list[tuple[str, int]]:
-    """``(process, port)`` pairs of the plan whose port cannot be bound right now
-    (:func:`bindable` on the process's host). Only ``names`` are checked when given."""
-    return [(spec.name, port) for spec in plan.processes if names is None or spec.name in names
-            for port in _port_ports(spec) if not bindable(port, spec.host)]
