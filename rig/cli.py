@@ -26,11 +26,14 @@ import time
 from datetime import UTC
 from pathlib import Path
 
+from rig.cluster import mooncake
 from rig.cluster.preflight import cpu_problem, preflight
+from rig.cluster.probes import busy_ports
 from rig.cluster.processes import Cluster, ClusterError, install_signal_handlers
+from rig.config import ConfigError, RigConfig, load_config
 from rig.config.help import DEFAULT_CONFIG, REPO_CONFIGS, config_path, unknown_scenarios_message
-from rig.config.schema import ConfigError, RigConfig, load_config
-from rig.plan.processes import build_plan, busy_ports
+from rig.connectors.mooncake import MASTER_ROLE
+from rig.plan.processes import build_plan
 from rig.transport import aio
 
 
@@ -109,7 +112,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
     cfg = load_config(args.config, args.overrides)
     plan = build_plan(cfg, Path(cfg.run_root) / "<timestamp>-" f"{cfg.name}", resolve_model(cfg, build=False),
-                      sys.executable)
+                      sys.executable, mooncake.master_binary(cfg))
     if args.json:
         print(json.dumps(plan.to_json(), indent=1))
         return 0
@@ -170,8 +173,8 @@ def cmd_up(args: argparse.Namespace) -> int:
     run_dir = new_run_dir(cfg, f"{cfg.name}-up")
     cfg, ports = reserve(cfg, str(run_dir.resolve()))  # held until exit: a second run refuses at once
     with ports:
-        plan = build_plan(cfg, run_dir, resolve_model(cfg), sys.executable)
-        names = [p.name for p in plan.processes if p.role == "mooncake-master"] + engines
+        plan = build_plan(cfg, run_dir, resolve_model(cfg), sys.executable, mooncake.master_binary(cfg))
+        names = [p.name for p in plan.processes if p.role == MASTER_ROLE] + engines
         print(f"starting {', '.join(names)}: {why}", flush=True)
         with Cluster(plan, cfg.timeouts.startup_s, cfg.timeouts.shutdown_grace_s) as cluster:
             ready = cluster.start(names)

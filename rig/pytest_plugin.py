@@ -20,7 +20,7 @@ A P/D case (``edge-126`` of the edge suite, with its known issue)::
 Fixtures:
 
 - ``pdrig`` (per test, over one session): :meth:`PDRigCase.scenario` takes the fields of a YAML
-  scenario (``rig.config.schema.ScenarioConfig``; ``name`` defaults to the test's name), runs it on the
+  scenario (``rig.config.ScenarioConfig``; ``name`` defaults to the test's name), runs it on the
   session's topology through the same runner and verdict engine as ``pdrig e2e``
   (:meth:`rig.run.runner.SuiteRunner.run_on`, ``rig.judge.verdict``) and turns the verdict into the test's
   outcome: PASS passes, XFAIL is ``pytest.xfail``, FAIL / XPASS / ERROR fail with the rig's
@@ -32,7 +32,7 @@ Fixtures:
 - ``pdrig_session``: the session's :class:`PDRigSession` (config, run directory, cluster).
 
 Markers: ``pdrig_known_issue(**fields)`` (or one dict): the YAML's ``known_issue`` mapping,
-validated by ``rig.config.schema.KnownIssue`` (strict: a pass on an affected version is XPASS and fails;
+validated by ``rig.config.KnownIssue`` (strict: a pass on an affected version is XPASS and fails;
 ``affects`` is a PEP 440 range on the servers' vLLM version; ``symptom`` is the signature the
 failure must match, on the requests that show it, for XFAIL), so the marker follows the model.
 ``pdrig_pair(prefill=..., decode=...)``: the instances ``pd_client`` uses.
@@ -50,6 +50,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
+from rig.connectors.mooncake import MASTER_ROLE
 
 RUN_DIR_PROPERTY = "pdrig_run_dir"
 _DEFAULT_CONFIG = Path(__file__).resolve().parent.parent / "configs" / "cpu-tiny.yaml"
@@ -73,7 +75,7 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 def known_issue_of(item: pytest.Item):
-    """The :class:`rig.config.schema.KnownIssue` of the test's ``pdrig_known_issue`` marker, or None.
+    """The :class:`rig.config.KnownIssue` of the test's ``pdrig_known_issue`` marker, or None.
 
     Raises pytest.UsageError naming the field when the mapping does not validate."""
     mark = item.get_closest_marker("pdrig_known_issue")
@@ -81,7 +83,7 @@ def known_issue_of(item: pytest.Item):
         return None
     from pydantic import ValidationError
 
-    from rig.config.schema import KnownIssue
+    from rig.config import KnownIssue
 
     fields = dict(mark.args[0]) if mark.args else {}
     fields.update(mark.kwargs)
@@ -99,13 +101,13 @@ class PDRigSession:
 
     One :class:`rig.run.runner.SuiteRunner` for the session: every scenario lands in one report in
     ``run_dir`` (report.json, junit.xml, summary.md, the servers' logs). Raises
-    ``rig.config.schema.ConfigError`` for a bad config, ``rig.cluster.processes.ClusterError`` when an instance
+    ``rig.config.ConfigError`` for a bad config, ``rig.cluster.processes.ClusterError`` when an instance
     cannot start.
     """
 
     def __init__(self, config_path: str, overrides: list[str]):
         from rig.cluster.preflight import preflight
-        from rig.config.schema import load_config
+        from rig.config import load_config
         from rig.run.runner import SuiteRunner, new_run_dir
 
         self.cfg = load_config(config_path, overrides)
@@ -124,11 +126,13 @@ class PDRigSession:
 
             import yaml
 
+            from rig.cluster.mooncake import master_binary
             from rig.cluster.processes import Cluster
             from rig.plan.processes import build_plan
             from rig.run.runner import resolve_model
 
-            plan = build_plan(self.cfg, self.run_dir, resolve_model(self.cfg), sys.executable)
+            plan = build_plan(self.cfg, self.run_dir, resolve_model(self.cfg), sys.executable,
+                              master_binary(self.cfg))
             self.runner.result.plan = plan.to_json()
             (self.run_dir / "plan.json").write_text(json.dumps(plan.to_json(), indent=1))
             (self.run_dir / "config.yaml").write_text(yaml.safe_dump(self.runner.result.config, sort_keys=False))
@@ -138,7 +142,7 @@ class PDRigSession:
     def scenario(self, fields: dict[str, Any]):
         """Validate ``fields`` as a scenario of this config (instance names, lengths, lease rules:
         the config's own validators) and run it; returns its ``ScenarioVerdict``."""
-        from rig.config.schema import ConfigError, RigConfig
+        from rig.config import ConfigError, RigConfig
 
         try:
             cfg = RigConfig.model_validate({**self.cfg.model_dump(mode="json"), "scenarios": [fields]})
@@ -151,7 +155,7 @@ class PDRigSession:
         instances as the runner does between phases; returns their names."""
         p, d = prefill or self.cfg.prefill[0].name, decode or self.cfg.decode[0].name
         cluster = self.cluster
-        extra = [s.name for s in cluster.plan.processes if s.role == "mooncake-master"]
+        extra = [s.name for s in cluster.plan.processes if s.role == MASTER_ROLE]
         cluster.stop([n for n in cluster.procs if n not in {p, d, *extra}])
         cluster.start([*extra, p, d])
         return p, d
@@ -220,7 +224,7 @@ class PDRigCase:
 
 
 def _scenario_name(test_name: str) -> str:
-    """A scenario name (rig.config.schema.NAME_PATTERN) from a test name: ``test_edge_126[x]`` -> ``edge-126-x``."""
+    """A scenario name (rig.config.NAME_PATTERN) from a test name: ``test_edge_126[x]`` -> ``edge-126-x``."""
     name = re.sub(r"[^a-z0-9]+", "-", test_name.lower().removeprefix("test_")).strip("-")
     return name or "case"
 
@@ -286,7 +290,7 @@ def pdrig_session(request: pytest.FixtureRequest):
     """The session's :class:`PDRigSession`; its servers stop when the session ends."""
     cfg = request.config
     path = cfg.getoption("--pdrig-config") or cfg.getini("pdrig_config") or str(_DEFAULT_CONFIG)
-    from rig.config.schema import ConfigError
+    from rig.config import ConfigError
 
     try:
         session = PDRigSession(path, cfg.getoption("--pdrig-set"))

@@ -142,14 +142,15 @@ def bare_startup(config: str, overrides: list[str], work: Path, names: list[str]
     Raises RuntimeError when one exits or is not ready within ``timeout_s``; nothing outlives it."""
     import httpx
 
-    from rig.config.schema import load_config
+    from rig.cluster.mooncake import master_binary
+    from rig.config import load_config
     from rig.plan.processes import build_plan
     from rig.run.runner import resolve_model
 
     cfg = load_config(config, overrides)
     run_dir = work / ("bare" if names is None else "bare-all")
     (run_dir / "logs").mkdir(parents=True, exist_ok=True)
-    plan = build_plan(cfg, run_dir, resolve_model(cfg), sys.executable)
+    plan = build_plan(cfg, run_dir, resolve_model(cfg), sys.executable, master_binary(cfg))
     specs = ({"prefill": plan.by_name(cfg.prefill[0].name), "decode": plan.by_name(cfg.decode[0].name)}
              if names is None else {n: plan.by_name(n) for n in names})
     procs: dict[str, subprocess.Popen] = {}
@@ -244,7 +245,7 @@ def main(argv: list[str] | None = None) -> int:
                          "measured floor of a parallel start-up")
     ap.add_argument("--out", help="JSON output (default runs/bench/e2e-<stamp>.json)")
     args = ap.parse_args(argv)
-    from rig.config.schema import load_config
+    from rig.config import load_config
 
     cfg = load_config(args.config, args.overrides)
     stamp = datetime.now(UTC).strftime("%Y%m%d-%H%M%S")

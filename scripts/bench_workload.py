@@ -114,7 +114,7 @@ async def _child_engine(args: argparse.Namespace) -> dict:
 async def _child_wave(args: argparse.Namespace) -> dict:
     import httpx
 
-    from rig.config.schema import ScenarioConfig
+    from rig.config import ScenarioConfig
     from rig.observe.observations import SnapshotStore
     from rig.workload.edge import Endpoint
     from rig.workload.waves import run_wave

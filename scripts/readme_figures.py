@@ -70,7 +70,7 @@ def rig(*args: str) -> list[str]:
 def runs_of(config: str) -> Path:
     """The config's ``run_root`` (relative to the repository, where the commands run)."""
     sys.path.insert(0, str(ROOT))
-    from rig.config.schema import load_config
+    from rig.config import load_config
 
     return ROOT / load_config(ROOT / config).run_root
 

@@ -25,7 +25,7 @@ from conftest import fake_config, scenario, write_config
 from rig import cli
 from rig.cluster.logs import ComposeLog, FileLog, KubernetesLog, attach_log_source
 from rig.cluster.processes import Cluster
-from rig.config.schema import ConfigError, load_config
+from rig.config import ConfigError, load_config
 from rig.plan.processes import build_plan, with_endpoints
 from rig.run.runner import resolve_model
 

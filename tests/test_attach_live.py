@@ -20,7 +20,7 @@ import pytest
 
 from rig import cli
 from rig.cluster.processes import Cluster, processes_of_run
-from rig.config.schema import load_config
+from rig.config import load_config
 from rig.plan.processes import build_plan
 from rig.run.runner import SuiteRunner, resolve_model
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from conftest import LIVELOCK, fake_config, scenario, write_config
-from rig.config.schema import load_config
+from rig.config import load_config
 from rig.run.runner import SuiteRunner, new_run_dir
 from test_evidence_fake import base  # noqa: F401 - the fixture: per-test dir, no fake survives
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from rig.cluster.builds import Builder, BuildError, apply_fixes, apply_patch, load_builds, patched_files, site_packages
-from rig.config.schema import ConfigError, load_config
+from rig.config import ConfigError, load_config
 
 ROOT = Path(__file__).resolve().parents[1]
 SEED = ROOT / "patches" / "vllm-0.32.0-spec-step-blocks-per-request.patch"

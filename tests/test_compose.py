@@ -16,9 +16,9 @@ import jsonschema
 import pytest
 import yaml
 
-from rig.config.schema import load_config
+from rig.config import load_config
 from rig.plan import compose
-from rig.plan.processes import Plan, ProcessSpec
+from rig.plan.spec import Plan, ProcessSpec
 
 ROOT = Path(__file__).resolve().parent.parent
 SCHEMA = json.loads((ROOT / "tests" / "data" / "compose-spec.json").read_text())
@@ -240,18 +240,15 @@ def test_hf_cache_bind_when_given():
 
 
 def test_container_plan_uses_the_images_master_binary(monkeypatch):
-    cfg = load_config(ROOT / "configs" / "cpu-tiny.yaml")
-    seen = {}
-
-    def fake_build_plan(c, run_dir, model_path, python):
-        seen.update(binary=c.mooncake.master_binary, run_dir=run_dir, model=model_path, python=python)
-        return "plan"
-
-    monkeypatch.setattr(compose, "build_plan", fake_build_plan)
-    assert compose.container_plan(cfg) == "plan"
-    assert seen == {"binary": "mooncake_master", "run_dir": "/rig/run", "model": "/rig/model",
-                    "python": "python3"}
-    assert cfg.mooncake.master_binary is None  # the caller's config is untouched
+    cfg = load_config(ROOT / "configs" / "cpu-tiny-mooncake.yaml")
+    monkeypatch.setattr("rig.cluster.mooncake.find_master_binary", lambda venv=None: "/host/venv/mooncake_master")
+    plan = compose.container_plan(cfg)
+    # Not a binary of the host's venv: the one on the image's PATH.
+    assert plan.by_name("mooncake-master").argv[0] == "mooncake_master"
+    assert (plan.run_dir, plan.model_path) == ("/rig/run", "/rig/model")
+    assert plan.by_name("prefill").argv[0] == "python3"
+    own = load_config(ROOT / "configs" / "cpu-tiny-mooncake.yaml", ["mooncake.master_binary=/opt/mc/mooncake_master"])
+    assert compose.container_plan(own).by_name("mooncake-master").argv[0] == "/opt/mc/mooncake_master"
 
 
 @pytest.mark.parametrize("profile", ["cpu-tiny", "l4x2", "cpu-tiny-mooncake"])

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from rig.config.schema import ConfigError, RigConfig, load_config
+from rig.config import ConfigError, RigConfig, load_config
 
 CONFIGS = Path(__file__).resolve().parent.parent / "configs"
 CPU_TINY = CONFIGS / "cpu-tiny.yaml"

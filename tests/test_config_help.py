@@ -10,8 +10,8 @@ import pytest
 import yaml
 
 from rig import cli
+from rig.config import ConfigError, RigConfig, load_config
 from rig.config.help import explain, model_at, nearest, scenarios_by_suite
-from rig.config.schema import ConfigError, RigConfig, load_config
 
 CONFIGS = Path(__file__).resolve().parent.parent / "configs"
 CPU_TINY = CONFIGS / "cpu-tiny.yaml"
@@ -30,7 +30,7 @@ def test_nearest():
 
 
 def test_model_at_walks_lists_and_optionals():
-    from rig.config.schema import InstanceConfig, SpeculativeConfig, WaveConfig
+    from rig.config import InstanceConfig, SpeculativeConfig, WaveConfig
 
     assert model_at(RigConfig, ["decode", 0]) is InstanceConfig
     assert model_at(RigConfig, ["decode", 1, "speculative"]) is SpeculativeConfig

@@ -16,7 +16,7 @@ import pytest
 
 from conftest import LIVELOCK, fake_config, scenario, write_config
 from rig.cluster.processes import Cluster
-from rig.config.schema import load_config
+from rig.config import load_config
 from rig.judge.early_verdict import AdmissionReasoning
 from rig.judge.signatures import BlockFacts
 from rig.observe.metrics import parse_metrics

@@ -16,7 +16,7 @@ import pytest
 from conftest import fake_config, kill_pids, scenario, wait_no_survivors, write_config
 from rig.cluster.logs import FileLog
 from rig.cluster.processes import Cluster, ClusterError
-from rig.config.schema import load_config
+from rig.config import load_config
 from rig.plan.processes import build_plan
 from rig.run.runner import SuiteRunner, new_run_dir, resolve_model
 

@@ -8,8 +8,8 @@ import pytest
 from pydantic import ValidationError
 
 from conftest import fake_config, write_config
+from rig.config import ConfigError, load_config
 from rig.config.faults import Fault, FaultScenarioConfig, Trigger
-from rig.config.schema import ConfigError, load_config
 from rig.judge.checks import Check
 from rig.judge.fault_checks import fault_fired_check, fault_outcome_check, recovery_serves_check
 from rig.observe.observations import ScenarioObservation

@@ -18,7 +18,7 @@ import pytest
 
 from conftest import fake_config, kill_pids, wait_no_survivors, write_config
 from rig.cluster.processes import Cluster, processes_of_run
-from rig.config.schema import load_config
+from rig.config import load_config
 from rig.plan.processes import build_plan
 from rig.run.runner import SuiteRunner, new_run_dir
 

@@ -19,7 +19,7 @@ import pytest
 
 from conftest import LIVELOCK, fake_config, kill_pids, scenario, wait_no_survivors, write_config
 from rig import cli
-from rig.config.schema import load_config
+from rig.config import load_config
 from rig.run.runner import SuiteRunner, new_run_dir
 
 ROOT_DIR = Path(__file__).resolve().parent.parent

@@ -22,7 +22,7 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from rig.config.schema import ConfigError, load_config
+from rig.config import ConfigError, load_config
 from rig.plan import compose, k8s
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -315,7 +315,7 @@ def test_readiness_probe_passes_exactly_when_the_server_is_ready(tmp_path):
     import time
 
     from conftest import FAKE, free_ports
-    from rig.plan.processes import ProcessSpec
+    from rig.plan.spec import ProcessSpec
 
     port, side = free_ports(2)
     spec = ProcessSpec(name="decode", role="decode", argv=(), env={}, log_path="", host="127.0.0.1",

@@ -90,19 +90,16 @@ LAZY: dict[tuple[str, str], str] = {
         "rig.transport.client", "rig.workload.edge", "rig.workload.prompts",
         "rig.workload.warmup")},
     **{("rig.run.wave_cli", m): _WAVE_CLI for m in (
-        "rig.config.schema", "rig.judge.verdict", "rig.observe.metrics", "rig.observe.observations",
+        "rig.config", "rig.judge.verdict", "rig.observe.metrics", "rig.observe.observations",
         "rig.report.render", "rig.workload.edge", "rig.workload.waves")},
     **{("rig.pytest_plugin", m): _PLUGIN for m in (
-        "rig.cluster.preflight", "rig.cluster.processes", "rig.config.schema", "rig.plan.processes", "rig.proxy",
+        "rig.cluster.mooncake", "rig.cluster.preflight", "rig.cluster.processes", "rig.config", "rig.plan.processes",
+        "rig.proxy",
         "rig.report.render", "rig.run.runner", "rig.transport.aio", "rig.transport.client")},
 }
 
 # Imports inside functions that dodge a cycle or serve nothing; the branch named removes them (issue #10).
 PENDING: dict[tuple[str, str], str] = {
-    ("rig.config.schema", "rig.plan.mooncake"): "h-cfgplan: the config <-> mooncake <-> plan cycle",
-    ("rig.plan.mooncake", "rig.config.schema"): "h-cfgplan",
-    ("rig.plan.mooncake", "rig.plan.processes"): "h-cfgplan",
-    ("rig.plan.processes", "rig.plan.mooncake"): "h-cfgplan",
     ("rig.run.kinds", "rig.judge.checks"): "h-workjudge: rewrites the workload -> judge glue in kinds.py",
     ("rig.run.kinds", "rig.judge.fault_checks"): "h-workjudge",
     ("rig.run.kinds", "rig.workload.faults"): "h-workjudge",
@@ -170,5 +167,5 @@ def test_the_finder_sees_a_function_level_import(tree_copy: Path):
     probe.write_text("import rig.judge.verdict\n\n\ndef f():\n    def g():\n        from ..config import schema\n"
                      "    import rig.cluster.ports\n    from rig.observe.metrics import parse\n")
     assert function_level_imports(probe, tree_copy) == {
-        ("rig.plan.probe", "rig.config.schema"), ("rig.plan.probe", "rig.cluster.ports"),
+        ("rig.plan.probe", "rig.config"), ("rig.plan.probe", "rig.cluster.ports"),
         ("rig.plan.probe", "rig.observe.metrics")}

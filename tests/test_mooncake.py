@@ -1,4 +1,6 @@
-"""Unit tests of rig.plan.mooncake: argv, JSON shapes and refusals (no server, no vLLM import)."""
+"""Unit tests of the Mooncake pieces: the pure builders (rig.connectors), the host probes
+(rig.cluster.mooncake), the plan glue (rig.plan.mooncake) and the config checks: argv, JSON
+shapes and refusals (no server, no vLLM import)."""
 
 from __future__ import annotations
 
@@ -8,7 +10,10 @@ import stat
 
 import pytest
 
-from rig.plan import mooncake as mc
+from rig.cluster import mooncake as host
+from rig.connectors import kv_transfer as kvt
+from rig.connectors import mooncake as mc
+from rig.plan import mooncake as topo
 
 # --- master_argv -------------------------------------------------------------------------------
 
@@ -115,27 +120,27 @@ def test_store_client_env_rejects_tiny_or_inverted_ranges():
 
 @pytest.mark.parametrize("role", ["kv_producer", "kv_consumer"])
 def test_nixl_config(role):
-    assert mc.kv_transfer_config("nixl", role, "cpu", None, "cpu") == {
+    assert kvt.kv_transfer_config("nixl", role, "cpu", None, "cpu") == {
         "kv_connector": "NixlConnector", "kv_role": role, "kv_buffer_device": "cpu"}
 
 
 def test_nixl_ignores_lookup_port_and_accepts_cuda_buffers_on_cuda():
-    assert "kv_connector_extra_config" not in mc.kv_transfer_config(
+    assert "kv_connector_extra_config" not in kvt.kv_transfer_config(
         "nixl", "kv_producer", "cpu", 50052, "cpu")
-    cfg = mc.kv_transfer_config("nixl", "kv_consumer", "cuda", None, "cuda")
+    cfg = kvt.kv_transfer_config("nixl", "kv_consumer", "cuda", None, "cuda")
     assert cfg["kv_buffer_device"] == "cuda"
 
 
 def test_nixl_rejects_device_buffer_on_cpu():
     with pytest.raises(ValueError, match=r"kv_buffer_device in \('cpu',\)"):
-        mc.kv_transfer_config("nixl", "kv_producer", "cpu", None, "cuda")
+        kvt.kv_transfer_config("nixl", "kv_producer", "cpu", None, "cuda")
     with pytest.raises(ValueError, match="does not support device 'npu'"):
-        mc.kv_transfer_config("nixl", "kv_producer", "npu", None, "cpu")
+        kvt.kv_transfer_config("nixl", "kv_producer", "npu", None, "cpu")
 
 
 @pytest.mark.parametrize("role,port", [("kv_producer", 50052), ("kv_consumer", 50053)])
 def test_store_config_json(role, port):
-    cfg = mc.kv_transfer_config("mooncake-store", role, "cpu", port, "cpu")
+    cfg = kvt.kv_transfer_config("mooncake-store", role, "cpu", port, "cpu")
     assert cfg == {
         "kv_connector": "MooncakeStoreConnector",
         "kv_role": role,
@@ -147,14 +152,14 @@ def test_store_config_json(role, port):
 def test_store_needs_lookup_rpc_port():
     for mode in ("mooncake-store", "nixl+store"):
         with pytest.raises(ValueError, match="lookup_rpc_port"):
-            mc.kv_transfer_config(mode, "kv_producer", "cpu", None, "cpu")
+            kvt.kv_transfer_config(mode, "kv_producer", "cpu", None, "cpu")
     with pytest.raises(ValueError, match="lookup_rpc_port"):
-        mc.kv_transfer_config("mooncake-store", "kv_producer", "cpu", 70000, "cpu")
+        kvt.kv_transfer_config("mooncake-store", "kv_producer", "cpu", 70000, "cpu")
 
 
 @pytest.mark.parametrize("role,port", [("kv_producer", 50052), ("kv_consumer", 50053)])
 def test_multi_connector_nixl_first(role, port):
-    cfg = mc.kv_transfer_config("nixl+store", role, "cpu", port, "cpu")
+    cfg = kvt.kv_transfer_config("nixl+store", role, "cpu", port, "cpu")
     assert cfg == {
         "kv_connector": "MultiConnector",
         "kv_role": role,
@@ -170,36 +175,36 @@ def test_multi_connector_nixl_first(role, port):
 
 def test_multi_connector_validates_nixl_child():
     with pytest.raises(ValueError, match="kv_buffer_device"):
-        mc.kv_transfer_config("nixl+store", "kv_producer", "cpu", 50052, "cuda")
+        kvt.kv_transfer_config("nixl+store", "kv_producer", "cpu", 50052, "cuda")
 
 
 def test_mooncake_p2p_refused_on_cpu_with_reason():
     with pytest.raises(ValueError) as exc:
-        mc.kv_transfer_config("mooncake-p2p", "kv_producer", "cpu", None, "cpu")
+        kvt.kv_transfer_config("mooncake-p2p", "kv_producer", "cpu", None, "cpu")
     msg = str(exc.value)
     assert "needs an accelerator" in msg
     assert "torch.accelerator.current_device_index()" in msg
     assert "Cannot access accelerator device when none is available" in msg
-    assert msg == mc.MOONCAKE_P2P_CPU_REFUSAL
+    assert msg == kvt.MOONCAKE_P2P_CPU_REFUSAL
 
 
 def test_mooncake_p2p_on_accelerator():
-    cfg = mc.kv_transfer_config("mooncake-p2p", "kv_consumer", "cuda", None, "cuda")
+    cfg = kvt.kv_transfer_config("mooncake-p2p", "kv_consumer", "cuda", None, "cuda")
     assert cfg["kv_connector"] == "MooncakeConnector"
     assert cfg["kv_role"] == "kv_consumer"
     with pytest.raises(ValueError, match="kv_producer or kv_consumer"):
-        mc.kv_transfer_config("mooncake-p2p", "kv_both", "cuda", None, "cuda")
+        kvt.kv_transfer_config("mooncake-p2p", "kv_both", "cuda", None, "cuda")
 
 
 def test_unknown_mode_and_role():
     with pytest.raises(ValueError, match="unknown mode 'lmcache'.*nixl\\+store"):
-        mc.kv_transfer_config("lmcache", "kv_producer", "cpu", None, "cpu")
+        kvt.kv_transfer_config("lmcache", "kv_producer", "cpu", None, "cpu")
     with pytest.raises(ValueError, match="unknown kv_role 'prefill'"):
-        mc.kv_transfer_config("nixl", "prefill", "cpu", None, "cpu")
+        kvt.kv_transfer_config("nixl", "prefill", "cpu", None, "cpu")
 
 
 def test_kv_both_allowed_for_store_and_nixl():
-    assert mc.kv_transfer_config("nixl+store", "kv_both", "cpu", 50052, "cpu")["kv_role"] == (
+    assert kvt.kv_transfer_config("nixl+store", "kv_both", "cpu", 50052, "cpu")["kv_role"] == (
         "kv_both")
 
 
@@ -207,24 +212,24 @@ def test_kv_both_allowed_for_store_and_nixl():
 
 
 def test_missing_system_libraries_reports_by_name():
-    assert mc.missing_system_libraries(["libc.so.6"]) == []
-    assert mc.missing_system_libraries(["libc.so.6", "libpdrig-nope.so.9"]) == [
+    assert host.missing_system_libraries(["libc.so.6"]) == []
+    assert host.missing_system_libraries(["libc.so.6", "libpdrig-nope.so.9"]) == [
         "libpdrig-nope.so.9"]
-    result = mc.missing_system_libraries()
+    result = host.missing_system_libraries()
     assert isinstance(result, list)
-    assert set(result) <= set(mc.REQUIRED_SYSTEM_LIBRARIES)
+    assert set(result) <= set(host.REQUIRED_SYSTEM_LIBRARIES)
 
 
 def test_describe_missing_libraries():
-    assert mc.describe_missing_libraries([]) == ""
-    text = mc.describe_missing_libraries(["libibverbs.so.1", "libnl-route-3.so.200", "libx.so"])
+    assert host.describe_missing_libraries([]) == ""
+    text = host.describe_missing_libraries(["libibverbs.so.1", "libnl-route-3.so.200", "libx.so"])
     assert "libibverbs.so.1 (Debian package libibverbs1)" in text
     assert "libx.so" in text
     assert text.endswith("apt-get install -y libibverbs1 libnl-route-3-200")
 
 
 def test_required_libraries_have_packages():
-    assert set(mc.REQUIRED_SYSTEM_LIBRARIES) == set(mc.DEBIAN_PACKAGE_FOR_LIBRARY)
+    assert set(host.REQUIRED_SYSTEM_LIBRARIES) == set(host.DEBIAN_PACKAGE_FOR_LIBRARY)
 
 
 def _make_exe(path):
@@ -238,9 +243,9 @@ def test_find_master_binary_prefers_package_elf(tmp_path):
     elf = venv / "lib" / "python3.11" / "site-packages" / "mooncake" / "mooncake_master"
     script = venv / "bin" / "mooncake_master"
     _make_exe(script)
-    assert mc.find_master_binary(venv) == str(script)
+    assert host.find_master_binary(venv) == str(script)
     _make_exe(elf)
-    assert mc.find_master_binary(venv) == str(elf)
+    assert host.find_master_binary(venv) == str(elf)
 
 
 def test_find_master_binary_ignores_non_executable(tmp_path):
@@ -249,8 +254,8 @@ def test_find_master_binary_ignores_non_executable(tmp_path):
     f.parent.mkdir(parents=True)
     f.write_text("")
     os.chmod(f, 0o644)
-    assert mc.find_master_binary(venv) is None
-    assert mc.find_master_binary(tmp_path / "absent") is None
+    assert host.find_master_binary(venv) is None
+    assert host.find_master_binary(tmp_path / "absent") is None
 
 
 # --- the topology: master process, per-instance files and env, plan (issue #3) ------------------
@@ -260,7 +265,7 @@ from pathlib import Path  # noqa: E402
 import jsonschema  # noqa: E402
 import yaml  # noqa: E402
 
-from rig.config.schema import ConfigError, load_config  # noqa: E402
+from rig.config import ConfigError, load_config  # noqa: E402
 from rig.plan import compose  # noqa: E402
 from rig.plan.processes import build_plan  # noqa: E402
 
@@ -281,8 +286,8 @@ def mc_plan(overrides=None, path=CPU_MC):
 
 def test_master_process_spec():
     cfg = mc_cfg(["mooncake.master_binary=/opt/mc/mooncake_master"])
-    spec = mc.master_process(cfg, RUN)
-    assert spec.name == spec.role == "mooncake-master"
+    spec = topo.master_process(cfg, RUN, host.master_binary(cfg))
+    assert spec.name == spec.role == mc.MASTER_ROLE == "mooncake-master"
     assert list(spec.argv) == mc.master_argv("/opt/mc/mooncake_master", "127.0.0.1", 8540, 8541, 8542)
     assert spec.port == 8542 and spec.health_path == "/health" and spec.base_url == "http://127.0.0.1:8542"
     assert spec.served_model is None  # cluster readiness skips /v1/models
@@ -294,31 +299,37 @@ def test_master_process_spec():
 
 def test_master_binary_found_or_bare_name(monkeypatch):
     cfg = mc_cfg()
-    monkeypatch.setattr(mc, "find_master_binary", lambda venv=None: "/found/mooncake_master")
-    assert mc.master_process(cfg, RUN).argv[0] == "/found/mooncake_master"
-    monkeypatch.setattr(mc, "find_master_binary", lambda venv=None: None)
-    assert mc.master_process(cfg, RUN).argv[0] == "mooncake_master"  # `pdrig plan` still works
+    monkeypatch.setattr(host, "find_master_binary", lambda venv=None: "/found/mooncake_master")
+    assert host.master_binary(cfg) == "/found/mooncake_master"
+    assert build_plan(cfg, RUN, "/m", "py", host.master_binary(cfg)).processes[0].argv[0] == "/found/mooncake_master"
+    monkeypatch.setattr(host, "find_master_binary", lambda venv=None: None)
+    assert host.master_binary(cfg) == "mooncake_master"  # `pdrig plan` still works
+    assert host.master_binary(mc_cfg(["mooncake.master_binary=/opt/mc/m"])) == "/opt/mc/m"
+    # Without a binary from the host (a container image): the config's, else the bare name.
+    assert build_plan(cfg, RUN, "/m", "py").processes[0].argv[0] == "mooncake_master"
 
 
 def test_instance_store_file_is_store_config_json():
     cfg = mc_cfg()
-    path, text = mc.instance_store_file(cfg, RUN, "decode")
+    path, text = topo.instance_store_file(cfg, RUN, "decode")
     assert path == f"{RUN}/mooncake/decode.json"
     assert json.loads(text) == mc.store_config("127.0.0.1", 8540, 8541, 64 << 20, 32 << 20, "tcp")
     with pytest.raises(KeyError):
-        mc.instance_store_file(cfg, RUN, "nope")
+        topo.instance_store_file(cfg, RUN, "nope")
 
 
 def test_client_port_ranges_disjoint_and_documented():
     cfg = mc_cfg()
-    assert mc.client_port_ranges(cfg, "prefill") == ((8550, 8553), (8554, 8555))
-    assert mc.client_port_ranges(cfg, "decode") == ((8558, 8561), (8562, 8563))
-    ports = list(mc.port_map(cfg).values())
+    assert cfg.store_client_ports("prefill") == mc.client_port_ranges(8540, 0) == ((8550, 8553), (8554, 8555))
+    assert cfg.store_client_ports("decode") == ((8558, 8561), (8562, 8563))
+    with pytest.raises(KeyError):
+        cfg.store_client_ports("nope")
+    ports = list(cfg.mooncake_ports().values())
     assert len(ports) == len(set(ports)) == 3 + 2 * 6
 
 
 def test_instance_store_env():
-    env = mc.instance_store_env(mc_cfg(), RUN, "prefill")
+    env = topo.instance_store_env(mc_cfg(), RUN, "prefill")
     assert env == {
         "MOONCAKE_CONFIG_PATH": f"{RUN}/mooncake/prefill.json", "VLLM_HOST_IP": "127.0.0.1",
         "MC_TCP_BIND_ADDRESS": "127.0.0.1", "MC_MIN_RPC_PORT": "8550", "MC_MAX_RPC_PORT": "8553",
@@ -327,14 +338,14 @@ def test_instance_store_env():
 
 
 def test_kv_transfer_config_nixl_extra():
-    out = mc.kv_transfer_config("nixl+store", "kv_producer", "cpu", 5840, "cpu", nixl_extra={"num_threads": 4})
+    out = kvt.kv_transfer_config("nixl+store", "kv_producer", "cpu", 5840, "cpu", nixl_extra={"num_threads": 4})
     assert out["kv_connector_extra_config"]["connectors"][0] == {
         "kv_connector": "NixlConnector", "kv_role": "kv_producer", "kv_buffer_device": "cpu",
         "kv_connector_extra_config": {"num_threads": 4}}
-    assert "kv_connector_extra_config" not in mc.kv_transfer_config(
+    assert "kv_connector_extra_config" not in kvt.kv_transfer_config(
         "nixl+store", "kv_producer", "cpu", 5840, "cpu", nixl_extra={})["kv_connector_extra_config"]["connectors"][0]
-    assert mc.kv_transfer_config("mooncake-store", "kv_consumer", "cpu", 5841, "cpu",
-                                 nixl_extra={"num_threads": 4}) == mc.kv_transfer_config(
+    assert kvt.kv_transfer_config("mooncake-store", "kv_consumer", "cpu", 5841, "cpu",
+                                 nixl_extra={"num_threads": 4}) == kvt.kv_transfer_config(
         "mooncake-store", "kv_consumer", "cpu", 5841, "cpu")
 
 
@@ -414,7 +425,7 @@ def test_compose_renders_the_mooncake_profile():
 def test_mooncake_p2p_refused_on_cpu_at_config_time():
     with pytest.raises(ConfigError) as e:
         load_config(CPU_TINY, ["connector=mooncake-p2p"])
-    assert mc.MOONCAKE_P2P_CPU_REFUSAL in str(e.value) and "connector:" in str(e.value)
+    assert kvt.MOONCAKE_P2P_CPU_REFUSAL in str(e.value) and "connector:" in str(e.value)
     assert str(e.value).count("needs an accelerator") == 1  # once, not per instance
     with pytest.raises(ConfigError, match=r"decode-6blk\.connector: mode 'mooncake-p2p'"):
         load_config(CPU_TINY, ["decode.decode-6blk.connector=mooncake-p2p"])
@@ -478,25 +489,25 @@ def test_mooncake_suite_loads():
 
 
 def test_preflight_names_missing_libraries(monkeypatch):
-    monkeypatch.setattr(mc, "missing_system_libraries", lambda *a: ["libibverbs.so.1", "libnl-3.so.200"])
+    monkeypatch.setattr(host, "missing_system_libraries", lambda *a: ["libibverbs.so.1", "libnl-3.so.200"])
     with pytest.raises(ConfigError) as e:
-        mc.preflight(mc_cfg())
+        host.preflight(mc_cfg())
     msg = str(e.value)
     assert "libibverbs.so.1 (Debian package libibverbs1)" in msg and "libnl-3.so.200" in msg
     assert "apt-get install -y libibverbs1 libnl-3-200" in msg
-    mc.preflight(load_config(CPU_TINY))  # NIXL only: no Mooncake check
+    host.preflight(load_config(CPU_TINY))  # NIXL only: no Mooncake check
 
 
 def test_preflight_missing_master(monkeypatch, tmp_path):
-    monkeypatch.setattr(mc, "missing_system_libraries", lambda *a: [])
+    monkeypatch.setattr(host, "missing_system_libraries", lambda *a: [])
     with pytest.raises(ConfigError, match="mooncake_master not found.*pip install mooncake-transfer-engine-non-cuda"):
-        mc.preflight(mc_cfg([f"mooncake.master_binary={tmp_path}/absent"]))
+        host.preflight(mc_cfg([f"mooncake.master_binary={tmp_path}/absent"]))
     monkeypatch.setenv("PATH", str(tmp_path))
     with pytest.raises(ConfigError, match="mooncake_master not found"):
-        mc.preflight(mc_cfg(["mooncake.master_binary=mooncake_master"]))
+        host.preflight(mc_cfg(["mooncake.master_binary=mooncake_master"]))
     _make_exe(tmp_path / "mooncake_master")
-    mc.preflight(mc_cfg(["mooncake.master_binary=mooncake_master"]))
-    mc.preflight(mc_cfg([f"mooncake.master_binary={tmp_path}/mooncake_master"]))
+    host.preflight(mc_cfg(["mooncake.master_binary=mooncake_master"]))
+    host.preflight(mc_cfg([f"mooncake.master_binary={tmp_path}/mooncake_master"]))
 
 
 def test_ipc_dir_fits_a_unix_socket_path_even_for_deep_run_dirs(tmp_path):

@@ -10,8 +10,9 @@ from pathlib import Path
 import pytest
 
 from conftest import free_ports
-from rig.config.schema import ConfigError, load_config
-from rig.plan.processes import build_plan, busy_ports
+from rig.cluster.probes import busy_ports
+from rig.config import ConfigError, load_config
+from rig.plan.processes import build_plan
 
 CPU_TINY = Path(__file__).resolve().parent.parent / "configs" / "cpu-tiny.yaml"
 RUN_DIR = "/runs/20261129-000000-cpu-tiny"

@@ -10,7 +10,7 @@ from pathlib import Path
 from conftest import fake_config, kill_pids, wait_no_survivors, write_config
 from rig import cli
 from rig.cluster.processes import Cluster
-from rig.config.schema import load_config
+from rig.config import load_config
 from rig.plan.processes import build_plan
 from rig.run.runner import new_run_dir, resolve_model
 

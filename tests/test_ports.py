@@ -16,7 +16,7 @@ import pytest
 from conftest import ROOT, assert_no_survivors, fake_config, free_ports, scenario, wait_no_survivors, write_config
 from rig import cli
 from rig.cluster.ports import PortConflict, PortReservation, config_ports, reserve, shifted
-from rig.config.schema import load_config
+from rig.config import load_config
 
 
 @pytest.fixture()

@@ -7,8 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from rig.config.schema import ConfigError, load_config
-from rig.plan.processes import Plan, build_plan
+from rig.config import ConfigError, load_config
+from rig.plan.processes import build_plan
+from rig.plan.spec import Plan
 
 CONFIGS = Path(__file__).resolve().parent.parent / "configs"
 MODEL = "/models/m"

@@ -17,7 +17,7 @@ from aiohttp import web
 
 from conftest import ROOT, fake_config, free_ports, kill_pids, wait_no_survivors
 from rig.cluster.processes import Cluster
-from rig.config.schema import RigConfig
+from rig.config import RigConfig
 from rig.observe.metrics import parse_metrics
 from rig.plan.processes import build_plan
 from rig.proxy import Backend, PDProxy, Picker, ProxyThread

@@ -6,7 +6,7 @@ from __future__ import annotations
 from rich.console import Console
 
 from conftest import ROOT
-from rig.config.schema import load_config
+from rig.config import load_config
 from rig.judge.verdict import ScenarioVerdict
 from rig.report.render import RunResult, print_summary, render_summary_md
 

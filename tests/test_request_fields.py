@@ -8,8 +8,8 @@ import pytest
 from pydantic import ValidationError
 
 from conftest import fake_config, kill_pids, scenario, wait_no_survivors, write_config
+from rig.config import ConfigError, load_config
 from rig.config.request_fields import RequestFields
-from rig.config.schema import ConfigError, load_config
 from rig.judge.checks import stream_check
 from rig.observe.parity import compare_choices, compare_hops
 from rig.run.runner import SuiteRunner, new_run_dir

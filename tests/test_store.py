@@ -18,7 +18,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from rig.config.schema import ScenarioConfig, load_config
+from rig.config import ScenarioConfig, load_config
 from rig.observe import metrics as m
 from rig.observe.observations import DrainResult, ScenarioObservation
 from rig.transport.client import PDClient
@@ -401,7 +401,7 @@ def test_fatal_line_fails(tmp_path):
 def test_every_configurable_kind_has_a_runner_and_a_judge():
     import typing
 
-    from rig.config.schema import ScenarioConfig
+    from rig.config import ScenarioConfig
     from rig.run.kinds import KINDS
     from rig.workload.store import STORE_KINDS
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from rig.config.schema import ConfigError, load_config
+from rig.config import ConfigError, load_config
 from rig.plan.processes import build_plan
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from conftest import LIVELOCK, ROOT, fake_config, kill_pids, scenario, wait_no_survivors, write_config
-from rig.config.schema import ConfigError, load_config
+from rig.config import ConfigError, load_config
 from rig.run.topology import default_instances, parse_instances, scenarios_on
 
 CPU_TINY = ROOT / "configs" / "cpu-tiny.yaml"

@@ -12,7 +12,7 @@ import pytest
 
 from rig.cluster.logs import matching_lines
 from rig.cluster.processes import FATAL_PATTERNS
-from rig.config.schema import ScenarioConfig
+from rig.config import ScenarioConfig
 from rig.judge import verdict as engine
 from rig.judge.signatures import BlockFacts
 from rig.judge.verdict import judge, run_passed

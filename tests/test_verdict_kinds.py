@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from rig.config.schema import ConfigError, ScenarioConfig, load_config
+from rig.config import ConfigError, ScenarioConfig, load_config
 from rig.observe.observations import DrainResult, ScenarioObservation, TransferEvidence
 from rig.workload import store as st
 from rig.workload import waves as wv

@@ -14,7 +14,7 @@ import httpx
 import pytest
 import yaml
 
-from rig.config.schema import ConfigError, ScenarioConfig, load_config
+from rig.config import ConfigError, ScenarioConfig, load_config
 from rig.observe import metrics as m
 from rig.observe.observations import ScenarioObservation, SnapshotStore, TransferEvidence
 from rig.observe.timeline import load_rows, plot_timeline

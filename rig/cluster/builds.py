@@ -37,7 +37,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from rig.config.schema import ConfigError, RigConfig, ScenarioConfig, load_config, read_yaml_mapping
+from rig.config import ConfigError, RigConfig, ScenarioConfig, load_config, read_yaml_mapping
 
 REPO = Path(__file__).resolve().parents[2]  # rig/cluster/builds.py -> repo root
 DEFAULT_BUILDS_FILE = REPO / "configs" / "builds.yaml"

@@ -249,7 +249,7 @@ def _selector_filter(selector: str) -> dict[str, Any]:
 
 
 def attach_log_source(instance: str, spec: Any) -> LogSource:
-    """The :class:`LogSource` an ``attach.logs`` entry (:class:`rig.config.schema.AttachLogConfig`) names."""
+    """The :class:`LogSource` an ``attach.logs`` entry (:class:`rig.config.AttachLogConfig`) names."""
     if spec.file is not None:
         return FileLog(instance, spec.file)
     if spec.compose is not None:

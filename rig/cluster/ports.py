@@ -30,10 +30,9 @@ import os
 from pathlib import Path
 from typing import Any
 
+from rig.cluster.probes import bindable
 from rig.cluster.processes import ClusterError
-from rig.config.schema import ConfigError, RigConfig
-from rig.plan import mooncake
-from rig.plan.processes import bindable, side_channel_port
+from rig.config import ConfigError, RigConfig
 
 FREE_SEARCH_STEPS = 2000  # offsets tried by ports.free before giving up
 
@@ -49,13 +48,13 @@ class PortConflict(ClusterError):
 
 def config_ports(cfg: RigConfig) -> dict[int, str]:
     """Every TCP port a run of ``cfg`` may bind, ``{port: label}``: each instance's HTTP port and
-    NIXL side channel (rig.plan.processes.side_channel_port) and, in store modes, Mooncake's master and
-    store-client ports (rig.plan.mooncake.port_map)."""
+    NIXL side channel (RigConfig.side_channel_port) and, in store modes, Mooncake's master and
+    store-client ports (RigConfig.mooncake_ports)."""
     out: dict[int, str] = {}
     for _, inst in cfg.instances():
         out.setdefault(inst.port, f"{inst.name}.port")
-        out.setdefault(side_channel_port(cfg, inst), f"{inst.name} NIXL side channel")
-    for label, port in mooncake.port_map(cfg).items():
+        out.setdefault(cfg.side_channel_port(inst), f"{inst.name} NIXL side channel")
+    for label, port in cfg.mooncake_ports().items():
         out.setdefault(port, label)
     return out
 

@@ -10,9 +10,9 @@ from __future__ import annotations
 import shutil
 import subprocess
 
-from rig.cluster.processes import unavailable_cpus
-from rig.config.schema import ConfigError, RigConfig
-from rig.plan import mooncake
+from rig.cluster import mooncake
+from rig.cluster.scheduling import unavailable_cpus
+from rig.config import ConfigError, RigConfig
 
 
 def preflight(cfg: RigConfig) -> None:

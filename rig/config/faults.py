@@ -29,7 +29,9 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import Field, model_validator
+
+from rig.config.base import StrictModel
 
 TriggerEvent = Literal["prefill-answered", "decode-sent", "kv-fetch-in-progress", "after-requests"]
 InstanceAction = Literal["sigkill", "sigterm", "sigstop", "restart"]
@@ -41,11 +43,7 @@ REQUEST_ACTIONS: tuple[str, ...] = RequestAction.__args__  # type: ignore[attr-d
 DECODE_EVENTS = ("decode-sent", "kv-fetch-in-progress")
 
 
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
-
-
-class Trigger(_Strict):
+class Trigger(StrictModel):
     """When a fault fires (see the module docstring for each ``event``)."""
 
     event: TriggerEvent
@@ -65,7 +63,7 @@ class Trigger(_Strict):
         return self
 
 
-class Fault(_Strict):
+class Fault(StrictModel):
     """One fault: ``action`` on ``target`` when ``trigger`` happens."""
 
     trigger: Trigger
@@ -105,7 +103,7 @@ class Fault(_Strict):
         return f"{self.action}{extra} {self.target} on {when}"
 
 
-class FaultScenarioConfig(_Strict):
+class FaultScenarioConfig(StrictModel):
     """Settings of ``kind: fault``: the requests sent (one after another), which one is faulted,
     the faults, and the recovery checks' bounds."""
 

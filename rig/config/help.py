@@ -1,8 +1,8 @@
 """Help for people writing configs: nearest valid names, field listings, where suites are.
 
-A leaf module (imports nothing from the rig): :mod:`rig.config.schema` uses it to word its errors,
+A leaf module (imports nothing from the rig): :mod:`rig.config.loading` uses it to word its errors,
 ``pdrig config --explain`` to list fields. Every function takes the pydantic model class to
-inspect, so the models stay in :mod:`rig.config.schema`.
+inspect, so the models stay in their own modules of :mod:`rig.config`.
 
 - :func:`nearest` - the did-you-mean of every error (difflib's ratio, cutoff 0.6).
 - :func:`model_at` - the model class a dotted location points into (lists and optionals unwrapped).
@@ -34,7 +34,7 @@ def config_path(value: str) -> str:
     """``--config`` as given, except the default: that one names the repository's own
     ``configs/cpu-tiny.yaml`` when the working directory has no ``configs/`` of its own (a user
     running ``.venv/bin/pdrig`` from another directory). Any other missing path stays as given, so
-    :func:`rig.config.schema.load_config` names it in its error."""
+    :func:`rig.config.load_config` names it in its error."""
     if value == DEFAULT_CONFIG and not Path(value).is_file() and (REPO_CONFIGS.parent / value).is_file():
         return str(REPO_CONFIGS.parent / value)
     return value

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from rig.config.schema import _Outcome
+from rig.config import Outcome
 from rig.observe import metrics as m
 from rig.observe.observations import ScenarioObservation
 from rig.observe.parity import ParityResult
@@ -57,7 +57,7 @@ def not_checked_for_metrics(name: str, obs: ScenarioObservation, instances: list
     return Check(name, None, "not checked: " + "; ".join(gaps)) if gaps else None
 
 
-def completion_checks(outcome: _Outcome, records: list[PDRecord]) -> list[Check]:
+def completion_checks(outcome: Outcome, records: list[PDRecord]) -> list[Check]:
     """``completed`` and ``token-counts`` over ``records`` for the expected ``outcome``.
 
     An answer is expected: ``completed`` = every request ``ok``; ``token-counts`` = ``usage`` as

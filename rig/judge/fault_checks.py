@@ -6,7 +6,7 @@ check (:mod:`rig.judge.checks`): an event that never came is "not checked", neve
 
 from __future__ import annotations
 
-from rig.config.schema import ScenarioConfig
+from rig.config import ScenarioConfig
 from rig.judge.checks import (
     Check,
     alive_check,

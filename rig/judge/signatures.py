@@ -18,7 +18,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from rig.config.schema import CrashSignature, HttpErrorSignature, StaleKvSignature, StallSignature, WrongOutputSignature
+from rig.config import CrashSignature, HttpErrorSignature, StaleKvSignature, StallSignature, WrongOutputSignature
 from rig.observe.observations import ScenarioObservation
 from rig.observe.parity import ParityResult
 from rig.observe.stall import StallFacts
@@ -245,7 +245,7 @@ def _wrong(sig: WrongOutputSignature, reqs: list[RequestFacts]) -> Match:
 
 
 def match(sig: Any, obs: ScenarioObservation, reqs: list[RequestFacts], blocks: BlockFacts | None = None) -> Match:
-    """Match signature ``sig`` (rig.config.schema.Signature) on ``obs`` / ``reqs``; see :class:`Match`.
+    """Match signature ``sig`` (rig.config.Signature) on ``obs`` / ``reqs``; see :class:`Match`.
     ``blocks``: the decode's block arithmetic, needed by a stall signature's ``admission``."""
     if isinstance(sig, StallSignature):
         return _stall(sig, obs, reqs, blocks)

@@ -34,7 +34,7 @@ from typing import Any
 
 from packaging.version import InvalidVersion, Version
 
-from rig.config.schema import KnownIssue, ScenarioConfig
+from rig.config import KnownIssue, ScenarioConfig
 from rig.judge.checks import (
     KV_PULLED_METRICS,
     Check,
@@ -264,7 +264,7 @@ def canary_match(obs: ScenarioObservation, checks: list[Check], reqs: list[Reque
 def edge_checks(sc: ScenarioConfig, obs: ScenarioObservation, outcome=None) -> list[Check]:
     """The checks of an edge-like scenario: completed, token-counts, kv-pulled, parity, alive,
     no-fatal-log, kv-integrity, idle-after (:mod:`rig.judge.checks`). ``outcome`` defaults to
-    ``sc.expect`` (the version's outcome, :meth:`rig.config.schema.Expectation.for_version`)."""
+    ``sc.expect`` (the version's outcome, :meth:`rig.config.Expectation.for_version`)."""
     outcome = outcome or sc.expect
     out = completion_checks(outcome, obs.records)
     if outcome.http_status is None:

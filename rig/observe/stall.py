@@ -53,7 +53,7 @@ def cache_info(snap: m.MetricSnapshot) -> dict[str, int]:
 @dataclass(frozen=True)
 class StallFacts:
     """The frozen state of one instance as structured facts, which a known issue's stall
-    signature (rig.config.schema.StallSignature) matches field by field.
+    signature (rig.config.StallSignature) matches field by field.
 
     ``waiting`` / ``running``: request gauges; ``kv_usage``: 0..1; ``waiting_reasons`` and
     ``kv_fetch_stages``: the non-zero values of ``vllm:num_requests_waiting_by_reason`` and

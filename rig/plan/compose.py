@@ -15,7 +15,7 @@ container network forces is rewritten, and every rewrite is listed here and in
   pull_scheduler.py); D connects there to pull. So P's value must be a name that both resolves
   to P's own address inside P (``hostname:`` is set to it) and from D (Compose DNS). The store
   modes' ``VLLM_HOST_IP`` / ``MC_TCP_BIND_ADDRESS`` (the address a Mooncake store client binds
-  and advertises, rig/plan/mooncake.py) follow the same rule.
+  and advertises, rig/connectors/mooncake.py) follow the same rule.
 - ``CUDA_VISIBLE_DEVICES`` is renumbered from 0: the NVIDIA runtime exposes only the reserved
   ``device_ids`` to the container, as devices 0..n-1.
 - ``UCX_NET_DEVICES=lo`` (the CPU profile's loopback pin) becomes ``eth0``: a container's
@@ -32,8 +32,10 @@ from typing import Any
 
 import yaml
 
-from rig.config.schema import RigConfig
-from rig.plan.processes import Plan, ProcessSpec, build_plan
+from rig.config import RigConfig
+from rig.connectors.mooncake import MASTER_ROLE
+from rig.plan.processes import build_plan
+from rig.plan.spec import Plan, ProcessSpec
 
 CONTAINER_RUN_DIR = "/rig/run"  # the host run directory is mounted here (logs, connector files)
 CONTAINER_MODEL_DIR = "/rig/model"  # a local model (tiny / path) is mounted here, read-only
@@ -44,7 +46,7 @@ BIND_ALL = "0.0.0.0"
 PUBLISH_IP = "127.0.0.1"
 NETWORK = "pdrig"
 HF_CACHE_VOLUME = "hf-cache"
-# Flags whose value is a bind address: vLLM's OpenAI server and mooncake_master (rig/plan/mooncake.py).
+# Flags whose value is a bind address: vLLM's OpenAI server and mooncake_master (rig/connectors/mooncake.py).
 HOST_FLAGS = ("--host", "--rpc_address", "--http_metadata_server_host", "--metrics_host")
 # Variables naming the address a process binds *and* advertises to its peers: its service name.
 ADVERTISED_HOST_ENV = ("VLLM_NIXL_SIDE_CHANNEL_HOST", "VLLM_HOST_IP", "MC_TCP_BIND_ADDRESS")
@@ -61,18 +63,15 @@ def container_plan(cfg: RigConfig, names: list[str] | None = None) -> Plan:
 
     With ``names``, only those processes (and any Mooncake master, which the engines need):
     on a small host all of a config's instances at once starve each other (README, CPU notes).
-    Ports and side-channel ports stay those of the whole config. An unset
-    ``mooncake.master_binary`` becomes ``mooncake_master`` (on the image's PATH) so the plan does
-    not name a binary found in the host's venv. ``cfg`` itself is not changed.
+    Ports and side-channel ports stay those of the whole config. No host binary is passed to
+    build_plan, so an unset ``mooncake.master_binary`` is ``mooncake_master`` on the image's PATH,
+    not a binary found in the host's venv.
     """
-    if cfg.mooncake.master_binary is None:
-        cfg = cfg.model_copy(update={"mooncake": cfg.mooncake.model_copy(
-            update={"master_binary": "mooncake_master"})})
     plan = build_plan(cfg, CONTAINER_RUN_DIR, container_model_path(cfg), CONTAINER_PYTHON)
     if names is None:
         return plan
     return replace(plan, processes=tuple(p for p in plan.processes
-                                         if p.name in names or p.role == "mooncake-master"))
+                                         if p.name in names or p.role == MASTER_ROLE))
 
 
 def container_argv(spec: ProcessSpec) -> list[str]:
@@ -154,7 +153,7 @@ def _depends_on(plan: Plan, index: int) -> dict[str, dict[str, str]]:
     if spec.role not in ENGINE_ROLES:
         return deps
     for other in plan.processes[:index]:
-        if other.role == "mooncake-master":
+        if other.role == MASTER_ROLE:
             deps[other.name] = {"condition": "service_healthy"}
         elif spec.role == "decode" and other.role == "prefill":
             deps[other.name] = {"condition": "service_started"}
@@ -275,7 +274,7 @@ def container_files(cfg: RigConfig, plan: Plan, run_dir_host: str) -> dict[str, 
     (``mooncake.host:PORT``) pointed at the master's service name. Raises ValueError for a
     file outside ``plan.run_dir`` (it would not be visible in the container).
     """
-    master = next((p.name for p in plan.processes if p.role == "mooncake-master"), None)
+    master = next((p.name for p in plan.processes if p.role == MASTER_ROLE), None)
     out: dict[str, str] = {}
     for spec in plan.processes:
         for path, content in spec.files.items():

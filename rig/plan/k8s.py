@@ -53,9 +53,10 @@ from typing import Any
 
 import yaml
 
-from rig.config.schema import ConfigError, RigConfig
+from rig.config import ConfigError, RigConfig
 from rig.plan import compose
-from rig.plan.processes import Plan, ProcessSpec, build_plan
+from rig.plan.processes import build_plan
+from rig.plan.spec import Plan, ProcessSpec
 
 CONFIG_DIR = "/rig/config"  # the ConfigMap with the Job's config (and the tiny model's recipe)
 CONFIG_FILE = f"{CONFIG_DIR}/config.yaml"

@@ -17,7 +17,7 @@ from typing import Any
 import httpx
 
 from rig.cluster.processes import Cluster
-from rig.config.schema import RigConfig, ScenarioConfig
+from rig.config import RigConfig, ScenarioConfig
 from rig.judge.early_verdict import AdmissionReasoning
 from rig.judge.signatures import BlockFacts
 from rig.judge.verdict import Check, ScenarioVerdict, judge

@@ -36,7 +36,7 @@ from rig.cluster.builds import (
     load_builds,
 )
 from rig.cluster.preflight import preflight
-from rig.config.schema import ConfigError, RigConfig, load_config
+from rig.config import ConfigError, RigConfig, load_config
 from rig.report.grid import ENGINE_DEATH, BuildRuns, IssueRef, build_grid, render_junit, render_md
 from rig.report.render import write_report
 from rig.run.runner import SuiteRunner, select_scenarios

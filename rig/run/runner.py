@@ -26,11 +26,13 @@ import httpx
 import yaml
 
 from rig.cluster.logs import LogSource
+from rig.cluster.mooncake import master_binary
 from rig.cluster.ports import PortReservation
 from rig.cluster.ports import reserve as reserve_ports
 from rig.cluster.processes import Cluster, ClusterError
 from rig.cluster.tiny_model import ensure_tiny_model, tiny_model_dir
-from rig.config.schema import ConfigError, RigConfig, ScenarioConfig
+from rig.config import ConfigError, RigConfig, ScenarioConfig
+from rig.connectors.mooncake import MASTER_ROLE
 from rig.judge.verdict import ScenarioVerdict
 from rig.observe import metrics as m
 from rig.observe.evidence import (
@@ -156,7 +158,7 @@ class SuiteRunner:
                 self.result.config = self.cfg.model_dump(mode="json")  # ports.free: the ports used
             # Attached: nothing is launched, so no model is built; endpoints as attach.endpoints says.
             model_path = "(attached: served by the deployment)" if self.attach else resolve_model(self.cfg)
-            plan = build_plan(self.cfg, self.run_dir, model_path, sys.executable)
+            plan = build_plan(self.cfg, self.run_dir, model_path, sys.executable, master_binary(self.cfg))
             if self.attach:
                 plan = with_endpoints(plan, self.cfg.attach.endpoints)
             self.result.plan = plan.to_json()
@@ -238,7 +240,7 @@ class SuiteRunner:
         # A fresh connection per scrape: on a keep-alive connection D's /metrics answered seconds
         # late during the 0.32.0 livelock, new connections did not (docs/vllm-cpu-facts.md "CPU hosts").
         http = httpx.AsyncClient(timeout=10.0, limits=httpx.Limits(max_keepalive_connections=0))
-        extra = [p.name for p in plan.processes if p.role == "mooncake-master"]
+        extra = [p.name for p in plan.processes if p.role == MASTER_ROLE]
         try:
             for i, ph in enumerate(phases_of(self.cfg, self.scenarios)):
                 needed = set(extra) | {ph.prefill, ph.decode}

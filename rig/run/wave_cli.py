@@ -32,8 +32,8 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
+from rig.config import ConfigError, RigConfig
 from rig.config.help import DEFAULT_CONFIG, config_path
-from rig.config.schema import ConfigError, RigConfig
 from rig.transport import aio
 
 
@@ -85,7 +85,7 @@ def add_wave_parser(subparsers: Any) -> argparse.ArgumentParser:
 
 
 def _load_config(args: argparse.Namespace) -> RigConfig | None:
-    from rig.config.schema import load_config
+    from rig.config import load_config
 
     if not Path(args.config).is_file():
         if args.config != config_path(DEFAULT_CONFIG) or args.overrides:
@@ -147,7 +147,7 @@ def build_scenario(args: argparse.Namespace, cfg: RigConfig | None) -> Any:
     """The ScenarioConfig of the wave from the arguments (pydantic validation -> ConfigError)."""
     from pydantic import ValidationError
 
-    from rig.config.schema import ScenarioConfig
+    from rig.config import ScenarioConfig
 
     kind = f"{args.kind}-wave"
     wave: dict[str, Any] = {}

@@ -18,8 +18,8 @@ from dataclasses import dataclass
 
 import httpx
 
+from rig.config import ScenarioConfig
 from rig.config.request_fields import RequestFields
-from rig.config.schema import ScenarioConfig
 from rig.observe import metrics as m
 from rig.observe.observations import ScenarioObservation, SnapshotStore
 from rig.observe.parity import compare_hops

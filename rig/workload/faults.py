@@ -32,9 +32,9 @@ from typing import Any
 import httpx
 
 from rig.cluster.processes import ClusterError
+from rig.config import ScenarioConfig
 from rig.config.faults import Fault
 from rig.config.request_fields import RequestFields
-from rig.config.schema import ScenarioConfig
 from rig.observe import metrics as m
 from rig.observe.observations import DrainResult, ScenarioObservation, wait_idle
 from rig.observe.parity import compare_hops

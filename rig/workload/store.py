@@ -1,7 +1,8 @@
 """Mooncake store scenarios (issue #3): workloads, observations and verdict.
 
 The topology is P (``kv_producer``) + D (``kv_consumer``) with ``nixl+store`` (or
-``mooncake-store``) and a supervised ``mooncake_master`` (rig.plan.mooncake). P writes the full blocks
+``mooncake-store``) and a supervised ``mooncake_master`` (rig.plan.mooncake, rig.connectors.mooncake).
+P writes the full blocks
 of every prompt it computes into the store; any instance that later meets the same prefix may
 load them instead of computing them. D loads only *full* blocks and never the block holding the
 last prompt token, so a prompt of ``n`` tokens can take at most ``floor((n-1)/bs) x bs`` tokens
@@ -56,7 +57,8 @@ from typing import Any
 
 import httpx
 
-from rig.config.schema import STORE_KINDS, RigConfig, ScenarioConfig, StoreScenarioConfig
+from rig.config import STORE_KINDS, RigConfig, ScenarioConfig, StoreScenarioConfig
+from rig.connectors.mooncake import MASTER_ROLE
 from rig.judge.checks import Check, alive_check, completion_checks, fatal_log_check, idle_check, parity_check
 from rig.judge.verdict import ScenarioVerdict, decide, expectation_of, judge
 from rig.observe import metrics as m
@@ -303,7 +305,7 @@ class StoreContext:
            http: httpx.AsyncClient, snapshots: SnapshotStore | None, run_dir: str | Path) -> StoreContext:
         """Build the context from a running :class:`~rig.cluster.processes.Cluster` (finds the master)."""
         master = next((Endpoint(s.name, s.base_url) for s in cluster.plan.processes
-                       if s.role == "mooncake-master"), None)
+                       if s.role == MASTER_ROLE), None)
         return cls(cfg, p, d, master, client, http, snapshots, Path(run_dir))
 
     def deadline(self, sc: ScenarioConfig) -> float:

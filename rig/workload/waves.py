@@ -44,7 +44,7 @@ from typing import Any, TypedDict
 
 import httpx
 
-from rig.config.schema import RigConfig, ScenarioConfig, WaveConfig
+from rig.config import RigConfig, ScenarioConfig, WaveConfig
 from rig.judge.checks import (
     KV_PULLED_METRICS,
     PREFIX_HIT_METRICS,

@@ -1,0 +1,101 @@
+"""Where a topology lives besides the rig's own host processes: its port reservations
+(:class:`PortsConfig`, rig/cluster/ports.py), the deployment ``pdrig e2e --attach`` judges
+(:class:`AttachConfig`: endpoints and log sources, rig/cluster/logs.py) and how ``pdrig k8s``
+renders it (:class:`KubernetesConfig`, rig/plan/k8s.py; issue #15).
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Literal
+
+from pydantic import Field, field_validator, model_validator
+
+from rig.config.base import StrictModel
+
+
+class PortsConfig(StrictModel):
+    """How a run holds its TCP ports (rig/cluster/ports.py): reserved host-wide for the run's life."""
+
+    free: bool = Field(
+        False, description="take free ports: every port of the config moved by the smallest offset at "
+                           "which all are free (the plan records the ports used); false = exactly the "
+                           "configured ports, refused at once when another run holds one")
+    lock_dir: str = Field("/tmp/pdrig-ports", description="one flock'ed lock file per reserved port, "
+                                                          "shared by every run on the host")
+
+
+class KubernetesConfig(StrictModel):
+    """How ``pdrig k8s`` renders the plan (rig/plan/k8s.py); ignored everywhere else."""
+
+    placement: Literal["same-node", "spread"] = Field(
+        "same-node", description="same-node: decode pods on the node of this run's prefill pod "
+                                 "(pod affinity); spread: prefill and decode never share a node "
+                                 "(pod anti-affinity), so the KV crosses the network")
+    image: str | None = Field(None, description="container image; None = pdrig:cpu / pdrig:gpu (docker/)")
+    node_selector: dict[str, str] = Field(
+        default_factory=dict, description="nodeSelector of every engine pod, e.g. a GPU node label")
+    model_cache_claim: str | None = Field(
+        None, description="an existing PersistentVolumeClaim holding the Hugging Face cache (hub "
+                          "models); ReadWriteMany when placement is spread. None = a hostPath per node")
+    model_cache_host_path: str = Field(
+        "/var/cache/pdrig/huggingface", description="node directory of the HF cache when no claim is given")
+    run_dir_claim: str | None = Field(
+        None, description="an existing PersistentVolumeClaim for the Job's run directories; None = "
+                          "a claim pdrig-<run id>-runs is rendered")
+    run_dir_storage: str = Field("1Gi", description="size of the rendered run-directory claim")
+    resources: dict[str, str] = Field(
+        default_factory=dict, description="extra resource limits of every engine pod, e.g. "
+                                          "{rdma/rdma_shared_device_a: '1'} for RDMA NICs")
+
+
+class ComposeLogConfig(StrictModel):
+    """A Docker Compose service's log (``docker compose -f FILE logs SERVICE``)."""
+
+    file: str = Field("docker-compose.yml", description="the compose file")
+    service: str
+
+
+class KubernetesLogConfig(StrictModel):
+    """The logs of the pods a label selector matches (read through the Kubernetes API)."""
+
+    namespace: str | None = Field(None, description="None = the client's namespace (in a pod: its own)")
+    selector: str = Field(min_length=1, description="label selector, e.g. 'app=vllm,role=decode'")
+    container: str | None = Field(None, description="None = the pod's only container")
+
+
+class AttachLogConfig(StrictModel):
+    """Where one attached instance's log is: exactly one of ``file``, ``compose``, ``kubernetes``."""
+
+    file: str | None = Field(None, description="a log file on the rig's host")
+    compose: ComposeLogConfig | None = None
+    kubernetes: KubernetesLogConfig | None = None
+
+    @model_validator(mode="after")
+    def _exactly_one(self) -> AttachLogConfig:
+        given = [k for k in ("file", "compose", "kubernetes") if getattr(self, k) is not None]
+        if len(given) != 1:
+            raise ValueError(f"give exactly one of file, compose, kubernetes (got {given or 'none'})")
+        return self
+
+
+class AttachConfig(StrictModel):
+    """``pdrig e2e --attach``: judge a deployment the rig did not start (rig/cli.py cmd_e2e).
+
+    ``endpoints`` replaces an instance's ``http://host:port`` (default: the config's host and
+    port; rig.plan.processes.with_endpoints); ``logs`` says where its log is
+    (rig.cluster.logs.attach_log_source). An instance without a log source has its log checks
+    "not checked". Both are keyed by instance name and used only with ``--attach``.
+    """
+
+    endpoints: dict[str, str] = Field(default_factory=dict, description="instance -> http://host:port")
+    logs: dict[str, AttachLogConfig] = Field(default_factory=dict, description="instance -> log source")
+
+    @field_validator("endpoints")
+    @classmethod
+    def _urls(cls, v: dict[str, str]) -> dict[str, str]:
+        for name, url in v.items():
+            if not re.fullmatch(r"http://[^/:\s]+:\d{1,5}/?", url):
+                raise ValueError(f"endpoints.{name}: {url!r} is not http://HOST:PORT "
+                                 "(e.g. http://10.0.0.5:8200)")
+        return v

@@ -1,0 +1,196 @@
+"""What a scenario expects: the outcome of every request (:class:`Expectation`, per vLLM
+version if it differs) and the known issue it may hit (:class:`KnownIssue`) with the symptom
+signature that identifies it (:data:`Signature`, matched in rig/judge/signatures.py).
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from packaging.specifiers import InvalidSpecifier, SpecifierSet
+from pydantic import Field, field_validator, model_validator
+
+from rig.config.base import StrictModel, regex_field
+
+# Run-level checks (not tied to one request) a signature may name in ``excuses``; everything
+# else a known issue excuses only on the requests that show its symptom (issue #9 item 2).
+RunLevelCheck = Literal["alive", "no-fatal-log", "idle-after", "no-stall", "kv-integrity"]
+
+
+class SignatureBase(StrictModel):
+    """What every symptom signature has: the run-level checks it explains."""
+
+    excuses: list[RunLevelCheck] = Field(
+        default_factory=list,
+        description="run-level checks this symptom explains (e.g. idle-after for a leak); by "
+                    "default a known issue never excuses alive, no-fatal-log, idle-after, no-stall")
+
+
+class StallSignature(SignatureBase):
+    """A request frozen on one instance (rig.observe.stall.StallFacts), matched field by field.
+
+    ``admission`` uses the block arithmetic of the decode instance (rig.judge.verdict.admission_of):
+    ``fits-but-waits`` = the request needs at most the free blocks yet waits for capacity (the
+    0.32.0 spec-decode admission livelock, vllm/v1/core/sched/scheduler.py
+    ``_spec_decode_step_blocks``); ``never-fits`` = it needs more blocks than the instance has.
+    Fields left ``None`` are not compared.
+    """
+
+    kind: Literal["stall"]
+    instance: Literal["decode", "prefill"] = Field("decode", description="role of the frozen instance")
+    waiting_reason: str | None = Field(None, description="a reason of vllm:num_requests_waiting_by_reason "
+                                                          "that must be > 0, e.g. capacity")
+    kv_fetch_stage: str | None = Field(None, description="a stage of vllm:num_requests_kv_fetch_by_stage "
+                                                         "that must be > 0, e.g. waiting_to_start")
+    kv_usage_max: float | None = Field(None, ge=0, le=1, description="KV usage ceiling (0..1) while frozen")
+    admission: Literal["fits-but-waits", "never-fits"] | None = None
+
+
+class HttpErrorSignature(SignatureBase):
+    """An HTTP error answer on one hop: ``status`` and a regex on vLLM's error message."""
+
+    kind: Literal["http-error"]
+    status: int | None = Field(None, ge=100, le=599)
+    message: str | None = Field(None, description="regex searched in the error message")
+    hop: Literal["prefill", "decode"] = "decode"
+
+    @field_validator("message")
+    @classmethod
+    def _re(cls, v: str | None) -> str | None:
+        return regex_field(v, "message")
+
+
+class CrashSignature(SignatureBase):
+    """An instance died: its role (or name) and a regex its first fatal log line must match.
+    A crash explains ``alive`` and ``no-fatal-log`` for that instance and the requests it failed."""
+
+    kind: Literal["crash"]
+    instance: str = Field(description="role (prefill / decode) or instance name")
+    fatal_log: str = Field(description="regex searched in the instance's first fatal log line")
+
+    @field_validator("fatal_log")
+    @classmethod
+    def _re(cls, v: str) -> str:
+        return regex_field(v, "fatal_log") or v
+
+
+class StaleKvSignature(SignatureBase):
+    """Decode read KV prefill had released: P's ``Potentially invalid KV blocks for unrecognized
+    request <id>`` line naming THIS request's ``remote_request_id`` (nixl pull_worker.py), and,
+    with ``parity`` (default), a parity divergence on the same request."""
+
+    kind: Literal["stale-kv"]
+    parity: bool = True
+
+
+class WrongOutputSignature(SignatureBase):
+    """An answered request whose tokens diverge from the non-disaggregated reference."""
+
+    kind: Literal["wrong-output"]
+
+
+Signature = Annotated[StallSignature | HttpErrorSignature | CrashSignature | StaleKvSignature | WrongOutputSignature,
+                      Field(discriminator="kind")]
+
+
+class KnownIssue(StrictModel):
+    """A bug the scenario is expected to hit on some vLLM versions (strict xfail semantics).
+
+    On a version inside ``affects`` the scenario is XFAIL when the ``symptom`` signature matches
+    and every check it does not explain holds; a pass there is XPASS ("known issue fixed: update
+    the expectation"); anything else is FAIL naming what the signature expected and what was seen.
+    """
+
+    id: str
+    title: str
+    affects: str = Field(description="PEP 440 specifier on the vLLM version, e.g. '>=0.32.0,<0.33'")
+    symptom: Signature
+    upstream: str = Field("", description="upstream reference: PR / issue / file")
+    strict: bool = Field(
+        True, description="as pytest's xfail(strict=...): true, a pass on an affected version is XPASS "
+                          "(fails the run: update the expectation); false, for a bug whose showing "
+                          "depends on timing, a pass is PASS with a note that it did not show this time")
+
+    @field_validator("symptom", mode="before")
+    @classmethod
+    def _signature_not_name(cls, v: Any) -> Any:
+        if isinstance(v, str):
+            raise ValueError(
+                f"{v!r} is a bare symptom name; give its signature as a mapping with kind: one of stall, "
+                "http-error, crash, stale-kv, wrong-output, e.g. {kind: stall, instance: decode, "
+                "waiting_reason: capacity, admission: fits-but-waits}")
+        return v
+
+    @field_validator("affects")
+    @classmethod
+    def _valid_specifier(cls, v: str) -> str:
+        try:
+            SpecifierSet(v)
+        except InvalidSpecifier as e:
+            raise ValueError(f"not a PEP 440 version specifier ({e}); e.g. '>=0.32.0,<0.33'") from None
+        return v
+
+    def applies_to(self, vllm_version: str) -> bool:
+        """True when ``vllm_version`` (e.g. '0.32.0', '0.32.0+cpu') is inside ``affects``."""
+        return version_in(self.affects, vllm_version)
+
+
+def version_in(specifier: str, vllm_version: str) -> bool:
+    """True when ``vllm_version`` (local part like '+cpu' ignored) is inside PEP 440 ``specifier``."""
+    return SpecifierSet(specifier).contains(vllm_version.split("+")[0], prereleases=True)
+
+
+class Outcome(StrictModel):
+    """What every request of a scenario must show: an answer with these ``usage`` counts, or
+    (``http_status`` set) an HTTP error of the decode hop, e.g. a request vLLM refuses."""
+
+    completion_tokens: int | None = Field(None, ge=0)
+    total_tokens: int | None = Field(None, ge=0)
+    http_status: int | None = Field(None, ge=100, le=599,
+                                    description="decode must answer with this HTTP status (an expected refusal)")
+    http_message: str | None = Field(None, description="regex the refusal's message must match")
+
+    @field_validator("http_message")
+    @classmethod
+    def _re(cls, v: str | None) -> str | None:
+        return regex_field(v, "http_message")
+
+    @model_validator(mode="after")
+    def _one_outcome(self) -> Outcome:
+        if self.http_status is not None and (self.completion_tokens is not None or self.total_tokens is not None):
+            raise ValueError("give either token counts (an answer) or http_status (a refusal), not both")
+        if self.http_message is not None and self.http_status is None:
+            raise ValueError("http_message needs http_status")
+        return self
+
+
+class VersionedOutcome(Outcome):
+    """An expected outcome that holds on the vLLM versions ``vllm`` (PEP 440), e.g. a refusal
+    an older release gave where a newer one clamps (issue #11 item 5)."""
+
+    vllm: str = Field(description="PEP 440 specifier, e.g. '<0.28'")
+    note: str = Field("", description="where the difference was measured")
+
+    @field_validator("vllm")
+    @classmethod
+    def _valid_specifier(cls, v: str) -> str:
+        return KnownIssue._valid_specifier(v)
+
+
+class Expectation(Outcome):
+    """The outcome every request of a scenario must show; ``by_version`` entries (first match
+    wins) replace it on the vLLM versions they name: version differences are data, not code."""
+
+    by_version: list[VersionedOutcome] = Field(default_factory=list)
+
+    def for_version(self, vllm_version: str) -> Outcome | None:
+        """The outcome for ``vllm_version``; None when it depends on the version and the version
+        is unknown ('')."""
+        if not self.by_version:
+            return self
+        if not vllm_version:
+            return None
+        for v in self.by_version:
+            if version_in(v.vllm, vllm_version):
+                return v
+        return self

@@ -1,0 +1,159 @@
+"""Reading a config: the YAML file, its ``suite:`` files, ``--set dotted.path=value`` overrides
+(list items by index or by ``name``: ``decode.decode-6blk.port=8300``) and validation into a
+:class:`~rig.config.topology.RigConfig`. Every problem becomes one
+:class:`~rig.config.base.ConfigError` that names the field and the fix (worded with
+rig.config.help).
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import ValidationError
+
+from rig.config.base import ConfigError
+from rig.config.help import did_you_mean, model_at, suite_candidates
+from rig.config.topology import RigConfig
+
+
+def _set_path(data: Any, path: list[str], value: Any, full: str) -> None:
+    """Set ``value`` at dotted ``path`` inside nested dicts/lists (lists by index or name)."""
+    key = path[0]
+    if isinstance(data, list):
+        idx = None
+        if re.fullmatch(r"\d+", key):
+            idx = int(key)
+        else:
+            idx = next((i for i, x in enumerate(data) if isinstance(x, dict) and x.get("name") == key), None)
+        if idx is None or idx >= len(data):
+            names = [x["name"] for x in data if isinstance(x, dict) and isinstance(x.get("name"), str)]
+            parts = full.split("=", 1)[0].split(".")
+            where = ".".join(parts[:parts.index(key)]) if key in parts else "the list"
+            raise ConfigError(
+                f"--set {full}: {where} has no item {key!r}{did_you_mean(key, names)} "
+                f"(items: {', '.join(names) or 'none'}; or an index 0..{len(data) - 1})")
+        if len(path) == 1:
+            data[idx] = value
+        else:
+            _set_path(data[idx], path[1:], value, full)
+        return
+    if not isinstance(data, dict):
+        raise ConfigError(f"--set {full}: {key!r} is inside a value that is not a section")
+    if len(path) == 1:
+        data[key] = value
+    else:
+        data.setdefault(key, {})
+        _set_path(data[key], path[1:], value, full)
+
+
+def apply_overrides(data: dict, overrides: list[str]) -> dict:
+    """Apply ``dotted.path=value`` strings to raw config ``data`` (values parsed as YAML).
+
+    Raises ConfigError for an override without ``=``.
+    """
+    for ov in overrides:
+        if "=" not in ov:
+            raise ConfigError(f"--set {ov!r}: expected dotted.path=value, e.g. timeouts.stall_window_s=5")
+        path, raw = ov.split("=", 1)
+        _set_path(data, path.strip().split("."), yaml.safe_load(raw), ov)
+    return data
+
+
+def _format_validation_error(source: str, err: ValidationError, data: dict,
+                             overrides: list[str] | None = None) -> str:
+    """One line per problem: ``field.path: message (got <value>)`` with list items named where
+    possible; a problem in a field a ``--set`` override wrote is attributed to that override."""
+    lines = []
+    for e in err.errors():
+        parts: list[str] = []
+        node: Any = data
+        for loc in e["loc"]:
+            if isinstance(loc, int) and isinstance(node, list) and loc < len(node):
+                item = node[loc]
+                label = f"[{loc}]" + (f"({item['name']})" if isinstance(item, dict) and "name" in item else "")
+                parts.append(label)
+                node = item
+            else:
+                parts.append(("." if parts else "") + str(loc))
+                node = node.get(loc) if isinstance(node, dict) else None
+        where = "".join(parts) or "(top level)"
+        msg = e["msg"].removeprefix("Value error, ")
+        value = e.get("input")
+        unknown_key = e["type"] == "extra_forbidden"
+        if unknown_key:
+            model = model_at(RigConfig, e["loc"][:-1])
+            fields = list(model.model_fields) if model else []
+            section = ".".join(str(x) for x in e["loc"][:-1] if not isinstance(x, int))
+            msg = (f"unknown field {str(e['loc'][-1])!r}{did_you_mean(str(e['loc'][-1]), fields)} "
+                   f"(fields of {section or 'the top level'}: {', '.join(fields)}; "
+                   f"`pdrig config --explain{' ' + section if section else ''}` describes them)")
+        elif e["type"] == "missing":
+            msg = "required field is missing"
+        if isinstance(value, (str, int, float, bool)) and e["type"] not in ("extra_forbidden", "missing"):
+            msg += f" (got {value!r})"
+        if e["type"] in ("list_type", "tuple_type") and isinstance(value, (str, int, float)):
+            # --set values are YAML: a list is written in brackets, e.g. cpus=[1] or cpus=[0,1]
+            msg += f"; write a YAML list, e.g. [{value}]"
+        field_name = str(e["loc"][-1]) if e["loc"] else ""
+        origin = next((ov for ov in overrides or [] if ov.split("=", 1)[0].strip().split(".")[-1] == field_name), None)
+        if origin is not None:
+            advice = "fix the path (the part before =)" if unknown_key else "fix the value or drop that --set"
+            lines.append(f"--set {origin} ({where}): {msg}; {advice}")
+        else:
+            lines.append(f"{where}: {msg}")
+    return f"{source}: invalid config\n  " + "\n  ".join(lines)
+
+
+def read_yaml_mapping(p: Path, missing: str) -> dict:
+    """The YAML mapping in file ``p``; raises ConfigError with ``missing`` when there is no such
+    file, and naming the file when it is not valid YAML or not a mapping (configs, builds files)."""
+    if not p.is_file():
+        raise ConfigError(missing)
+    try:
+        data = yaml.safe_load(p.read_text()) or {}
+    except yaml.YAMLError as e:
+        raise ConfigError(f"{p}: not valid YAML: {e}") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"{p}: the top level must be a mapping of fields")
+    return data
+
+
+def load_config(path: str | Path, overrides: list[str] | None = None) -> RigConfig:
+    """Read a YAML config, apply ``--set`` overrides, validate.
+
+    Raises ConfigError (file missing, bad YAML, invalid field) with a message naming the field.
+    """
+    p = Path(path)
+    data = read_yaml_mapping(p, f"config file {str(p)!r} not found; the profiles are in configs/ "
+                                "(e.g. configs/cpu-tiny.yaml)")
+    overrides = overrides or []
+    # Overrides of scenarios apply after the suite is read (so they can name its scenarios);
+    # all others before (so --set suite=... picks the suite).
+    apply_overrides(data, [o for o in overrides if not o.startswith("scenarios.")])
+    suites = data.get("suite") or []
+    loaded_all: list = []
+    for name in [suites] if isinstance(suites, str) else list(suites):
+        candidates = suite_candidates(p, str(name))
+        suite = next((c for c in candidates if c.is_file()), None)
+        if suite is None:
+            raise ConfigError(
+                f"{p}: suite: {str(name)!r} not found; looked at {' and '.join(map(str, candidates))}. "
+                "suite: is relative to the config file: copy the suite next to your config, give an "
+                "absolute path, or override it: --set suite=/path/to/suite.yaml")
+        try:
+            loaded = yaml.safe_load(suite.read_text()) or []
+        except (OSError, yaml.YAMLError) as e:
+            raise ConfigError(f"{p}: suite: cannot read {str(suite)!r}: {e}") from None
+        if not isinstance(loaded, list):
+            raise ConfigError(f"{suite}: a suite file is a YAML list of scenarios")
+        loaded_all += loaded
+    if loaded_all:
+        data["scenarios"] = loaded_all + list(data.get("scenarios") or [])
+    apply_overrides(data, [o for o in overrides if o.startswith("scenarios.")])
+    try:
+        return RigConfig.model_validate(data)
+    except ValidationError as e:
+        raise ConfigError(_format_validation_error(str(p), e, data, overrides)) from None

@@ -1,0 +1,213 @@
+"""One crafted workload and its expectation (:class:`ScenarioConfig`) with the settings of each
+kind: edge (the fields of the scenario itself), waves (:class:`WaveConfig`, issue #4), store
+kinds (:class:`StoreScenarioConfig`, issue #3), retrieval (:class:`RetrievalConfig`, issue #5)
+and fault (rig/config/faults.py, issue #12). :data:`KIND_FIELDS` says which fields each kind
+takes. Checks that need the topology (instance names, max_model_len) are in rig.config.topology.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal, get_args
+
+from pydantic import Field, model_validator
+
+from rig.config.base import NAME_PATTERN, StrictModel
+from rig.config.expectations import Expectation, KnownIssue
+from rig.config.faults import FaultScenarioConfig
+from rig.config.request_fields import RequestFields
+
+# --- issue #4: prefix and pressure waves (rig/workload/waves.py) -------------------------------
+WAVE_KINDS = ("prefix-wave", "pressure-wave")
+
+
+class RetrievalConfig(StrictModel):
+    """Identifier retrieval (rig/workload/retrieval.py): needle prompts as text, real models."""
+
+    requests: int = Field(8, ge=1, description="needle prompts, each at another depth")
+    context_words: int = Field(1500, ge=10, description="filler words around the needle (~1.3 tokens each)")
+    reference: str | None = Field(None, description="instance serving the non-disaggregated reference; "
+                                                    "None = the prefill instance")
+CancelPoint = Literal["before-prefill", "between", "during-decode"]
+# Defaults of prompt_tokens / max_tokens for wave kinds (short: cpu-tiny's decode has 4-5 usable
+# blocks of 32 tokens and max_model_len 128). Edge scenarios must still give both.
+WAVE_DEFAULT_PROMPT_TOKENS, WAVE_DEFAULT_MAX_TOKENS = 48, 8
+
+
+class WaveConfig(StrictModel):
+    """A prefix wave or a pressure wave (``ScenarioConfig.kind`` prefix-wave / pressure-wave).
+
+    Prefix wave: ``groups`` x ``per_group`` requests; the prompts of one group share a
+    ``prefix_tokens`` prefix and differ in a unique suffix (prompt_tokens - prefix_tokens tokens).
+    Pressure wave: ``requests`` distinct prompts. Both run at ``concurrency`` with a fraction
+    ``cancel_fraction`` cancelled on purpose at ``cancel_points`` (round robin).
+    """
+
+    requests: int = Field(2048, ge=1, description="pressure wave: number of requests (R)")
+    concurrency: int = Field(64, ge=1, description="requests in flight at most (C)")
+    cancel_fraction: float = Field(0.0, ge=0, le=1, description="fraction cancelled on purpose (X)")
+    cancel_points: list[CancelPoint] = Field(
+        default_factory=lambda: list(get_args(CancelPoint)), min_length=1,
+        description="where intentional cancels happen: before P answers, between P and D, "
+                    "during D's stream (after its first token)")
+    cancel_prefill_after_s: float = Field(
+        0.005, ge=0, description="a before-prefill cancel fires this long after P was sent")
+    groups: int = Field(4, ge=1, description="prefix wave: prefix groups (G)")
+    per_group: int = Field(8, ge=1, description="prefix wave: requests per group (N)")
+    prefix_tokens: int = Field(32, ge=0, description="prefix wave: shared prefix length (K)")
+    stream: Literal["always", "never", "mixed"] = Field(
+        "mixed", description="D hop streamed (SSE) or not; mixed = every other request; "
+                             "during-decode cancels are always streamed")
+    parity_fraction: float = Field(0.1, ge=0, le=1,
+                                   description="share of completed requests compared with a direct request to P")
+    client: Literal["aiohttp", "httpx", "fast"] = Field(
+        "fast", description="HTTP client of the engine's hot path: fast (rig/transport/fast.py, about twice "
+                            "aiohttp's requests per client CPU-second), aiohttp or httpx (scripts/bench_workload.py "
+                            "compares them)")
+    sample_interval_s: float = Field(1.0, gt=0, description="metrics timeline sampling period")
+
+
+# --- issue #3: Mooncake store scenarios (rig/workload/store.py) -------------------------------
+STORE_KINDS = ("store-roundtrip", "prefix-wave-store", "long-generation")
+
+
+class StoreScenarioConfig(StrictModel):
+    """Settings of the store kinds (``ScenarioConfig.kind`` store-roundtrip / prefix-wave-store /
+    long-generation); ``None`` on a store scenario means these defaults. Prompt length and output
+    length stay ``prompt_tokens`` / ``max_tokens``.
+    """
+
+    requests: int = Field(2, ge=1, description="store-roundtrip: distinct prompts (one after another); "
+                                               "long-generation: requests sent together")
+    groups: int = Field(3, ge=1, description="prefix-wave-store: prefix groups")
+    per_group: int = Field(2, ge=1, description="prefix-wave-store: requests per group in each wave")
+    waves: int = Field(2, ge=1, description="prefix-wave-store: waves, each over every group")
+    prefix_tokens: int = Field(96, ge=1, description="prefix-wave-store: shared prefix length; whole "
+                                                     "blocks of it are what D can load from the store")
+    concurrency: int = Field(4, ge=1, description="prefix-wave-store: requests in flight at most")
+    route: Literal["store", "pd", "mixed"] = Field(
+        "mixed", description="prefix-wave-store: a request goes plainly to D (prefix from the store), "
+                             "two-hop P->D over NIXL, or alternately")
+    put_wait_s: float = Field(15, gt=0, description="wait this long for P's puts to reach the master "
+                                                    "before D asks for the same prefix")
+
+
+class ScenarioConfig(StrictModel):
+    """One crafted workload with its expectation (``kind`` selects the workload)."""
+
+    name: str = Field(pattern=NAME_PATTERN)
+    kind: Literal["edge", "prefix-wave", "pressure-wave",
+                  "store-roundtrip", "prefix-wave-store", "long-generation",  # store kinds: issue #3
+                  "retrieval", "fault"] = "edge"
+    description: str = ""
+    prefill: str | None = Field(None, description="instance name; None = the first prefill")
+    decode: str | None = Field(None, description="instance name; None = the first decode")
+    prompt_tokens: int = Field(ge=1, description="exact prompt length (token IDs)")
+    max_tokens: int = Field(ge=1)
+    concurrent: int = Field(1, ge=1, description="copies (distinct prompts) sent together")
+    expect: Expectation = Field(default_factory=Expectation)
+    known_issue: KnownIssue | None = None
+    deadline_s: float | None = Field(None, gt=0, description="None = timeouts.request_s")
+    parity: bool = Field(True, description="compare tokens with a non-disaggregated reference")
+    seed: int | None = Field(None, description="prompt seed; None = derived from the name")
+    tamper: Literal["swap-prompt"] | None = Field(
+        None, description="negative control: 'swap-prompt' sends D a different prompt of the same "
+                          "length with P's kv_transfer_params; PASS means the rig caught it")
+    hold_between_s: float | None = Field(
+        None, gt=0,
+        description="edge: seconds between P's answer and the decode hop, as a router that queues "
+                    "the decode hop would; longer than nixl.kv_lease_duration lets P's lease expire")
+    flush_prefill: bool = Field(
+        False, description="edge, with hold_between_s: during the hold, direct requests to P cycle "
+                           "its whole KV pool, so blocks P released are reused before D reads them")
+    wave: WaveConfig | None = Field(None, description="prefix-wave / pressure-wave settings (issue #4)")
+    store: StoreScenarioConfig | None = Field(None, description="store kinds' settings (issue #3)")
+    retrieval: RetrievalConfig | None = Field(None, description="kind retrieval's settings (issue #5)")
+    fault: FaultScenarioConfig | None = Field(
+        None, description="kind fault's settings (issue #12, rig/config/faults.py)")
+    request: RequestFields | None = Field(
+        None, description="extra completions fields per hop: all / prefill / decode / reference, passed "
+                          "through unchanged (issue #12, rig/config/request_fields.py)")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _fields_of_kind(cls, data: Any) -> Any:
+        """A field the scenario's kind does not use is an error naming it (issue #9 item 9):
+        a kind that silently ignored ``known_issue`` / ``tamper`` / ``concurrent`` would report
+        a verdict for a scenario it never ran as written."""
+        if isinstance(data, dict):
+            kind = data.get("kind", "edge")
+            allowed = KIND_FIELDS.get(kind)
+            unused = sorted(k for k in data if allowed is not None and k not in allowed
+                            and k in SCENARIO_FIELDS and data[k] is not None)
+            if unused and allowed is not None:
+                raise ValueError(
+                    f"{', '.join(unused)}: not used by kind {kind!r}; remove "
+                    f"{'it' if len(unused) == 1 else 'them'} (kind {kind!r} takes "
+                    f"{', '.join(sorted(allowed - COMMON_FIELDS)) or 'only the common fields'})")
+        return data
+
+    @model_validator(mode="after")
+    def _hold_consistent(self) -> ScenarioConfig:
+        if (self.hold_between_s or self.flush_prefill) and self.kind != "edge":
+            raise ValueError(f"hold_between_s / flush_prefill: only for kind edge (kind is {self.kind!r})")
+        if self.flush_prefill and not self.hold_between_s:
+            raise ValueError("flush_prefill needs hold_between_s (the flush runs during the hold)")
+        return self
+
+    @model_validator(mode="after")
+    def _retrieval_consistent(self) -> ScenarioConfig:
+        if (self.kind == "retrieval") != (self.retrieval is not None):
+            raise ValueError("retrieval: give it exactly when kind is 'retrieval' "
+                             f"(kind is {self.kind!r}; retrieval is {'set' if self.retrieval else 'missing'})")
+        return self
+
+    @model_validator(mode="after")
+    def _fault_consistent(self) -> ScenarioConfig:  # issue #12
+        if (self.kind == "fault") != (self.fault is not None):
+            raise ValueError("fault: give it exactly when kind is 'fault' "
+                             f"(kind is {self.kind!r}; fault is {'set' if self.fault else 'missing'})")
+        return self
+
+    @model_validator(mode="before")
+    @classmethod
+    def _wave_defaults(cls, data: Any) -> Any:  # issue #4
+        """Wave kinds get default prompt_tokens / max_tokens / wave; edge must give both tokens."""
+        if isinstance(data, dict) and data.get("kind") in WAVE_KINDS:
+            data = dict(data)
+            data.setdefault("prompt_tokens", WAVE_DEFAULT_PROMPT_TOKENS)
+            data.setdefault("max_tokens", WAVE_DEFAULT_MAX_TOKENS)
+            if data.get("wave") is None:
+                data["wave"] = {}
+        return data
+
+    @model_validator(mode="after")
+    def _wave_consistent(self) -> ScenarioConfig:  # issue #4
+        if self.kind not in WAVE_KINDS:
+            if self.wave is not None:
+                raise ValueError(f"wave: only for kind prefix-wave or pressure-wave (kind is {self.kind!r})")
+            return self
+        w = self.wave
+        if self.kind == "prefix-wave" and w is not None and w.prefix_tokens >= self.prompt_tokens:
+            raise ValueError(
+                f"wave.prefix_tokens {w.prefix_tokens} must be below prompt_tokens {self.prompt_tokens} "
+                "(every prompt is the group's prefix plus a unique suffix of at least one token)")
+        if w is not None and w.cancel_fraction > 0 and "during-decode" in w.cancel_points \
+                and self.max_tokens < 2:
+            raise ValueError("wave.cancel_points has during-decode, which needs max_tokens >= 2 "
+                             "(the cancel comes after the first token)")
+        return self
+
+
+# Which ScenarioConfig fields each kind uses (the others are refused at load time). Every kind
+# goes through the one verdict engine (rig.judge.verdict), so every kind honours ``known_issue`` and
+# ``expect``; only edge scenarios build their own requests (concurrent, tamper, hold).
+COMMON_FIELDS = frozenset({"name", "kind", "description", "prefill", "decode", "prompt_tokens", "max_tokens",
+                           "expect", "known_issue", "deadline_s", "parity", "seed"})
+KIND_FIELDS: dict[str, frozenset[str]] = {
+    "edge": COMMON_FIELDS | {"concurrent", "tamper", "hold_between_s", "flush_prefill", "request"},
+    **{k: COMMON_FIELDS | {"wave"} for k in WAVE_KINDS},
+    **{k: COMMON_FIELDS | {"store"} for k in STORE_KINDS},
+    "retrieval": COMMON_FIELDS | {"retrieval"},
+    "fault": COMMON_FIELDS | {"fault", "request"},
+}
+SCENARIO_FIELDS = frozenset(ScenarioConfig.model_fields)

@@ -1,0 +1,22 @@
+"""Every wait the rig makes (:class:`TimeoutsConfig`), in seconds."""
+
+from __future__ import annotations
+
+from pydantic import Field
+
+from rig.config.base import StrictModel
+
+
+class TimeoutsConfig(StrictModel):
+    """Every wait the rig makes, in seconds."""
+
+    startup_s: float = Field(300, gt=0, description="per instance, until ready")
+    request_s: float = Field(60, gt=0, description="default deadline of one request (both hops)")
+    stall_window_s: float = Field(8, gt=0, description="frozen metrics this long = a stall")
+    kv_transfer_s: float = Field(
+        30, gt=0,
+        description="frozen metrics with a KV read in flight (kv_fetch in_progress) = a stall only "
+                    "after this long: /metrics cannot show a transfer's own progress")
+    metrics_interval_s: float = Field(1.0, gt=0, description="sampling period while requests run")
+    drain_s: float = Field(30, gt=0, description="time to return to idle after a scenario")
+    shutdown_grace_s: float = Field(10, gt=0, description="SIGTERM -> SIGKILL delay")

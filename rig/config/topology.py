@@ -1,0 +1,273 @@
+"""The whole rig config (:class:`RigConfig`): the topology of prefill and decode instances with
+their settings and scenarios, and every rule that needs more than one section: unique names
+and ports, the device's limits, scenarios that name instances, lease-dependent known issues,
+and the Mooncake checks (ports, store kinds on store connectors). The per-instance rules
+(NIXL side-channel port, store-client ports) are methods here, so the validation, the plan and
+the port reservations use the same ones.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field, model_validator
+
+from rig.config.base import NAME_PATTERN, ConnectorMode, StrictModel
+from rig.config.deployment import AttachConfig, KubernetesConfig, PortsConfig
+from rig.config.instances import InstanceConfig, LaunchConfig, MooncakeConfig, NixlConfig
+from rig.config.model import ModelConfig
+from rig.config.scenarios import STORE_KINDS, ScenarioConfig
+from rig.config.timeouts import TimeoutsConfig
+from rig.connectors.kv_transfer import MOONCAKE_P2P_CPU_REFUSAL, STORE_MODES
+from rig.connectors.mooncake import CLIENT_PORT_OFFSET, CLIENT_PORT_STRIDE, client_port_ranges
+
+
+class RigConfig(StrictModel):
+    """The whole rig: topology, vLLM settings, timeouts and scenarios."""
+
+    name: str = Field(pattern=NAME_PATTERN)
+    device: Literal["cpu", "cuda"] = "cpu"
+    model: ModelConfig = Field(default_factory=ModelConfig)
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = "float32"
+    block_size: int = Field(32, ge=1, description="tokens per KV block (--block-size)")
+    max_model_len: int = Field(128, ge=2, description="tokens (--max-model-len)")
+    connector: ConnectorMode = "nixl"
+    nixl: NixlConfig = Field(default_factory=NixlConfig)
+    mooncake: MooncakeConfig = Field(default_factory=MooncakeConfig)
+    launch: LaunchConfig = Field(default_factory=LaunchConfig)
+    prefill: list[InstanceConfig] = Field(min_length=1)
+    decode: list[InstanceConfig] = Field(min_length=1)
+    timeouts: TimeoutsConfig = Field(default_factory=TimeoutsConfig)
+    ports: PortsConfig = Field(default_factory=PortsConfig)
+    suite: str | list[str] | None = Field(
+        None, description="YAML file(s) listing scenarios: absolute, or relative to the config file "
+                          "(then to the repository's configs/, for a copied profile)")
+    scenarios: list[ScenarioConfig] = Field(default_factory=list)
+    run_root: str = Field("runs", description="run directories go under this (relative to cwd)")
+    cache_dir: str = Field(".cache", description="built models etc. (relative to cwd)")
+    attach: AttachConfig = Field(default_factory=AttachConfig, description="--attach: endpoints, log sources")
+    kubernetes: KubernetesConfig = Field(default_factory=KubernetesConfig, description="pdrig k8s")
+
+    def instances(self) -> list[tuple[str, InstanceConfig]]:
+        """All instances as ``(role, instance)``, prefill first, in config order."""
+        return [("prefill", i) for i in self.prefill] + [("decode", i) for i in self.decode]
+
+    def instance(self, name: str) -> InstanceConfig:
+        """The instance called ``name``; raises KeyError if there is none."""
+        for _, inst in self.instances():
+            if inst.name == name:
+                return inst
+        raise KeyError(name)
+
+    def index_of(self, name: str) -> int:
+        """Position of instance ``name`` in :meth:`instances` (prefill first, 0-based): the
+        per-instance port rules (NIXL side channel, Mooncake lookup and store-client ports) count
+        from it. Raises KeyError for a name that is not an instance."""
+        for index, (_, inst) in enumerate(self.instances()):
+            if inst.name == name:
+                return index
+        raise KeyError(name)
+
+    def side_channel_port(self, inst: InstanceConfig) -> int:
+        """The NIXL side-channel port of ``inst`` (``VLLM_NIXL_SIDE_CHANNEL_PORT``): its own
+        ``side_channel_port``, else ``nixl.side_channel_base_port`` + its :meth:`index_of`.
+        The one rule the validation, the plan and the port reservations use."""
+        if inst.side_channel_port is not None:
+            return inst.side_channel_port
+        return self.nixl.side_channel_base_port + self.index_of(inst.name)
+
+    def connector_of(self, inst: InstanceConfig) -> str:
+        """The connector mode of ``inst`` (one of rig.connectors.kv_transfer.MODES): its own
+        ``connector``, else the config's top-level ``connector``."""
+        return inst.connector or self.connector
+
+    def uses_store(self) -> bool:
+        """True when any instance runs a Mooncake store mode (the topology then has a master)."""
+        return any(self.connector_of(i) in STORE_MODES for _, i in self.instances())
+
+    def store_client_ports(self, name: str) -> tuple[tuple[int, int], tuple[int, int]]:
+        """``(rpc_range, segment_range)`` of instance ``name``'s Mooncake store client, inclusive
+        TCP port ranges (rig.connectors.mooncake.client_port_ranges from ``mooncake.rpc_port``).
+        Raises KeyError for an unknown instance."""
+        return client_port_ranges(self.mooncake.rpc_port, self.index_of(name))
+
+    def mooncake_ports(self) -> dict[str, int]:
+        """Every TCP port the Mooncake side of this config uses, ``{label: port}`` (empty without a
+        store mode): the master's three and each store instance's client ranges (label e.g.
+        ``"decode's store client (MC_MIN_RPC_PORT..MC_MAX_RPC_PORT 8518-8521)"``)."""
+        if not self.uses_store():
+            return {}
+        mc = self.mooncake
+        out = {"mooncake.rpc_port": mc.rpc_port, "mooncake.http_metadata_port": mc.http_metadata_port,
+               "mooncake.metrics_port": mc.metrics_port}
+        for _, inst in self.instances():
+            if self.connector_of(inst) not in STORE_MODES:
+                continue
+            rpc, seg = self.store_client_ports(inst.name)
+            for (lo, hi), what in ((rpc, "MC_MIN_RPC_PORT..MC_MAX_RPC_PORT"),
+                                   (seg, "MC_STORE_CLIENT_MIN_PORT..MC_STORE_CLIENT_MAX_PORT")):
+                for port in range(lo, hi + 1):
+                    out[f"{inst.name}'s store client port {port} ({what} {lo}-{hi})"] = port
+        return out
+
+    def _mooncake_problems(self) -> list[str]:
+        """What makes this config unusable for Mooncake, one message per problem (empty = fine).
+
+        Checked at config time (the ``_mooncake`` validator): ``mooncake-p2p`` on a CPU
+        device (:data:`MOONCAKE_P2P_CPU_REFUSAL`); Mooncake ports that collide with each other or
+        with an instance's HTTP / NIXL side-channel port, or fall outside 1..65535; store scenarios
+        (``store-roundtrip``, ``prefix-wave-store``, ``long-generation``) whose prefill or decode
+        does not run a store mode (there would be no store traffic to judge); a ``store:`` section on
+        another kind; a ``store-roundtrip`` prompt without one full block before its last token (D
+        loads only full blocks and always computes the block holding the last prompt token).
+        """
+        problems: list[str] = []
+        if self.device == "cpu":
+            where = (["connector"] if self.connector == "mooncake-p2p" and
+                     any(i.connector is None for _, i in self.instances()) else [])
+            where += [f"{i.name}.connector" for _, i in self.instances() if i.connector == "mooncake-p2p"]
+            if where:
+                problems.append(f"{', '.join(where)}: {MOONCAKE_P2P_CPU_REFUSAL}")
+        if self.uses_store():
+            taken: dict[int, str] = {}
+            for _, inst in self.instances():
+                taken[inst.port] = f"{inst.name}.port"
+                taken.setdefault(self.side_channel_port(inst), f"{inst.name}.side_channel_port")
+            reported: set[str] = set()
+            for label, port in self.mooncake_ports().items():
+                group = label.split(" (", 1)[-1]  # one message per client range
+                if not 1 <= port <= 65535:
+                    if group not in reported:
+                        reported.add(group)
+                        problems.append(f"{label}: outside 1..65535; lower mooncake.rpc_port")
+                elif port in taken:
+                    if group not in reported:
+                        reported.add(group)
+                        problems.append(
+                            f"{label} collides with {taken[port]} ({port}); change mooncake ports (store "
+                            f"clients use mooncake.rpc_port+{CLIENT_PORT_OFFSET} onwards, "
+                            f"{CLIENT_PORT_STRIDE} ports per instance) or the other port")
+                else:
+                    taken[port] = label
+        for sc in self.scenarios:
+            if sc.kind not in STORE_KINDS:
+                if getattr(sc, "store", None) is not None:
+                    problems.append(f"scenario {sc.name}: store: is only for kinds {', '.join(STORE_KINDS)}")
+                continue
+            plain = []
+            for role, ref, pool in (("prefill", sc.prefill, self.prefill), ("decode", sc.decode, self.decode)):
+                chosen = next((i for i in pool if i.name == ref), pool[0] if ref is None else None)
+                if chosen is not None and self.connector_of(chosen) not in STORE_MODES:
+                    plain.append(f"{role} {chosen.name} ({self.connector_of(chosen)})")
+            if plain:
+                problems.append(f"scenario {sc.name} (kind {sc.kind}) needs a store connector "
+                                f"({' or '.join(STORE_MODES)}) on prefill and decode; not on {', '.join(plain)}")
+            if sc.kind == "store-roundtrip" and sc.prompt_tokens <= self.block_size:
+                problems.append(
+                    f"scenario {sc.name}: prompt_tokens {sc.prompt_tokens} must exceed block_size "
+                    f"{self.block_size}: D loads only full blocks before the last prompt token "
+                    f"(floor((n-1)/{self.block_size}) x {self.block_size} tokens)")
+            st = getattr(sc, "store", None)
+            if sc.kind == "prefix-wave-store" and (st.prefix_tokens if st else 96) >= sc.prompt_tokens:
+                problems.append(f"scenario {sc.name}: store.prefix_tokens {st.prefix_tokens if st else 96} must be "
+                                f"below prompt_tokens {sc.prompt_tokens} (each prompt = shared prefix + unique suffix)")
+        return problems
+
+    @model_validator(mode="after")
+    def _unique_names(self) -> RigConfig:
+        """Instance names are unique (every per-instance rule counts from :meth:`index_of`)."""
+        names = [i.name for _, i in self.instances()]
+        dup = {n for n in names if names.count(n) > 1}
+        if dup:
+            raise ValueError(f"instance names must be unique; repeated: {sorted(dup)}")
+        return self
+
+    @model_validator(mode="after")
+    def _mooncake(self) -> RigConfig:  # issue #3: the only Mooncake validator
+        """Refuse at config time what cannot work with Mooncake (:meth:`_mooncake_problems`):
+        mooncake-p2p on cpu, colliding Mooncake ports, store scenarios on a non-store topology."""
+        problems = self._mooncake_problems()
+        if problems:
+            raise ValueError("; ".join(problems))
+        return self
+
+    @model_validator(mode="after")
+    def _attach_names(self) -> RigConfig:  # issue #15
+        names = [i.name for _, i in self.instances()]
+        for section in ("endpoints", "logs"):
+            unknown = sorted(set(getattr(self.attach, section)) - set(names))
+            if unknown:
+                raise ValueError(f"attach.{section} names {unknown}, which are not instances; "
+                                 f"choose from {names}")
+        return self
+
+    @model_validator(mode="after")
+    def _consistent(self) -> RigConfig:
+        names = [i.name for _, i in self.instances()]
+        ports: dict[int, str] = {}
+        for _, inst in self.instances():
+            # An unset side_channel_port is nixl.side_channel_base_port + index, which can collide
+            # with another instance's explicit port.
+            side = ("side_channel_port" if inst.side_channel_port is not None
+                    else "side_channel_port (nixl.side_channel_base_port + index)")
+            for label, port in (("port", inst.port), (side, self.side_channel_port(inst))):
+                if port in ports:
+                    raise ValueError(f"{inst.name}.{label} {port} is already used by {ports[port]}")
+                ports[port] = f"{inst.name}.{label}"
+        if self.device == "cpu":
+            if self.block_size % 32:
+                raise ValueError(
+                    f"block_size {self.block_size}: the CPU attention backend needs a multiple of 32")
+            for _, inst in self.instances():
+                if inst.block_size is not None and inst.block_size % 32:
+                    raise ValueError(f"{inst.name}.block_size {inst.block_size}: the CPU attention backend "
+                                     "needs a multiple of 32")
+            for _, inst in self.instances():
+                if inst.gpu_ids:
+                    raise ValueError(f"{inst.name}.gpu_ids is set but device is cpu; remove gpu_ids")
+            if self.nixl.kv_buffer_device != "cpu":
+                raise ValueError("nixl.kv_buffer_device must be 'cpu' when device is cpu")
+        else:
+            owners: dict[int, str] = {}
+            for _, inst in self.instances():
+                if not inst.gpu_ids:
+                    raise ValueError(f"{inst.name}.gpu_ids is empty; device cuda needs explicit GPU ids")
+                for g in inst.gpu_ids:
+                    # Two instances on one GPU only work with an explicit memory split.
+                    if g in owners and not (inst.gpu_memory_utilization and
+                                            self.instance(owners[g]).gpu_memory_utilization):
+                        raise ValueError(
+                            f"GPU {g} is used by {owners[g]} and {inst.name}; set "
+                            "gpu_memory_utilization on both to split it, or use other GPU ids")
+                    owners.setdefault(g, inst.name)
+        for i, sc in enumerate(self.scenarios):
+            for role, ref, pool in (("prefill", sc.prefill, self.prefill), ("decode", sc.decode, self.decode)):
+                if ref is not None and ref not in {x.name for x in pool}:
+                    raise ValueError(
+                        f"scenarios[{i}] ({sc.name}).{role} names {ref!r}, which is not a {role} "
+                        f"instance; choose one of {[x.name for x in pool]}")
+            if sc.prompt_tokens >= self.max_model_len:
+                raise ValueError(
+                    f"scenarios[{i}] ({sc.name}).prompt_tokens {sc.prompt_tokens} must be below "
+                    f"max_model_len {self.max_model_len} (vLLM rejects it otherwise)")
+            for f in (sc.fault.faults if sc.fault else []):
+                if f.target not in ("prefill", "decode", "request", *names):
+                    raise ValueError(f"scenarios[{i}] ({sc.name}).fault target {f.target!r}: give prefill, decode, "
+                                     f"request or an instance name ({names})")
+            lease = self.nixl.lease_s
+            if sc.known_issue and sc.known_issue.symptom.kind == "stale-kv" and sc.fault is not None:
+                held = max((f.stop_s or f.delay_s or 0 for f in sc.fault.faults), default=0)
+                if held <= lease:
+                    raise ValueError(
+                        f"scenarios[{i}] ({sc.name}): a stale-kv known issue needs a fault that holds the exchange "
+                        f"(sigstop stop_s or delay-decode delay_s) longer than nixl.kv_lease_duration {lease:g}; "
+                        f"the longest is {held:g} s")
+            elif sc.known_issue and sc.known_issue.symptom.kind == "stale-kv" and (sc.hold_between_s or 0) <= lease:
+                raise ValueError(
+                    f"scenarios[{i}] ({sc.name}).hold_between_s {sc.hold_between_s} must exceed "
+                    f"nixl.kv_lease_duration {lease:g} for the lease to expire; lower the lease, e.g. "
+                    "--set nixl.kv_lease_duration=5, or hold longer")
+        snames = [s.name for s in self.scenarios]
+        if len(set(snames)) != len(snames):
+            raise ValueError("scenario names must be unique")
+        return self
