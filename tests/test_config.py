@@ -286,3 +286,18 @@ def test_load_does_not_mutate_overrides_between_loads(tmp_path, base):
     a = load(tmp_path, data, ["decode.0.port=8301"])
     b = load(tmp_path, data)
     assert a.instance("decode").port == 8301 and b.instance("decode").port == 8200
+
+
+def test_a_stall_window_at_or_above_the_request_deadline_is_refused_naming_both(tmp_path):
+    with pytest.raises(ConfigError, match=r"timeouts.stall_window_s 60 must be below timeouts.request_s 60"):
+        load_config(CONFIGS / "cpu-tiny.yaml", ["timeouts.stall_window_s=60"])
+    assert load_config(CONFIGS / "cpu-tiny.yaml", ["timeouts.stall_window_s=59"])
+
+
+def test_drain_below_the_nixl_lease_is_a_warning_naming_the_fix():
+    cfg = load_config(CONFIGS / "cpu-tiny.yaml", ["timeouts.drain_s=10"])
+    (w,) = cfg.wait_warnings()
+    assert "timeouts.drain_s 10 s is below the NIXL lease 30 s" in w and "raise drain_s to 30" in w
+    assert load_config(CONFIGS / "cpu-tiny.yaml",
+                       ["timeouts.drain_s=10", "nixl.kv_lease_duration=5"]).wait_warnings() == []
+    assert load_config(CONFIGS / "cpu-tiny.yaml").wait_warnings() == []

@@ -202,6 +202,34 @@ class RigConfig(StrictModel):
         return self
 
     @model_validator(mode="after")
+    def _waits(self) -> RigConfig:
+        """A stall must be visible before the request's deadline: otherwise every stalled request ends
+        as a bare timeout without the stall diagnosis (rig.observe.stall watches for
+        ``stall_window_s`` of frozen metrics inside ``request_s``)."""
+        t = self.timeouts
+        if t.stall_window_s >= t.request_s:
+            raise ValueError(
+                f"timeouts.stall_window_s {t.stall_window_s:g} must be below timeouts.request_s {t.request_s:g}: "
+                "a stalled request would reach its deadline before the stall could be seen (a timeout without "
+                "a diagnosis); lower stall_window_s or raise request_s")
+        return self
+
+    def wait_warnings(self) -> list[str]:
+        """Waits that are legal but likely to give a false FAIL, one sentence each (printed when a run
+        starts). ``timeouts.drain_s`` below the NIXL lease: prefill keeps the blocks of a request whose
+        decode hop never pulled (cancelled, abandoned) until ``kv_lease_duration`` expires
+        (vllm/distributed/kv_transfer/kv_connector/v1/nixl), so idle-after can fail on a healthy
+        deployment whenever a scenario cancels."""
+        lease = self.nixl.lease_s
+        nixl = any("nixl" in self.connector_of(i) for _, i in self.instances())
+        if nixl and self.timeouts.drain_s < lease:
+            return [f"timeouts.drain_s {self.timeouts.drain_s:g} s is below the NIXL lease {lease:g} s "
+                    "(nixl.kv_lease_duration): a cancelled or abandoned request's blocks stay on prefill until "
+                    "the lease expires, so idle-after may fail on a healthy deployment; raise drain_s to "
+                    f"{lease:g} or more, or lower the lease"]
+        return []
+
+    @model_validator(mode="after")
     def _consistent(self) -> RigConfig:
         names = [i.name for _, i in self.instances()]
         ports: dict[int, str] = {}

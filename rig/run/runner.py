@@ -148,6 +148,8 @@ class SuiteRunner:
         under test; KeyboardInterrupt (Ctrl-C, SIGTERM via the CLI's handlers) is recorded as
         ``interrupted`` and re-raised after teardown and the report."""
         t0 = time.monotonic()
+        for warning in self.cfg.wait_warnings():
+            self.log(f"warning: {warning}")
         cluster: Cluster | None = None
         interrupted: BaseException | None = None
         ports: PortReservation | None = None
