@@ -280,7 +280,7 @@ def _regex(v: str | None, what: str) -> str | None:
 
 # Run-level checks (not tied to one request) a signature may name in ``excuses``; everything
 # else a known issue excuses only on the requests that show its symptom (issue #9 item 2).
-RunLevelCheck = Literal["alive", "no-fatal-log", "idle-after", "no-stall", "kv-integrity"]
+RunLevelCheck = Literal["alive", "no-fatal-log", "idle-after", "no-stall", "kv-integrity", "counters-monotonic"]
 
 
 class _Signature(_Strict):

@@ -37,6 +37,7 @@ from packaging.version import InvalidVersion, Version
 from rig.judge.checks import (KV_PULLED_METRICS, Check, alive_check, completion_checks, fatal_log_check,
                         idle_check, kv_integrity_check, not_checked_for_metrics, parity_check)
 from rig.config.schema import KnownIssue, ScenarioConfig
+from rig.judge.counters import counters_monotonic_check
 from rig.observe.observations import ScenarioObservation
 from rig.judge.signatures import BlockFacts, Match, RequestFacts, facts_of_records, match
 
@@ -291,7 +292,8 @@ def judge(sc: ScenarioConfig, obs: ScenarioObservation, blocks: BlockFacts | Non
           extra: list[Check] | None = None, checks: list[Check] | None = None,
           reqs: list[RequestFacts] | None = None, required: tuple[str, ...] | None = None) -> ScenarioVerdict:
     """The verdict for scenario ``sc`` of any kind from ``obs``: ``checks`` (default
-    :func:`edge_checks`) plus ``extra`` kind checks, the expectation on ``obs``'s versions, the
+    :func:`edge_checks`) plus ``extra`` kind checks plus ``counters-monotonic`` over
+    ``obs.timeline`` (:mod:`rig.judge.counters`), the expectation on ``obs``'s versions, the
     known issue's signature match (``blocks``: D's block arithmetic for a stall's ``admission``;
     ``reqs``: the requests in the engine's vocabulary, default from ``obs.records``), then
     :func:`decide`. ``required`` replaces the kind's required checks (e.g. ``pdrig wave``
@@ -308,7 +310,9 @@ def judge(sc: ScenarioConfig, obs: ScenarioObservation, blocks: BlockFacts | Non
     refusal = outcome is not None and outcome.http_status is not None
     if checks is None:
         checks = edge_checks(sc, obs, outcome)
-    checks = list(checks) + list(extra or [])
+    # Every kind's instances are sampled into the metrics timeline: no counter may go down
+    # within a process life (BUGS R12); "not checked" without a timeline, and not required.
+    checks = list(checks) + list(extra or []) + [counters_monotonic_check(obs.timeline)]
     exp = expectation_of(sc, obs, refusal)
     if required is not None:
         exp = replace(exp, required=required)

@@ -337,6 +337,7 @@ class SuiteRunner:
             except Exception as e:  # the rig's own bug: this scenario is ERROR, the run goes on
                 obs.error = self._rig_exception(sc.name, "running it", e)
             kind_result = got.get("result")
+        obs.timeline = store.rows_of(sc.name)
         obs.dead = await settle_deaths(http, cluster, needed, timeouts.shutdown_grace_s)
         obs.death_lines = {n: self.logs.death_line(cluster, n) for n in obs.dead}
         self.logs.scan(cluster, obs)
