@@ -280,6 +280,9 @@ def _regex(v: str | None, what: str) -> str | None:
 
 # Run-level checks (not tied to one request) a signature may name in ``excuses``; everything
 # else a known issue excuses only on the requests that show its symptom (issue #9 item 2).
+# Checks a scenario may add to its kind's required ones (``ScenarioConfig.require``):
+# rig/judge/counters.py (BUGS R12) and rig/judge/cached_tokens.py (BUGS R15).
+OptionalCheck = Literal["counters-monotonic", "cached-tokens"]
 RunLevelCheck = Literal["alive", "no-fatal-log", "idle-after", "no-stall", "kv-integrity", "counters-monotonic"]
 
 
@@ -570,6 +573,10 @@ class ScenarioConfig(_Strict):
     request: RequestFields | None = Field(
         None, description="extra completions fields per hop: all / prefill / decode / reference, passed "
                           "through unchanged (issue #12, rig/config/request_fields.py)")
+    require: list[OptionalCheck] = Field(
+        default_factory=list,
+        description="checks required beyond the kind's (not checked -> ERROR): counters-monotonic (BUGS R12, "
+                    "any kind), cached-tokens (BUGS R15, kind edge, instances with --enable-prompt-tokens-details)")
 
     @model_validator(mode="before")
     @classmethod
@@ -588,6 +595,13 @@ class ScenarioConfig(_Strict):
                     f"{'it' if len(unused) == 1 else 'them'} (kind {kind!r} takes "
                     f"{', '.join(sorted(allowed - COMMON_FIELDS)) or 'only the common fields'})")
         return data
+
+    @model_validator(mode="after")
+    def _require_fits_kind(self) -> "ScenarioConfig":
+        if "cached-tokens" in self.require and self.kind != "edge":
+            raise ValueError(f"require: cached-tokens is judged by kind edge only (kind is {self.kind!r}); "
+                             "remove it or make the scenario an edge")
+        return self
 
     @model_validator(mode="after")
     def _hold_consistent(self) -> "ScenarioConfig":
@@ -645,7 +659,7 @@ class ScenarioConfig(_Strict):
 # goes through the one verdict engine (rig.judge.verdict), so every kind honours ``known_issue`` and
 # ``expect``; only edge scenarios build their own requests (concurrent, tamper, hold).
 COMMON_FIELDS = frozenset({"name", "kind", "description", "prefill", "decode", "prompt_tokens", "max_tokens",
-                           "expect", "known_issue", "deadline_s", "parity", "seed"})
+                           "expect", "known_issue", "deadline_s", "parity", "seed", "require"})
 KIND_FIELDS: dict[str, frozenset[str]] = {
     "edge": COMMON_FIELDS | {"concurrent", "tamper", "hold_between_s", "flush_prefill", "request"},
     **{k: COMMON_FIELDS | {"wave"} for k in WAVE_KINDS},

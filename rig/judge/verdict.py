@@ -73,9 +73,10 @@ REFUSAL_REQUIRED = ("completed", "alive", "no-fatal-log", "idle-after")
 
 def required_checks(sc: ScenarioConfig, refusal: bool = False) -> tuple[str, ...]:
     """The checks scenario ``sc`` requires (:data:`REQUIRED` of its kind; parity only with
-    ``sc.parity``; :data:`REFUSAL_REQUIRED` when its expected outcome is an HTTP refusal)."""
-    names = REFUSAL_REQUIRED if refusal else REQUIRED[sc.kind]
-    return tuple(n for n in names if sc.parity or n != "parity")
+    ``sc.parity``; :data:`REFUSAL_REQUIRED` when its expected outcome is an HTTP refusal) plus
+    the ones it asks for in ``sc.require`` (BUGS R12 / R15)."""
+    names = (REFUSAL_REQUIRED if refusal else REQUIRED[sc.kind]) + tuple(sc.require)
+    return tuple(dict.fromkeys(n for n in names if sc.parity or n != "parity"))
 
 
 @dataclass(frozen=True)

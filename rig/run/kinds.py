@@ -100,6 +100,7 @@ async def _usable_from_metrics(ctx: ScenarioContext) -> int | None:
 
 
 def _judge_edge(sc: ScenarioConfig, obs: ScenarioObservation, result: Any, _sections: list[str]) -> ScenarioVerdict:
+    from rig.judge.cached_tokens import cached_of, cached_tokens_check
     from rig.judge.checks import lease_release_check, stream_check
 
     # The checks that follow request fields (issue #12 item 1): a streamed decode hop must be
@@ -107,6 +108,10 @@ def _judge_edge(sc: ScenarioConfig, obs: ScenarioObservation, result: Any, _sect
     extra = [c for c in (stream_check(obs.records),) if c is not None]
     if sc.request is not None:
         extra.append(lease_release_check(obs))
+    # BUGS R15: D's usage.prompt_tokens_details.cached_tokens, when a hop reports it or asked for.
+    if "cached-tokens" in sc.require or any(cached_of(h.usage) is not None for r in obs.records
+                                            for h in (r.prefill, r.decode) if h is not None):
+        extra.append(cached_tokens_check(obs))
     return judge(sc, obs, blocks=result if isinstance(result, BlockFacts) else None, extra=extra or None)
 
 
