@@ -82,6 +82,10 @@ def test_drop_without_life_is_not_checked_not_ok():
 def test_no_timeline_is_not_checked():
     assert counters_monotonic_check([]).ok is None
     assert counters_monotonic_check([{"instance": "decode", "t": 0.0}]).ok is None
+    # one sample per life compares nothing
+    one_each = [row("decode", 0.0, {SRC: 1.0}), row("prefill", 0.0, {SRC: 1.0}), row("prefill", 1.0, {SRC: 0.0}, life=2.0)]
+    c = counters_monotonic_check(one_each)
+    assert c.ok is None and "no process life sampled twice" in c.detail
 
 
 def test_judge_fails_a_scenario_on_a_decrease_and_keeps_it_out_of_required():

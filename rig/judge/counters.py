@@ -10,7 +10,7 @@ subtracts instead shows a counter that decreases. Every scenario samples each in
 
 Within one *life* (instance, ``life``) every such series must be non-decreasing from one row to
 the next; a restarted instance (new ``life``) starts again from its own first row. Not checked
-when the scenario sampled no timeline, or when an instance without a ``life`` shows a decrease
+when the scenario sampled no timeline (or no process life twice), or when an instance without a ``life`` shows a decrease
 (a restart and a decrease then look the same).
 """
 
@@ -56,6 +56,12 @@ def counters_monotonic_check(rows: list[dict[str, Any]]) -> Check:
     sampled = [r for r in rows if r.get("counters")]
     if not sampled:
         return Check(NAME, None, "not checked: no metrics timeline with counters was sampled")
+    lives: dict[tuple[Any, Any], int] = {}
+    for r in sampled:
+        key = (r.get("instance"), r.get("life"))
+        lives[key] = lives.get(key, 0) + 1
+    if max(lives.values()) < 2:
+        return Check(NAME, None, f"not checked: no process life sampled twice ({len(sampled)} sample(s))")
     found, blind = decreases(sampled)
     if found:
         return Check(NAME, False, f"{len(found)} counter decrease(s) within one process life: "
@@ -63,7 +69,6 @@ def counters_monotonic_check(rows: list[dict[str, Any]]) -> Check:
     if blind:
         return Check(NAME, None, f"not checked: {', '.join(blind)} showed a counter drop but exposes no "
                      "process_start_time_seconds, so a restart cannot be told from a decrease")
-    lives = {(r.get("instance"), r.get("life")) for r in sampled}
     series = {k for r in sampled for k in r["counters"]}
     return Check(NAME, True, f"{len(series)} counter series never decreased over {len(sampled)} samples "
                              f"in {len(lives)} process life(s)")
