@@ -98,3 +98,13 @@ def test_judge_fails_a_scenario_on_a_decrease_and_keeps_it_out_of_required():
     v = judge(sc, obs, checks=[])
     assert [c.state for c in v.checks if c.name == "counters-monotonic"] == ["not checked"]
     assert "counters-monotonic" not in v.reason
+
+
+def test_r12_log_lines_are_fatal():
+    from rig.cluster.logs import matching_lines
+    from rig.cluster.processes import FATAL_PATTERNS
+
+    log = ("INFO 11-30 ok\n"
+           "ERROR 11-30 [async_llm.py:906] AsyncLLM output_handler failed.\n"
+           "ValueError: Counters can only be incremented by non-negative amounts.\n")
+    assert len(matching_lines(log, FATAL_PATTERNS)) == 2
