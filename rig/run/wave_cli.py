@@ -249,7 +249,8 @@ async def _run(args: argparse.Namespace, cfg: RigConfig | None, sc: Any, ps: lis
                 pass
         obs = ScenarioObservation(scenario=sc.name, decode=",".join(e.name for e in ds),
                                   prefill=",".join(e.name for e in ps), evidence=ev, drains=wave.drains,
-                                  wall_s=time.monotonic() - t0, error="" if wave.records else wave.error)
+                                  wall_s=time.monotonic() - t0, error="" if wave.records else wave.error,
+                                  timeline=store.rows_of(sc.name))  # counters-monotonic (BUGS R12)
         try:
             obs.vllm_version = (await http.get(ds[0].url + "/version")).json().get("version", "")
         except (httpx.HTTPError, ValueError):
