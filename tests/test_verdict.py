@@ -123,7 +123,8 @@ def test_pass_needs_every_required_check_held():
     v = judge(sc(), obs_of([ok_record()]))
     assert v.verdict == "PASS" and v.reason == "all checks hold", v.reason
     assert checks_of(v) == {"completed": True, "token-counts": True, "kv-pulled": True, "parity": True,
-                            "alive": True, "no-fatal-log": True, "kv-integrity": True, "idle-after": True}
+                            "alive": True, "no-fatal-log": True, "kv-integrity": True, "idle-after": True,
+                            "counters-monotonic": None}  # no timeline in obs_of: not checked, not required
     assert run_passed([v]) and not run_passed([])
 
 
@@ -443,7 +444,7 @@ def test_version_dependent_outcome_is_data():
     v = judge(s, obs_of([refused()], version="0.27.1"))
     assert v.verdict == "PASS", v.reason
     assert checks_of(v) == {"completed": True, "alive": True, "no-fatal-log": True, "kv-integrity": True,
-                            "idle-after": True}
+                            "idle-after": True, "counters-monotonic": None}
     assert judge(s, obs_of([refused()], version="0.32.0")).verdict == "FAIL"
     assert judge(s, obs_of([refused(msg="bad kv_transfer_params")], version="0.29.0")).verdict == "FAIL"
     assert judge(s, obs_of([clamped], version="0.27.1")).verdict == "FAIL"

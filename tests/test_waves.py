@@ -48,7 +48,8 @@ async def wave_and_drain(sc, p, d, tmp: Path, drain_s: float = 5.0, block_size: 
     # As the runner fills it: both logs scanned (nothing found), P and D versions known.
     obs = ScenarioObservation(sc.name, d.name, p.name, drains=drains,
                               evidence=TransferEvidence.between(before[d.name], after),
-                              fatal_lines={p.name: [], d.name: []}, kv_integrity_lines={p.name: [], d.name: []})
+                              fatal_lines={p.name: [], d.name: []}, kv_integrity_lines={p.name: [], d.name: []},
+                              timeline=store.rows_of(sc.name))
     sections: list[str] = []
     return res, obs, wv.judge_wave(sc, obs, res, sections), sections
 
@@ -155,7 +156,7 @@ def test_small_pressure_wave_passes_against_healthy_fakes(healthy, tmp_path):
     assert s["throughput_req_s"] > 0 and s["latency_s"]["p50"] > 0
     assert {c.name for c in v.checks} == {"completed", "no-errors", "no-empty", "token-counts", "kv-pulled",
                                           "parity", "alive", "no-fatal-log", "kv-integrity", "no-stall",
-                                          "idle-after"}
+                                          "idle-after", "counters-monotonic"}
     assert all(c.ok for c in v.checks)
     assert res.parity["compared"] == 18 and res.parity["equal"] == 18
     # a stream cut after its first token may still finish on a zero-latency fake (a race)

@@ -53,6 +53,10 @@ FATAL_PATTERNS = (
     "Segmentation fault",
     "Illegal instruction",
     "core dumped",
+    # BUGS R12 (vllm PRs #34079, #43828): a negative counter increment kills the API server's
+    # output handler (prometheus_client's ValueError, then vllm/v1/engine/async_llm.py's log).
+    "Counters can only be incremented by non-negative amounts",
+    "AsyncLLM output_handler failed",
 )
 
 

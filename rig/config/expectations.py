@@ -14,7 +14,10 @@ from rig.config.base import StrictModel, regex_field
 
 # Run-level checks (not tied to one request) a signature may name in ``excuses``; everything
 # else a known issue excuses only on the requests that show its symptom (issue #9 item 2).
-RunLevelCheck = Literal["alive", "no-fatal-log", "idle-after", "no-stall", "kv-integrity"]
+# Checks a scenario may add to its kind's required ones (``ScenarioConfig.require``):
+# rig/judge/counters.py (BUGS R12) and rig/judge/cached_tokens.py (BUGS R15).
+OptionalCheck = Literal["counters-monotonic", "cached-tokens"]
+RunLevelCheck = Literal["alive", "no-fatal-log", "idle-after", "no-stall", "kv-integrity", "counters-monotonic"]
 
 
 class SignatureBase(StrictModel):

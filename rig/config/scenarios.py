@@ -12,7 +12,7 @@ from typing import Any, Literal, get_args
 from pydantic import Field, model_validator
 
 from rig.config.base import NAME_PATTERN, StrictModel
-from rig.config.expectations import Expectation, KnownIssue
+from rig.config.expectations import Expectation, KnownIssue, OptionalCheck
 from rig.config.faults import FaultScenarioConfig
 from rig.config.request_fields import RequestFields
 
@@ -127,6 +127,10 @@ class ScenarioConfig(StrictModel):
     request: RequestFields | None = Field(
         None, description="extra completions fields per hop: all / prefill / decode / reference, passed "
                           "through unchanged (issue #12, rig/config/request_fields.py)")
+    require: list[OptionalCheck] = Field(
+        default_factory=list,
+        description="checks required beyond the kind's (not checked -> ERROR): counters-monotonic (BUGS R12, "
+                    "any kind), cached-tokens (BUGS R15, kind edge, instances with --enable-prompt-tokens-details)")
 
     @model_validator(mode="before")
     @classmethod
@@ -145,6 +149,13 @@ class ScenarioConfig(StrictModel):
                     f"{'it' if len(unused) == 1 else 'them'} (kind {kind!r} takes "
                     f"{', '.join(sorted(allowed - COMMON_FIELDS)) or 'only the common fields'})")
         return data
+
+    @model_validator(mode="after")
+    def _require_fits_kind(self) -> ScenarioConfig:
+        if "cached-tokens" in self.require and self.kind != "edge":
+            raise ValueError(f"require: cached-tokens is judged by kind edge only (kind is {self.kind!r}); "
+                             "remove it or make the scenario an edge")
+        return self
 
     @model_validator(mode="after")
     def _hold_consistent(self) -> ScenarioConfig:
@@ -202,7 +213,7 @@ class ScenarioConfig(StrictModel):
 # goes through the one verdict engine (rig.judge.verdict), so every kind honours ``known_issue`` and
 # ``expect``; only edge scenarios build their own requests (concurrent, tamper, hold).
 COMMON_FIELDS = frozenset({"name", "kind", "description", "prefill", "decode", "prompt_tokens", "max_tokens",
-                           "expect", "known_issue", "deadline_s", "parity", "seed"})
+                           "expect", "known_issue", "deadline_s", "parity", "seed", "require"})
 KIND_FIELDS: dict[str, frozenset[str]] = {
     "edge": COMMON_FIELDS | {"concurrent", "tamper", "hold_between_s", "flush_prefill", "request"},
     **{k: COMMON_FIELDS | {"wave"} for k in WAVE_KINDS},

@@ -46,6 +46,7 @@ from rig.judge.checks import (
     not_checked_for_metrics,
     parity_check,
 )
+from rig.judge.counters import counters_monotonic_check
 from rig.judge.signatures import BlockFacts, Match, RequestFacts, facts_of_records, match
 from rig.observe.observations import ScenarioObservation
 
@@ -81,9 +82,10 @@ REFUSAL_REQUIRED = ("completed", "alive", "no-fatal-log", "idle-after")
 
 def required_checks(sc: ScenarioConfig, refusal: bool = False) -> tuple[str, ...]:
     """The checks scenario ``sc`` requires (:data:`REQUIRED` of its kind; parity only with
-    ``sc.parity``; :data:`REFUSAL_REQUIRED` when its expected outcome is an HTTP refusal)."""
-    names = REFUSAL_REQUIRED if refusal else REQUIRED[sc.kind]
-    return tuple(n for n in names if sc.parity or n != "parity")
+    ``sc.parity``; :data:`REFUSAL_REQUIRED` when its expected outcome is an HTTP refusal) plus
+    the ones it asks for in ``sc.require`` (BUGS R12 / R15)."""
+    names = (REFUSAL_REQUIRED if refusal else REQUIRED[sc.kind]) + tuple(sc.require)
+    return tuple(dict.fromkeys(n for n in names if sc.parity or n != "parity"))
 
 
 @dataclass(frozen=True)
@@ -300,7 +302,8 @@ def judge(sc: ScenarioConfig, obs: ScenarioObservation, blocks: BlockFacts | Non
           extra: list[Check] | None = None, checks: list[Check] | None = None,
           reqs: list[RequestFacts] | None = None, required: tuple[str, ...] | None = None) -> ScenarioVerdict:
     """The verdict for scenario ``sc`` of any kind from ``obs``: ``checks`` (default
-    :func:`edge_checks`) plus ``extra`` kind checks, the expectation on ``obs``'s versions, the
+    :func:`edge_checks`) plus ``extra`` kind checks plus ``counters-monotonic`` over
+    ``obs.timeline`` (:mod:`rig.judge.counters`), the expectation on ``obs``'s versions, the
     known issue's signature match (``blocks``: D's block arithmetic for a stall's ``admission``;
     ``reqs``: the requests in the engine's vocabulary, default from ``obs.records``), then
     :func:`decide`. ``required`` replaces the kind's required checks (e.g. ``pdrig wave``
@@ -317,7 +320,9 @@ def judge(sc: ScenarioConfig, obs: ScenarioObservation, blocks: BlockFacts | Non
     refusal = outcome is not None and outcome.http_status is not None
     if checks is None:
         checks = edge_checks(sc, obs, outcome)
-    checks = list(checks) + list(extra or [])
+    # Every kind's instances are sampled into the metrics timeline: no counter may go down
+    # within a process life (BUGS R12); "not checked" without a timeline, and not required.
+    checks = list(checks) + list(extra or []) + [counters_monotonic_check(obs.timeline)]
     exp = expectation_of(sc, obs, refusal)
     if required is not None:
         exp = replace(exp, required=required)

@@ -33,6 +33,12 @@ NIXL_XFER_COUNT = "vllm:nixl_bytes_transferred_count"
 NIXL_FAILED_TRANSFERS = "vllm:nixl_num_failed_transfers_total"
 NIXL_FAILED_NOTIFS = "vllm:nixl_num_failed_notifications_total"
 NIXL_EXPIRED = "vllm:nixl_num_kv_expired_reqs_total"
+# A process's life: prometheus_client's process collector (vLLM's API server exposes it). Counters
+# restart from 0 with a new process, so monotonicity is judged per (instance, this value).
+PROCESS_START = "process_start_time_seconds"
+# The sample suffixes of a counter (``_total``) and of a histogram or summary (``_count``,
+# ``_sum``): values that may never decrease within one process's life (BUGS R12).
+MONOTONIC_SUFFIXES = ("_total", "_count", "_sum")
 
 # What the checks read, per instance role, checked once per phase after warm-up (rig.run.runner).
 # REQUIRED: without it a check cannot look at all -> the phase's scenarios are ERROR naming the
@@ -71,6 +77,9 @@ class MetricSnapshot:
     wall: float
     samples: dict[tuple[str, tuple[tuple[str, str], ...]], float] = field(default_factory=dict)
     text: str = ""
+    # Sample names of counter / histogram / summary families that end in MONOTONIC_SUFFIXES (the
+    # family's ``# TYPE``, so a gauge that happens to end in ``_total`` is not one of them).
+    monotonic: frozenset[str] = frozenset()
 
     def value(self, name: str, default: float = 0.0, **labels: str) -> float:
         """Sum of the samples called ``name`` whose labels include ``labels``.
@@ -114,11 +123,21 @@ def parse_metrics(text: str, instance: str = "", t: float | None = None) -> Metr
     Raises ValueError (from prometheus_client) on text that is not the exposition format.
     """
     samples: dict[tuple[str, tuple[tuple[str, str], ...]], float] = {}
+    monotonic: set[str] = set()
     for family in text_string_to_metric_families(text):
         for s in family.samples:
             samples[(s.name, tuple(sorted(s.labels.items())))] = float(s.value)
+            if family.type in ("counter", "histogram", "summary") and s.name.endswith(MONOTONIC_SUFFIXES):
+                monotonic.add(s.name)
     return MetricSnapshot(instance=instance, t=time.monotonic() if t is None else t,
-                          wall=time.time(), samples=samples, text=text)
+                          wall=time.time(), samples=samples, text=text, monotonic=frozenset(monotonic))
+
+
+def counter_values(s: MetricSnapshot) -> dict[str, float]:
+    """Every monotonic sample of ``s`` (``s.monotonic``: counters' ``_total``, histograms' and
+    summaries' ``_count`` / ``_sum``) as ``{'name{label="v",...}': value}``, labels sorted."""
+    return {n + ("{" + ",".join(f'{k}="{v}"' for k, v in lab) + "}" if lab else ""): v
+            for (n, lab), v in s.samples.items() if n in s.monotonic}
 
 
 async def scrape(client: httpx.AsyncClient, base_url: str, instance: str, timeout_s: float = 5.0) -> MetricSnapshot:

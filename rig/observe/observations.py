@@ -150,6 +150,9 @@ class ScenarioObservation:
     missing_metrics: dict[str, list[str]] = field(default_factory=dict)  # instance -> metrics it lacks
     death_lines: dict[str, str] = field(default_factory=dict)  # dead instance -> its first fatal log line
     versions: dict[str, str] = field(default_factory=dict)  # instance -> vLLM version from its /version
+    # This scenario's metrics timeline rows (SnapshotStore.rows_of; already in
+    # metrics/timeline.jsonl, so not repeated in to_json): what counters-monotonic reads.
+    timeline: list[dict[str, Any]] = field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:
         """JSON-able dict for report.json."""
@@ -171,7 +174,10 @@ class ScenarioObservation:
 class SnapshotStore:
     """Writes metric snapshots into the run directory as they are taken (nothing is lost if the
     run dies later): raw exposition text for named snapshots, and one JSON line per timeline
-    sample with the gauges the rig reads."""
+    sample with the gauges the rig reads, every monotonic sample under ``counters``
+    (:func:`rig.observe.metrics.counter_values`) and the process's ``life``
+    (``process_start_time_seconds``, absent when not exposed). The rows are also kept in memory
+    per scenario (:meth:`rows_of`)."""
 
     TIMELINE_KEYS = (m.RUNNING, m.WAITING, m.KV_USAGE, m.PREEMPTIONS, m.GENERATION_TOKENS,
                      m.NIXL_BYTES_SUM, m.REQUEST_SUCCESS)
@@ -180,6 +186,7 @@ class SnapshotStore:
         self.dir = Path(run_dir) / "metrics"
         self.dir.mkdir(parents=True, exist_ok=True)
         self._timeline = open(self.dir / "timeline.jsonl", "a")  # noqa: SIM115 - appended to until close()
+        self._rows: dict[str, list[dict[str, Any]]] = {}
 
     def save(self, label: str, snap: m.MetricSnapshot) -> None:
         """Write ``snap``'s raw text as ``metrics/<label>-<instance>.prom``."""
@@ -192,8 +199,16 @@ class SnapshotStore:
         # An absent metric is left out of the row (never 0): readers then see it missing.
         row.update({k.removeprefix("vllm:"): v for k in self.TIMELINE_KEYS if (v := snap.get(k)) is not None})
         row.update({f"waiting_{k}": v for k, v in snap.by_label(m.WAITING_BY_REASON, "reason").items()})
+        if (life := snap.get(m.PROCESS_START)) is not None:
+            row["life"] = life
+        row["counters"] = m.counter_values(snap)
+        self._rows.setdefault(scenario, []).append(row)
         self._timeline.write(json.dumps(row) + "\n")
         self._timeline.flush()
+
+    def rows_of(self, scenario: str) -> list[dict[str, Any]]:
+        """The timeline rows sampled for ``scenario`` so far, in sampling order (a copy)."""
+        return list(self._rows.get(scenario, []))
 
     def close(self) -> None:
         """Close the timeline file."""

@@ -18,6 +18,7 @@ import httpx
 
 from rig.cluster.processes import Cluster
 from rig.config import RigConfig, ScenarioConfig
+from rig.judge.cached_tokens import cached_of, cached_tokens_check
 from rig.judge.early_verdict import AdmissionReasoning
 from rig.judge.signatures import BlockFacts
 from rig.judge.verdict import Check, ScenarioVerdict, judge
@@ -110,6 +111,10 @@ def _judge_edge(sc: ScenarioConfig, obs: ScenarioObservation, result: Any, _sect
     extra = [c for c in (stream_check(obs.records),) if c is not None]
     if sc.request is not None:
         extra.append(lease_release_check(obs))
+    # BUGS R15: D's usage.prompt_tokens_details.cached_tokens, when a hop reports it or asked for.
+    if "cached-tokens" in sc.require or any(cached_of(h.usage) is not None for r in obs.records
+                                            for h in (r.prefill, r.decode) if h is not None):
+        extra.append(cached_tokens_check(obs))
     return judge(sc, obs, blocks=result if isinstance(result, BlockFacts) else None, extra=extra or None)
 
 

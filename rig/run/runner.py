@@ -348,6 +348,7 @@ class SuiteRunner:
             except Exception as e:  # the rig's own bug: this scenario is ERROR, the run goes on
                 obs.error = self._rig_exception(sc.name, "running it", e)
             kind_result = got.get("result")
+        obs.timeline = store.rows_of(sc.name)
         obs.dead = await settle_deaths(http, cluster, needed, timeouts.shutdown_grace_s)
         obs.death_lines = {n: self.logs.death_line(cluster, n) for n in obs.dead}
         self.logs.scan(cluster, obs)
@@ -364,10 +365,12 @@ class SuiteRunner:
         before = {e.name: await m.scrape(http, e.url, e.name) for e in (p, d)}
         for s in before.values():
             store.save(f"{sc.name}-before", s)
+            store.sample(sc.name, s)  # the timeline's first row per instance (counters-monotonic)
         ctx = ScenarioContext(self.cfg, cluster, p, d, client, http, store, self.run_dir, self.quiet)
         got["result"] = await KINDS[sc.kind].run(sc, ctx, obs)
         after_d = await m.scrape(http, d.url, d.name)
         store.save(f"{sc.name}-after", after_d)
+        store.sample(sc.name, after_d)
         obs.evidence = TransferEvidence.between(before[d.name], after_d)
         # D first (the subject), then P, which may hold blocks for an abandoned transfer
         # until its kv_lease_duration (30 s by default) expires.
@@ -375,7 +378,9 @@ class SuiteRunner:
             obs.drains.append(await wait_idle(http, e.name, e.url, before[e.name].get(m.KV_USAGE) or 0.0,
                                               timeouts.drain_s))
         for e in (p, d):
-            store.save(f"{sc.name}-idle", await m.scrape(http, e.url, e.name))
+            idle = await m.scrape(http, e.url, e.name)
+            store.save(f"{sc.name}-idle", idle)
+            store.sample(sc.name, idle)
 
 
 @dataclass
