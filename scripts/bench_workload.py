@@ -91,8 +91,9 @@ def start_fakes(cpu: int | None) -> tuple[list[subprocess.Popen], str, str]:
 
 
 async def _child_engine(args: argparse.Namespace) -> dict:
-    from rig.workload.edge import Endpoint
-    from rig.workload.engine import WaveEngine, WaveRequest, make_transport
+    from rig.transport.endpoint import Endpoint
+    from rig.transport.client import make_transport
+    from rig.workload.engine import WaveEngine, WaveRequest
     from rig.workload.prompts import make_prompt
 
     p, d = Endpoint("prefill", args.p), Endpoint("decode", args.d)
@@ -107,7 +108,7 @@ async def _child_engine(args: argparse.Namespace) -> dict:
     recs = await eng.run(reqs)
     wall, cpu = time.monotonic() - t0, time.process_time() - cpu0
     await tr.aclose()
-    return {"ok": sum(r.status == "ok" for r in recs), "requests": len(recs), "wall_s": wall, "cpu_s": cpu}
+    return {"ok": sum(r.outcome == "ok" for r in recs), "requests": len(recs), "wall_s": wall, "cpu_s": cpu}
 
 
 async def _child_wave(args: argparse.Namespace) -> dict:
@@ -115,7 +116,7 @@ async def _child_wave(args: argparse.Namespace) -> dict:
 
     from rig.config.schema import ScenarioConfig
     from rig.observe.observations import SnapshotStore
-    from rig.workload.edge import Endpoint
+    from rig.transport.endpoint import Endpoint
     from rig.workload.waves import run_wave
 
     p, d = Endpoint("prefill", args.p), Endpoint("decode", args.d)

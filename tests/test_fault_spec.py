@@ -9,7 +9,7 @@ from conftest import fake_config, write_config
 from pydantic import ValidationError
 
 from rig.judge.checks import Check
-from rig.transport.client import Hop, PDRecord
+from rig.transport.records import Hop, PDRecord
 from rig.config.schema import ConfigError, load_config
 from rig.config.faults import Fault, FaultScenarioConfig, Trigger
 from rig.judge.fault_checks import fault_fired_check, fault_outcome_check, recovery_serves_check

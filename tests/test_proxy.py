@@ -16,7 +16,7 @@ import pytest
 from aiohttp import web
 from conftest import ROOT, fake_config, free_ports, kill_pids, wait_no_survivors
 
-from rig.transport.client import PREFILL_PARAMS
+from rig.transport.bodies import PREFILL_PARAMS
 from rig.cluster.processes import Cluster
 from rig.config.schema import RigConfig
 from rig.observe.metrics import parse_metrics

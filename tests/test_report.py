@@ -8,7 +8,7 @@ import xml.etree.ElementTree as ET
 
 import pytest
 
-from rig.transport.client import Hop, PDRecord
+from rig.transport.records import Hop, PDRecord
 from rig.observe.observations import ScenarioObservation
 from rig.observe.parity import ParityResult
 from rig.report.render import RunResult, render_summary_md, write_report

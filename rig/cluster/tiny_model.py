@@ -26,8 +26,15 @@ from pathlib import Path
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
-# Bumped when the builder's output format changes, so cached models are rebuilt.
-BUILDER_VERSION = 2
+# Bumped when the builder's output format changes, so cached models are rebuilt
+# (3: tokenizer_config.json carries CHAT_TEMPLATE).
+BUILDER_VERSION = 3
+# The tiny model's chat template: each message as "role: content" on its own line, then
+# "assistant: " when a generation prompt is asked for. Without one, vLLM's /v1/chat/completions
+# refuses the model (transformers >= 4.44 has no default template), and a template sent with the
+# request needs --trust-request-chat-template.
+CHAT_TEMPLATE = ("{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
+                 "{% if add_generation_prompt %}assistant: {% endif %}")
 
 
 class TinyModelRecipe(BaseModel):
@@ -146,7 +153,7 @@ def _write_tokenizer(r: TinyModelRecipe, out: Path) -> None:
     (out / "tokenizer_config.json").write_text(json.dumps({
         "tokenizer_class": "PreTrainedTokenizerFast",
         "bos_token": specials[0], "eos_token": specials[1], "pad_token": specials[2],
-        "model_max_length": r.max_position_embeddings,
+        "model_max_length": r.max_position_embeddings, "chat_template": CHAT_TEMPLATE,
     }, indent=1))
 
 

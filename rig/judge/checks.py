@@ -16,7 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from rig.observe import metrics as m
-from rig.transport.client import PDRecord
+from rig.transport.records import PDRecord
 from rig.config.schema import _Outcome
 from rig.observe.observations import ScenarioObservation
 from rig.observe.parity import ParityResult
@@ -91,6 +91,7 @@ def completion_checks(outcome: _Outcome, records: list[PDRecord]) -> list[Check]
         if r.decode and r.decode.token_ids is not None and r.completion_tokens is not None \
                 and len(r.decode.token_ids) != r.completion_tokens:
             why.append(f"{len(r.decode.token_ids)} token_ids but usage says {r.completion_tokens}")
+        why += several_prompts_usage(r)
         if why:
             wrong_ids.append(r.request_id)
             wrong.append(f"{r.request_id}: " + ", ".join(why))
@@ -102,6 +103,24 @@ def completion_checks(outcome: _Outcome, records: list[PDRecord]) -> list[Check]
                          f"as expected ({outcome.completion_tokens} + prompt = {outcome.total_tokens})"))
     else:
         out.append(Check("token-counts", False, "no answer to count", tuple(r.request_id for r in bad)))
+    return out
+
+
+def several_prompts_usage(r: PDRecord) -> list[str]:
+    """What is wrong with the usage of a request that carried several token-ID prompts (issue #12
+    item 1): D's ``usage.prompt_tokens`` must be their sum (vLLM counts each prompt once, whatever
+    ``n``), and there must be one choice per prompt and sample (``prompts * n``). Empty for
+    single-prompt requests and when D gave no usage (the token-count check names that)."""
+    if r.decode is None or not r.prompt or not isinstance(r.prompt[0], list):
+        return []
+    usage = r.decode.usage or {}
+    want = sum(len(p) for p in r.prompt)
+    out = []
+    if usage and usage.get("prompt_tokens") != want:
+        out.append(f"usage.prompt_tokens {usage.get('prompt_tokens')} != {want} ({len(r.prompt)} prompts)")
+    choices = len(r.decode.choices or [r.decode.token_ids or []])
+    if choices % len(r.prompt):
+        out.append(f"{choices} choices for {len(r.prompt)} prompts")
     return out
 
 
@@ -224,7 +243,7 @@ def idle_check(obs: ScenarioObservation, drains=None, describe=None) -> Check:
 def stream_check(records: list[PDRecord]) -> Check | None:
     """``stream-complete`` (issue #12 item 1): every streamed decode answer was complete and in
     order (each choice ended with a ``finish_reason``, no token after it, ``[DONE]`` at the end;
-    :meth:`rig.transport.client.PDClient.stream`). None when no answered decode hop was streamed (the
+    :class:`rig.transport.answers.StreamReader`). None when no answered decode hop was streamed (the
     scenario did not ask for streaming: nothing to judge, so no check)."""
     streamed = [r for r in records if r.outcome == "ok" and r.decode is not None and r.decode.ttft_s is not None]
     if not streamed:

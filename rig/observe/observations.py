@@ -18,7 +18,7 @@ from typing import Any
 import httpx
 
 from rig.observe import metrics as m
-from rig.transport.client import PDRecord
+from rig.transport.records import PDRecord
 from rig.observe.parity import ParityResult
 
 

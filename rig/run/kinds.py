@@ -16,14 +16,16 @@ from typing import Any, Awaitable, Callable
 import httpx
 
 from rig.observe import metrics as m
-from rig.transport.client import PDClient, PDRecord
+from rig.transport.client import Transport
+from rig.transport.endpoint import Endpoint
+from rig.transport.records import PDRecord
 from rig.cluster.processes import Cluster
 from rig.config.schema import RigConfig, ScenarioConfig
 from rig.judge.early_verdict import AdmissionReasoning
 from rig.observe.observations import ScenarioObservation, SnapshotStore
 from rig.judge.signatures import BlockFacts
 from rig.judge.verdict import Check, ScenarioVerdict, judge
-from rig.workload.edge import Endpoint, flush_prefill_pool, run_edge
+from rig.workload.edge import flush_prefill_pool, run_edge
 from rig.workload.prompts import seed_of
 
 
@@ -35,7 +37,7 @@ class ScenarioContext:
     cluster: Cluster
     prefill: Endpoint
     decode: Endpoint
-    client: PDClient
+    client: Transport
     http: httpx.AsyncClient  # no keep-alive: for /metrics
     store: SnapshotStore
     run_dir: Path
