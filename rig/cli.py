@@ -30,14 +30,12 @@ from pathlib import Path
 from rig.transport import aio
 from rig.cluster.processes import Cluster, ClusterError, install_signal_handlers
 from rig.config.schema import ConfigError, RigConfig, load_config
-from rig.config.help import REPO_CONFIGS, unknown_scenarios_message
+from rig.config.help import DEFAULT_CONFIG, REPO_CONFIGS, config_path, unknown_scenarios_message
 from rig.plan.processes import build_plan, busy_ports
-
-DEFAULT_CONFIG = "configs/cpu-tiny.yaml"
 
 
 def _config_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--config", "-c", default=DEFAULT_CONFIG, help=f"rig config YAML (default {DEFAULT_CONFIG})")
+    p.add_argument("--config", "-c", default=DEFAULT_CONFIG, type=config_path, help=f"rig config YAML (default {DEFAULT_CONFIG})")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="PATH=VALUE",
                    help="override a config field, e.g. --set timeouts.stall_window_s=5 (repeatable)")
 

@@ -134,3 +134,18 @@ def test_absolute_suite_path(tmp_path):
     (tmp_path / "s.yaml").write_text(yaml.safe_dump([{"name": "x", "prompt_tokens": 8, "max_tokens": 2}]))
     cfg = load_config(CPU_TINY, [f"suite={tmp_path / 's.yaml'}"])
     assert [s.name for s in cfg.scenarios] == ["x"]
+
+
+def test_the_default_config_resolves_to_the_repository_outside_it(tmp_path, monkeypatch):
+    """`.venv/bin/pdrig e2e` run from another directory finds the repo's CPU default; a path the user
+    typed is never rewritten (load_config names it when missing)."""
+    from rig.cli import build_parser
+    from rig.config.help import REPO_CONFIGS
+
+    monkeypatch.chdir(tmp_path)
+    args = build_parser().parse_args(["plan"])
+    assert args.config == str(REPO_CONFIGS / "cpu-tiny.yaml")
+    assert build_parser().parse_args(["plan", "-c", "mine.yaml"]).config == "mine.yaml"
+    (tmp_path / "configs").mkdir()
+    (tmp_path / "configs" / "cpu-tiny.yaml").write_text("name: local\n")
+    assert build_parser().parse_args(["plan"]).config == "configs/cpu-tiny.yaml"  # a local copy wins

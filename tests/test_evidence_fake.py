@@ -262,7 +262,7 @@ def test_an_absent_gauge_is_never_idle():
 
 
 def test_a_rig_exception_is_that_scenarios_error_with_its_traceback_and_the_run_goes_on(base, monkeypatch):
-    from rig.workload import kinds
+    from rig.run import kinds
 
     edge = kinds.KINDS["edge"]
 
@@ -290,3 +290,36 @@ def test_a_rig_exception_is_that_scenarios_error_with_its_traceback_and_the_run_
     tb = (run_dir / "rig-traceback.txt").read_text()
     assert "scenario boom: running it ===" in tb and 'raise RuntimeError("a bug in the rig")' in tb
     assert "scenario bad-judge: judging ===" in tb and "KeyError: 'missing-field'" in tb
+
+
+def test_an_interrupted_run_lists_the_scenarios_it_never_started_as_not_run(base, monkeypatch):
+    """Ctrl-C in the second of three scenarios: the first keeps its verdict, the second is ERROR with
+    its partial observation, the third is NOT RUN in the summary, report.json and JUnit (skipped)."""
+    import json
+    import xml.etree.ElementTree as ET
+
+    from rig.run import kinds
+
+    edge = kinds.KINDS["edge"]
+
+    async def run(sc, ctx, obs):
+        if sc.name == "second":
+            raise KeyboardInterrupt
+        return await edge.run(sc, ctx, obs)
+
+    monkeypatch.setitem(kinds.KINDS, "edge", kinds.Kind(run, edge.judge))
+    cfg = _cfg(base, scenarios=[scenario("first", "decode"), scenario("second", "decode"),
+                                scenario("third", "decode")])
+    run_dir = new_run_dir(cfg)
+    runner = SuiteRunner(cfg, list(cfg.scenarios), run_dir, quiet=True)
+    with pytest.raises(KeyboardInterrupt):
+        runner.run()
+    result = runner.result
+    assert result.status == "interrupted"
+    assert [(v.scenario, v.verdict) for v in result.verdicts] == [("first", "PASS"), ("second", "ERROR")]
+    assert result.not_run == ["third"]
+    assert "NOT RUN (1, the run stopped first): third" in (run_dir / "summary.md").read_text()
+    assert json.loads((run_dir / "report.json").read_text())["not_run"] == ["third"]
+    skipped = [c.get("name") for c in ET.parse(run_dir / "junit.xml").getroot().iter("testcase")
+               if c.find("skipped") is not None and "NOT RUN" in c.find("skipped").get("message")]
+    assert skipped == ["third"]

@@ -27,6 +27,17 @@ from pydantic_core import PydanticUndefined
 # The repository's own profiles: a copied profile whose relative ``suite:`` is not next to it
 # falls back to the suite of the same name here (a clone or an editable install has it).
 REPO_CONFIGS = Path(__file__).resolve().parents[2] / "configs"  # rig/config/help.py -> repo root
+DEFAULT_CONFIG = "configs/cpu-tiny.yaml"  # the CPU default, relative to the repository
+
+
+def config_path(value: str) -> str:
+    """``--config`` as given, except the default: that one names the repository's own
+    ``configs/cpu-tiny.yaml`` when the working directory has no ``configs/`` of its own (a user
+    running ``.venv/bin/pdrig`` from another directory). Any other missing path stays as given, so
+    :func:`rig.config.schema.load_config` names it in its error."""
+    if value == DEFAULT_CONFIG and not Path(value).is_file() and (REPO_CONFIGS.parent / value).is_file():
+        return str(REPO_CONFIGS.parent / value)
+    return value
 
 
 def nearest(name: str, choices: Iterable[str]) -> str | None:

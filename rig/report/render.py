@@ -46,6 +46,9 @@ class RunResult:
     status: str = "running"
     error: str = ""
     extra_sections: list[str] = field(default_factory=list)  # markdown appended to summary.md
+    # Scenarios of the suite that never started because the run stopped first (Ctrl-C, a cluster
+    # error): listed as NOT RUN so an interrupted run cannot read as "every scenario passed".
+    not_run: list[str] = field(default_factory=list)
 
     def finish_status(self) -> str:
         """Set and return ``status`` from the verdicts unless the run was interrupted/errored."""
@@ -150,6 +153,8 @@ def render_summary_md(result: RunResult) -> str:
     for v in result.verdicts:
         counts[v.verdict] = counts.get(v.verdict, 0) + 1
     lines.append("- verdicts: " + (", ".join(f"{k} {n}" for k, n in sorted(counts.items())) or "none"))
+    if result.not_run:
+        lines.append(f"- NOT RUN ({len(result.not_run)}, the run stopped first): " + ", ".join(result.not_run))
     lines.append("")
     if rows:
         cols = list(rows[0])
@@ -191,6 +196,11 @@ def render_junit(result: RunResult) -> str:
                                     time="0")
                 ET.SubElement(sub, "skipped", message=f"not checked: {c.detail}"[:1000])
                 n_extra += 1
+    for name in result.not_run:  # never started: skipped with the reason, never a pass
+        case = ET.SubElement(suite, "testcase", classname=f"pdrig.{result.name}", name=name, time="0")
+        ET.SubElement(case, "skipped", message=f"NOT RUN: the run stopped first ({result.status}: {result.error})"[:1000])
+        n_skip += 1
+        n_extra += 1
     if result.status in ("error", "interrupted"):
         # A run that ends early must not look green to CI just because no scenario failed.
         n_err += 1
@@ -209,6 +219,7 @@ def result_json(result: RunResult) -> dict[str, Any]:
     return {
         "name": result.name, "run_dir": result.run_dir, "status": result.status,
         "error": result.error, "vllm_version": result.vllm_version, "timings": result.timings,
+        "not_run": result.not_run,
         "config": result.config, "plan": result.plan,
         "scenarios": [{"verdict": v.to_json(),
                        "observation": next((o.to_json() for o in result.observations
@@ -246,6 +257,9 @@ def print_summary(result: RunResult, console: Console | None = None) -> None:
         console.print(escape(line))
     if result.error:
         console.print(f"[bold red]error:[/] {escape(result.error)}")
+    if result.not_run:
+        console.print(f"[bold magenta]NOT RUN[/] ({len(result.not_run)}, the run stopped first): "
+                      + escape(", ".join(result.not_run)))
     if result.timings:
         console.print("timings: " + ", ".join(f"{k} {v:.1f} s" for k, v in result.timings.items()))
     console.print(f"run directory: {escape(result.run_dir)}")

@@ -176,6 +176,9 @@ class SuiteRunner:
             if ports is not None:
                 ports.release()  # after the servers are gone (a dying rig releases them anyway)
             self.result.timings["total"] = time.monotonic() - t0
+            judged = {v.scenario for v in self.result.verdicts}
+            if self.result.status in ("interrupted", "error"):
+                self.result.not_run = [sc.name for sc in self.scenarios if sc.name not in judged]
             self.result.finish_status()
             write_report(self.result)
             if not self.quiet:

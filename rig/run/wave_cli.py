@@ -32,9 +32,9 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from rig.transport import aio
+from rig.config.help import DEFAULT_CONFIG, config_path
 from rig.config.schema import ConfigError, RigConfig
 
-DEFAULT_CONFIG = "configs/cpu-tiny.yaml"
 
 
 def add_wave_parser(subparsers: Any) -> argparse.ArgumentParser:
@@ -47,7 +47,7 @@ def add_wave_parser(subparsers: Any) -> argparse.ArgumentParser:
     src.add_argument("--endpoints", metavar="FILE", help="endpoints.json written by `pdrig up`")
     src.add_argument("--prefill", action="append", default=[], metavar="URL", help="P base URL (repeatable)")
     src.add_argument("--decode", action="append", default=[], metavar="URL", help="D base URL (repeatable)")
-    src.add_argument("--config", "-c", default=DEFAULT_CONFIG,
+    src.add_argument("--config", "-c", default=DEFAULT_CONFIG, type=config_path,
                      help=f"rig config for block counts, block size, max_model_len "
                           f"(default {DEFAULT_CONFIG}; optional)")
     src.add_argument("--set", dest="overrides", action="append", default=[], metavar="PATH=VALUE",
@@ -88,7 +88,7 @@ def _load_config(args: argparse.Namespace) -> RigConfig | None:
     from rig.config.schema import load_config
 
     if not Path(args.config).is_file():
-        if args.config != DEFAULT_CONFIG or args.overrides:
+        if args.config != config_path(DEFAULT_CONFIG) or args.overrides:
             raise ConfigError(f"--config {args.config!r} not found")
         return None
     return load_config(args.config, args.overrides)
