@@ -2,7 +2,7 @@
 """Benchmark of the wave engine's client side (not a test): is the engine the bottleneck?
 
 Starts a fake P and a fake D (tests/fake_vllm.py, FAKE_VLLM_TOKEN_LATENCY=0) and runs 2,048-request
-waves against them with each HTTP client of rig/workload/engine.py (aiohttp, httpx), each
+waves against them with each HTTP client of rig/workload/engine.py (aiohttp, httpx, fast), each
 in a fresh child process so its peak RSS is its own. Reported per run:
 
 - ``wall req/s``: P/D requests (two hops each) per second of wall time. Bounded by the fakes
@@ -22,6 +22,7 @@ load average is printed with the results.
 
     .venv/bin/python scripts/bench_workload.py                 # all clients, both modes
     .venv/bin/python scripts/bench_workload.py --clients aiohttp --repeats 5 --json out.json
+    .venv/bin/python scripts/bench_workload.py --clients aiohttp,fast --loops uvloop --modes raw,engine,wave
 """
 
 from __future__ import annotations
@@ -200,7 +201,7 @@ def run_child(args: argparse.Namespace, p: str, d: str, client: str, mode: str, 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--clients", default="aiohttp,httpx")
+    ap.add_argument("--clients", default="aiohttp,fast,httpx")
     ap.add_argument("--modes", default="engine,wave")
     ap.add_argument("--streams", default="never,always,mixed", help="stream modes of the engine runs")
     ap.add_argument("--loops", default="uvloop,asyncio",

@@ -505,7 +505,7 @@ class WaveConfig(_Strict):
                              "during-decode cancels are always streamed")
     parity_fraction: float = Field(0.1, ge=0, le=1,
                                    description="share of completed requests compared with a direct request to P")
-    client: Literal["aiohttp", "httpx"] = Field(
+    client: Literal["aiohttp", "httpx", "fast"] = Field(
         "aiohttp", description="HTTP client of the engine's hot path (scripts/bench_workload.py compares them)")
     sample_interval_s: float = Field(1.0, gt=0, description="metrics timeline sampling period")
 

@@ -99,8 +99,8 @@ def completion_checks(outcome: _Outcome, records: list[PDRecord]) -> list[Check]
     if wrong:
         out.append(Check("token-counts", False, "; ".join(wrong), tuple(wrong_ids)))
     elif answered:
-        out.append(Check("token-counts", True,
-                         f"as expected ({outcome.completion_tokens} + prompt = {outcome.total_tokens})"))
+        out.append(Check("token-counts", True, f"as expected ({outcome.completion_tokens} + prompt = {outcome.total_tokens})"
+                         if outcome.total_tokens is not None else f"as expected ({outcome.completion_tokens} completion tokens)"))
     else:
         out.append(Check("token-counts", False, "no answer to count", tuple(r.request_id for r in bad)))
     return out

@@ -69,7 +69,7 @@ def add_wave_parser(subparsers: Any) -> argparse.ArgumentParser:
     w.add_argument("--prefix-tokens", "-K", type=int, help="prefix: shared prefix tokens (default 32)")
     w.add_argument("--stream", choices=["always", "never", "mixed"], help="stream D's answer (default mixed)")
     w.add_argument("--parity-fraction", type=float, help="share compared with a direct request to P (default 0.1)")
-    w.add_argument("--client", choices=["aiohttp", "httpx"], help="HTTP client of the engine (default aiohttp)")
+    w.add_argument("--client", choices=["aiohttp", "httpx", "fast"], help="HTTP client of the engine (default aiohttp)")
     w.add_argument("--deadline", type=float, help="seconds per request, both hops (default timeouts.request_s)")
     w.add_argument("--drain", type=float, help="seconds to return to idle afterwards (default timeouts.drain_s)")
     w.add_argument("--seed", type=int, help="prompt seed (default: new each run, so P's cache starts cold)")

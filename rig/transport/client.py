@@ -7,13 +7,14 @@ and answers ``kv_transfer_params``), ``decode`` (D pulls that KV and generates; 
 :mod:`rig.transport.bodies`' (shared with ``pdrig proxy``); answers are read by
 :mod:`rig.transport.answers`, for completions and chat alike.
 
-Two well-kept HTTP libraries implement it with the same bodies, answers and error classes:
-:class:`AiohttpTransport` (the default everywhere) and :class:`HttpxTransport` (``--client
-httpx``; its ``httpx.AsyncClient`` can be given, which the store tests use to put an
-``httpx.MockTransport`` world behind it). scripts/bench_workload.py measures them (figures in
-docs/measurements.md): aiohttp is the default because httpx's pool does not scale to a wave's
-concurrency. A faster hand-written HTTP client was deliberately not kept: the rig's job is P/D,
-not HTTP.
+Three implementations share the bodies, answers and error classes (rig.transport.hops.HopsBase)
+and differ only in how bytes move: :class:`AiohttpTransport` (the default everywhere),
+:class:`HttpxTransport` (``--client httpx``; its ``httpx.AsyncClient`` can be given, which the
+store tests use to put an ``httpx.MockTransport`` world behind it) and
+:class:`~rig.transport.fast.FastTransport` (``--client fast``: keep-alive POSTs over asyncio
+protocols with httptools' parser, about twice aiohttp's P/D requests per client CPU-second).
+scripts/bench_workload.py measures them (figures in docs/performance.md); httpx's pool does not
+scale to a wave's concurrency.
 
 Hops never raise for HTTP problems: they return a :class:`~rig.transport.records.Hop` whose
 ``error`` starts with ``timeout``, ``HTTP <code>`` or ``connection error``
@@ -30,12 +31,13 @@ from typing import Any, Protocol
 import aiohttp
 import httpx
 
-from rig.transport.answers import StreamReader, decode, encode, error_text, fill_from_answer
-from rig.transport.bodies import ROUTE, Prompt, decode_body, prefill_body, request_body
+from rig.transport.answers import StreamReader, encode, error_text
+from rig.transport.bodies import Prompt
 from rig.transport.endpoint import Endpoint
+from rig.transport.fast import FastTransport
+from rig.transport.hops import HopsBase, fill_whole
 from rig.transport.records import Hop
 
-STREAM_OPTIONS = {"stream_options": {"include_usage": True}}
 _JSON_HEADERS = {"Content-Type": "application/json"}
 
 
@@ -69,71 +71,7 @@ class Transport(Protocol):
         """Close the client's connections."""
 
 
-class _Hops:
-    """The hops' bodies and dispatch, shared by the implementations; a subclass supplies
-    ``_post`` (a whole answer) and ``_stream`` (an SSE answer read by a StreamReader)."""
-
-    name = ""
-
-    def __init__(self, model: str, timeout_s: float):
-        self.model, self.timeout_s = model, timeout_s
-
-    async def prefill(self, ep: Endpoint, prompt: Prompt, *, fields: dict[str, Any] | None = None,
-                      endpoint: str = "completions") -> Hop:
-        """The prefill hop (``max_tokens: 1``, ``do_remote_decode``); P answers with ``kv_transfer_params``."""
-        body = prefill_body(request_body(endpoint, self.model, prompt, 1, **(fields or {})))
-        return await self._post(Hop(instance=ep.name), ep.url + ROUTE[endpoint], body)
-
-    async def decode(self, ep: Endpoint, prompt: Prompt, max_tokens: int, ktp: dict[str, Any],
-                     stream: bool = False, stop_after_tokens: int | None = None, *,
-                     fields: dict[str, Any] | None = None, endpoint: str = "completions") -> Hop:
-        """The decode hop with P's ``kv_transfer_params`` (``ktp``); streamed when ``stream`` (or
-        ``fields`` has ``stream: true``), closed after ``stop_after_tokens`` streamed tokens (an
-        intentional cancellation during D's stream)."""
-        return await self._send(ep, prompt, max_tokens, fields, endpoint, ktp,
-                                stream or stop_after_tokens is not None, stop_after_tokens)
-
-    async def direct(self, ep: Endpoint, prompt: Prompt, max_tokens: int, *,
-                     fields: dict[str, Any] | None = None, endpoint: str = "completions") -> Hop:
-        """A non-disaggregated request (no ``kv_transfer_params``): the parity reference;
-        streamed when ``fields`` has ``stream: true``."""
-        return await self._send(ep, prompt, max_tokens, fields, endpoint, None, False, None)
-
-    async def _send(self, ep: Endpoint, prompt: Prompt, max_tokens: int, fields: dict[str, Any] | None,
-                    endpoint: str, ktp: dict[str, Any] | None, stream: bool, stop_after: int | None) -> Hop:
-        fields = fields or {}
-        url, hop = ep.url + ROUTE[endpoint], Hop(instance=ep.name)
-        if stream or fields.get("stream"):
-            body = request_body(endpoint, self.model, prompt, max_tokens, **{**STREAM_OPTIONS, **fields, "stream": True})
-            body = decode_body(body, ktp) if ktp is not None else body
-            t0 = time.monotonic()
-            reader = StreamReader(hop, t0, stop_after)
-            await self._stream(hop, url, body, reader)
-            hop.latency_s = time.monotonic() - t0
-            return reader.finish()
-        body = request_body(endpoint, self.model, prompt, max_tokens, **fields)
-        return await self._post(hop, url, decode_body(body, ktp) if ktp is not None else body)
-
-    async def _post(self, hop: Hop, url: str, body: dict[str, Any]) -> Hop:
-        raise NotImplementedError
-
-    async def _stream(self, hop: Hop, url: str, body: dict[str, Any], reader: StreamReader) -> None:
-        raise NotImplementedError
-
-
-def _fill(hop: Hop, raw: bytes) -> Hop:
-    """A whole answer's bytes into ``hop`` (status already set): an error text unless 200 JSON."""
-    if hop.status != 200:
-        hop.error = error_text(hop.status or 0, raw.decode("utf-8", "replace"))
-        return hop
-    try:
-        fill_from_answer(hop, decode(raw))
-    except ValueError as e:
-        hop.error = f"connection error: answer is not JSON: {e}"
-    return hop
-
-
-class AiohttpTransport(_Hops):
+class AiohttpTransport(HopsBase):
     """The hops over one aiohttp session (``max_connections`` pooled; a hop silent for
     ``timeout_s`` seconds is a ``timeout``). Create it inside a running event loop."""
 
@@ -163,7 +101,7 @@ class AiohttpTransport(_Hops):
         except aiohttp.ClientError as e:
             hop.error = f"connection error: {type(e).__name__}: {e}"
         hop.latency_s = time.monotonic() - t0
-        return hop if hop.error else _fill(hop, raw)
+        return hop if hop.error else fill_whole(hop, raw)
 
     async def _stream(self, hop: Hop, url: str, body: dict[str, Any], reader: StreamReader) -> None:
         try:
@@ -188,7 +126,7 @@ class AiohttpTransport(_Hops):
         await self.session.close()
 
 
-class HttpxTransport(_Hops):
+class HttpxTransport(HopsBase):
     """The hops over one ``httpx.AsyncClient`` (the same bodies, answers and error classes as
     :class:`AiohttpTransport`). ``http``: a client to use instead of a new pooled one (tests put
     an ``httpx.MockTransport`` behind it); closed by :meth:`aclose` either way."""
@@ -214,7 +152,7 @@ class HttpxTransport(_Hops):
         if hop.error:
             return hop
         hop.status = r.status_code
-        return _fill(hop, r.content)
+        return fill_whole(hop, r.content)
 
     async def _stream(self, hop: Hop, url: str, body: dict[str, Any], reader: StreamReader) -> None:
         try:
@@ -238,16 +176,18 @@ class HttpxTransport(_Hops):
         await self.http.aclose()
 
 
-CLIENTS = ("aiohttp", "httpx")
+CLIENTS = ("aiohttp", "httpx", "fast")
 
 
 def make_transport(kind: str, model: str, timeout_s: float, max_connections: int = 256) -> Transport:
-    """An ``aiohttp`` or ``httpx`` :class:`Transport` (create it inside a running event loop);
-    raises ValueError for another name."""
+    """An ``aiohttp``, ``httpx`` or ``fast`` :class:`Transport` (create it inside a running event
+    loop); raises ValueError for another name."""
     if kind == "aiohttp":
         return AiohttpTransport(model, timeout_s, max_connections)
     if kind == "httpx":
         return HttpxTransport(model, timeout_s, max_connections)
+    if kind == "fast":
+        return FastTransport(model, timeout_s, max_connections)
     raise ValueError(f"unknown client {kind!r}; use one of {list(CLIENTS)}")
 
 

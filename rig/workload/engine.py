@@ -21,7 +21,8 @@ vocabulary of rig.transport.records): ``ok`` or its error class: ``timeout`` (de
 ``connection_error``, ``empty`` (200 with no tokens), ``cancelled`` (intentional when
 ``planned_cancel`` is set, else an abort of the wave), ``parity_mismatch`` (set by
 :meth:`WaveEngine.parity` when the tokens differ from a direct request to P). The hops go
-through a :class:`~rig.transport.client.Transport` (rig.transport.client.make_transport).
+through a :class:`~rig.transport.client.Transport` (rig.transport.client.make_transport: client
+``aiohttp``, ``httpx`` or ``fast``, rig.transport.fast).
 """
 
 from __future__ import annotations
