@@ -2,7 +2,7 @@
 """Benchmark of the wave engine's client side (not a test): is the engine the bottleneck?
 
 Starts a fake P and a fake D (tests/fake_vllm.py, FAKE_VLLM_TOKEN_LATENCY=0) and runs 2,048-request
-waves against them with each HTTP client of rig/workload/engine.py (aiohttp, httpx, fast), each
+waves against them with each HTTP client of rig/transport/client.py (aiohttp, httpx, fast), each
 in a fresh child process so its peak RSS is its own. Reported per run:
 
 - ``wall req/s``: P/D requests (two hops each) per second of wall time. Bounded by the fakes

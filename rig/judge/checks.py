@@ -13,6 +13,7 @@ The evidence-gap fields of :class:`~rig.observe.observations.ScenarioObservation
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 from rig.observe import metrics as m
@@ -258,17 +259,27 @@ def stream_check(records: list[PDRecord]) -> Check | None:
 _EXPIRED_RELEASE = "Releasing expired KV blocks for request "  # vllm/.../nixl/base_worker.py (0.32.0)
 
 
+# A completions request's internal id per prompt: "<id>-<prompt index>-<8 hex>"
+# (vllm/entrypoints/openai/completion/serving.py f"{request_id}-{i}", then
+# vllm/v1/engine/input_processor.py f"{external_req_id}-{random_uuid():.8}"; 0.32.0).
+_PROMPT_OF_REQUEST = re.compile(r"-\d+-[0-9a-f]{8}$")
+
+
 def _parent_id(request_id: str) -> str:
-    """vLLM's request id without the ``<i>_`` prefix it gives the children of a parallel-sampling
-    (``n`` > 1) request (vllm/v1/engine/parallel_sampling.py)."""
+    """The client request a vLLM internal id belongs to: without the ``<i>_`` prefix of a
+    parallel-sampling child (``n`` > 1, vllm/v1/engine/parallel_sampling.py) and, for a
+    completions id (``cmpl-``), without the ``-<prompt index>-<8 hex>`` suffix, so the prompts
+    of one request are siblings too."""
     head, _, rest = request_id.partition("_")
-    return rest if head.isdigit() and rest else request_id
+    rid = rest if head.isdigit() and rest else request_id
+    return _PROMPT_OF_REQUEST.sub("", rid) if rid.startswith("cmpl-") else rid
 
 
 def lease_release_check(obs: ScenarioObservation) -> Check:
     """``released-by-d`` (BUGS R16, vllm PR #38900): no block of an *answered* request, or of a
     sibling child of it (``n`` > 1 splits a request into ``<i>_<id>`` children, and the
-    ``kv_transfer_params`` name one of them), was released by P's lease reaper: D's read should
+    ``kv_transfer_params`` name one of them; so are the prompts of a several-prompt request,
+    whose answer names the first prompt's only), was released by P's lease reaper: D's read should
     free them, not ``kv_lease_duration``. P logs ``Releasing expired KV blocks for request <id>
     which were retrieved by N remote worker(s)``. Failed on the requests such a line names; not
     checked when P's log was not scanned."""
