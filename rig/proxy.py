@@ -59,6 +59,7 @@ import aiohttp
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
+from rig.transport import aio
 from rig.transport.bodies import decode_body, prefill_body
 
 POLICIES = ("round-robin", "least-outstanding")
@@ -202,11 +203,18 @@ class PDProxy:
     async def _metrics(self, _request: web.Request) -> web.Response:
         return web.Response(body=generate_latest(self.metrics.registry), headers={"Content-Type": CONTENT_TYPE_LATEST})
 
+    def _session(self) -> aiohttp.ClientSession:
+        """The client session the app's start-up created; RuntimeError before start-up."""
+        if self.session is None:
+            raise RuntimeError("PDProxy: the client session is created when the app starts (PDProxy.app)")
+        return self.session
+
     async def _relay_get(self, request: web.Request) -> web.Response:
         b = self.decode.backends[0]
         try:
-            async with self.session.get(b.url + request.path) as r:
-                return _relay(r.status, await r.read(), r.headers.get("Content-Type", ""), None, {DECODE_HEADER: b.name})
+            async with self._session().get(b.url + request.path) as r:
+                return _relay(r.status, await r.read(), r.headers.get("Content-Type", ""), None,
+                              {DECODE_HEADER: b.name})
         except (aiohttp.ClientError, TimeoutError) as e:
             return error_response(502, f"decode instance {b.name} ({b.url}): {type(e).__name__}: {e}",
                                   "decode", "BadGatewayError")
@@ -257,7 +265,7 @@ class PDProxy:
         """P's ``kv_transfer_params``; raises :class:`HopFailed` with the client's answer."""
         try:
             with self._in_flight("prefill", p):
-                async with self.session.post(p.url + route, data=json.dumps(body),
+                async with self._session().post(p.url + route, data=json.dumps(body),
                                              headers={**headers, "Content-Type": _JSON}) as r:
                     raw = await r.read()
                     status, ctype = r.status, r.headers.get("Content-Type", "")
@@ -279,7 +287,7 @@ class PDProxy:
         """D's answer relayed to the client (streamed when D streams)."""
         try:
             with self._in_flight("decode", d):
-                async with self.session.post(d.url + route, data=json.dumps(body),
+                async with self._session().post(d.url + route, data=json.dumps(body),
                                              headers={**headers, "Content-Type": _JSON}) as r:
                     ctype = r.headers.get("Content-Type", "")
                     if r.status != 200 or not stream or not ctype.startswith("text/event-stream"):
@@ -328,10 +336,8 @@ class PDProxy:
                 err = {"error": {"message": f"decode instance {d.name} broke off its stream: "
                                             f"{type(e).__name__}: {e}", "type": "BadGatewayError",
                                  "param": None, "code": 502, "hop": "decode"}}
-                try:
+                with contextlib.suppress(ConnectionResetError):
                     await out.write(f"data: {json.dumps(err)}\n\n".encode())
-                except ConnectionResetError:
-                    pass
                 return out
             try:
                 await out.write(chunk)
@@ -391,8 +397,6 @@ class ProxyThread:
         self._started = threading.Event()
 
     def _main(self) -> None:
-        from rig.transport import aio
-
         async def run() -> None:
             self._loop, self._stop = asyncio.get_running_loop(), asyncio.Event()
             await serve(self.proxy, self.host, self.port, self._started, self._stop)
@@ -402,7 +406,7 @@ class ProxyThread:
             self._error = e
             self._started.set()
 
-    def start(self, timeout_s: float = 10.0) -> "ProxyThread":
+    def start(self, timeout_s: float = 10.0) -> ProxyThread:
         """Start serving and wait until the socket listens; returns self (already serving: no-op)."""
         if self._thread.is_alive():
             return self
@@ -419,7 +423,7 @@ class ProxyThread:
             self._loop.call_soon_threadsafe(self._stop.set)
         self._thread.join(timeout=10)
 
-    def __enter__(self) -> "ProxyThread":
+    def __enter__(self) -> ProxyThread:
         return self.start()
 
     def __exit__(self, *exc) -> None:

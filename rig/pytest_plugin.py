@@ -90,7 +90,8 @@ def known_issue_of(item: pytest.Item):
     except ValidationError as e:
         problems = "; ".join(f"{'.'.join(map(str, x['loc'])) or '(mapping)'}: {x['msg']}" for x in e.errors())
         raise pytest.UsageError(f"{item.nodeid}: @pytest.mark.pdrig_known_issue: {problems} "
-                                "(it takes the YAML known_issue fields: id, title, affects, symptom, upstream)") from None
+                                "(it takes the YAML known_issue fields: id, title, affects, symptom, "
+                                "upstream)") from None
 
 
 class PDRigSession:
@@ -103,7 +104,7 @@ class PDRigSession:
     """
 
     def __init__(self, config_path: str, overrides: list[str]):
-        from rig.cli import preflight
+        from rig.cluster.preflight import preflight
         from rig.config.schema import load_config
         from rig.run.runner import SuiteRunner, new_run_dir
 

@@ -26,6 +26,7 @@ under ``/work/bin/live`` on the team box (``make bench``).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import signal
@@ -33,7 +34,7 @@ import statistics
 import subprocess
 import sys
 import time
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -195,20 +196,14 @@ def bare_startup(config: str, overrides: list[str], work: Path, names: list[str]
 def _stop(procs: list[subprocess.Popen], grace_s: float = 10.0) -> None:
     """SIGTERM every process group, SIGKILL what is left after ``grace_s``."""
     for p in procs:
-        try:
+        with contextlib.suppress(ProcessLookupError):
             os.killpg(p.pid, signal.SIGTERM)
-        except ProcessLookupError:
-            pass
     deadline = time.monotonic() + grace_s
     for p in procs:
-        try:
+        with contextlib.suppress(subprocess.TimeoutExpired):
             p.wait(timeout=max(0.1, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            pass
-        try:
+        with contextlib.suppress(ProcessLookupError):
             os.killpg(p.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
 
 
 def run_suite(config: str, overrides: list[str], scenarios: list[str], root: Path) -> dict[str, Any]:
@@ -231,7 +226,9 @@ def run_suite(config: str, overrides: list[str], scenarios: list[str], root: Pat
 
 
 def _fmt(s: dict[str, float] | None, unit: str = "") -> str:
-    return "-" if not s else f"min {s['min']:.2f}{unit} median {s['median']:.2f}{unit} max {s['max']:.2f}{unit} (n={s['n']})"
+    if not s:
+        return "-"
+    return f"min {s['min']:.2f}{unit} median {s['median']:.2f}{unit} max {s['max']:.2f}{unit} (n={s['n']})"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -250,10 +247,10 @@ def main(argv: list[str] | None = None) -> int:
     from rig.config.schema import load_config
 
     cfg = load_config(args.config, args.overrides)
-    stamp = datetime.now(timezone.utc).strftime("%Y%m%d-%H%M%S")
+    stamp = datetime.now(UTC).strftime("%Y%m%d-%H%M%S")
     work = ROOT / "runs" / "bench" / f"e2e-{stamp}"
     work.mkdir(parents=True, exist_ok=True)
-    result: dict[str, Any] = {"date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+    result: dict[str, Any] = {"date": datetime.now(UTC).isoformat(timespec="seconds"),
                               "command": " ".join([Path(sys.executable).name, *sys.argv]),
                               "config": args.config, "overrides": args.overrides, "cpus": os.cpu_count(),
                               "loadavg_before": os.getloadavg()}
@@ -268,7 +265,8 @@ def main(argv: list[str] | None = None) -> int:
         n_pre = len({s.prefill or cfg.prefill[0].name for s in scen})
         result["floor"] = floor_of(bare, n_pre, n_dec, len(os.sched_getaffinity(0)))
         if args.bare_all:
-            names = sorted({s.prefill or cfg.prefill[0].name for s in scen} | {s.decode or cfg.decode[0].name for s in scen})
+            names = sorted({s.prefill or cfg.prefill[0].name for s in scen}
+                           | {s.decode or cfg.decode[0].name for s in scen})
             every = bare_startup(args.config, args.overrides, work, names=names, pin=False)
             result["bare_all"] = {**every, "ratio_to_pair": every["pair_ready_s"] / bare["pair_ready_s"]}
             print(f"every instance at once, unpinned ({', '.join(names)}): {every['pair_ready_s']:.1f} s = "

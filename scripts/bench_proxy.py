@@ -21,8 +21,9 @@ Reported per path and mode (non-streamed / streamed): throughput (requests/s at 
 ``--concurrency`` for ``--seconds``), the proxy process's own CPU time per request during it
 (user + system, /proc: what the proxy costs whatever else runs on the host), and latency p50/p99
 at concurrency 1; ``added`` is the path's latency minus ``direct``'s. On a loaded host the added
-latency is mostly the proxy waiting for a CPU (three wake-ups per request), hence the CPU column. Goal (issue #14): pdrig >= 3x toy throughput and <= 1 ms added
-p50. Other load on the host (live vLLM servers) lowers every figure; the load average is printed.
+latency is mostly the proxy waiting for a CPU (three wake-ups per request), hence the CPU column.
+Goal (issue #14): pdrig >= 3x toy throughput and <= 1 ms added p50. Other load on the host (live
+vLLM servers) lowers every figure; the load average is printed.
 
     .venv/bin/python scripts/bench_proxy.py                      # ~1 min
     .venv/bin/python scripts/bench_proxy.py --seconds 10 --json out.json
@@ -71,7 +72,8 @@ def stub_main(port: int) -> None:
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream; charset=utf-8"})
         await resp.prepare(request)
         for i, t in enumerate("abcd"):
-            await resp.write(f"data: {json.dumps({**head, 'choices': [choice(t, 'length' if i == 3 else None)]})}\n\n".encode())
+            chunk = {**head, "choices": [choice(t, "length" if i == 3 else None)]}
+            await resp.write(f"data: {json.dumps(chunk)}\n\n".encode())
         await resp.write(f"data: {json.dumps({**head, 'choices': [], 'usage': usage})}\n\ndata: [DONE]\n\n".encode())
         await resp.write_eof()
         return resp
@@ -218,7 +220,8 @@ async def measure(url: str | None, stub: str, stream: bool, concurrency: int, se
                 continue
             lat.append(time.perf_counter() - t)
     q = statistics.quantiles(lat, n=100)
-    return {"rps": rps, "p50_ms": statistics.median(lat) * 1e3, "p99_ms": q[98] * 1e3, "proxy_cpu_ms": cpu_ms, "errors": errors}
+    return {"rps": rps, "p50_ms": statistics.median(lat) * 1e3, "p99_ms": q[98] * 1e3, "proxy_cpu_ms": cpu_ms,
+            "errors": errors}
 
 
 def main() -> int:
@@ -280,7 +283,8 @@ def main() -> int:
           f"{' '.join(f'{x:.2f}' for x in os.getloadavg())}; concurrency {args.concurrency}, {args.seconds:g} s "
           f"per throughput run, {args.latency_requests} sequential requests for latency, "
           f"{'proxy on CPU 0, stub and load generator on CPU 1' if two else 'unpinned'}")
-    print("| mode | path | req/s | p50 ms | p99 ms | added p50 ms | added p99 ms | proxy CPU ms/req | errors | vs toy |")
+    print("| mode | path | req/s | p50 ms | p99 ms | added p50 ms | added p99 ms | proxy CPU ms/req | errors "
+          "| vs toy |")
     print("|---|---|---|---|---|---|---|---|---|---|")
     for mode in ("json", "stream"):
         base, toy = results[f"direct {mode}"], results[f"toy {mode}"]

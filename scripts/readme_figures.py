@@ -20,6 +20,7 @@ asserted: speed is measured here, never in tests.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import platform
@@ -27,7 +28,7 @@ import signal
 import subprocess
 import sys
 import time
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -37,11 +38,9 @@ PY = sys.executable
 def machine() -> str:
     """'<CPU model>, <n> usable CPUs, <m> GiB RAM, <kernel>' from /proc (Linux)."""
     model = "unknown CPU"
-    try:
+    with contextlib.suppress(OSError, StopIteration):
         model = next(ln.split(":", 1)[1].strip() for ln in Path("/proc/cpuinfo").read_text().splitlines()
                      if ln.startswith("model name"))
-    except (OSError, StopIteration):
-        pass
     try:
         kib = int(next(ln.split()[1] for ln in Path("/proc/meminfo").read_text().splitlines()
                        if ln.startswith("MemTotal")))
@@ -130,7 +129,8 @@ def measure_wave(config: str, requests: int, concurrency: int) -> list[str]:
             time.sleep(0.5)
         up_s = time.monotonic() - t0
         wave_cmd = rig("wave", "pressure", "--endpoints",
-                       str(endpoints.relative_to(ROOT)) if endpoints.is_relative_to(ROOT) else str(endpoints), "--config", config,
+                       str(endpoints.relative_to(ROOT)) if endpoints.is_relative_to(ROOT) else str(endpoints),
+                       "--config", config,
                        "--requests",
                        str(requests), "--concurrency", str(concurrency), "--quiet")
         t1 = time.monotonic()
@@ -167,7 +167,7 @@ def main() -> int:
     ap.add_argument("--concurrency", type=int, default=16, help="manual wave: concurrency (default 16)")
     ap.add_argument("--append", type=Path, help="also append the section to this file (e.g. docs/measurements.md)")
     args = ap.parse_args()
-    stamp = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    stamp = datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")
     lines = [f"## {stamp}: `scripts/readme_figures.py`{' --only ' + args.only if args.only else ''}", "",
              f"Machine: {machine()}; {vllm_version()}; config `{args.config}`.", ""]
     if args.only in (None, "e2e"):

@@ -25,8 +25,8 @@ if [ "$PROFILE" = auto ]; then
 fi
 case "$PROFILE" in cpu|gpu) ;; *) echo "PROFILE must be cpu, gpu or auto (got '$PROFILE')" >&2; exit 2;; esac
 
-"$PYTHON" -c 'import sys; sys.exit(0 if sys.version_info >= (3, 10) else 1)' \
-  || { echo "Python >= 3.10 is needed ($PYTHON is $("$PYTHON" --version 2>&1)); set PYTHON=..." >&2; exit 2; }
+"$PYTHON" -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else 1)' \
+  || { echo "Python >= 3.11 is needed (asyncio.timeout) ($PYTHON is $("$PYTHON" --version 2>&1)); set PYTHON=..." >&2; exit 2; }
 
 stamp_input=$(cat scripts/setup.sh scripts/install-vllm.sh pyproject.toml; echo "$PROFILE $VLLM_VERSION")
 stamp_hash=$(printf '%s' "$stamp_input" | sha256sum | cut -c1-16)

@@ -10,7 +10,7 @@ import os
 import signal
 import socket
 import time
-from contextlib import ExitStack
+from contextlib import ExitStack, suppress
 from pathlib import Path
 from typing import Any
 
@@ -126,10 +126,8 @@ def wait_no_survivors(text: str, within_s: float) -> dict[int, str]:
 def kill_pids(pids) -> None:
     """SIGKILL leftover processes of a failed test by PID (never by name)."""
     for pid in pids:
-        try:
+        with suppress(OSError):
             os.kill(pid, signal.SIGKILL)
-        except OSError:
-            pass
 
 
 @pytest.fixture()

@@ -68,8 +68,7 @@ from http import HTTPStatus
 
 from aiohttp import web
 from aiohttp.abc import AbstractAccessLogger
-from prometheus_client import (CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge,
-                               Histogram, generate_latest)
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 FAULTS = ("exit-before-ready", "crash-mid-request", "stall", "http500", "diverge-at",
           "leak-kv", "empty-stream", "fatal-log", "teardown-traceback")
@@ -575,7 +574,7 @@ class AccessLogger(AbstractAccessLogger):
     def log(self, request, response, time):  # noqa: A002 - aiohttp's signature
         if request.path not in ("/health", "/metrics"):
             peer = request.transport.get_extra_info("peername") if request.transport else None
-            who, ver = f"{peer[0]}:{peer[1]}" if peer else "-", "%d.%d" % tuple(request.version)
+            who, ver = f"{peer[0]}:{peer[1]}" if peer else "-", f"{request.version[0]}.{request.version[1]}"
             print(f'INFO:     {who} - "{request.method} {request.path_qs} HTTP/{ver}" {response.status} '
                   f'{HTTPStatus(response.status).phrase}', file=sys.stderr, flush=True)
 

@@ -17,15 +17,15 @@ from pathlib import Path
 
 import httpx2
 import pytest
-from conftest import fake_config, scenario, write_config
 from lightkube import Client, KubeConfig
 from lightkube.config.models import Cluster as KubeCluster
 from lightkube.config.models import User
 
+from conftest import fake_config, scenario, write_config
 from rig import cli
+from rig.cluster.logs import ComposeLog, FileLog, KubernetesLog, attach_log_source
 from rig.cluster.processes import Cluster
 from rig.config.schema import ConfigError, load_config
-from rig.cluster.logs import ComposeLog, FileLog, KubernetesLog, attach_log_source
 from rig.plan.processes import build_plan, with_endpoints
 from rig.run.runner import resolve_model
 
@@ -81,7 +81,7 @@ def test_compose_log_reads_what_was_written_after_the_mark(fake_docker, monkeypa
 def test_compose_log_without_docker_is_unreadable(tmp_path):
     src = ComposeLog("decode", "docker-compose.yml", "decode", docker=str(tmp_path / "no-docker"))
     assert src.mark() is None
-    assert "docker compose -f docker-compose.yml logs decode" == src.describe()
+    assert src.describe() == "docker compose -f docker-compose.yml logs decode"
 
 
 # --- Kubernetes API, mocked at lightkube's HTTP layer -------------------------------------------

@@ -9,11 +9,11 @@ import json
 from pathlib import Path
 
 import pytest
-from conftest import LIVELOCK, fake_config, scenario, write_config
-from test_evidence_fake import base  # noqa: F401 - the fixture: per-test dir, no fake survives
 
+from conftest import LIVELOCK, fake_config, scenario, write_config
 from rig.config.schema import load_config
 from rig.run.runner import SuiteRunner, new_run_dir
+from test_evidence_fake import base  # noqa: F401 - the fixture: per-test dir, no fake survives
 
 SPEC = importlib.util.spec_from_file_location("bench_e2e", Path(__file__).resolve().parent.parent / "scripts"
                                               / "bench_e2e.py")
@@ -21,7 +21,7 @@ bench = importlib.util.module_from_spec(SPEC)
 SPEC.loader.exec_module(bench)
 
 
-def test_analysis_of_a_fake_suite_counts_xfail_time_to_verdict_and_false_stalls(base):
+def test_analysis_of_a_fake_suite_counts_xfail_time_to_verdict_and_false_stalls(base):  # noqa: F811 - fixture
     stall = {"FAKE_VLLM_FAULT": "stall", "FAKE_VLLM_ENGINE_CORE": "1"}
     cfg = load_config(write_config(base, fake_config(
         base, decodes={"decode-stall": {"env": stall}, "decode": {}},

@@ -10,8 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from rig.cluster.builds import (BuildError, Builder, apply_fixes, apply_patch, load_builds, patched_files,
-                        site_packages)
+from rig.cluster.builds import Builder, BuildError, apply_fixes, apply_patch, load_builds, patched_files, site_packages
 from rig.config.schema import ConfigError, load_config
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -16,8 +16,8 @@ import jsonschema
 import pytest
 import yaml
 
-from rig.plan import compose
 from rig.config.schema import load_config
+from rig.plan import compose
 from rig.plan.processes import Plan, ProcessSpec
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -258,7 +258,6 @@ def test_container_plan_uses_the_images_master_binary(monkeypatch):
 def test_pdrig_compose_cli_writes_a_valid_file(profile, tmp_path):
     """`pdrig compose` / `make compose` end to end: the CLI path users run, not only the module."""
     from rig import cli
-
     from rig.run.topology import default_instances
 
     code = cli.main(["compose", "--config", f"configs/{profile}.yaml", "--set", f"cache_dir={tmp_path / 'cache'}",

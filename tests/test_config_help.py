@@ -10,8 +10,8 @@ import pytest
 import yaml
 
 from rig import cli
-from rig.config.schema import ConfigError, RigConfig, load_config
 from rig.config.help import explain, model_at, nearest, scenarios_by_suite
+from rig.config.schema import ConfigError, RigConfig, load_config
 
 CONFIGS = Path(__file__).resolve().parent.parent / "configs"
 CPU_TINY = CONFIGS / "cpu-tiny.yaml"

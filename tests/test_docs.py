@@ -6,7 +6,6 @@ import re
 import subprocess
 
 from conftest import ROOT
-
 from rig.cli import build_parser
 
 README = (ROOT / "README.md").read_text()

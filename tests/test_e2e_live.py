@@ -26,7 +26,8 @@ from rig.cluster.processes import processes_of_run
 pytestmark = pytest.mark.e2e
 ROOT = Path(__file__).resolve().parents[1]
 PDRIG = [sys.executable, "-m", "rig.cli"]
-LIVELOCK = "admission livelock on decode: waiting=1 (capacity) running=0 kv=0.0% kv_fetch waiting_to_start=1, unchanged for"
+LIVELOCK = ("admission livelock on decode: waiting=1 (capacity) running=0 kv=0.0% kv_fetch waiting_to_start=1, "
+            "unchanged for")
 
 
 def _require_vllm() -> None:

@@ -13,18 +13,18 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import LIVELOCK, fake_config, scenario, write_config
-from test_evidence_fake import base  # noqa: F401 - the fixture: per-test dir, no fake survives
-from test_stall import DATA, snap
 
+from conftest import LIVELOCK, fake_config, scenario, write_config
 from rig.cluster.processes import Cluster
 from rig.config.schema import load_config
 from rig.judge.early_verdict import AdmissionReasoning
+from rig.judge.signatures import BlockFacts
 from rig.observe.metrics import parse_metrics
+from rig.observe.stall import StallDetector
 from rig.plan.processes import build_plan
 from rig.run.runner import SuiteRunner, new_run_dir
-from rig.judge.signatures import BlockFacts
-from rig.observe.stall import StallDetector
+from test_evidence_fake import base  # noqa: F401 - the fixture: per-test dir, no fake survives
+from test_stall import DATA, snap
 
 # The CPU default's decode: 4 usable blocks of 32 tokens, ngram k=1, max_model_len 128.
 FIVE_BLOCKS = BlockFacts(block_size=32, usable_blocks=4, num_speculative_tokens=1, max_model_len=128)
@@ -118,7 +118,7 @@ def _cfg(tmp: Path, **kw):
     return load_config(write_config(tmp, fake_config(tmp, **kw)))
 
 
-def test_engine_cpu_reads_the_enginecore_child_and_grows_only_while_requests_wait(base):
+def test_engine_cpu_reads_the_enginecore_child_and_grows_only_while_requests_wait(base):  # noqa: F811 - fixture
     cfg = _cfg(base, decodes={"decode": {"env": {"FAKE_VLLM_ENGINE_CORE": "1"}}})
     plan = build_plan(cfg, base / "run", "model", sys.executable)
     with Cluster(plan, 30, 3) as cluster:
@@ -133,7 +133,7 @@ def test_engine_cpu_reads_the_enginecore_child_and_grows_only_while_requests_wai
         assert attached.engine_cpu_s("decode") is None  # not launched by the rig
 
 
-def test_fake_livelock_with_an_engine_core_is_xfail_decided_early_and_controls_pass(base):
+def test_fake_livelock_with_an_engine_core_is_xfail_decided_early_and_controls_pass(base):  # noqa: F811 - fixture
     stall = {"FAKE_VLLM_FAULT": "stall", "FAKE_VLLM_ENGINE_CORE": "1"}
     cfg = _cfg(base, decodes={"decode-stall": {"env": stall}, "decode": {"env": {"FAKE_VLLM_ENGINE_CORE": "1"}}},
                timeouts={"stall_window_s": 6, "metrics_interval_s": 0.1},

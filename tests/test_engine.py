@@ -19,8 +19,7 @@ import pytest
 from rig.observe import metrics as m
 from rig.transport.client import CLIENTS, make_transport
 from rig.transport.endpoint import Endpoint
-from rig.workload.engine import (CANCEL_POINTS, WaveEngine, WaveRequest,
-                                 plan_cancels)
+from rig.workload.engine import CANCEL_POINTS, WaveEngine, WaveRequest, plan_cancels
 from rig.workload.prompts import make_prompt
 
 FAKE = Path(__file__).resolve().parent / "fake_vllm.py"
@@ -39,7 +38,7 @@ def _spawn(role: str, port: int, env: dict[str, str], blocks: int, block_size: i
     argv = [sys.executable, str(FAKE), "--model", MODEL, "--served-model-name", MODEL, "--port", str(port),
             "--block-size", str(block_size), "--max-model-len", str(max_model_len),
             "--num-gpu-blocks-override", str(blocks), "--kv-transfer-config", kv]
-    out = open(log, "ab") if log else subprocess.DEVNULL
+    out = open(log, "ab") if log else subprocess.DEVNULL  # noqa: SIM115 - the server writes to it
     try:
         return subprocess.Popen(argv, env=env, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
     finally:
@@ -67,7 +66,7 @@ def fake_pd(p_env: dict[str, str] | None = None, d_env: dict[str, str] | None = 
                                 log_dir / f"{name}.log" if log_dir else None))
             eps.append(Endpoint(name, f"http://127.0.0.1:{port}"))
         deadline = time.monotonic() + 20
-        for ep, pr in zip(eps, procs):
+        for ep, pr in zip(eps, procs, strict=True):
             while True:
                 assert pr.poll() is None, f"fake {ep.name} exited with {pr.returncode}"
                 try:

@@ -12,11 +12,11 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import fake_config, kill_pids, scenario, wait_no_survivors, write_config
 
+from conftest import fake_config, kill_pids, scenario, wait_no_survivors, write_config
+from rig.cluster.logs import FileLog
 from rig.cluster.processes import Cluster, ClusterError
 from rig.config.schema import load_config
-from rig.cluster.logs import FileLog
 from rig.plan.processes import build_plan
 from rig.run.runner import SuiteRunner, new_run_dir, resolve_model
 
@@ -177,9 +177,8 @@ def test_death_line_of_the_recorded_0_30_0_crash_names_the_exception():
     """The first fatal line of the real 0.30.0 log is a traceback header; the death line is
     the exception that ends it, with the process that raised it."""
     from conftest import DATA
-
-    from rig.cluster.processes import FATAL_PATTERNS
     from rig.cluster.logs import first_fatal_line
+    from rig.cluster.processes import FATAL_PATTERNS
 
     text = (DATA / "vllm-0.30.0-decode-ngram-crash.log").read_text()
     line = first_fatal_line(text, FATAL_PATTERNS)
@@ -236,7 +235,6 @@ def test_a_missing_diagnostic_metric_is_recorded_and_the_scenario_still_runs(bas
 
 def test_recorded_0_30_0_decode_lacks_only_a_diagnostic_metric():
     from conftest import DATA
-
     from rig.observe import metrics as m
 
     snap = m.parse_metrics((DATA / "vllm-0.30.0-decode-nospec-before-edge-126-nospec.prom").read_text(), "decode")

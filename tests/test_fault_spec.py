@@ -5,16 +5,16 @@ rig/workload/faults.py on hand-built results."""
 from __future__ import annotations
 
 import pytest
-from conftest import fake_config, write_config
 from pydantic import ValidationError
 
-from rig.judge.checks import Check
-from rig.transport.records import Hop, PDRecord
-from rig.config.schema import ConfigError, load_config
+from conftest import fake_config, write_config
 from rig.config.faults import Fault, FaultScenarioConfig, Trigger
+from rig.config.schema import ConfigError, load_config
+from rig.judge.checks import Check
 from rig.judge.fault_checks import fault_fired_check, fault_outcome_check, recovery_serves_check
-from rig.workload.faults import FaultEvent, FaultResult
 from rig.observe.observations import ScenarioObservation
+from rig.transport.records import Hop, PDRecord
+from rig.workload.faults import FaultEvent, FaultResult
 
 
 def fault(**kw) -> Fault:
@@ -45,7 +45,8 @@ def test_every_action_accepts_its_fields(spec):
     ({"trigger": {"event": "decode-sent"}, "target": "request", "action": "abandon"}, "prefill-answered"),
     ({"trigger": {"event": "decode-sent"}, "target": "request", "action": "delay-decode", "delay_s": 1},
      "prefill-answered"),
-    ({"trigger": {"event": "prefill-answered"}, "target": "request", "action": "cancel-decode"}, "decode hop in flight"),
+    ({"trigger": {"event": "prefill-answered"}, "target": "request", "action": "cancel-decode"},
+     "decode hop in flight"),
     ({"trigger": {"event": "after-requests", "k": 1}, "target": "request", "action": "cancel-decode"},
      "decode hop in flight"),
     ({"trigger": {"event": "prefill-answered"}, "target": "prefill", "action": "explode"}, "action"),
@@ -73,7 +74,8 @@ def test_faulted_index_and_k_must_leave_a_request():
     with pytest.raises(ValidationError, match="must be below requests 2"):
         FaultScenarioConfig.model_validate({"requests": 2, "faults": [kill]})
     with pytest.raises(ValidationError, match="faulted 1: must be below requests 1"):
-        FaultScenarioConfig.model_validate({"faulted": 1, "faults": [kill | {"trigger": {"event": "prefill-answered"}}]})
+        FaultScenarioConfig.model_validate({"faulted": 1,
+                                            "faults": [kill | {"trigger": {"event": "prefill-answered"}}]})
     with pytest.raises(ValidationError, match="at least 1"):
         FaultScenarioConfig.model_validate({"faults": []})
 

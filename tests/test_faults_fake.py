@@ -15,8 +15,8 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import fake_config, kill_pids, wait_no_survivors, write_config
 
+from conftest import fake_config, kill_pids, wait_no_survivors, write_config
 from rig.cluster.processes import Cluster, processes_of_run
 from rig.config.schema import load_config
 from rig.plan.processes import build_plan

@@ -98,7 +98,8 @@ def test_a_dead_instance_before_any_answer_is_broken_with_its_death_line():
                       ["edge-126"], ISSUES)
     c = grid.cell("edge-126", "0.30.0")
     assert c.verdict == "BROKEN" and c.symptom_seen is None
-    assert c.reason == "cannot run on this build: decode died: TypeError: rejection_sample() got an unexpected keyword argument"
+    assert c.reason == ("cannot run on this build: decode died: TypeError: rejection_sample() got an unexpected "
+                        "keyword argument")
     assert grid.findings[0].unknown == ["0.30.0 (BROKEN)"]
 
 
@@ -170,7 +171,8 @@ def test_recorded_0_30_0_run_is_broken_where_the_ngram_decodes_died_and_passes_w
     for s in ("edge-126", "edge-127", "edge-96-block-boundary", "edge-96-pair"):
         c = grid.cell(s, "0.30.0")
         assert c.verdict == "BROKEN", (s, c)
-        assert c.reason == "cannot run on this build: decode died: TypeError: Cannot inspect kernel parameters for function"
+        assert c.reason == ("cannot run on this build: decode died: TypeError: Cannot inspect kernel parameters "
+                            "for function")
     assert grid.cell("edge-126-6blk", "0.30.0").verdict == "BROKEN"
     assert "decode-6blk died" in grid.cell("canary-swapped-prompt", "0.30.0").reason
     assert grid.cell("edge-126-nospec", "0.30.0").verdict == "PASS"

@@ -16,8 +16,8 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 
 import pytest
-from conftest import LIVELOCK, fake_config, kill_pids, scenario, wait_no_survivors, write_config
 
+from conftest import LIVELOCK, fake_config, kill_pids, scenario, wait_no_survivors, write_config
 from rig import cli
 from rig.config.schema import load_config
 from rig.run.runner import SuiteRunner, new_run_dir
@@ -35,7 +35,8 @@ DECODES = {
     "decode-leak": {"env": {"FAKE_VLLM_FAULT": "leak-kv"}},
     "decode-fatal": {"env": {"FAKE_VLLM_FAULT": "fatal-log"}},
     # Completion 1 is the runner's warm-up; completion 2 is the scenario's decode hop.
-    "decode-crash": {"env": {"FAKE_VLLM_FAULT": "crash-mid-request", "FAKE_VLLM_FAULT_ARG": "3"}},  # 3rd: after the warm-up's direct and P/D requests
+    # the 3rd completion: after the warm-up's direct and P/D requests
+    "decode-crash": {"env": {"FAKE_VLLM_FAULT": "crash-mid-request", "FAKE_VLLM_FAULT_ARG": "3"}},
 }
 SCENARIOS = [
     scenario("pass", "decode"),
@@ -289,7 +290,6 @@ def test_cluster_processes_are_visible_then_gone(base_dir):
     # Guards the survivor check itself: while a cluster is up, its servers are found by the same
     # /proc scan the autouse fixture uses; after stop_all they are not.
     from conftest import processes_mentioning
-
     from rig.cluster.processes import Cluster
     from rig.plan.processes import build_plan
     from rig.run.runner import resolve_model
@@ -369,8 +369,8 @@ def test_attach_judges_running_endpoints_and_leaves_them_running(base_dir):
     outside = Cluster(build_plan(cfg, tmp / "outside", resolve_model(cfg), sys.executable), 30, 5)
     try:
         outside.start([cfg.prefill[0].name, "decode"])
-        from rig.cluster.logs import FileLog
         from rig.cli import fresh_prompt_seeds
+        from rig.cluster.logs import FileLog
 
         # With each instance's log given, the attached pair is judged like the rig's own: PASS.
         logs = {n: FileLog(n, outside.plan.by_name(n).log_path) for n in (cfg.prefill[0].name, "decode")}

@@ -4,8 +4,10 @@
 The golden files tests/data/k8s-cpu-tiny.yaml and tests/data/k8s-h200-2node.yaml are regenerated
 with (after a deliberate change to the rendering, then review the diff):
 
-    PYTHONPATH=$PWD .venv/bin/python -m rig.cli k8s -c configs/cpu-tiny.yaml --run-id golden -n pdrig -o tests/data/k8s-cpu-tiny.yaml
-    PYTHONPATH=$PWD .venv/bin/python -m rig.cli k8s -c configs/h200-2node.yaml --run-id golden -n pdrig -o tests/data/k8s-h200-2node.yaml
+    PYTHONPATH=$PWD .venv/bin/python -m rig.cli k8s -c configs/cpu-tiny.yaml --run-id golden -n pdrig \\
+        -o tests/data/k8s-cpu-tiny.yaml
+    PYTHONPATH=$PWD .venv/bin/python -m rig.cli k8s -c configs/h200-2node.yaml --run-id golden -n pdrig \\
+        -o tests/data/k8s-h200-2node.yaml
 """
 
 from __future__ import annotations
@@ -20,8 +22,8 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from rig.plan import compose, k8s
 from rig.config.schema import ConfigError, load_config
+from rig.plan import compose, k8s
 
 ROOT = Path(__file__).resolve().parent.parent
 DATA = ROOT / "tests" / "data"
@@ -143,7 +145,8 @@ def test_tiny_model_built_per_pod_and_hub_cache_is_a_volume():
     assert {"name": "model-cache", "mountPath": k8s.CACHE_DIR} in init["volumeMounts"]
     assert {"name": "model-cache", "emptyDir": {}} in pod["spec"]["volumes"]
     hub = of_kind(objects("h200-2node"), "Pod")[0]
-    assert {"name": "model-cache", "mountPath": compose.CONTAINER_HF_CACHE} in hub["spec"]["containers"][0]["volumeMounts"]
+    mounts = hub["spec"]["containers"][0]["volumeMounts"]
+    assert {"name": "model-cache", "mountPath": compose.CONTAINER_HF_CACHE} in mounts
     assert any(v["name"] == "model-cache" and "hostPath" in v for v in hub["spec"]["volumes"])
     claim = of_kind(objects("h200-2node", overrides=["kubernetes.model_cache_claim=hf"]), "Pod")[0]
     assert {"name": "model-cache", "persistentVolumeClaim": {"claimName": "hf"}} in claim["spec"]["volumes"]
@@ -312,7 +315,6 @@ def test_readiness_probe_passes_exactly_when_the_server_is_ready(tmp_path):
     import time
 
     from conftest import FAKE, free_ports
-
     from rig.plan.processes import ProcessSpec
 
     port, side = free_ports(2)

@@ -6,10 +6,9 @@ import sys
 from pathlib import Path
 
 from conftest import fake_config, kill_pids, wait_no_survivors, write_config
-
+from rig.cluster.logs import FileLog, matching_lines, start_marker, stop_marker, until_stop_marker
 from rig.cluster.processes import FATAL_PATTERNS, Cluster
 from rig.config.schema import load_config
-from rig.cluster.logs import FileLog, matching_lines, start_marker, stop_marker, until_stop_marker
 from rig.plan.processes import build_plan
 from rig.run.runner import resolve_model
 

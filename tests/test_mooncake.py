@@ -10,7 +10,6 @@ import pytest
 
 from rig.plan import mooncake as mc
 
-
 # --- master_argv -------------------------------------------------------------------------------
 
 
@@ -261,8 +260,8 @@ from pathlib import Path  # noqa: E402
 import jsonschema  # noqa: E402
 import yaml  # noqa: E402
 
-from rig.plan import compose  # noqa: E402
 from rig.config.schema import ConfigError, load_config  # noqa: E402
+from rig.plan import compose  # noqa: E402
 from rig.plan.processes import build_plan  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -8,8 +8,8 @@ import socket
 from pathlib import Path
 
 import pytest
-from conftest import free_ports
 
+from conftest import free_ports
 from rig.config.schema import ConfigError, load_config
 from rig.plan.processes import build_plan, busy_ports
 

@@ -8,7 +8,6 @@ import sys
 from pathlib import Path
 
 from conftest import fake_config, kill_pids, wait_no_survivors, write_config
-
 from rig import cli
 from rig.cluster.processes import Cluster
 from rig.config.schema import load_config
@@ -49,7 +48,8 @@ def test_printed_line_is_the_spawned_argv(tmp_path: Path, capsys, restore_signal
             for name, run in cluster.procs.items():
                 pid = run.popen.pid
                 spawned = Path(f"/proc/{pid}/cmdline").read_bytes().rstrip(b"\0").split(b"\0")
-                env = dict(kv.split(b"=", 1) for kv in Path(f"/proc/{pid}/environ").read_bytes().split(b"\0") if b"=" in kv)
+                environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+                env = dict(kv.split(b"=", 1) for kv in environ if b"=" in kv)
                 p_env, p_argv = printed[name]
                 assert [a.decode() for a in spawned] == p_argv, name
                 assert {k: env[k.encode()].decode() for k in p_env} == p_env, name

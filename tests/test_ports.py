@@ -12,11 +12,11 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import ROOT, assert_no_survivors, fake_config, free_ports, scenario, wait_no_survivors, write_config
 
+from conftest import ROOT, assert_no_survivors, fake_config, free_ports, scenario, wait_no_survivors, write_config
 from rig import cli
-from rig.config.schema import load_config
 from rig.cluster.ports import PortConflict, PortReservation, config_ports, reserve, shifted
+from rig.config.schema import load_config
 
 
 @pytest.fixture()

@@ -14,14 +14,14 @@ import httpx
 import openai
 import pytest
 from aiohttp import web
-from conftest import ROOT, fake_config, free_ports, kill_pids, wait_no_survivors
 
-from rig.transport.bodies import PREFILL_PARAMS
+from conftest import ROOT, fake_config, free_ports, kill_pids, wait_no_survivors
 from rig.cluster.processes import Cluster
 from rig.config.schema import RigConfig
 from rig.observe.metrics import parse_metrics
 from rig.plan.processes import build_plan
 from rig.proxy import Backend, PDProxy, Picker, ProxyThread
+from rig.transport.bodies import PREFILL_PARAMS
 
 
 @pytest.fixture(scope="module")
@@ -236,7 +236,8 @@ def test_client_gone_during_decode_aborts_decode(fakes):
             first = next(ln for ln in r.iter_lines() if ln.startswith("data: "))
         assert '"text"' in first
         assert wait_for(lambda: scrape(d).value("vllm:num_requests_running") == 0, 2.0) is not None
-        assert wait_for(lambda: scrape(front.url).value("pdrig_proxy_client_disconnects_total", stage="decode") == 1, 2.0) is not None
+        assert wait_for(lambda: scrape(front.url).value("pdrig_proxy_client_disconnects_total", stage="decode") == 1,
+                        2.0) is not None
     time.sleep(0.5)
     assert scrape(d).value("vllm:request_success_total", finished_reason="length") == done_before
 
@@ -250,7 +251,8 @@ def test_client_gone_during_prefill_aborts_prefill_and_skips_decode(fakes):
             httpx.post(front.url + "/v1/completions", json={"model": "tiny", "prompt": "slow", "max_tokens": 2},
                        timeout=httpx.Timeout(20, read=0.5))
         assert wait_for(lambda: scrape(p).value("vllm:num_requests_running") == 0, 1.5) is not None
-        assert wait_for(lambda: scrape(front.url).value("pdrig_proxy_client_disconnects_total", stage="prefill") == 1, 1.5) is not None
+        assert wait_for(lambda: scrape(front.url).value("pdrig_proxy_client_disconnects_total", stage="prefill") == 1,
+                        1.5) is not None
     time.sleep(3.0)  # past the time P would have answered
     assert scrape(p).value("vllm:request_success_total", finished_reason="length") == 0
     assert scrape(d).value("vllm:prompt_tokens_total") == d_prompts

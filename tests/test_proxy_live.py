@@ -19,6 +19,7 @@ import subprocess
 import sys
 
 import pytest
+
 from conftest import ROOT, assert_no_survivors
 
 pytestmark = pytest.mark.e2e
@@ -35,7 +36,8 @@ def test_edge_96(pdrig):
 
 @pytest.mark.pdrig_known_issue(**LIVELOCK)
 def test_edge_126(pdrig):
-    pdrig.scenario(decode="decode", prompt_tokens=126, max_tokens=2, expect={"completion_tokens": 2, "total_tokens": 128})
+    pdrig.scenario(decode="decode", prompt_tokens=126, max_tokens=2,
+                   expect={"completion_tokens": 2, "total_tokens": 128})
 '''
 
 # vllm bench serve through the proxy, then a parity sample. {python} is the venv's interpreter.
@@ -53,7 +55,8 @@ def test_vllm_bench_serve_through_proxy(pd_client, pdrig_session, tmp_path):
     argv = [sys.executable, "-c", BENCH, "--backend", "openai", "--base-url", url, "--endpoint", "/v1/completions",
             "--model", "tiny", "--tokenizer", resolve_model(pdrig_session.cfg), "--dataset-name", "random",
             "--random-input-len", "24", "--random-output-len", "8", "--num-prompts", "{n}", "--max-concurrency", "2",
-            "--ignore-eos", "--seed", "1", "--save-result", "--result-dir", str(tmp_path), "--result-filename", "r.json"]
+            "--ignore-eos", "--seed", "1", "--save-result", "--result-dir", str(tmp_path),
+            "--result-filename", "r.json"]
     done = subprocess.run(argv, capture_output=True, text=True, timeout=600)
     print(done.stdout[-3000:], done.stderr[-3000:])
     assert done.returncode == 0

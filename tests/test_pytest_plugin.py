@@ -16,6 +16,7 @@ import tomllib
 from pathlib import Path
 
 import pytest
+
 from conftest import LIVELOCK, ROOT, fake_config, kill_pids, wait_no_survivors, write_config
 
 USER_TESTS = '''
@@ -64,7 +65,8 @@ def run_pytest(where: Path, *args: str) -> subprocess.CompletedProcess:
 def user_repo(tmp_path):
     """A directory outside this repository with a rig config of fake servers."""
     data = fake_config(tmp_path, decodes={
-        "decode": {}, "decode-stall": {"env": {"FAKE_VLLM_FAULT": "stall", "FAKE_VLLM_FAULT_ARG": "100"}},  # warm-up prompts pass
+        "decode": {},
+        "decode-stall": {"env": {"FAKE_VLLM_FAULT": "stall", "FAKE_VLLM_FAULT_ARG": "100"}},  # warm-up prompts pass
         "decode-diverge": {"env": {"FAKE_VLLM_FAULT": "diverge-at", "FAKE_VLLM_FAULT_ARG": "1"}}})
     write_config(tmp_path, data, "pdrig.yaml")
     (tmp_path / "pytest.ini").write_text("[pytest]\npdrig_config = pdrig.yaml\n")
@@ -79,7 +81,8 @@ def test_user_file_runs_pd_cases_with_the_suites_semantics(user_repo):
     r = run_pytest(user_repo, "test_pd.py")
     out = r.stdout + r.stderr
 
-    outcomes = {name: state for state, name in re.findall(r"^(PASSED|FAILED|XFAIL|ERROR) test_pd\.py::(\w+)", out, re.M)}
+    found = re.findall(r"^(PASSED|FAILED|XFAIL|ERROR) test_pd\.py::(\w+)", out, re.M)
+    outcomes = {name: state for state, name in found}
     assert outcomes == {"test_pass": "PASSED", "test_stall": "XFAIL", "test_fixed": "FAILED",
                         "test_diverge": "FAILED", "test_bad_marker": "FAILED",
                         "test_unknown_instance": "FAILED", "test_client": "PASSED"}, out

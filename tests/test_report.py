@@ -8,11 +8,11 @@ import xml.etree.ElementTree as ET
 
 import pytest
 
-from rig.transport.records import Hop, PDRecord
+from rig.judge.verdict import Check, ScenarioVerdict
 from rig.observe.observations import ScenarioObservation
 from rig.observe.parity import ParityResult
 from rig.report.render import RunResult, render_summary_md, write_report
-from rig.judge.verdict import Check, ScenarioVerdict
+from rig.transport.records import Hop, PDRecord
 
 DIAG = ("admission livelock on decode: waiting=1 (capacity) running=0 kv=0.0% kv_fetch "
         "waiting_to_start=1, unchanged for 8.0 s")
@@ -117,7 +117,8 @@ def test_junit(result):
     failure = cases["edge-126-6blk"].find("failure")
     assert failure.get("message") == "FAIL: parity: 0/1 equal; diverged at 1: 13 != 12"
     assert "parity: failed - 0/1 equal" in failure.text and "completed: ok - 1/1 completed" in failure.text
-    assert "no-fatal-log: not checked - not checked: decode: log file missing" in cases["edge-broken"].find("error").text
+    broken_text = cases["edge-broken"].find("error").text
+    assert "no-fatal-log: not checked - not checked: decode: log file missing" in broken_text
     assert cases["edge-fixed"].find("failure").get("message").startswith("XPASS: known issue fixed")
     assert cases["edge-broken"].find("error").get("message") == "metrics unavailable: ConnectError | x"
     assert cases["edge-126"].find("system-out").text == XF
@@ -156,19 +157,19 @@ def test_summary_md(result):
         # Split on unescaped pipes only.
         return [c.strip() for c in re.split(r"(?<!\\)\|", by_name[name])[1:-1]]
 
-    c = dict(zip(cols, cells("edge-96")))
+    c = dict(zip(cols, cells("edge-96"), strict=True))
     assert c["verdict"] == "PASS" and c["tokens (completion/total)"] == "2/98"
     assert c["P ms"] == "105" and c["D ms"] == "2153" and c["time to verdict s"] == "2.2"
     assert c["parity"] == "1/1 equal" and c["diagnosis"] == "all checks hold"
-    c = dict(zip(cols, cells("edge-126")))
+    c = dict(zip(cols, cells("edge-126"), strict=True))
     assert c["verdict"] == "XFAIL" and c["expectation"] == XF
     assert c["diagnosis"] == f"spec-admission-livelock: {DIAG}"
     assert c["tokens (completion/total)"] == "-" and c["D ms"] == "-" and c["time to verdict s"] == "10.3"
     assert c["parity"] == "-"
-    assert dict(zip(cols, cells("edge-126-6blk")))["verdict"] == "FAIL"
-    assert dict(zip(cols, cells("edge-126-6blk")))["decode"] == "decode-6blk"
-    assert dict(zip(cols, cells("edge-fixed")))["verdict"] == "XPASS"
-    broken = dict(zip(cols, cells("edge-broken")))
+    assert dict(zip(cols, cells("edge-126-6blk"), strict=True))["verdict"] == "FAIL"
+    assert dict(zip(cols, cells("edge-126-6blk"), strict=True))["decode"] == "decode-6blk"
+    assert dict(zip(cols, cells("edge-fixed"), strict=True))["verdict"] == "XPASS"
+    broken = dict(zip(cols, cells("edge-broken"), strict=True))
     assert broken["verdict"] == "ERROR" and broken["diagnosis"] == "metrics unavailable: ConnectError \\| x"
     assert broken["checks"] == "1 ok, 1 not checked" and c["checks"] == "1 failed"
     # Every check that is not ok is listed with its state and why.

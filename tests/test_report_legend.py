@@ -3,12 +3,12 @@ known issue's title and upstream reference are shown too."""
 
 from __future__ import annotations
 
-from conftest import ROOT
 from rich.console import Console
 
+from conftest import ROOT
 from rig.config.schema import load_config
-from rig.report.render import RunResult, print_summary, render_summary_md
 from rig.judge.verdict import ScenarioVerdict
+from rig.report.render import RunResult, print_summary, render_summary_md
 
 XF = "xfail: spec-admission-livelock (stall) on vLLM >=0.32.0,<0.33"
 

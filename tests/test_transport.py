@@ -7,7 +7,6 @@ from __future__ import annotations
 import asyncio
 
 import pytest
-from test_engine import MODEL, fake_pd
 
 from rig.judge.checks import several_prompts_usage
 from rig.observe.parity import compare_hops
@@ -15,6 +14,7 @@ from rig.transport.answers import StreamReader, fill_from_answer
 from rig.transport.bodies import PREFILL_PARAMS, chat_body, decode_body, prefill_body, request_body
 from rig.transport.client import CLIENTS, make_transport
 from rig.transport.records import OUTCOMES, Hop, PDRecord, WaveRecord, classify
+from test_engine import MODEL, fake_pd
 
 
 def test_request_body_by_endpoint():

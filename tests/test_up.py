@@ -12,8 +12,8 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import LIVELOCK, ROOT, fake_config, kill_pids, scenario, wait_no_survivors, write_config
 
+from conftest import LIVELOCK, ROOT, fake_config, kill_pids, scenario, wait_no_survivors, write_config
 from rig.config.schema import ConfigError, load_config
 from rig.run.topology import default_instances, parse_instances, scenarios_on
 

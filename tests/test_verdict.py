@@ -10,17 +10,17 @@ from pathlib import Path
 
 import pytest
 
-from rig.judge import verdict as engine
-from rig.transport.records import Hop, PDRecord
-from rig.cluster.processes import FATAL_PATTERNS
 from rig.cluster.logs import matching_lines
+from rig.cluster.processes import FATAL_PATTERNS
 from rig.config.schema import ScenarioConfig
+from rig.judge import verdict as engine
+from rig.judge.signatures import BlockFacts
+from rig.judge.verdict import judge, run_passed
 from rig.observe.metrics import parse_metrics
 from rig.observe.observations import DrainResult, ScenarioObservation, TransferEvidence
 from rig.observe.parity import ParityResult
-from rig.judge.signatures import BlockFacts
 from rig.observe.stall import StallFacts, facts_of
-from rig.judge.verdict import judge, run_passed
+from rig.transport.records import Hop, PDRecord
 
 DATA = Path(__file__).parent / "data"
 STALLED_PROM = (DATA / "vllm-0.32.0-decode-stalled-edge-126.prom").read_text()

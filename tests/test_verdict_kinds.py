@@ -5,14 +5,15 @@ exception inside a store batch is a rig error, not "cancelled"."""
 from __future__ import annotations
 
 import asyncio
+from pathlib import Path
 
 import pytest
 
 from rig.config.schema import ConfigError, ScenarioConfig, load_config
 from rig.observe.observations import DrainResult, ScenarioObservation, TransferEvidence
+from rig.transport.records import WaveRecord
 from rig.workload import store as st
 from rig.workload import waves as wv
-from rig.transport.records import WaveRecord
 
 
 def wave_sc(kind: str = "pressure-wave", **kw) -> ScenarioConfig:
@@ -107,7 +108,7 @@ def test_pdrig_wave_without_logs_shows_them_not_checked():
 def test_a_field_the_kind_does_not_use_is_a_load_error(tmp_path, kind, field, value):
     import yaml
 
-    data = yaml.safe_load(open("configs/cpu-tiny.yaml"))
+    data = yaml.safe_load(Path("configs/cpu-tiny.yaml").read_text())
     data.pop("suite")
     sc = {"name": "x", "kind": kind, "prompt_tokens": 24, "max_tokens": 4, field: value}
     if kind == "retrieval":

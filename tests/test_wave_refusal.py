@@ -5,7 +5,6 @@ from __future__ import annotations
 from pathlib import Path
 
 from conftest import ROOT, free_ports
-
 from rig.run.wave_cli import main
 
 

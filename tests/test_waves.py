@@ -14,8 +14,8 @@ import httpx
 import pytest
 import yaml
 
-from rig.observe import metrics as m
 from rig.config.schema import ConfigError, ScenarioConfig, load_config
+from rig.observe import metrics as m
 from rig.observe.observations import ScenarioObservation, SnapshotStore, TransferEvidence
 from rig.observe.timeline import load_rows, plot_timeline
 from rig.workload import waves as wv
@@ -240,8 +240,8 @@ def test_drain_on_recorded_samples():
     assert "= 3.0 of 5 usable blocks held (3.0 blocks' worth above the baseline)" in text
     # timeline rows (as in timeline.jsonl) work too; other instances are ignored
     keys = ("num_requests_waiting", "num_requests_running", "kv_cache_usage_perc")
-    rows = [{"t": 10.2, "instance": "p", **dict(zip(keys, (0, 0, 0.5)))},
-            {"t": 10.4, "instance": "d", **dict(zip(keys, (3, 0, 0.0)))}]
+    rows = [{"t": 10.2, "instance": "p", **dict(zip(keys, (0, 0, 0.5), strict=True))},
+            {"t": 10.4, "instance": "d", **dict(zip(keys, (3, 0, 0.0), strict=True))}]
     dr = wv.drain_from_samples("d", rows, 0.0, 10.0, 5)
     assert not dr.idle and "waiting=3" in dr.describe()
     assert wv.drain_from_samples("p", rows, 0.5, 10.0, 5).idle  # at its baseline

@@ -72,7 +72,7 @@ class BuildSpec(BaseModel):
         return v
 
     @model_validator(mode="after")
-    def _one_source(self) -> "BuildSpec":
+    def _one_source(self) -> BuildSpec:
         given = [k for k in ("vllm", "python", "base") if getattr(self, k) is not None]
         if len(given) != 1:
             raise ValueError(f"give exactly one of vllm: (a release), python: (an existing env's "
@@ -112,7 +112,7 @@ class BuildsFile(BaseModel):
         return data
 
     @model_validator(mode="after")
-    def _bases(self) -> "BuildsFile":
+    def _bases(self) -> BuildsFile:
         for b in self.builds.values():
             if b.base is not None and b.base not in self.builds:
                 raise ValueError(f"builds.{b.name}.base: {b.base!r} is not a build here; "
@@ -290,6 +290,7 @@ class Builder:
         if spec.vllm is not None:
             self._install_release(spec, env_dir)
         else:
+            assert spec.base is not None  # BuildSpec's validator: exactly one of python, vllm, base
             base_py = self.python(spec.base)
             self._overlay(spec, base_py, env_dir)
         py = env_dir / "bin" / "python"
@@ -370,7 +371,8 @@ def apply_patch(patch: Path, site: Path) -> None:
     missing = [f for f in files if not (site / f).is_file()]
     if missing:
         raise BuildError(f"{patch}: does not apply: {', '.join(missing)} not found under {site}")
-    cmd = ["patch", "-p1", "--forward", "--batch", "--no-backup-if-mismatch", "-r", "-", "-i", str(patch), "-d", str(site)]
+    cmd = ["patch", "-p1", "--forward", "--batch", "--no-backup-if-mismatch", "-r", "-", "-i", str(patch),
+           "-d", str(site)]
     dry = subprocess.run([*cmd, "--dry-run"], capture_output=True, text=True)
     if dry.returncode != 0:
         raise BuildError(f"{patch}: does not apply to {site}: {_hunk_failures(dry.stdout + dry.stderr)}")

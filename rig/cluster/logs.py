@@ -16,10 +16,11 @@ from __future__ import annotations
 import os
 import re
 import subprocess
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, Callable, Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 
 @runtime_checkable
@@ -28,7 +29,10 @@ class LogSource(Protocol):
     for an attached one), :class:`ComposeLog` and :class:`KubernetesLog` (attached deployments;
     :func:`attach_log_source` builds them from the config's ``attach.logs``)."""
 
-    instance: str
+    @property
+    def instance(self) -> str:
+        """The instance whose log this is."""
+        ...
 
     def describe(self) -> str:
         """Where the log is read from, for diagnoses ('file runs/x/logs/decode.log')."""
@@ -80,7 +84,7 @@ _TEARDOWN = re.compile(rf"^{re.escape(STOP_MARKER)} .*?(?=^{re.escape(START_MARK
 
 
 def _now() -> str:
-    return datetime.now(timezone.utc).isoformat(timespec="seconds")
+    return datetime.now(UTC).isoformat(timespec="seconds")
 
 
 def start_marker(instance: str, pid: int) -> str:
@@ -281,7 +285,8 @@ def first_fatal_line(text: str, patterns: tuple[str, ...]) -> str | None:
         if "Traceback (most recent call last)" not in ln:
             return ln.strip()
         for later in lines[i + 1:]:
-            msg = later[_VLLM_PREFIX.match(later).end():]
+            prefix = _VLLM_PREFIX.match(later)  # every group is optional: it always matches
+            msg = later[prefix.end():] if prefix else later
             if msg.strip() and not msg[:1].isspace() and not msg.lstrip().startswith("^"):
                 return later.strip()
         return ln.strip()

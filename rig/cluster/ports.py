@@ -24,14 +24,15 @@ Lock files stay in the directory after release (an unlocked file is free); only 
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import os
 from pathlib import Path
 from typing import Any
 
-from rig.plan import mooncake
 from rig.cluster.processes import ClusterError
 from rig.config.schema import ConfigError, RigConfig
+from rig.plan import mooncake
 from rig.plan.processes import bindable, side_channel_port
 
 FREE_SEARCH_STEPS = 2000  # offsets tried by ports.free before giving up
@@ -69,7 +70,7 @@ class PortReservation:
         self.holder = holder
         self._fds: dict[int, int] = {}
 
-    def __enter__(self) -> "PortReservation":
+    def __enter__(self) -> PortReservation:
         return self
 
     def __exit__(self, *exc: Any) -> None:
@@ -125,10 +126,8 @@ class PortReservation:
     def release(self) -> None:
         """Drop every lock this reservation holds (safe to call more than once)."""
         for fd in self._fds.values():
-            try:
+            with contextlib.suppress(OSError):
                 os.close(fd)  # closing the last descriptor releases the flock
-            except OSError:
-                pass
         self._fds.clear()
 
 

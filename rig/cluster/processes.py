@@ -16,6 +16,7 @@ uses ``pkill -f``: it kills only the process groups it created.
 from __future__ import annotations
 
 import atexit
+import contextlib
 import os
 import signal
 import socket
@@ -30,8 +31,8 @@ from pathlib import Path
 import httpx
 
 from rig.cluster.logs import FileLog, LogSource, start_marker, stop_marker
-from rig.plan.processes import Plan, ProcessSpec, probe_host
 from rig.cluster.reaper import Reaper, kill_groups
+from rig.plan.processes import Plan, ProcessSpec, busy_ports, probe_host
 
 # Set by the CLI's signal handlers (install_signal_handlers): stop waiting for servers to start.
 INTERRUPTED = threading.Event()
@@ -127,15 +128,13 @@ def lower_group_priority(pid: int, nice: int) -> None:
     Linux's ``sched_autogroup`` puts every session (each server runs in its own) in a
     scheduling group; across groups the CPU is shared per group and a task's nice counts only
     inside its group. The group's nice (``/proc/PID/autogroup``) is what gives the rig's client
-    and metrics sampler priority over the servers. Measured on a 2-core host during vLLM
-    0.32.0's admission livelock: a nice-0 sampler woke up to 12.4 s late with only the task
-    nice set, and at most 11 ms with the autogroup nice. Failures (no autogroup, no
-    permission) are ignored: priority is an aid, not a requirement.
+    and metrics sampler priority over the servers: with only the task nice set, a nice-0 sampler
+    woke up seconds late during vLLM 0.32.0's admission livelock on a 2-core host (dated figures:
+    docs/vllm-cpu-facts.md "CPU hosts"). Failures (no autogroup, no permission) are ignored:
+    priority is an aid, not a requirement.
     """
-    try:
+    with contextlib.suppress(OSError):
         Path(f"/proc/{pid}/autogroup").write_text(str(nice))
-    except OSError:
-        pass
 
 
 def _threads_of(pid: int, include_self: bool) -> list[int]:
@@ -190,9 +189,9 @@ def pin_cpus(pid: int, cpus: tuple[int, ...], tree: bool = False) -> int:
     after spawn covers what it starts; the ``tree`` pass after ready covers anything that raced
     it. Why: on a 2-core host an idle vLLM CPU instance with NIXL spins (worker SpinCondition,
     UCX progress thread, the engine stepping while KV sends are pending); P and D sharing both
-    cores served 0.27-0.51 P/D requests/s, pinned apart from spawn 20-50 (vllm-cpu 0.32.0,
-    `pdrig wave pressure`, 24-token prompts): vLLM and torch then also size their thread pools
-    to the one CPU they see. A CPU the host lacks is refused before the start
+    cores serve a small fraction of the P/D requests per second they serve pinned apart from
+    spawn (dated figures: docs/vllm-cpu-facts.md "CPU hosts"): vLLM and torch then also size
+    their thread pools to the one CPU they see. A CPU the host lacks is refused before the start
     (:func:`unavailable_cpus`).
     """
     if not cpus:
@@ -253,7 +252,7 @@ class Cluster:
 
     # -- lifecycle ---------------------------------------------------------------------------
 
-    def __enter__(self) -> "Cluster":
+    def __enter__(self) -> Cluster:
         return self
 
     def __exit__(self, *exc) -> None:
@@ -266,8 +265,6 @@ class Cluster:
         it is ready (with its log tail) or is not ready within ``startup_timeout_s``; the
         processes already started stay registered for teardown.
         """
-        from rig.plan.processes import busy_ports
-
         todo = [n for n in names if n not in self.procs]
         problem = "" if self.attach else unavailable_cpus(
             (spec.role, spec.name, spec.cpus) for spec in map(self.plan.by_name, todo))
@@ -282,7 +279,7 @@ class Cluster:
             self._spawn(self.plan.by_name(name))
         with ThreadPoolExecutor(max_workers=max(1, len(todo))) as pool:
             results = list(pool.map(self._wait_ready, todo))
-        return dict(zip(todo, results))
+        return dict(zip(todo, results, strict=True))
 
     def _spawn(self, spec: ProcessSpec) -> None:
         if self.attach:
@@ -294,13 +291,12 @@ class Cluster:
             Path(path).parent.mkdir(parents=True, exist_ok=True)
             Path(path).write_text(content)
         Path(spec.log_path).parent.mkdir(parents=True, exist_ok=True)
-        log = open(spec.log_path, "ab")
         # The marker is inherited by EngineCore and workers, so leak checks can find every
         # process of a run (rig.cluster.processes.processes_of_run) whatever its argv looks like.
         env = {**os.environ, **spec.env, RUN_MARKER: str(Path(self.plan.run_dir).resolve())}
-        popen = subprocess.Popen(list(spec.argv), env=env, stdout=log, stderr=subprocess.STDOUT,
-                                 stdin=subprocess.DEVNULL, start_new_session=True)
-        log.close()
+        with open(spec.log_path, "ab") as log:  # the child keeps its own copy of the descriptor
+            popen = subprocess.Popen(list(spec.argv), env=env, stdout=log, stderr=subprocess.STDOUT,
+                                     stdin=subprocess.DEVNULL, start_new_session=True)
         append_marker(spec.log_path, start_marker(spec.name, popen.pid))
         self._reaper.add(popen.pid)  # start_new_session: pgid == pid
         pin_cpus(popen.pid, spec.cpus)
@@ -381,24 +377,24 @@ class Cluster:
             return True
         if owners & ours:
             return True
+        pids = sorted(p for p in owners if p is not None)
         raise ClusterError(f"{run.spec.name}: port {run.spec.port} is answered by another process "
-                           f"(pid {sorted(owners)}), not the one the rig started; change the port or "
+                           f"(pid {pids}), not the one the rig started; change the port or "
                            "stop that server", run.spec.name, log_tail(run.spec.log_path))
 
     def stop(self, names: list[str]) -> None:
         """Stop the named processes (SIGTERM to each group, SIGKILL after the grace period)."""
-        runs = [r for r in (self.procs.pop(n) for n in names if n in self.procs) if r.popen is not None]
+        runs = [(r.spec, r.popen) for r in (self.procs.pop(n) for n in names if n in self.procs)
+                if r.popen is not None]
         if not runs:
             return
-        for r in runs:  # says in the log itself that what follows is the rig's teardown
-            append_marker(r.spec.log_path, stop_marker(r.spec.name))
-        kill_groups({r.popen.pid for r in runs}, self.grace_s, reap=lambda: [r.popen.poll() for r in runs])
-        for r in runs:
-            try:
-                r.popen.wait(timeout=5)
-            except subprocess.TimeoutExpired:
-                pass
-            self._reaper.remove(r.popen.pid)
+        for spec, _ in runs:  # says in the log itself that what follows is the rig's teardown
+            append_marker(spec.log_path, stop_marker(spec.name))
+        kill_groups({p.pid for _, p in runs}, self.grace_s, reap=lambda: [p.poll() for _, p in runs])
+        for _, p in runs:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                p.wait(timeout=5)
+            self._reaper.remove(p.pid)
 
     def stop_all(self) -> None:
         """Stop every process and close the reaper; safe to call more than once."""
@@ -421,10 +417,8 @@ class Cluster:
         if self.attach or run is None or run.popen is None:
             raise ClusterError(f"cannot signal {name}: " + ("attach mode (the rig did not start it)" if self.attach
                                                             else "not started by this cluster"))
-        try:
+        with contextlib.suppress(ProcessLookupError):
             os.killpg(run.popen.pid, sig)
-        except ProcessLookupError:
-            pass
         return run.popen.pid
 
     def restart(self, name: str) -> float:

@@ -13,6 +13,7 @@ a ``kill`` of the rig's process group does not take it down before it has done i
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -53,10 +54,8 @@ def kill_groups(pgids: set[int], grace_s: float, reap: Callable[[], object] | No
             break
         time.sleep(0.1)
     for pg in pgids:
-        try:
+        with contextlib.suppress(ProcessLookupError):
             os.killpg(pg, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
 
 
 def main() -> None:

@@ -55,7 +55,7 @@ class Trigger(_Strict):
     within_s: float = Field(5, gt=0, description="kv-fetch-in-progress: give up (fault not fired) after this")
 
     @model_validator(mode="after")
-    def _fields_of_event(self) -> "Trigger":
+    def _fields_of_event(self) -> Trigger:
         if self.event == "after-requests" and self.k is None:
             raise ValueError("trigger.k: required for event after-requests (fire after k completed requests)")
         if self.event != "after-requests" and self.k is not None:
@@ -77,7 +77,7 @@ class Fault(_Strict):
                                             "afterwards (the later scenarios need it)")
 
     @model_validator(mode="after")
-    def _consistent(self) -> "Fault":
+    def _consistent(self) -> Fault:
         a, t, ev = self.action, self.target, self.trigger.event
         if a in REQUEST_ACTIONS and t != "request":
             raise ValueError(f"action {a}: acts on the request; set target: request (target is {t!r})")
@@ -119,7 +119,7 @@ class FaultScenarioConfig(_Strict):
                               "request's blocks until its lease expires)")
 
     @model_validator(mode="after")
-    def _faulted_in_range(self) -> "FaultScenarioConfig":
+    def _faulted_in_range(self) -> FaultScenarioConfig:
         if self.faulted >= self.requests:
             raise ValueError(f"faulted {self.faulted}: must be below requests {self.requests} (0-based index)")
         for f in self.faults:

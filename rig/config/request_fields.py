@@ -80,7 +80,8 @@ class RequestFields(BaseModel):
 
     endpoint: Literal["completions", "chat"] = Field(
         default="completions", description="completions (/v1/completions) or chat (/v1/chat/completions)")
-    prompts: int = Field(default=1, ge=1, le=64, description="prompts in one completions request (a list of token-ID lists)")
+    prompts: int = Field(default=1, ge=1, le=64,
+                         description="prompts in one completions request (a list of token-ID lists)")
 
     all: dict[str, Any] = Field(default_factory=dict, description="fields for every hop")
     prefill: dict[str, Any] = Field(default_factory=dict, description="fields for the prefill hop only")
@@ -100,7 +101,7 @@ class RequestFields(BaseModel):
         return _check(v, "prefill", {**RIG_OWNED, **PREFILL_OWNED}, info.data.get("endpoint", "completions"))
 
     @model_validator(mode="after")
-    def _stream_options_need_stream(self) -> "RequestFields":
+    def _stream_options_need_stream(self) -> RequestFields:
         if self.endpoint == "chat" and self.prompts > 1:
             raise ValueError(f"request.prompts: {self.prompts} prompts in one request needs endpoint: completions "
                              "(chat takes one conversation per request); set prompts: 1 or endpoint: completions")

@@ -10,16 +10,16 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Annotated, Any, Literal, Union
+from typing import Annotated, Any, Literal, get_args
 
 import yaml
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from rig.config.help import did_you_mean, model_at, suite_candidates
-from rig.config.faults import FaultScenarioConfig
-from rig.config.request_fields import RequestFields
 from rig.cluster.tiny_model import TinyModelRecipe
+from rig.config.faults import FaultScenarioConfig
+from rig.config.help import did_you_mean, model_at, suite_candidates
+from rig.config.request_fields import RequestFields
 
 NAME_PATTERN = r"^[a-z0-9][a-z0-9-]*$"
 ConnectorMode = Literal["nixl", "mooncake-store", "nixl+store", "mooncake-p2p"]
@@ -38,7 +38,7 @@ class _Strict(BaseModel):
 class SpeculativeConfig(_Strict):
     """vLLM's ``--speculative-config`` (see vllm/config/speculative.py).
 
-    ``ngram`` works on the CPU backend (docs/vllm-cpu-facts.md); the first request pays a 2-4 s JIT.
+    ``ngram`` works on the CPU backend; the first request pays a JIT compilation (docs/vllm-cpu-facts.md).
     """
 
     method: str = "ngram"
@@ -83,7 +83,7 @@ class InstanceConfig(_Strict):
     env: dict[str, str] = Field(default_factory=dict)
 
     @model_validator(mode="after")
-    def _tp_matches_gpus(self) -> "InstanceConfig":
+    def _tp_matches_gpus(self) -> InstanceConfig:
         if self.gpu_ids and len(self.gpu_ids) != self.tensor_parallel_size:
             raise ValueError(
                 f"gpu_ids has {len(self.gpu_ids)} GPUs but tensor_parallel_size is "
@@ -104,7 +104,7 @@ class ModelConfig(_Strict):
     tiny: TinyModelRecipe = Field(default_factory=TinyModelRecipe)
 
     @model_validator(mode="after")
-    def _path_given(self) -> "ModelConfig":
+    def _path_given(self) -> ModelConfig:
         if self.source != "tiny" and not self.path:
             raise ValueError(f"source={self.source!r} needs model.path (a directory or hub id)")
         return self
@@ -126,7 +126,7 @@ class LaunchConfig(_Strict):
     nice: int = Field(
         0, ge=0, le=19,
         description="niceness of servers; on small CPU hosts keeps the rig's observer responsive")
-    enforce_eager: bool = Field(True, description="skip graph compilation (~30 s per CPU start)")
+    enforce_eager: bool = Field(True, description="skip graph compilation (it lengthens every CPU start-up)")
     seed: int = 0
     extra_args: list[str] = Field(default_factory=list, description="appended to every instance")
 
@@ -179,7 +179,7 @@ class AttachLogConfig(_Strict):
     kubernetes: KubernetesLogConfig | None = None
 
     @model_validator(mode="after")
-    def _exactly_one(self) -> "AttachLogConfig":
+    def _exactly_one(self) -> AttachLogConfig:
         given = [k for k in ("file", "compose", "kubernetes") if getattr(self, k) is not None]
         if len(given) != 1:
             raise ValueError(f"give exactly one of file, compose, kubernetes (got {given or 'none'})")
@@ -190,7 +190,8 @@ class AttachConfig(_Strict):
     """``pdrig e2e --attach``: judge a deployment the rig did not start (rig/cli.py cmd_e2e).
 
     ``endpoints`` replaces an instance's ``http://host:port`` (default: the config's host and
-    port; rig.plan.processes.with_endpoints); ``logs`` says where its log is (rig.cluster.logs.attach_log_source). An instance without a log source has its log checks
+    port; rig.plan.processes.with_endpoints); ``logs`` says where its log is
+    (rig.cluster.logs.attach_log_source). An instance without a log source has its log checks
     "not checked". Both are keyed by instance name and used only with ``--attach``.
     """
 
@@ -355,8 +356,8 @@ class WrongOutputSignature(_Signature):
     kind: Literal["wrong-output"]
 
 
-Signature = Annotated[Union[StallSignature, HttpErrorSignature, CrashSignature, StaleKvSignature,
-                            WrongOutputSignature], Field(discriminator="kind")]
+Signature = Annotated[StallSignature | HttpErrorSignature | CrashSignature | StaleKvSignature | WrongOutputSignature,
+                      Field(discriminator="kind")]
 
 
 class KnownIssue(_Strict):
@@ -422,7 +423,7 @@ class _Outcome(_Strict):
         return _regex(v, "http_message")
 
     @model_validator(mode="after")
-    def _one_outcome(self) -> "_Outcome":
+    def _one_outcome(self) -> _Outcome:
         if self.http_status is not None and (self.completion_tokens is not None or self.total_tokens is not None):
             raise ValueError("give either token counts (an answer) or http_status (a refusal), not both")
         if self.http_message is not None and self.http_status is None:
@@ -492,7 +493,7 @@ class WaveConfig(_Strict):
     concurrency: int = Field(64, ge=1, description="requests in flight at most (C)")
     cancel_fraction: float = Field(0.0, ge=0, le=1, description="fraction cancelled on purpose (X)")
     cancel_points: list[CancelPoint] = Field(
-        default_factory=lambda: ["before-prefill", "between", "during-decode"], min_length=1,
+        default_factory=lambda: list(get_args(CancelPoint)), min_length=1,
         description="where intentional cancels happen: before P answers, between P and D, "
                     "during D's stream (after its first token)")
     cancel_prefill_after_s: float = Field(
@@ -566,7 +567,8 @@ class ScenarioConfig(_Strict):
     wave: WaveConfig | None = Field(None, description="prefix-wave / pressure-wave settings (issue #4)")
     store: StoreScenarioConfig | None = Field(None, description="store kinds' settings (issue #3)")
     retrieval: RetrievalConfig | None = Field(None, description="kind retrieval's settings (issue #5)")
-    fault: FaultScenarioConfig | None = Field(None, description="kind fault's settings (issue #12, rig/config/faults.py)")
+    fault: FaultScenarioConfig | None = Field(
+        None, description="kind fault's settings (issue #12, rig/config/faults.py)")
     request: RequestFields | None = Field(
         None, description="extra completions fields per hop: all / prefill / decode / reference, passed "
                           "through unchanged (issue #12, rig/config/request_fields.py)")
@@ -582,7 +584,7 @@ class ScenarioConfig(_Strict):
             allowed = KIND_FIELDS.get(kind)
             unused = sorted(k for k in data if allowed is not None and k not in allowed
                             and k in SCENARIO_FIELDS and data[k] is not None)
-            if unused:
+            if unused and allowed is not None:
                 raise ValueError(
                     f"{', '.join(unused)}: not used by kind {kind!r}; remove "
                     f"{'it' if len(unused) == 1 else 'them'} (kind {kind!r} takes "
@@ -590,7 +592,7 @@ class ScenarioConfig(_Strict):
         return data
 
     @model_validator(mode="after")
-    def _hold_consistent(self) -> "ScenarioConfig":
+    def _hold_consistent(self) -> ScenarioConfig:
         if (self.hold_between_s or self.flush_prefill) and self.kind != "edge":
             raise ValueError(f"hold_between_s / flush_prefill: only for kind edge (kind is {self.kind!r})")
         if self.flush_prefill and not self.hold_between_s:
@@ -598,14 +600,14 @@ class ScenarioConfig(_Strict):
         return self
 
     @model_validator(mode="after")
-    def _retrieval_consistent(self) -> "ScenarioConfig":
+    def _retrieval_consistent(self) -> ScenarioConfig:
         if (self.kind == "retrieval") != (self.retrieval is not None):
             raise ValueError("retrieval: give it exactly when kind is 'retrieval' "
                              f"(kind is {self.kind!r}; retrieval is {'set' if self.retrieval else 'missing'})")
         return self
 
     @model_validator(mode="after")
-    def _fault_consistent(self) -> "ScenarioConfig":  # issue #12
+    def _fault_consistent(self) -> ScenarioConfig:  # issue #12
         if (self.kind == "fault") != (self.fault is not None):
             raise ValueError("fault: give it exactly when kind is 'fault' "
                              f"(kind is {self.kind!r}; fault is {'set' if self.fault else 'missing'})")
@@ -624,7 +626,7 @@ class ScenarioConfig(_Strict):
         return data
 
     @model_validator(mode="after")
-    def _wave_consistent(self) -> "ScenarioConfig":  # issue #4
+    def _wave_consistent(self) -> ScenarioConfig:  # issue #4
         if self.kind not in WAVE_KINDS:
             if self.wave is not None:
                 raise ValueError(f"wave: only for kind prefix-wave or pressure-wave (kind is {self.kind!r})")
@@ -694,7 +696,7 @@ class RigConfig(_Strict):
         raise KeyError(name)
 
     @model_validator(mode="after")
-    def _mooncake(self) -> "RigConfig":  # issue #3: the only Mooncake validator
+    def _mooncake(self) -> RigConfig:  # issue #3: the only Mooncake validator
         """Refuse at config time what cannot work with Mooncake (rig.plan.mooncake.config_problems):
         mooncake-p2p on cpu, colliding Mooncake ports, store scenarios on a non-store topology."""
         from rig.plan import mooncake
@@ -705,7 +707,7 @@ class RigConfig(_Strict):
         return self
 
     @model_validator(mode="after")
-    def _attach_names(self) -> "RigConfig":  # issue #15
+    def _attach_names(self) -> RigConfig:  # issue #15
         names = [i.name for _, i in self.instances()]
         for section in ("endpoints", "logs"):
             unknown = sorted(set(getattr(self.attach, section)) - set(names))
@@ -715,7 +717,7 @@ class RigConfig(_Strict):
         return self
 
     @model_validator(mode="after")
-    def _consistent(self) -> "RigConfig":
+    def _consistent(self) -> RigConfig:
         names = [i.name for _, i in self.instances()]
         dup = {n for n in names if names.count(n) > 1}
         if dup:
@@ -804,8 +806,8 @@ def _set_path(data: Any, path: list[str], value: Any, full: str) -> None:
             idx = next((i for i, x in enumerate(data) if isinstance(x, dict) and x.get("name") == key), None)
         if idx is None or idx >= len(data):
             names = [x["name"] for x in data if isinstance(x, dict) and isinstance(x.get("name"), str)]
-            where = full.split("=", 1)[0].split(".")
-            where = ".".join(where[:where.index(key)]) if key in where else "the list"
+            parts = full.split("=", 1)[0].split(".")
+            where = ".".join(parts[:parts.index(key)]) if key in parts else "the list"
             raise ConfigError(
                 f"--set {full}: {where} has no item {key!r}{did_you_mean(key, names)} "
                 f"(items: {', '.join(names) or 'none'}; or an index 0..{len(data) - 1})")

@@ -16,11 +16,11 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from rig.observe import metrics as m
-from rig.transport.records import PDRecord
 from rig.config.schema import _Outcome
+from rig.observe import metrics as m
 from rig.observe.observations import ScenarioObservation
 from rig.observe.parity import ParityResult
+from rig.transport.records import PDRecord
 
 # Which metrics each metric check reads (rig/observe/metrics.py names): missing on the instance it
 # looks at -> that check is "not checked" (issue #9 item 5).
@@ -80,7 +80,8 @@ def completion_checks(outcome: _Outcome, records: list[PDRecord]) -> list[Check]
                  f"{len(records) - len(bad)}/{len(records)} completed" +
                  (f"; {bad[0].request_id}: {bad[0].outcome} {bad[0].diagnosis}".rstrip() if bad else ""),
                  tuple(r.request_id for r in bad))]
-    wrong_ids, wrong = [], []
+    miscounted_ids: list[str] = []
+    miscounted: list[str] = []
     for r in records:
         if r.outcome != "ok":
             continue
@@ -94,14 +95,15 @@ def completion_checks(outcome: _Outcome, records: list[PDRecord]) -> list[Check]
             why.append(f"{len(r.decode.token_ids)} token_ids but usage says {r.completion_tokens}")
         why += several_prompts_usage(r)
         if why:
-            wrong_ids.append(r.request_id)
-            wrong.append(f"{r.request_id}: " + ", ".join(why))
+            miscounted_ids.append(r.request_id)
+            miscounted.append(f"{r.request_id}: " + ", ".join(why))
     answered = sum(r.outcome == "ok" for r in records)
-    if wrong:
-        out.append(Check("token-counts", False, "; ".join(wrong), tuple(wrong_ids)))
+    if miscounted:
+        out.append(Check("token-counts", False, "; ".join(miscounted), tuple(miscounted_ids)))
     elif answered:
-        out.append(Check("token-counts", True, f"as expected ({outcome.completion_tokens} + prompt = {outcome.total_tokens})"
-                         if outcome.total_tokens is not None else f"as expected ({outcome.completion_tokens} completion tokens)"))
+        expected = (f"{outcome.completion_tokens} + prompt = {outcome.total_tokens}" if outcome.total_tokens is not None
+                    else f"{outcome.completion_tokens} completion tokens")
+        out.append(Check("token-counts", True, f"as expected ({expected})"))
     else:
         out.append(Check("token-counts", False, "no answer to count", tuple(r.request_id for r in bad)))
     return out
@@ -131,7 +133,7 @@ def parity_check(records: list[PDRecord], parity: list[ParityResult | None], wha
     Failed on the requests that diverged or were refused a comparison, and on every request
     when none was answered; not checked when no request diverged but a reference is missing
     (the rig could not compare)."""
-    answered = [(r, p) for r, p in zip(records, parity + [None] * len(records)) if r.outcome == "ok"]
+    answered = [(r, p) for r, p in zip(records, parity + [None] * len(records), strict=False) if r.outcome == "ok"]
     if not answered:
         return Check("parity", False, "no answer to compare", tuple(r.request_id for r in records))
     bad = [(r, p) for r, p in answered if p is not None and p.status != "equal"]
@@ -249,10 +251,9 @@ def stream_check(records: list[PDRecord]) -> Check | None:
     streamed = [r for r in records if r.outcome == "ok" and r.decode is not None and r.decode.ttft_s is not None]
     if not streamed:
         return None
-    bad = [r for r in streamed if r.decode.stream_problem]
+    bad = [(r.request_id, r.decode.stream_problem) for r in streamed if r.decode and r.decode.stream_problem]
     if bad:
-        return Check("stream-complete", False, f"{bad[0].request_id}: {bad[0].decode.stream_problem}",
-                     tuple(r.request_id for r in bad))
+        return Check("stream-complete", False, f"{bad[0][0]}: {bad[0][1]}", tuple(rid for rid, _ in bad))
     return Check("stream-complete", True, f"{len(streamed)} streamed answer(s) complete and in order")
 
 

@@ -43,9 +43,9 @@ class AdmissionReasoning:
     prompt_lens: tuple[int, ...]
     min_frozen_s: float = 1.0
     min_samples: int = 4
-    # An admission takes one scheduler step; in the 0.32.0 livelock D's EngineCore used 0.08
-    # CPU-s per second (it sleeps 1 ms after each step that ran no model; nice 10, load average
-    # 14; scripts/bench_e2e.py 2026-11-30, docs/performance.md), so 0.05 CPU-s is many steps.
+    # An admission takes one scheduler step, and 0.05 CPU-s is many steps. A frozen D's EngineCore
+    # still uses a little CPU (it sleeps 1 ms after each step that ran no model); what it used in
+    # the 0.32.0 livelock, and why the threshold was lowered to this: docs/performance.md.
     min_engine_cpu_s: float = 0.05
     kv_usage_max: float = 0.05
 

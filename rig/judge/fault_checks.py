@@ -6,11 +6,19 @@ check (:mod:`rig.judge.checks`): an event that never came is "not checked", neve
 
 from __future__ import annotations
 
-from rig.judge.checks import (Check, alive_check, fatal_log_check, idle_check, kv_integrity_check, parity_check,
-                        stream_check)
 from rig.config.schema import ScenarioConfig
-from rig.workload.faults import DIAGNOSED, FaultEvent, FaultResult
+from rig.judge.checks import (
+    Check,
+    alive_check,
+    fatal_log_check,
+    idle_check,
+    kv_integrity_check,
+    parity_check,
+    stream_check,
+)
 from rig.observe.observations import ScenarioObservation
+from rig.workload.faults import DIAGNOSED, FaultEvent, FaultResult
+
 
 def fault_fired_check(result: FaultResult) -> Check:
     """``fault-fired``: every fault's action was taken at its event. Not checked when an event

@@ -18,8 +18,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from rig.config.schema import (CrashSignature, HttpErrorSignature, StaleKvSignature, StallSignature,
-                        WrongOutputSignature)
+from rig.config.schema import CrashSignature, HttpErrorSignature, StaleKvSignature, StallSignature, WrongOutputSignature
 from rig.observe.observations import ScenarioObservation
 from rig.observe.parity import ParityResult
 from rig.observe.stall import StallFacts
@@ -192,7 +191,8 @@ def _http(sig: HttpErrorSignature, reqs: list[RequestFacts]) -> Match:
             hits.append(r.request_id)
         else:
             seen.append(f"{r.request_id}: {r.outcome} on {r.hop or '-'}" + (f" {r.error[:120]}" if r.error else ""))
-    expected = f"HTTP {sig.status or 'error'} on the {sig.hop} hop" + (f" matching /{sig.message}/" if sig.message else "")
+    expected = (f"HTTP {sig.status or 'error'} on the {sig.hop} hop"
+                + (f" matching /{sig.message}/" if sig.message else ""))
     first = next((r for r in reqs if r.request_id in hits), None)
     return Match(frozenset(hits), REQUEST_CHECKS, frozenset(sig.excuses),
                  seen="; ".join(seen) or "no HTTP error", expected=expected,
@@ -219,7 +219,8 @@ def _stale(sig: StaleKvSignature, obs: ScenarioObservation, reqs: list[RequestFa
     lines = [ln for v in obs.kv_integrity_lines.values() for ln in v if "Potentially invalid KV blocks" in ln]
     hits, seen, shown = [], [], []
     for r in reqs:
-        named = bool(r.remote_request_id) and any(r.remote_request_id in ln for ln in lines)
+        rid = r.remote_request_id
+        named = rid is not None and rid != "" and any(rid in ln for ln in lines)
         diverged = r.parity == "diverged"
         if r.outcome == "ok" and named and (diverged or not sig.parity):
             hits.append(r.request_id)

@@ -34,11 +34,20 @@ from typing import Any
 
 from packaging.version import InvalidVersion, Version
 
-from rig.judge.checks import (KV_PULLED_METRICS, Check, alive_check, completion_checks, fatal_log_check,
-                        idle_check, kv_integrity_check, not_checked_for_metrics, parity_check)
 from rig.config.schema import KnownIssue, ScenarioConfig
-from rig.observe.observations import ScenarioObservation
+from rig.judge.checks import (
+    KV_PULLED_METRICS,
+    Check,
+    alive_check,
+    completion_checks,
+    fatal_log_check,
+    idle_check,
+    kv_integrity_check,
+    not_checked_for_metrics,
+    parity_check,
+)
 from rig.judge.signatures import BlockFacts, Match, RequestFacts, facts_of_records, match
+from rig.observe.observations import ScenarioObservation
 
 __all__ = ["Check", "Expectation", "ScenarioVerdict", "decide", "judge", "expectation_of", "edge_checks",
            "canary_match", "required_checks", "run_passed", "kv_integrity_check", "REQUIRED"]

@@ -24,9 +24,9 @@ from dataclasses import dataclass, field
 
 import httpx
 
-from rig.observe import metrics as m
-from rig.cluster.processes import FATAL_PATTERNS, KV_INTEGRITY_PATTERNS, Cluster
 from rig.cluster.logs import first_fatal_line, matching_lines
+from rig.cluster.processes import FATAL_PATTERNS, KV_INTEGRITY_PATTERNS, Cluster
+from rig.observe import metrics as m
 from rig.observe.observations import ScenarioObservation
 
 UNKNOWN_VERSION = "unknown"
@@ -168,7 +168,8 @@ class MetricPresence:
         if not parts:
             return ""
         return ("metrics the checks read are missing: " + "; ".join(parts) +
-                " (rig/observe/metrics.py REQUIRED_METRICS: a renamed metric needs the rig updated for this vLLM version)")
+                " (rig/observe/metrics.py REQUIRED_METRICS: a renamed metric needs the rig updated "
+                "for this vLLM version)")
 
 
 async def metric_presence(http: httpx.AsyncClient, cluster: Cluster, roles: dict[str, str],

@@ -133,7 +133,7 @@ async def scrape(client: httpx.AsyncClient, base_url: str, instance: str, timeou
 
 def delta(before: MetricSnapshot, after: MetricSnapshot, name: str, **labels: str) -> float:
     """``after - before`` of a counter (or any sample) ``name`` with ``labels``."""
-    return after.value(name, **labels) - before.value(name, **labels)
+    return after.value(name, 0.0, **labels) - before.value(name, 0.0, **labels)
 
 
 def idle_state(s: MetricSnapshot) -> dict[str, float | None]:

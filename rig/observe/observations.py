@@ -18,8 +18,8 @@ from typing import Any
 import httpx
 
 from rig.observe import metrics as m
-from rig.transport.records import PDRecord
 from rig.observe.parity import ParityResult
+from rig.transport.records import PDRecord
 
 
 @dataclass
@@ -45,14 +45,14 @@ class DrainResult:
             return f"{self.instance} idle not checked: {self.error}"
         if self.error:
             return f"{self.instance} not observed idle: {self.error}"
-        f = self.final
+        waiting, running, kv = (self.final.get(k) or 0.0 for k in ("waiting", "running", "kv_usage"))
         parts = []
-        if f.get("waiting", 0) > 0:
-            parts.append(f"waiting={f['waiting']:g}")
-        if f.get("running", 0) > 0:
-            parts.append(f"running={f['running']:g}")
-        if f.get("kv_usage", 0) > self.baseline_kv + KV_EPS:
-            parts.append(f"kv_cache_usage_perc={f['kv_usage'] * 100:.1f}% (baseline {self.baseline_kv * 100:.1f}%)")
+        if waiting > 0:
+            parts.append(f"waiting={waiting:g}")
+        if running > 0:
+            parts.append(f"running={running:g}")
+        if kv > self.baseline_kv + KV_EPS:
+            parts.append(f"kv_cache_usage_perc={kv * 100:.1f}% (baseline {self.baseline_kv * 100:.1f}%)")
         return f"{self.instance} not idle after {self.after_s:.1f} s: " + ", ".join(parts)
 
 
@@ -64,9 +64,10 @@ def idle_verdict(state: dict[str, float | None], baseline_kv: float) -> bool | N
     """True when waiting == running == 0 and KV usage <= ``baseline_kv`` + eps (a 0..1
     fraction); None when a gauge is absent (``state`` value None): an absent gauge must not
     read as 0, which would be "idle"."""
-    if any(state.get(k) is None for k in IDLE_GAUGES):
+    waiting, running, kv = state.get("waiting"), state.get("running"), state.get("kv_usage")
+    if waiting is None or running is None or kv is None:
         return None
-    return state["waiting"] == 0 and state["running"] == 0 and state["kv_usage"] <= baseline_kv + KV_EPS
+    return waiting == 0 and running == 0 and kv <= baseline_kv + KV_EPS
 
 
 def absent_gauges(state: dict[str, float | None]) -> str:
@@ -113,7 +114,7 @@ class TransferEvidence:
     spec_drafts: float = 0.0
 
     @classmethod
-    def between(cls, before: m.MetricSnapshot, after: m.MetricSnapshot) -> "TransferEvidence":
+    def between(cls, before: m.MetricSnapshot, after: m.MetricSnapshot) -> TransferEvidence:
         """Deltas of the transfer counters from ``before`` to ``after`` (same instance)."""
         return cls(
             nixl_bytes=m.delta(before, after, m.NIXL_BYTES_SUM),
@@ -178,7 +179,7 @@ class SnapshotStore:
     def __init__(self, run_dir: str | Path):
         self.dir = Path(run_dir) / "metrics"
         self.dir.mkdir(parents=True, exist_ok=True)
-        self._timeline = open(self.dir / "timeline.jsonl", "a")
+        self._timeline = open(self.dir / "timeline.jsonl", "a")  # noqa: SIM115 - appended to until close()
 
     def save(self, label: str, snap: m.MetricSnapshot) -> None:
         """Write ``snap``'s raw text as ``metrics/<label>-<instance>.prom``."""

@@ -64,10 +64,11 @@ def compare_choices(pd_choices: list[list[int]], ref_choices: list[list[int]], p
     (its ``reason`` names the choice) or equal. A different number of choices is a divergence."""
     if len(pd_choices) != len(ref_choices):
         return ParityResult("diverged", reason=f"{len(pd_choices)} choices, reference {len(ref_choices)}")
-    for i, (a, b) in enumerate(zip(pd_choices, ref_choices)):
+    for i, (a, b) in enumerate(zip(pd_choices, ref_choices, strict=True)):
         r = compare(a, b, pd_max_tokens, ref_max_tokens)
         if r.status != "equal":
-            return ParityResult(r.status, r.position, r.pd_token, r.ref_token, f"choice {i}" + (f": {r.reason}" if r.reason else ""))
+            where = f"choice {i}" + (f": {r.reason}" if r.reason else "")
+            return ParityResult(r.status, r.position, r.pd_token, r.ref_token, where)
     return ParityResult("equal")
 
 

@@ -10,6 +10,7 @@ sampler's ``latest`` rows (see :mod:`rig.observe.timeline`).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import sys
 import time
 from collections.abc import Mapping
@@ -119,9 +120,7 @@ class WaveProgress:
             self._live = None
         if self._task is not None:
             self._task.cancel()
-            try:
+            with contextlib.suppress(asyncio.CancelledError):
                 await self._task
-            except asyncio.CancelledError:
-                pass
             self._task = None
             print(self.line(), file=self.stream, flush=True)

@@ -12,9 +12,8 @@ diagnosis quotes the frozen values, e.g.::
 
 A frozen state with a KV read in flight (``kv_fetch in_progress > 0``) is judged against the
 longer ``transfer_window_s``: ``/metrics`` cannot show a NIXL read's own progress, and on a
-starved 2-core CI host one 4-block read took more than 8 s before it completed (measured on
-vLLM 0.32.0, decode-6blk, edge-126). The livelock's signature (``waiting_to_start``) keeps
-the short window.
+starved 2-core CI host one read outlasted the stall window before it completed
+(docs/measurements.md). The livelock's signature (``waiting_to_start``) keeps the short window.
 
 The window is the fallback. A detector given an ``early`` rule (:mod:`rig.judge.early_verdict`) may
 decide sooner by reasoning: the frozen state plus the block arithmetic plus evidence that D's
@@ -26,8 +25,9 @@ The detector is pure (``feed`` snapshots, get a verdict) so it is tested on reco
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 from rig.observe import metrics as m
 from rig.transport.records import StallFacts
@@ -45,10 +45,8 @@ def cache_info(snap: m.MetricSnapshot) -> dict[str, int]:
             d = dict(labels)
             out = {}
             for k in ("num_gpu_blocks", "block_size"):
-                try:
+                with contextlib.suppress(KeyError, ValueError):
                     out[k] = int(d[k])
-                except (KeyError, ValueError):
-                    pass
             return out
     return {}
 

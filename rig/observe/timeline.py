@@ -14,6 +14,7 @@ Rows use the keys of ``timeline.jsonl`` (metric names without ``vllm:``), plus `
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import time
 from pathlib import Path
@@ -22,8 +23,8 @@ from typing import Any
 import httpx
 
 from rig.observe import metrics as m
-from rig.observe.stall import StallEpisodes
 from rig.observe.observations import SnapshotStore
+from rig.observe.stall import StallEpisodes
 from rig.transport.endpoint import Endpoint
 
 RUNNING = m.RUNNING.removeprefix("vllm:")
@@ -90,10 +91,8 @@ class TimelineSampler:
         while not self._stop.is_set():
             t = time.monotonic()
             await self.sample_once()
-            try:
+            with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._stop.wait(), max(0.0, self.interval_s - (time.monotonic() - t)))
-            except TimeoutError:
-                pass
 
     def start(self) -> None:
         """Start sampling in the background (the first sample is taken at once)."""
@@ -170,12 +169,12 @@ def plot_timeline(rows: list[dict[str, Any]], path: str | Path, title: str = "",
     panels = (("running", "running"), ("waiting", "waiting"), ("kv_pct", "KV usage %"),
               ("preemptions", "preemptions (cumulative)"), ("req_per_s", "finished req/s"))
     fig, axes = plt.subplots(len(panels), 1, figsize=(9, 11), sharex=True)
-    for ax, (key, label) in zip(axes, panels):
+    for ax, (key, label) in zip(axes, panels, strict=True):
         for inst, s in data.items():
             ax.plot(s["rel_t"], s[key], marker=".", markersize=3, linewidth=1.2, label=inst)
         ax.set_ylabel(label)
         ax.grid(True, alpha=0.3)
-        for name, x in (marks or {}).items():
+        for x in (marks or {}).values():
             ax.axvline(x, color="grey", linestyle="--", linewidth=0.8)
     for name, x in (marks or {}).items():
         axes[0].annotate(name, (x, 1.0), xycoords=("data", "axes fraction"), fontsize=8,

@@ -53,8 +53,8 @@ from typing import Any
 
 import yaml
 
-from rig.plan import compose
 from rig.config.schema import ConfigError, RigConfig
+from rig.plan import compose
 from rig.plan.processes import Plan, ProcessSpec, build_plan
 
 CONFIG_DIR = "/rig/config"  # the ConfigMap with the Job's config (and the tiny model's recipe)

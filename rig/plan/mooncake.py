@@ -3,8 +3,8 @@ the master process / per-instance files and environment that rig.plan.processes 
 
 Nothing here imports vLLM, torch or the ``mooncake`` package (importing ``mooncake.store``
 already needs ``libibverbs.so.1``); the builders are pure, :func:`master_binary` looks for the
-binary on disk and :func:`preflight` / :func:`missing_system_libraries` probe the machine. The rules below were read from vLLM
-0.32.0's source (``vllm/distributed/mooncake_store.py``,
+binary on disk and :func:`preflight` / :func:`missing_system_libraries` probe the machine. The
+rules below were read from vLLM 0.32.0's source (``vllm/distributed/mooncake_store.py``,
 ``vllm/distributed/kv_transfer/kv_connector/v1/{multi_connector.py,mooncake/,nixl/}``,
 ``vllm/config/kv_transfer.py``) and checked with live CPU servers and
 ``mooncake-transfer-engine-non-cuda==0.3.13.post1``; docs/mooncake-notes.md has the
@@ -24,8 +24,8 @@ Modes of :func:`kv_transfer_config`:
 from __future__ import annotations
 
 import ctypes
-import json
 import importlib.util
+import json
 import os
 import shutil
 import sys
@@ -104,7 +104,8 @@ def master_argv(
       master logs "HTTP metadata server started on 127.0.0.1:PORT" but binds all interfaces.
       The flag is passed anyway so a fixed build binds where asked.
 
-    It is ready in about 1 s (poll ``http://host:metrics_port/health``) and uses ~55 MiB PSS.
+    Poll ``http://host:metrics_port/health`` for readiness (its start-up time and memory:
+    docs/mooncake-notes.md).
 
     Raises ``ValueError`` for an empty path or host, a port outside 1..65535, or two equal ports
     (the second bind would fail at start-up).

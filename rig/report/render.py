@@ -22,9 +22,9 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from rig.judge.verdict import ScenarioVerdict, run_passed
 from rig.observe.observations import ScenarioObservation
 from rig.observe.parity import summarize
-from rig.judge.verdict import ScenarioVerdict, run_passed
 
 
 @dataclass
@@ -198,7 +198,8 @@ def render_junit(result: RunResult) -> str:
                 n_extra += 1
     for name in result.not_run:  # never started: skipped with the reason, never a pass
         case = ET.SubElement(suite, "testcase", classname=f"pdrig.{result.name}", name=name, time="0")
-        ET.SubElement(case, "skipped", message=f"NOT RUN: the run stopped first ({result.status}: {result.error})"[:1000])
+        why = f"NOT RUN: the run stopped first ({result.status}: {result.error})"
+        ET.SubElement(case, "skipped", message=why[:1000])
         n_skip += 1
         n_extra += 1
     if result.status in ("error", "interrupted"):

@@ -9,22 +9,23 @@ judge reads (wave statistics, store counters, retrieval rates). Adding a kind = 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Awaitable, Callable
+from typing import Any
 
 import httpx
 
-from rig.observe import metrics as m
-from rig.transport.client import Transport
-from rig.transport.endpoint import Endpoint
-from rig.transport.records import PDRecord
 from rig.cluster.processes import Cluster
 from rig.config.schema import RigConfig, ScenarioConfig
 from rig.judge.early_verdict import AdmissionReasoning
-from rig.observe.observations import ScenarioObservation, SnapshotStore
 from rig.judge.signatures import BlockFacts
 from rig.judge.verdict import Check, ScenarioVerdict, judge
+from rig.observe import metrics as m
+from rig.observe.observations import ScenarioObservation, SnapshotStore
+from rig.transport.client import Transport
+from rig.transport.endpoint import Endpoint
+from rig.transport.records import PDRecord
 from rig.workload.edge import flush_prefill_pool, run_edge
 from rig.workload.prompts import seed_of
 
@@ -60,7 +61,8 @@ def block_facts(cfg: RigConfig, decode: str) -> BlockFacts:
     from rig.workload.waves import usable_blocks_of
 
     spec = cfg.instance(decode).speculative
-    return BlockFacts(block_size=cfg.instance(decode).block_size or cfg.block_size, usable_blocks=usable_blocks_of(cfg, [decode])[decode],
+    return BlockFacts(block_size=cfg.instance(decode).block_size or cfg.block_size,
+                      usable_blocks=usable_blocks_of(cfg, [decode])[decode],
                       num_speculative_tokens=spec.num_speculative_tokens if spec else 0,
                       max_model_len=cfg.max_model_len)
 
@@ -69,6 +71,7 @@ async def _run_edge(sc: ScenarioConfig, ctx: ScenarioContext, obs: ScenarioObser
     t = ctx.cfg.timeouts
     between = None
     if sc.hold_between_s:
+        hold_s = sc.hold_between_s
         usable = None
         if sc.flush_prefill:
             from rig.workload.waves import usable_blocks_of
@@ -77,7 +80,7 @@ async def _run_edge(sc: ScenarioConfig, ctx: ScenarioContext, obs: ScenarioObser
 
         async def hold(rec: PDRecord) -> None:
             # A router that queues the decode hop: P's blocks wait for D, and P's lease runs.
-            await asyncio.sleep(sc.hold_between_s)
+            await asyncio.sleep(hold_s)
             if usable:
                 await flush_prefill_pool(ctx.client, ctx.prefill, usable, ctx.cfg.block_size,
                                          ctx.cfg.max_model_len, seed_of(sc.name))
@@ -171,7 +174,8 @@ def _judge_retrieval(sc: ScenarioConfig, obs: ScenarioObservation, result: Any, 
     if result is not None:
         pd, ref = result.rates()
         sections.append(f"### Retrieval `{sc.name}`\n\n| requests compared | P/D retrieved | reference retrieved |\n"
-                        f"|---|---|---|\n| {result.compared} | {result.pd_hits} ({pd:.0%}) | {result.ref_hits} ({ref:.0%}) |\n")
+                        f"|---|---|---|\n| {result.compared} | {result.pd_hits} ({pd:.0%}) "
+                        f"| {result.ref_hits} ({ref:.0%}) |\n")
     return v
 
 

@@ -21,12 +21,21 @@ import json
 import re
 import sys
 import time
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
-from rig.cluster.builds import (DEFAULT_BUILDS_FILE, BuildError, Builder, BuildsFile, SuiteSpec, apply_fixes,
-                        builds_dir, fixed_note, load_builds)
-from rig.cli import preflight
+from rig.cluster.builds import (
+    DEFAULT_BUILDS_FILE,
+    Builder,
+    BuildError,
+    BuildsFile,
+    SuiteSpec,
+    apply_fixes,
+    builds_dir,
+    fixed_note,
+    load_builds,
+)
+from rig.cluster.preflight import preflight
 from rig.config.schema import ConfigError, RigConfig, load_config
 from rig.report.grid import ENGINE_DEATH, BuildRuns, IssueRef, build_grid, render_junit, render_md
 from rig.report.render import write_report
@@ -157,6 +166,7 @@ class Matrix:
             if build_error:
                 reports.append(_broken_report(run_dir, cfg, build_error))
                 continue
+            assert python is not None  # the build's interpreter, or build_error above
             cfg = apply_fixes(cfg, spec)
             cfg = cfg.model_copy(update={"launch": cfg.launch.model_copy(
                 update={"command": launch_command(cfg, python)})})
@@ -184,7 +194,8 @@ class Matrix:
                     scenarios.append(sc.name)
                     ki = sc.known_issue
                     if ki is not None:
-                        issues[sc.name] = IssueRef(ki.id, ki.affects, ki.symptom.kind)  # the signature's kind (rig.judge.signatures)
+                        # the symptom is the signature's kind (rig.judge.signatures)
+                        issues[sc.name] = IssueRef(ki.id, ki.affects, ki.symptom.kind)
         return scenarios, issues
 
     def collect(self, name: str) -> BuildRuns:
@@ -197,7 +208,7 @@ class Matrix:
                   else f"{spec.base} + {', '.join(spec.patches)}")
         return BuildRuns(name, reports, tuple(spec.fixes), stamp.get("vllm_version", spec.vllm or ""), source)
 
-    def write(self, builds: list[str], header: list[str]) -> "tuple[Path, bool]":
+    def write(self, builds: list[str], header: list[str]) -> tuple[Path, bool]:
         """Write matrix.md / matrix.json / junit.xml for ``builds``; returns (md path, passed)."""
         scenarios, issues = self.grid_inputs()
         grid = build_grid([self.collect(b) for b in builds], scenarios, issues)
@@ -230,8 +241,10 @@ def cmd_matrix(args) -> int:
         for b in builds:
             m.run_build(b, args.resume)
     wall = time.monotonic() - t0
-    header = [f"written {datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC by `pdrig {' '.join(sys.argv[1:]) or 'matrix'}`",
-              f"config {args.config}" + (f" with {' '.join('--set ' + o for o in args.overrides)}" if args.overrides else ""),
+    invocation = " ".join(sys.argv[1:]) or "matrix"
+    sets = " ".join("--set " + o for o in args.overrides)
+    header = [f"written {datetime.now(UTC):%Y-%m-%d %H:%M} UTC by `pdrig {invocation}`",
+              f"config {args.config}" + (f" with {sets}" if args.overrides else ""),
               f"this invocation ran for {wall:.0f} s" + (" (report only)" if args.report_only else "")]
     md, passed = m.write(builds, header)
     print(md.read_text())

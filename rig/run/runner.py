@@ -25,23 +25,30 @@ from pathlib import Path
 import httpx
 import yaml
 
-from rig.transport import aio
-from rig.observe import metrics as m
-from rig.transport.client import AiohttpTransport, Transport
-from rig.cluster.processes import Cluster, ClusterError
-from rig.config.schema import ConfigError, RigConfig, ScenarioConfig
-from rig.observe.evidence import UNKNOWN_VERSION, LogScanner, MetricPresence, metric_presence, read_versions, settle_deaths
 from rig.cluster.logs import LogSource
-from rig.observe.observations import ScenarioObservation, SnapshotStore, TransferEvidence, wait_idle
-from rig.plan.processes import Plan, build_plan, with_endpoints
 from rig.cluster.ports import PortReservation
 from rig.cluster.ports import reserve as reserve_ports
-from rig.report.render import RunResult, print_summary, write_report
+from rig.cluster.processes import Cluster, ClusterError
 from rig.cluster.tiny_model import ensure_tiny_model, tiny_model_dir
+from rig.config.schema import ConfigError, RigConfig, ScenarioConfig
 from rig.judge.verdict import ScenarioVerdict
-from rig.workload.warmup import warm_up
-from rig.transport.endpoint import Endpoint
+from rig.observe import metrics as m
+from rig.observe.evidence import (
+    UNKNOWN_VERSION,
+    LogScanner,
+    MetricPresence,
+    metric_presence,
+    read_versions,
+    settle_deaths,
+)
+from rig.observe.observations import ScenarioObservation, SnapshotStore, TransferEvidence, wait_idle
+from rig.plan.processes import Plan, build_plan, with_endpoints
+from rig.report.render import RunResult, print_summary, write_report
 from rig.run.kinds import KINDS, ScenarioContext
+from rig.transport import aio
+from rig.transport.client import AiohttpTransport, Transport
+from rig.transport.endpoint import Endpoint
+from rig.workload.warmup import warm_up
 
 
 def new_run_dir(cfg: RigConfig, label: str | None = None) -> Path:

@@ -10,8 +10,8 @@ no known issue of the config is expected on; else the first prefill and the firs
 
 from __future__ import annotations
 
-from rig.config.schema import WAVE_KINDS, ConfigError, RigConfig, ScenarioConfig
 from rig.config.help import did_you_mean
+from rig.config.schema import WAVE_KINDS, ConfigError, RigConfig, ScenarioConfig
 from rig.run.runner import phases_of
 
 

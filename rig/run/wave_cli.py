@@ -22,6 +22,7 @@ Wire-up in rig/cli.py ``build_parser``: ``from rig.run.wave_cli import add_wave_
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import shutil
 import sys
@@ -31,10 +32,9 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-from rig.transport import aio
 from rig.config.help import DEFAULT_CONFIG, config_path
 from rig.config.schema import ConfigError, RigConfig
-
+from rig.transport import aio
 
 
 def add_wave_parser(subparsers: Any) -> argparse.ArgumentParser:
@@ -182,12 +182,19 @@ async def _run(args: argparse.Namespace, cfg: RigConfig | None, sc: Any, ps: lis
                known: set[str], run_dir: Path) -> int:
     import httpx
 
+    from rig.judge.verdict import REQUIRED
     from rig.observe import metrics as m
     from rig.observe.observations import ScenarioObservation, SnapshotStore, TransferEvidence
     from rig.report.render import RunResult, print_summary, write_report
-    from rig.judge.verdict import REQUIRED
-    from rig.workload.waves import (cache_info, check_drains, judge_wave, run_wave, served_model, stall_settings,
-                                    usable_blocks_of)
+    from rig.workload.waves import (
+        cache_info,
+        check_drains,
+        judge_wave,
+        run_wave,
+        served_model,
+        stall_settings,
+        usable_blocks_of,
+    )
 
     endpoints = ps + ds
     http = httpx.AsyncClient(timeout=10.0)
@@ -201,8 +208,8 @@ async def _run(args: argparse.Namespace, cfg: RigConfig | None, sc: Any, ps: lis
             for e in endpoints:
                 url = e.url
                 before[e.name] = await m.scrape(http, e.url, e.name)
-        except (httpx.HTTPError, ValueError, KeyError) as e:
-            raise ConfigError(f"cannot reach {url} ({type(e).__name__}: {e}); is `pdrig up` running, "
+        except (httpx.HTTPError, ValueError, KeyError) as err:
+            raise ConfigError(f"cannot reach {url} ({type(err).__name__}: {err}); is `pdrig up` running, "
                               "are the URLs right?") from None
         model = args.model or model
         mml = mml or (cfg.max_model_len if cfg else None)
@@ -228,10 +235,8 @@ async def _run(args: argparse.Namespace, cfg: RigConfig | None, sc: Any, ps: lis
                               **(stall_settings(cfg) if cfg else {}))
         after = {}
         for e in ds:
-            try:
+            with contextlib.suppress(httpx.HTTPError):
                 after[e.name] = await m.scrape(http, e.url, e.name)
-            except httpx.HTTPError:
-                pass
         ev = None
         for e in ds:
             if e.name in after:
@@ -243,17 +248,13 @@ async def _run(args: argparse.Namespace, cfg: RigConfig | None, sc: Any, ps: lis
                   file=sys.stderr, flush=True)
         wave.drains = await check_drains(http, endpoints, wave.baseline_kv, drain_s)
         for e in endpoints:
-            try:
+            with contextlib.suppress(httpx.HTTPError):
                 store.save(f"{sc.name}-idle", await m.scrape(http, e.url, e.name))
-            except httpx.HTTPError:
-                pass
         obs = ScenarioObservation(scenario=sc.name, decode=",".join(e.name for e in ds),
                                   prefill=",".join(e.name for e in ps), evidence=ev, drains=wave.drains,
                                   wall_s=time.monotonic() - t0, error="" if wave.records else wave.error)
-        try:
+        with contextlib.suppress(httpx.HTTPError, ValueError):
             obs.vllm_version = (await http.get(ds[0].url + "/version")).json().get("version", "")
-        except (httpx.HTTPError, ValueError):
-            pass
         result = RunResult(name=f"wave-{args.kind}", run_dir=str(run_dir), vllm_version=obs.vllm_version,
                            config={"scenario": sc.model_dump(mode="json"), "model": model,
                                    "prefill": {e.name: e.url for e in ps}, "decode": {e.name: e.url for e in ds},

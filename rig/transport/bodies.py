@@ -49,7 +49,8 @@ def chat_body(model: str, prompt: str | list[int], max_tokens: int, **extra: Any
     """The ``/v1/chat/completions`` body of the rig's request: one user message (text as it is,
     token IDs as :func:`chat_text`), greedy, ``ignore_eos``, ``return_token_ids`` (vLLM's
     ChatCompletionRequest extensions, vllm/entrypoints/openai/chat_completion/protocol.py)."""
-    return {"model": model, "messages": [{"role": "user", "content": prompt if isinstance(prompt, str) else chat_text(prompt)}],
+    content = prompt if isinstance(prompt, str) else chat_text(prompt)
+    return {"model": model, "messages": [{"role": "user", "content": content}],
             "max_tokens": max_tokens, "temperature": 0, "ignore_eos": True, "return_token_ids": True, **extra}
 
 

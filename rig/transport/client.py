@@ -25,6 +25,7 @@ connection, which makes vLLM abort the request).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from typing import Any, Protocol
 
@@ -194,7 +195,5 @@ def make_transport(kind: str, model: str, timeout_s: float, max_connections: int
 async def cancel_task(task: asyncio.Task) -> None:
     """Cancel ``task`` and wait for it to finish (closing its HTTP connection)."""
     task.cancel()
-    try:
+    with contextlib.suppress(asyncio.CancelledError, Exception):
         await task
-    except (asyncio.CancelledError, Exception):
-        pass

@@ -53,7 +53,8 @@ class HopsBase:
         fields = fields or {}
         url, hop = ep.url + ROUTE[endpoint], Hop(instance=ep.name)
         if stream or fields.get("stream"):
-            body = request_body(endpoint, self.model, prompt, max_tokens, **{**STREAM_OPTIONS, **fields, "stream": True})
+            extra = {**STREAM_OPTIONS, **fields, "stream": True}
+            body = request_body(endpoint, self.model, prompt, max_tokens, **extra)
             body = decode_body(body, ktp) if ktp is not None else body
             t0 = time.monotonic()
             reader = StreamReader(hop, t0, stop_after)

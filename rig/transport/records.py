@@ -15,7 +15,6 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any, Literal
 
-
 # The outcome of a request, one word (``RequestRecord.outcome``):
 #   pending           not finished yet (never left in a finished run's records)
 #   ok                D answered 200 with tokens

@@ -17,17 +17,16 @@ from collections.abc import Awaitable, Callable
 
 import httpx
 
-from rig.observe import metrics as m
+from rig.config.request_fields import RequestFields
 from rig.config.schema import ScenarioConfig
+from rig.observe import metrics as m
 from rig.observe.observations import ScenarioObservation, SnapshotStore
 from rig.observe.parity import compare_hops
-from rig.config.request_fields import RequestFields
 from rig.observe.stall import EarlyRule, Stall, StallDetector
 from rig.transport.client import Transport, cancel_task
 from rig.transport.endpoint import Endpoint
 from rig.transport.records import Hop, PDRecord, classify, prefill_failure
 from rig.workload.prompts import make_prompt, request_prompt, seed_of
-
 
 BetweenHops = Callable[[PDRecord], Awaitable[None]]
 

@@ -180,7 +180,8 @@ class WaveEngine:
         request to P (``reference``, default the P that served it). A divergence turns the
         record's outcome into ``parity_mismatch``. Returns ``{compared, equal, diverged, failed}``.
         """
-        todo = iter([(rec, requests[rec.index]) for rec in records if rec.outcome == "ok" and rec.token_ids is not None])
+        todo = iter([(rec, requests[rec.index]) for rec in records
+                     if rec.outcome == "ok" and rec.token_ids is not None])
         out: Counter[str] = Counter()
 
         async def worker() -> None:

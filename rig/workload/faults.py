@@ -16,8 +16,8 @@ scenario is cancelled (and the rig's teardown continues stopped groups: rig.clus
 Then the recovery checks: a fresh P/D request served with parity over KV D really pulled, and
 then every instance back to idle (waiting 0, running 0, KV usage at its pre-scenario baseline)
 within ``nixl.kv_lease_duration + fault.idle_margin_s`` (P may hold an abandoned request's
-blocks until its lease expires). The checks (:func:`rig.judge.fault_checks.fault_checks`) go through the one verdict engine
-(:func:`rig.judge.verdict.judge`), so a known issue excuses only the symptom it names.
+blocks until its lease expires). The checks (:func:`rig.judge.fault_checks.fault_checks`) go
+through the one verdict engine (:func:`rig.judge.verdict.judge`), so a known issue excuses only the symptom it names.
 """
 
 from __future__ import annotations
@@ -31,16 +31,16 @@ from typing import Any
 
 import httpx
 
-from rig.observe import metrics as m
-from rig.transport.client import cancel_task
-from rig.transport.records import PDRecord, classify, prefill_failure
 from rig.cluster.processes import ClusterError
-from rig.config.schema import ScenarioConfig
 from rig.config.faults import Fault
+from rig.config.request_fields import RequestFields
+from rig.config.schema import ScenarioConfig
+from rig.observe import metrics as m
 from rig.observe.observations import DrainResult, ScenarioObservation, wait_idle
 from rig.observe.parity import compare_hops
-from rig.config.request_fields import RequestFields
 from rig.observe.stall import StallDetector
+from rig.transport.client import cancel_task
+from rig.transport.records import PDRecord, classify, prefill_failure
 from rig.workload.edge import reference
 from rig.workload.prompts import request_prompt, seed_of
 
@@ -205,7 +205,7 @@ class _Exchange:
             return
         rec.outcome = classify(rec.decode)
         if rec.outcome != "ok":
-            rec.diagnosis = f"decode: {rec.decode.error or 'empty answer'}"
+            rec.diagnosis = f"decode: {(rec.decode.error if rec.decode else None) or 'empty answer'}"
 
     async def _on_decode(self, f: Fault, rec: PDRecord, task: asyncio.Task, cancelled_by: list[str]) -> None:
         """Wait for ``f``'s decode-side event, then act."""
@@ -213,8 +213,8 @@ class _Exchange:
         sent = rec.decode_sent_at or time.monotonic()
         if f.trigger.event == "decode-sent":
             target = sent + f.trigger.after_ms / 1000
-            # asyncio runs a timer up to its clock resolution early (measured live: 19.8 ms for a
-            # 20 ms trigger): sleep again until the event has really come, never fire before it.
+            # asyncio runs a timer up to its clock resolution early (seen live: docs/faults.md):
+            # sleep again until the event has really come, never fire before it.
             while (now := time.monotonic()) < target:
                 await asyncio.sleep(target - now)
             ev.event_at = time.monotonic()

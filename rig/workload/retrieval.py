@@ -18,10 +18,10 @@ import re
 import string
 from dataclasses import dataclass, field
 
+from rig.observe.parity import ParityResult, compare
 from rig.transport.client import Transport
 from rig.transport.endpoint import Endpoint
 from rig.transport.records import PDRecord, classify
-from rig.observe.parity import ParityResult, compare
 
 _FILLER = ("The committee reviewed the quarterly logistics report and noted steady progress on "
            "warehouse automation, supplier onboarding and route planning across the northern region.")
@@ -51,7 +51,9 @@ def make_retrieval_prompt(rng: random.Random, context_words: int, depth: float) 
 
 def retrieved(text: str | None, identifier: str) -> bool:
     """True when ``identifier`` appears in ``text`` (case and surrounding spaces ignored)."""
-    return bool(text) and re.sub(r"\s+", "", identifier.upper()) in re.sub(r"\s+", "", text.upper())
+    if not text:
+        return False
+    return re.sub(r"\s+", "", identifier.upper()) in re.sub(r"\s+", "", text.upper())
 
 
 @dataclass

@@ -45,6 +45,7 @@ block: no store key) that makes it step once ("stats flush").
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import json
 import time
@@ -55,16 +56,16 @@ from typing import Any
 
 import httpx
 
-from rig.observe import metrics as m
-from rig.transport.client import Transport, make_transport
-from rig.transport.endpoint import Endpoint
-from rig.transport.records import Hop, PDRecord, classify, prefill_failure
 from rig.config.schema import STORE_KINDS, RigConfig, ScenarioConfig, StoreScenarioConfig
+from rig.judge.checks import Check, alive_check, completion_checks, fatal_log_check, idle_check, parity_check
+from rig.judge.verdict import ScenarioVerdict, decide, expectation_of, judge
+from rig.observe import metrics as m
 from rig.observe.observations import ScenarioObservation, SnapshotStore
 from rig.observe.parity import compare
 from rig.observe.stall import StallDetector
-from rig.judge.checks import Check, alive_check, completion_checks, fatal_log_check, idle_check, parity_check
-from rig.judge.verdict import ScenarioVerdict, decide, expectation_of, judge
+from rig.transport.client import Transport, make_transport
+from rig.transport.endpoint import Endpoint
+from rig.transport.records import Hop, PDRecord, classify, prefill_failure
 from rig.workload.edge import cancel_stalled
 from rig.workload.prompts import make_prompt, seed_of
 
@@ -301,7 +302,7 @@ class StoreContext:
 
     @classmethod
     def of(cls, cfg: RigConfig, cluster: Any, p: Endpoint, d: Endpoint, client: Transport,
-           http: httpx.AsyncClient, snapshots: SnapshotStore | None, run_dir: str | Path) -> "StoreContext":
+           http: httpx.AsyncClient, snapshots: SnapshotStore | None, run_dir: str | Path) -> StoreContext:
         """Build the context from a running :class:`~rig.cluster.processes.Cluster` (finds the master)."""
         master = next((Endpoint(s.name, s.base_url) for s in cluster.plan.processes
                        if s.role == "mooncake-master"), None)
@@ -411,10 +412,8 @@ async def _watch(ctx: StoreContext, sc: ScenarioConfig, records: list[PDRecord],
             if stall:
                 await cancel_stalled(records, tasks, stall)
                 return stall.diagnosis
-        try:
+        with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(done.wait(), t.metrics_interval_s)
-        except TimeoutError:
-            pass
     return ""
 
 
@@ -428,6 +427,7 @@ async def _send(ctx: StoreContext, rec: PDRecord, route: str) -> None:
         if failure:
             rec.outcome, rec.diagnosis = failure
             return
+        assert rec.prefill.kv_transfer_params is not None  # prefill_failure is None only when P gave them
         rec.decode_sent_at = time.monotonic()
         rec.decode = await c.decode(ctx.d, rec.prompt, rec.max_tokens, rec.prefill.kv_transfer_params or {})
     else:
@@ -461,7 +461,7 @@ async def _run_batch(ctx: StoreContext, sc: ScenarioConfig, recs: list[PDRecord]
                     rec.verdict_after_s = time.monotonic() - rec.decode_sent_at
 
     done = asyncio.Event()
-    for rec, route in zip(recs, routes):
+    for rec, route in zip(recs, routes, strict=True):
         tasks[rec.request_id] = asyncio.create_task(one(rec, route))
     watcher = asyncio.create_task(_watch(ctx, sc, recs, tasks, done, so))
     try:
@@ -515,7 +515,8 @@ async def _roundtrip(sc: ScenarioConfig, st: StoreScenarioConfig, ctx: StoreCont
         base = await _master_snap(ctx)
         rec.prefill = await ctx.client.direct(ctx.p, rec.prompt, sc.max_tokens)
         if classify(rec.prefill) != "ok":
-            rec.outcome, rec.diagnosis = classify(rec.prefill), f"P (store writer): {rec.prefill.error or 'empty answer'}"
+            rec.outcome = classify(rec.prefill)
+            rec.diagnosis = f"P (store writer): {rec.prefill.error or 'empty answer'}"
             continue
         refs[rec.request_id] = rec.prefill
         keys = n // bs
@@ -755,7 +756,7 @@ def store_checks(sc: ScenarioConfig, obs: ScenarioObservation, so: StoreObservat
                          f"mem_cache_hit_bytes +{so.master.get('mem_cache_hit_bytes', 0):,.0f}"))
     elif so.kind == "prefix-wave-store":
         routed = so.routes.count("store")
-        answered = sum(r.outcome == "ok" and route == "store" for r, route in zip(recs, so.routes))
+        answered = sum(r.outcome == "ok" and route == "store" for r, route in zip(recs, so.routes, strict=False))
         detail = (f"D took {so.d_store_tokens:.0f} prompt tokens from the store "
                   f"({_fmt_bytes(so.d_bytes_got)}) over {routed} store-routed requests ({answered} answered)")
         out.append(Check("store-loaded", so.d_store_tokens > 0 and so.d_bytes_got > 0, detail) if answered else
@@ -819,8 +820,9 @@ def store_section(sc: ScenarioConfig, obs: ScenarioObservation, so: StoreObserva
         ("master valid/total GETs", _ratio(so.master_get_ratio)),
         ("D preemptions (counter / running->waiting seen)", f"{so.d.get('preemptions', 0):.0f} / {so.requeues_seen}"),
         ("D NIXL bytes", f"{so.d.get('nixl_bytes', 0):,.0f}"),
-        ("master keys / allocated / capacity", f"{ma.get('key_count', 0):.0f} / {_fmt_bytes(ma.get('allocated_bytes', 0))}"
-                                               f" / {_fmt_bytes(ma.get('capacity_bytes', 0))}"),
+        ("master keys / allocated / capacity",
+         f"{ma.get('key_count', 0):.0f} / {_fmt_bytes(ma.get('allocated_bytes', 0))}"
+         f" / {_fmt_bytes(ma.get('capacity_bytes', 0))}"),
         ("master put_end / get_replica_list items", f"+{so.master.get('put_end_items', 0):.0f} / "
                                                     f"+{so.master.get('get_replica_list_items', 0):.0f}"),
         ("master evicted keys / alloc failures", f"+{so.master.get('evicted_keys', 0):.0f} / "

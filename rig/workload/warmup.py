@@ -1,8 +1,9 @@
 """The warm-up before measured traffic: what `pdrig e2e` (each phase) and `pdrig up` send first.
 
 A fresh vLLM CPU instance pays JIT compilation and first-request costs on its first request,
-and the first P->D round trip pays the NIXL handshake and D's first UCX transfer (6-12 s on a
-2-core CPU host, issue #16). Sent here, outside any deadline, stall window or wave statistics.
+and the first P->D round trip pays the NIXL handshake and D's first UCX transfer (seconds on a
+2-core CPU host: docs/measurements.md). Sent here, outside any deadline, stall window or wave
+statistics.
 """
 
 from __future__ import annotations

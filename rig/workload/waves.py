@@ -30,28 +30,46 @@ Files (under ``<run_dir>/waves/``): ``<scenario>-records.jsonl`` (one line per r
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import math
 import random
 import statistics
 import time
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 import httpx
 
-from rig.observe import metrics as m
 from rig.config.schema import RigConfig, ScenarioConfig, WaveConfig
-from rig.observe.observations import KV_EPS, DrainResult, ScenarioObservation, SnapshotStore, absent_gauges, idle_verdict, wait_idle
+from rig.judge.checks import (
+    KV_PULLED_METRICS,
+    PREFIX_HIT_METRICS,
+    Check,
+    alive_check,
+    fatal_log_check,
+    idle_check,
+    kv_integrity_check,
+    not_checked_for_metrics,
+)
+from rig.judge.signatures import facts_of_wave
+from rig.judge.verdict import ScenarioVerdict, decide, expectation_of, judge
+from rig.observe import metrics as m
+from rig.observe.observations import (
+    KV_EPS,
+    DrainResult,
+    ScenarioObservation,
+    SnapshotStore,
+    absent_gauges,
+    idle_verdict,
+    wait_idle,
+)
 from rig.observe.progress import WaveProgress
 from rig.observe.stall import StallEpisodes, cache_info  # noqa: F401  (cache_info: re-exported)
 from rig.observe.timeline import TimelineSampler, plot_timeline
-from rig.judge.checks import (KV_PULLED_METRICS, PREFIX_HIT_METRICS, Check, alive_check, fatal_log_check, idle_check,
-                        kv_integrity_check, not_checked_for_metrics)
-from rig.judge.signatures import facts_of_wave
-from rig.judge.verdict import ScenarioVerdict, decide, expectation_of, judge
 from rig.transport.client import make_transport
 from rig.transport.endpoint import Endpoint
 from rig.transport.records import WaveRecord
@@ -80,6 +98,7 @@ def wave_requests(sc: ScenarioConfig, seed: int) -> list[WaveRequest]:
     (at least one when the fraction is above 0), chosen with the seed.
     """
     w = sc.wave or WaveConfig()
+    prompts: list[tuple[int | None, list[int]]]  # (prefix group, prompt); no group in a pressure wave
     if sc.kind == "prefix-wave":
         groups = prefix_group_prompts(w.groups, w.per_group, w.prefix_tokens,
                                       sc.prompt_tokens - w.prefix_tokens, seed)
@@ -230,7 +249,7 @@ async def served_model(http: httpx.AsyncClient, url: str) -> tuple[str, int | No
     return data[0]["id"], data[0].get("max_model_len")
 
 
-def drain_from_samples(instance: str, samples: list[m.MetricSnapshot] | list[dict[str, Any]], baseline_kv: float,
+def drain_from_samples(instance: str, samples: Sequence[m.MetricSnapshot | dict[str, Any]], baseline_kv: float,
                        t_end: float, drain_s: float) -> DrainResult:
     """The drain check on recorded samples: did ``instance`` reach idle (waiting 0, running 0,
     KV usage <= baseline) at a sample taken within ``drain_s`` after ``t_end``?
@@ -238,7 +257,7 @@ def drain_from_samples(instance: str, samples: list[m.MetricSnapshot] | list[dic
     ``samples`` are snapshots or timeline rows (keys as in timeline.jsonl, ``t`` monotonic).
     The verdict is drawn from the first idle sample, else from the last sample in the window.
     """
-    last: dict[str, float] = {}
+    last: dict[str, float | None] = {}
     seen = False
     for s in sorted(samples, key=lambda s: s.t if isinstance(s, m.MetricSnapshot) else s["t"]):
         if isinstance(s, m.MetricSnapshot):
@@ -266,7 +285,7 @@ def drain_from_samples(instance: str, samples: list[m.MetricSnapshot] | list[dic
 def describe_drain(d: DrainResult, usable_blocks: int | None) -> str:
     """:meth:`DrainResult.describe` plus the leak in blocks: ``kv_usage x usable blocks``."""
     text = d.describe()
-    kv = d.final.get("kv_usage", 0.0)
+    kv = d.final.get("kv_usage") or 0.0
     if not d.idle and not d.error and kv > d.baseline_kv + KV_EPS:
         if usable_blocks:
             held, base = kv * usable_blocks, d.baseline_kv * usable_blocks
@@ -328,7 +347,7 @@ async def run_wave(sc: ScenarioConfig, model: str, prefills: list[Endpoint], dec
     params["requests"] = len(requests)
     try:
         before = dict(zip([e.name for e in endpoints],
-                          await asyncio.gather(*(m.scrape(http, e.url, e.name) for e in endpoints))))
+                          await asyncio.gather(*(m.scrape(http, e.url, e.name) for e in endpoints)), strict=True))
     except (httpx.HTTPError, ValueError) as e:
         res.error = f"metrics unavailable before the wave: {type(e).__name__}: {e}"
         return res
@@ -378,7 +397,7 @@ async def run_wave(sc: ScenarioConfig, model: str, prefills: list[Endpoint], dec
             await prog.stop()
         try:
             after = dict(zip([e.name for e in endpoints],
-                             await asyncio.gather(*(m.scrape(http, e.url, e.name) for e in endpoints))))
+                             await asyncio.gather(*(m.scrape(http, e.url, e.name) for e in endpoints)), strict=True))
         except (httpx.HTTPError, ValueError) as e:
             res.error = f"metrics unavailable after the wave: {type(e).__name__}: {e}"
         for name, snap in after.items():
@@ -449,11 +468,19 @@ async def run_wave_scenario(sc: ScenarioConfig, cfg: RigConfig, p: Endpoint, d: 
                           progress="off" if quiet else "auto", **stall_settings(cfg))
 
 
-def stall_settings(cfg: RigConfig) -> dict[str, float]:
+class StallSettings(TypedDict, total=False):
+    """:func:`run_wave`'s stall keywords (seconds); a key left out keeps run_wave's default."""
+
+    stall_window_s: float
+    transfer_window_s: float
+    kv_lease_s: float
+
+
+def stall_settings(cfg: RigConfig) -> StallSettings:
     """:func:`run_wave`'s stall keywords from a config: its stall and transfer windows and
     prefill's NIXL lease (seconds)."""
-    return {"stall_window_s": cfg.timeouts.stall_window_s, "transfer_window_s": cfg.timeouts.kv_transfer_s,
-            "kv_lease_s": cfg.nixl.lease_s}
+    return StallSettings(stall_window_s=cfg.timeouts.stall_window_s, transfer_window_s=cfg.timeouts.kv_transfer_s,
+                         kv_lease_s=cfg.nixl.lease_s)
 
 
 # ------------------------------------------------------------------------------------ verdict
@@ -726,10 +753,8 @@ def wave_section(wave: WaveResult, verdict: ScenarioVerdict | None = None, link_
     for label, p in (("records", wave.records_path), ("timeline", wave.timeline_png)):
         if p:
             rel = Path(p)
-            try:
+            with contextlib.suppress(ValueError):
                 rel = rel.relative_to(base if base is not None else Path(p).parent.parent)
-            except ValueError:
-                pass
             lines.append("")
             lines.append(f"![{wave.scenario} timeline]({rel.as_posix()})" if label == "timeline"
                          else f"- records: [{rel.as_posix()}]({rel.as_posix()})")
