@@ -92,8 +92,8 @@ def start_fakes(cpu: int | None) -> tuple[list[subprocess.Popen], str, str]:
 
 
 async def _child_engine(args: argparse.Namespace) -> dict:
-    from rig.transport.endpoint import Endpoint
     from rig.transport.client import make_transport
+    from rig.transport.endpoint import Endpoint
     from rig.workload.engine import WaveEngine, WaveRequest
     from rig.workload.prompts import make_prompt
 
