@@ -199,13 +199,13 @@ async def _warm_up_pairs(cfg: RigConfig, cluster: Cluster, engines: list[str]) -
     """:func:`rig.workload.warmup.warm_up` from the first started prefill to every started decode."""
     import httpx
 
-    from rig.transport.client import PDClient
-    from rig.workload.edge import Endpoint
+    from rig.transport.client import AiohttpTransport
+    from rig.transport.endpoint import Endpoint
     from rig.workload.warmup import warm_up
 
     prefills = [n for n in engines if n in {p.name for p in cfg.prefill}]
     decodes = [n for n in engines if n in {d.name for d in cfg.decode}]
-    client = PDClient(cfg.model.served_name, timeout_s=max(cfg.timeouts.request_s, 5.0))
+    client = AiohttpTransport(cfg.model.served_name, timeout_s=max(cfg.timeouts.request_s, 5.0))
     async with httpx.AsyncClient(timeout=10.0) as http:
         try:
             for d in decodes:

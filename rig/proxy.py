@@ -3,10 +3,10 @@
 Any OpenAI client (the OpenAI SDK, ``vllm bench serve``, lm-eval, guidellm) can drive the P/D
 pair through it. For each ``POST /v1/completions`` or ``POST /v1/chat/completions``:
 
-1. Prefill hop: the client's body as :func:`rig.transport.client.prefill_body` makes it (``max_tokens: 1``,
+1. Prefill hop: the client's body as :func:`rig.transport.bodies.prefill_body` makes it (``max_tokens: 1``,
    not streamed, ``kv_transfer_params = {do_remote_decode: true, ...}``) to a prefill instance.
 2. Decode hop: the client's body, streamed or not as the client asked, with P's
-   ``kv_transfer_params`` (:func:`rig.transport.client.decode_body`) to a decode instance; D's answer is
+   ``kv_transfer_params`` (:func:`rig.transport.bodies.decode_body`) to a decode instance; D's answer is
    relayed byte for byte (status, content type, body or SSE stream).
 
 Contracts:
@@ -60,7 +60,7 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 from rig.transport import aio
-from rig.transport.client import decode_body, prefill_body
+from rig.transport.bodies import decode_body, prefill_body
 
 POLICIES = ("round-robin", "least-outstanding")
 ROUTES = ("/v1/completions", "/v1/chat/completions")

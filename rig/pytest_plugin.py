@@ -233,9 +233,9 @@ class PDPair:
     """The ``pd_client`` fixture: one prefill and one decode instance of the session's topology.
 
     ``prefill`` / ``decode`` are instance names, ``prefill_url`` / ``decode_url`` base URLs.
-    :meth:`request` is the rig's two-hop request (rig.transport.client.PDClient), :meth:`direct` the
+    :meth:`request` is the rig's two-hop request (rig.transport.client.Transport), :meth:`direct` the
     non-disaggregated reference; both take a prompt as token IDs and return a
-    ``rig.transport.client.Hop`` / ``PDRecord``. ``proxy_url`` is an OpenAI-compatible front (``pdrig proxy``)
+    ``rig.transport.records.PDRecord`` / ``Hop``. ``proxy_url`` is an OpenAI-compatible front (``pdrig proxy``)
     over the pair, for the OpenAI SDK, ``vllm bench serve`` and the like.
     """
 
@@ -251,10 +251,10 @@ class PDPair:
 
     def _run(self, coro_fn):
         from rig.transport import aio
-        from rig.transport.client import PDClient
+        from rig.transport.client import AiohttpTransport
 
         async def go():
-            client = PDClient(self.model, timeout_s=self.session.cfg.timeouts.request_s)
+            client = AiohttpTransport(self.model, timeout_s=self.session.cfg.timeouts.request_s)
             try:
                 return await coro_fn(client)
             finally:
@@ -263,18 +263,19 @@ class PDPair:
 
     def request(self, prompt: list[int], max_tokens: int):
         """Prefill hop then decode hop with P's ``kv_transfer_params``; a ``PDRecord`` whose
-        ``outcome`` is ``ok`` or the first failing hop's class (rig.transport.client.classify)."""
-        from rig.transport.client import PDRecord, classify, prefill_failure
+        ``outcome`` is ``ok`` or the first failing hop's class (rig.transport.records.classify)."""
+        from rig.transport.endpoint import Endpoint
+        from rig.transport.records import PDRecord, classify, prefill_failure
 
         async def two_hops(client):
-            rec = PDRecord("pd_client", len(prompt), max_tokens, prompt)
-            rec.prefill = await client.prefill(self.prefill, self.prefill_url, prompt, max_tokens)
+            rec = PDRecord("pd_client", len(prompt), max_tokens, prompt=prompt)
+            rec.prefill = await client.prefill(Endpoint(self.prefill, self.prefill_url), prompt)
             failed = prefill_failure(rec.prefill)
             if failed:
                 rec.outcome, rec.diagnosis = failed
                 return rec
-            rec.decode = await client.decode(self.decode, self.decode_url, prompt, max_tokens,
-                                             rec.prefill.kv_transfer_params)
+            rec.decode = await client.decode(Endpoint(self.decode, self.decode_url), prompt, max_tokens,
+                                             rec.prefill.kv_transfer_params or {})
             rec.outcome = classify(rec.decode)
             return rec
         return self._run(two_hops)
@@ -282,7 +283,9 @@ class PDPair:
     def direct(self, prompt: list[int], max_tokens: int, instance: str | None = None):
         """A non-disaggregated request (the parity reference) to ``instance`` (default: P)."""
         name = instance or self.prefill
-        return self._run(lambda c: c.direct(name, self.session.cluster.url(name), prompt, max_tokens))
+        from rig.transport.endpoint import Endpoint
+
+        return self._run(lambda c: c.direct(Endpoint(name, self.session.cluster.url(name)), prompt, max_tokens))
 
 
 @pytest.fixture(scope="session")

@@ -2,7 +2,7 @@
 """Benchmark of the wave engine's client side (not a test): is the engine the bottleneck?
 
 Starts a fake P and a fake D (tests/fake_vllm.py, FAKE_VLLM_TOKEN_LATENCY=0) and runs 2,048-request
-waves against them with each HTTP client of rig/workload/engine.py (aiohttp, httpx, fast), each
+waves against them with each HTTP client of rig/transport/client.py (aiohttp, httpx, fast), each
 in a fresh child process so its peak RSS is its own. Reported per run:
 
 - ``wall req/s``: P/D requests (two hops each) per second of wall time. Bounded by the fakes
@@ -92,8 +92,9 @@ def start_fakes(cpu: int | None) -> tuple[list[subprocess.Popen], str, str]:
 
 
 async def _child_engine(args: argparse.Namespace) -> dict:
-    from rig.workload.edge import Endpoint
-    from rig.workload.engine import WaveEngine, WaveRequest, make_transport
+    from rig.transport.client import make_transport
+    from rig.transport.endpoint import Endpoint
+    from rig.workload.engine import WaveEngine, WaveRequest
     from rig.workload.prompts import make_prompt
 
     p, d = Endpoint("prefill", args.p), Endpoint("decode", args.d)
@@ -108,7 +109,7 @@ async def _child_engine(args: argparse.Namespace) -> dict:
     recs = await eng.run(reqs)
     wall, cpu = time.monotonic() - t0, time.process_time() - cpu0
     await tr.aclose()
-    return {"ok": sum(r.status == "ok" for r in recs), "requests": len(recs), "wall_s": wall, "cpu_s": cpu}
+    return {"ok": sum(r.outcome == "ok" for r in recs), "requests": len(recs), "wall_s": wall, "cpu_s": cpu}
 
 
 async def _child_wave(args: argparse.Namespace) -> dict:
@@ -116,7 +117,7 @@ async def _child_wave(args: argparse.Namespace) -> dict:
 
     from rig.config import ScenarioConfig
     from rig.observe.observations import SnapshotStore
-    from rig.workload.edge import Endpoint
+    from rig.transport.endpoint import Endpoint
     from rig.workload.waves import run_wave
 
     p, d = Endpoint("prefill", args.p), Endpoint("decode", args.d)

@@ -374,13 +374,47 @@ class Server:
         return await self.completions(request, chat=True)
 
     async def completions(self, request: web.Request, chat: bool = False) -> web.StreamResponse:
-        """POST /v1/completions: a CompletionResponse, or an SSE stream of CompletionStreamResponse."""
+        """POST /v1/completions: a CompletionResponse, or an SSE stream of CompletionStreamResponse.
+        Several token-ID prompts in one request (not streamed) are answered one after another and
+        merged as vLLM's serving_completion does: choice index = prompt index * n + sample, usage
+        summed, and ``kv_transfer_params`` of the FIRST prompt only (vLLM 0.32.0
+        completion/serving.py: ``final_res_batch[0].kv_transfer_params``)."""
+        try:
+            body = await request.json()
+        except ValueError:
+            return error_response("Invalid JSON body")
+        prompts = body.get("prompt") if isinstance(body, dict) and not chat else None
+        if isinstance(prompts, list) and len(prompts) > 1 and all(isinstance(p, list) for p in prompts):
+            if body.get("stream"):
+                return error_response("the fake streams one prompt per request")
+            return await self._several(request, body, prompts)
+        return await self._complete(request, body, chat)
+
+    async def _several(self, request: web.Request, body: dict, prompts: list) -> web.StreamResponse:
+        """One merged answer for several prompts (see :meth:`completions`)."""
+        n, merged = int(body.get("n") or 1), None
+        for k, prompt in enumerate(prompts):
+            resp = await self._complete(request, {**body, "prompt": prompt}, False)
+            if resp.status != 200:
+                return resp
+            one = json.loads(resp.body)
+            for c in one["choices"]:
+                c["index"] += k * n
+            if merged is None:
+                merged = one
+                continue
+            merged["choices"] += one["choices"]
+            for key in ("prompt_tokens", "completion_tokens", "total_tokens"):
+                merged["usage"][key] += one["usage"][key]
+        return web.json_response(merged, dumps=dumps)
+
+    async def _complete(self, request: web.Request, body, chat: bool) -> web.StreamResponse:
+        """One prompt's answer (completions or chat shapes)."""
         self.n_completions += 1
         if FAULT == "http500":
             return error_response("EngineCore encountered an issue. See stack trace (above) for the "
                                   "root cause.", 500, "InternalServerError")
         try:
-            body = await request.json()
             if chat and isinstance(body, dict):
                 body["prompt"] = "\n".join(str(m.get("content", "")) for m in body.get("messages") or [])
                 body.setdefault("max_tokens", body.get("max_completion_tokens"))

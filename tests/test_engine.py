@@ -17,8 +17,9 @@ import httpx
 import pytest
 
 from rig.observe import metrics as m
-from rig.workload.edge import Endpoint
-from rig.workload.engine import CANCEL_POINTS, CLIENTS, WaveEngine, WaveRequest, make_transport, plan_cancels
+from rig.transport.client import CLIENTS, make_transport
+from rig.transport.endpoint import Endpoint
+from rig.workload.engine import CANCEL_POINTS, WaveEngine, WaveRequest, plan_cancels
 from rig.workload.prompts import make_prompt
 
 FAKE = Path(__file__).resolve().parent / "fake_vllm.py"
@@ -132,11 +133,11 @@ def test_all_clients_complete_with_exact_tokens_and_parity(healthy, client, stre
     p, d = healthy
     rs = reqs(24, max_tokens=5, stream=stream, keep_tokens=True, seed=hash((client, stream)) % 1000)
     recs, eng, par = asyncio.run(run(p, d, rs, client=client, parity=True))
-    assert [r.status for r in recs] == ["ok"] * 24, recs[0]
+    assert [r.outcome for r in recs] == ["ok"] * 24, recs[0]
     for r in recs:
         assert r.tokens == 5 and r.usage_tokens == 5
         assert r.prompt_len == 24 and r.hops == 2
-        assert r.prefill == "prefill" and r.decode == "decode" and r.p_status == r.d_status == 200
+        assert r.p_instance == "prefill" and r.d_instance == "decode" and r.p_status == r.d_status == 200
         assert r.latency_s > 0 and r.t_end >= r.t_start
         assert (r.ttft_s is not None) == stream
         assert r.parity == "equal"
@@ -174,7 +175,7 @@ def test_concurrency_is_bounded(healthy):
         return recs
 
     recs = asyncio.run(go())
-    assert all(r.status == "ok" for r in recs)
+    assert all(r.outcome == "ok" for r in recs)
     assert max(seen) == 5
 
 
@@ -185,8 +186,8 @@ def test_concurrency_is_bounded(healthy):
 def test_http500_is_http_error(client):
     with fake_pd(d_env={"FAKE_VLLM_FAULT": "http500"}) as (p, d):
         recs, eng, _ = asyncio.run(run(p, d, reqs(6, stream=True) + reqs(6, seed=1), client=client))
-    assert {r.status for r in recs} == {"http_error"}
-    assert all(r.d_status == 500 and "HTTP 500: EngineCore encountered an issue" in r.error for r in recs)
+    assert {r.outcome for r in recs} == {"http_error"}
+    assert all(r.d_status == 500 and "HTTP 500: EngineCore encountered an issue" in r.diagnosis for r in recs)
     assert eng.counts["failed"] == 12
 
 
@@ -194,7 +195,7 @@ def test_http500_is_http_error(client):
 def test_empty_stream_is_empty(client):
     with fake_pd(d_env={"FAKE_VLLM_FAULT": "empty-stream"}) as (p, d):
         recs, _, _ = asyncio.run(run(p, d, reqs(4, stream=True) + reqs(4, seed=1), client=client))
-    assert {r.status for r in recs} == {"empty"}
+    assert {r.outcome for r in recs} == {"empty"}
     assert all(r.tokens == 0 and r.d_status == 200 for r in recs)
 
 
@@ -202,15 +203,15 @@ def test_prefill_without_kv_transfer_params_is_http_error(healthy):
     p, _ = healthy
     # D's URL as P: a consumer answers without kv_transfer_params
     recs, _, _ = asyncio.run(run(Endpoint("prefill", healthy[1].url), healthy[1], reqs(2)))
-    assert {r.status for r in recs} == {"http_error"}
-    assert "without kv_transfer_params" in recs[0].error
+    assert {r.outcome for r in recs} == {"http_error"}
+    assert "without kv_transfer_params" in recs[0].diagnosis
 
 
 def test_connection_refused_is_connection_error():
     dead = Endpoint("prefill", f"http://127.0.0.1:{free_port()}")
     for client in CLIENTS:
         recs, _, _ = asyncio.run(run(dead, dead, reqs(2), client=client))
-        assert {r.status for r in recs} == {"connection_error"}, client
+        assert {r.outcome for r in recs} == {"connection_error"}, client
 
 
 def test_deadline_is_timeout():
@@ -218,7 +219,7 @@ def test_deadline_is_timeout():
         t = time.monotonic()
         recs, eng, _ = asyncio.run(run(p, d, reqs(3, stream=True), deadline_s=0.5))
         assert time.monotonic() - t < 3
-        assert {r.status for r in recs} == {"timeout"} and "0.5 s deadline" in recs[0].error
+        assert {r.outcome for r in recs} == {"timeout"} and "0.5 s deadline" in recs[0].diagnosis
         # the stalled requests were dropped when the client gave up: D is idle again
         time.sleep(0.2)
         snap = asyncio.run(scrape(d))
@@ -228,7 +229,7 @@ def test_deadline_is_timeout():
 def test_parity_mismatch_is_its_own_class():
     with fake_pd(d_env={"FAKE_VLLM_FAULT": "diverge-at", "FAKE_VLLM_FAULT_ARG": "2"}) as (p, d):
         recs, eng, par = asyncio.run(run(p, d, reqs(4, max_tokens=4, keep_tokens=True), parity=True))
-    assert {r.status for r in recs} == {"parity_mismatch"}
+    assert {r.outcome for r in recs} == {"parity_mismatch"}
     assert recs[0].parity.startswith("diverged at 2")
     assert par["diverged"] == 4 and eng.counts["failed"] == 4 and eng.counts["ok"] == 0
 
@@ -250,7 +251,7 @@ def test_cancel_during_decode_stream_after_first_token(slow, client):
     time.sleep(0.1)
     after = asyncio.run(scrape(d))
     for r in recs:
-        assert r.status == "cancelled" and r.cancel_point == "during-decode" and r.intentional
+        assert r.outcome == "cancelled" and r.cancel_point == "during-decode" and r.intentional
         assert r.tokens == 1 and r.ttft_s is not None
         assert r.d_latency_s < 20 * 0.03 / 2  # well before the stream would have ended
     assert m.delta(before, after, m.REQUEST_SUCCESS) == 0  # none finished on D
@@ -266,8 +267,8 @@ def test_cancel_before_prefill_answers(slow):
     recs, _, _ = asyncio.run(run(p, d, reqs(3, cancel_at="before-prefill", seed=8), cancel_after_s=0.005))
     time.sleep(0.1)
     after = {e.name: asyncio.run(scrape(e)) for e in (p, d)}
-    assert all(r.status == "cancelled" and r.cancel_point == "before-prefill" for r in recs)
-    assert all(r.p_status is None and r.decode is None for r in recs)
+    assert all(r.outcome == "cancelled" and r.cancel_point == "before-prefill" for r in recs)
+    assert all(r.p_status is None and r.d_instance is None for r in recs)
     assert m.delta(before["prefill"], after["prefill"], m.REQUEST_SUCCESS) == 0
     assert m.delta(before["decode"], after["decode"], m.PROMPT_TOKENS) == 0  # D never asked
     assert m.idle_state(after["prefill"])["running"] == 0
@@ -276,7 +277,7 @@ def test_cancel_before_prefill_answers(slow):
 def test_cancel_before_prefill_that_comes_too_late_is_recorded_between(healthy):
     p, d = healthy
     recs, _, _ = asyncio.run(run(p, d, reqs(2, cancel_at="before-prefill", seed=9), cancel_after_s=5.0))
-    assert all(r.status == "cancelled" and r.cancel_point == "between" and r.p_status == 200 for r in recs)
+    assert all(r.outcome == "cancelled" and r.cancel_point == "between" and r.p_status == 200 for r in recs)
 
 
 def test_cancel_between_hops_never_asks_d(healthy):
@@ -284,7 +285,7 @@ def test_cancel_between_hops_never_asks_d(healthy):
     before = asyncio.run(scrape(d))
     recs, _, _ = asyncio.run(run(p, d, reqs(4, cancel_at="between", seed=10)))
     after = asyncio.run(scrape(d))
-    assert all(r.status == "cancelled" and r.cancel_point == "between" and r.hops == 1 for r in recs)
+    assert all(r.outcome == "cancelled" and r.cancel_point == "between" and r.hops == 1 for r in recs)
     assert m.delta(before, after, m.PROMPT_TOKENS) == 0
 
 

@@ -18,9 +18,9 @@ from dataclasses import dataclass, field
 import pytest
 
 from rig.transport import fast
-from rig.transport.client import classify
+from rig.transport.endpoint import Endpoint
 from rig.transport.fast import FastTransport
-from rig.workload.edge import Endpoint
+from rig.transport.records import classify
 
 MODEL = "tiny"
 KTP = {"do_remote_prefill": True, "remote_block_ids": [1, 2], "remote_engine_id": "e", "remote_request_id": "p-1"}

@@ -13,7 +13,7 @@ from rig.config.faults import Fault, FaultScenarioConfig, Trigger
 from rig.judge.checks import Check
 from rig.judge.fault_checks import fault_fired_check, fault_outcome_check, recovery_serves_check
 from rig.observe.observations import ScenarioObservation
-from rig.transport.client import Hop, PDRecord
+from rig.transport.records import Hop, PDRecord
 from rig.workload.faults import FaultEvent, FaultResult
 
 

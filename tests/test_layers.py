@@ -87,15 +87,15 @@ LAZY: dict[tuple[str, str], str] = {
     **{("rig.cli", m): _CLI for m in (
         "rig.cluster.builds", "rig.cluster.logs", "rig.cluster.ports", "rig.config.help", "rig.plan.compose",
         "rig.plan.k8s", "rig.proxy", "rig.run.matrix", "rig.run.runner", "rig.run.topology", "rig.run.wave_cli",
-        "rig.transport.client", "rig.workload.edge", "rig.workload.prompts",
+        "rig.transport.client", "rig.transport.endpoint", "rig.workload.prompts",
         "rig.workload.warmup")},
     **{("rig.run.wave_cli", m): _WAVE_CLI for m in (
         "rig.config", "rig.judge.verdict", "rig.observe.metrics", "rig.observe.observations",
-        "rig.report.render", "rig.workload.edge", "rig.workload.waves")},
+        "rig.report.render", "rig.transport.endpoint", "rig.workload.waves")},
     **{("rig.pytest_plugin", m): _PLUGIN for m in (
         "rig.cluster.mooncake", "rig.cluster.preflight", "rig.cluster.processes", "rig.config", "rig.plan.processes",
-        "rig.proxy",
-        "rig.report.render", "rig.run.runner", "rig.transport.aio", "rig.transport.client")},
+        "rig.proxy", "rig.report.render", "rig.run.runner", "rig.transport.aio", "rig.transport.client",
+        "rig.transport.endpoint", "rig.transport.records")},
 }
 
 # Imports inside functions that dodge a cycle or serve nothing; the branch named removes them (issue #10).

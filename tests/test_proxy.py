@@ -21,7 +21,7 @@ from rig.config import RigConfig
 from rig.observe.metrics import parse_metrics
 from rig.plan.processes import build_plan
 from rig.proxy import Backend, PDProxy, Picker, ProxyThread
-from rig.transport.client import PREFILL_PARAMS
+from rig.transport.bodies import PREFILL_PARAMS
 
 
 @pytest.fixture(scope="module")

@@ -12,7 +12,7 @@ from rig.judge.verdict import Check, ScenarioVerdict
 from rig.observe.observations import ScenarioObservation
 from rig.observe.parity import ParityResult
 from rig.report.render import RunResult, render_summary_md, write_report
-from rig.transport.client import Hop, PDRecord
+from rig.transport.records import Hop, PDRecord
 
 DIAG = ("admission livelock on decode: waiting=1 (capacity) running=0 kv=0.0% kv_fetch "
         "waiting_to_start=1, unchanged for 8.0 s")

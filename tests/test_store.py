@@ -21,9 +21,9 @@ import pytest
 from rig.config import ScenarioConfig, load_config
 from rig.observe import metrics as m
 from rig.observe.observations import DrainResult, ScenarioObservation
-from rig.transport.client import PDClient
+from rig.transport.client import HttpxTransport
+from rig.transport.endpoint import Endpoint
 from rig.workload import store as st
-from rig.workload.edge import Endpoint
 
 ROOT = Path(__file__).resolve().parent.parent
 CFG = load_config(ROOT / "configs" / "cpu-tiny-mooncake.yaml")
@@ -219,9 +219,8 @@ def run(world: World, sc: ScenarioConfig, tmp_path: Path, master: bool = True):
     async def go():
         transport = httpx.MockTransport(world.handler)
         http = httpx.AsyncClient(transport=transport)
-        client = PDClient("tiny", timeout_s=1000)  # >= every deadline: the scenario keeps this client
-        await client.aclose()
-        client.http = httpx.AsyncClient(transport=transport, timeout=1000)
+        # timeout_s >= every deadline: the scenario keeps this client
+        client = HttpxTransport("tiny", timeout_s=1000, http=httpx.AsyncClient(transport=transport, timeout=1000))
         ctx = st.StoreContext(cfg=CFG.model_copy(update={"timeouts": CFG.timeouts.model_copy(
             update={"metrics_interval_s": 0.05})}), p=Endpoint("prefill", P), d=Endpoint("decode", D),
             master=Endpoint("mooncake-master", M) if master else None, client=client, http=http,
@@ -425,22 +424,21 @@ def test_requeued_counts_running_to_waiting_without_finishes():
 def test_long_deadline_gets_its_own_client(tmp_path, monkeypatch):
     made = []
 
-    class Recorder(PDClient):
+    class Recorder(HttpxTransport):
         def __init__(self, model, timeout_s=60.0, max_connections=256):
             made.append(timeout_s)
-            super().__init__(model, timeout_s, max_connections)
-            self.http = httpx.AsyncClient(transport=httpx.MockTransport(world.handler))
+            super().__init__(model, timeout_s, max_connections,
+                             http=httpx.AsyncClient(transport=httpx.MockTransport(world.handler)))
 
     world = World(preempt=1)
-    monkeypatch.setattr(st, "PDClient", Recorder)
+    monkeypatch.setattr(st, "make_transport",
+                        lambda kind, model, timeout_s, max_connections=256: Recorder(model, timeout_s))
     sc = scenario("long-generation")
     assert sc.deadline_s == 300
 
     async def go():
         transport = httpx.MockTransport(world.handler)
-        client = PDClient("tiny", timeout_s=60)
-        await client.aclose()
-        client.http = httpx.AsyncClient(transport=transport)
+        client = HttpxTransport("tiny", timeout_s=60, http=httpx.AsyncClient(transport=transport))
         ctx = st.StoreContext(cfg=CFG, p=Endpoint("prefill", P), d=Endpoint("decode", D),
                               master=Endpoint("mooncake-master", M), client=client,
                               http=httpx.AsyncClient(transport=transport), snapshots=None, run_dir=tmp_path)

@@ -19,8 +19,8 @@ from rig.judge.verdict import judge, run_passed
 from rig.observe.metrics import parse_metrics
 from rig.observe.observations import DrainResult, ScenarioObservation, TransferEvidence
 from rig.observe.parity import ParityResult
-from rig.observe.stall import StallFacts
-from rig.transport.client import Hop, PDRecord
+from rig.observe.stall import StallFacts, facts_of
+from rig.transport.records import Hop, PDRecord
 
 DATA = Path(__file__).parent / "data"
 STALLED_PROM = (DATA / "vllm-0.32.0-decode-stalled-edge-126.prom").read_text()
@@ -46,7 +46,7 @@ def stall_facts(**swap: str) -> StallFacts:
         lines = text.splitlines()
         text = "\n".join(ln.rsplit(" ", 1)[0] + " " + value if label in ln and not ln.startswith("#") else ln
                          for ln in lines) + "\n"
-    return StallFacts.of(parse_metrics(text, "decode", t=0), 8.2)
+    return facts_of(parse_metrics(text, "decode", t=0), 8.2)
 
 
 HUNG_READ = {'reason="capacity"': "0.0", 'reason="deferred"': "1.0", 'stage="waiting_to_start"': "0.0",

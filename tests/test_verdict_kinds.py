@@ -11,9 +11,9 @@ import pytest
 
 from rig.config import ConfigError, ScenarioConfig, load_config
 from rig.observe.observations import DrainResult, ScenarioObservation, TransferEvidence
+from rig.transport.records import WaveRecord
 from rig.workload import store as st
 from rig.workload import waves as wv
-from rig.workload.engine import WaveRecord
 
 
 def wave_sc(kind: str = "pressure-wave", **kw) -> ScenarioConfig:
@@ -27,7 +27,7 @@ def wave_of(statuses: list[str], kind: str = "pressure-wave") -> wv.WaveResult:
                         instances={"prefill": "prefill", "decode": "decode"}, max_model_len=128)
     for i, status in enumerate(statuses):
         res.records.append(WaveRecord(request_id=f"w-{i}", index=i, prompt_len=24, max_tokens=4, stream=False,
-                                      status=status, tokens=4, usage_tokens=4, remote_request_id=f"cmpl-{i}",
+                                      outcome=status, tokens=4, usage_tokens=4, remote_request_id=f"cmpl-{i}",
                                       parity="equal" if status == "ok" else
                                       "diverged at 0: 1 != 2" if status == "parity_mismatch" else None))
     res.parity = {"compared": len(statuses), "equal": statuses.count("ok")}
@@ -146,7 +146,7 @@ def test_the_suites_carry_full_signatures_and_version_data():
 
 
 def test_a_rig_exception_in_a_store_batch_is_raised_not_cancelled(monkeypatch, tmp_path):
-    from rig.transport.client import PDRecord
+    from rig.transport.records import PDRecord
 
     async def boom(ctx, rec, route):
         raise KeyError("the rig's own bug")

@@ -198,10 +198,10 @@ def test_an_interrupted_wave_keeps_its_partial_records(tmp_path):
         asyncio.run(run_then_cancel(p, d))
     recs = [json.loads(ln) for ln in (tmp_path / "waves" / "cut-records.jsonl").read_text().splitlines()]
     assert len(recs) == 400
-    status = [r["status"] for r in recs]
-    assert status.count("ok") >= 1 and "pending" not in status
-    assert all(r["error"] == "wave aborted" for r in recs if r["status"] == "cancelled")
-    assert 0 < status.count("cancelled") < 400
+    outcome = [r["outcome"] for r in recs]
+    assert outcome.count("ok") >= 1 and "pending" not in outcome
+    assert all(r["diagnosis"] == "wave aborted" for r in recs if r["outcome"] == "cancelled")
+    assert 0 < outcome.count("cancelled") < 400
 
 
 def test_pressure_wave_with_http500_decode_fails_naming_the_class(tmp_path):
@@ -452,12 +452,12 @@ def test_timeline_rates_do_not_spike_on_a_close_last_sample():
 
 def _stalled_wave(instance: str, role: str, between_at: list[float], usable: int = 63,
                   duration: float = 55.0) -> wv.WaveResult:
-    from rig.workload.engine import WaveRecord
+    from rig.transport.records import WaveRecord
 
     recs = []
     for i, t in enumerate(between_at):
-        r = WaveRecord(f"r{i}", i, 24, 4, False, planned_cancel="between", status="cancelled",
-                       cancel_point="between", prefill="prefill", t_end=t)
+        r = WaveRecord(request_id=f"r{i}", index=i, prompt_len=24, max_tokens=4, stream=False, planned_cancel="between",
+                       outcome="cancelled", cancel_point="between", p_instance="prefill", t_end=t)
         recs.append(r)
     wave = wv.WaveResult("w", "pressure-wave", "aiohttp", {"prompt_tokens": 24, "concurrency": 12},
                          {"prefill": "prefill", "decode": "decode"}, records=recs,

@@ -27,6 +27,13 @@ import numpy as np
 
 from rig.config.model import TinyModelRecipe
 
+# The tiny model's chat template: each message as "role: content" on its own line, then
+# "assistant: " when a generation prompt is asked for. Without one, vLLM's /v1/chat/completions
+# refuses the model (transformers >= 4.44 has no default template), and a template sent with the
+# request needs --trust-request-chat-template. (rig.config.model.BUILDER_VERSION 3 carries it.)
+CHAT_TEMPLATE = ("{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
+                 "{% if add_generation_prompt %}assistant: {% endif %}")
+
 
 def _hf_config(r: TinyModelRecipe) -> dict:
     """The ``config.json`` vLLM reads to pick ``Qwen3ForCausalLM`` and its shapes."""
@@ -118,7 +125,7 @@ def _write_tokenizer(r: TinyModelRecipe, out: Path) -> None:
     (out / "tokenizer_config.json").write_text(json.dumps({
         "tokenizer_class": "PreTrainedTokenizerFast",
         "bos_token": specials[0], "eos_token": specials[1], "pad_token": specials[2],
-        "model_max_length": r.max_position_embeddings,
+        "model_max_length": r.max_position_embeddings, "chat_template": CHAT_TEMPLATE,
     }, indent=1))
 
 

@@ -14,7 +14,7 @@ from rig.config.base import StrictModel
 
 # Bumped when rig.cluster.tiny_model's output format changes, so cached models are rebuilt (it
 # enters cache_key, which rig.plan.k8s and the cluster both use to name the model directory).
-BUILDER_VERSION = 2
+BUILDER_VERSION = 3
 
 
 class TinyModelRecipe(BaseModel):

@@ -1,5 +1,7 @@
-"""Request fields per hop (issue #12 item 1): OpenAI ``/v1/completions`` fields a scenario adds to
-the prefill hop, the decode hop, the non-disaggregated reference, or all three.
+"""Request fields per hop (issue #12 item 1): OpenAI ``/v1/completions`` or
+``/v1/chat/completions`` fields a scenario adds to the prefill hop, the decode hop, the
+non-disaggregated reference, or all three; which endpoint a scenario's requests use; and how
+many prompts one completions request carries.
 
 Validated as data (a field name the completions endpoint of vLLM 0.32.0 does not know, or one the
 rig owns, is one error naming it and the fix) and passed through unchanged. The rig owns
@@ -8,14 +10,17 @@ the prefill hop: P computes the prompt and one token, as vLLM's proxy asks,
 tests/v1/kv_connector/nixl_integration/toy_proxy_server.py); on the prefill hop also ``stream``
 (a streamed answer carries no ``kv_transfer_params``, so D would have nothing to pull).
 
-Field names: the OpenAI completions API plus vLLM's extensions
-(vllm/entrypoints/openai/completion/protocol.py ``CompletionRequest``, 0.32.0). The chat
-endpoint is not driven yet: the rig's prompts are token-ID lists, which chat messages cannot carry.
+Field names: the OpenAI completions and chat APIs plus vLLM's extensions
+(vllm/entrypoints/openai/completion/protocol.py ``CompletionRequest`` and
+chat_completion/protocol.py ``ChatCompletionRequest``, 0.32.0). On the chat endpoint the rig also
+owns ``messages`` (one user message carrying the prompt's token IDs as decimal words,
+rig.transport.bodies.chat_text) and ``max_completion_tokens``. Several prompts in one request
+(``prompts: N``) is a completions feature: chat takes one conversation per request.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
@@ -29,18 +34,33 @@ VLLM_FIELDS = frozenset({
     "structured_outputs", "priority", "request_id", "logits_processors", "return_tokens_as_token_ids",
     "return_token_ids", "cache_salt", "vllm_xargs"})
 COMPLETIONS_FIELDS = OPENAI_FIELDS | VLLM_FIELDS
+CHAT_FIELDS = frozenset({
+    "frequency_penalty", "logit_bias", "logprobs", "top_logprobs", "n", "presence_penalty", "response_format",
+    "seed", "stop", "stream", "stream_options", "temperature", "top_p", "tools", "tool_choice", "reasoning_effort",
+    "include_reasoning", "parallel_tool_calls", "user", "use_beam_search", "top_k", "min_p", "repetition_penalty",
+    "length_penalty", "stop_token_ids", "include_stop_str_in_output", "ignore_eos", "min_tokens",
+    "skip_special_tokens", "spaces_between_special_tokens", "truncate_prompt_tokens", "allowed_token_ids",
+    "prompt_logprobs", "bad_words", "echo", "add_generation_prompt", "continue_final_message", "add_special_tokens",
+    "documents", "chat_template", "chat_template_kwargs", "structured_outputs", "priority", "request_id",
+    "return_tokens_as_token_ids", "return_token_ids", "cache_salt", "vllm_xargs"})
 RIG_OWNED = {"model": "the served model name", "prompt": "the scenario's prompt (prompt_tokens, seed)",
              "kv_transfer_params": "the P/D handshake the rig builds",
              "max_tokens": "the scenario's max_tokens (1 on the prefill hop, as vLLM's proxy asks)"}
+CHAT_OWNED = {**RIG_OWNED, "messages": "one user message with the scenario's prompt",
+              "max_completion_tokens": "the scenario's max_tokens (sent as max_tokens)"}
 PREFILL_OWNED = {"stream": "a streamed answer carries no kv_transfer_params, so D would have nothing to pull"}
 HOPS = ("prefill", "decode", "reference")
 
 
-def _check(fields: dict[str, Any], where: str, owned: dict[str, str]) -> dict[str, Any]:
-    unknown = sorted(k for k in fields if k not in COMPLETIONS_FIELDS and k not in owned)
+def _check(fields: dict[str, Any], where: str, owned: dict[str, str], endpoint: str = "completions") -> dict[str, Any]:
+    known = CHAT_FIELDS if endpoint == "chat" else COMPLETIONS_FIELDS
+    if endpoint == "chat":
+        owned = {**owned, **CHAT_OWNED}
+    unknown = sorted(k for k in fields if k not in known and k not in owned)
     if unknown:
-        raise ValueError(f"request.{where}: unknown completions field(s) {unknown}; give OpenAI / vLLM "
-                         "CompletionRequest fields (e.g. n, logprobs, stop, stream, top_k)")
+        what = "ChatCompletionRequest" if endpoint == "chat" else "CompletionRequest"
+        raise ValueError(f"request.{where}: unknown {endpoint} field(s) {unknown}; give OpenAI / vLLM "
+                         f"{what} fields (e.g. n, logprobs, stop, stream, top_k)")
     mine = sorted(k for k in fields if k in owned)
     if mine:
         raise ValueError(f"request.{where}: {', '.join(mine)} set by the rig ({'; '.join(owned[k] for k in mine)}); "
@@ -49,11 +69,19 @@ def _check(fields: dict[str, Any], where: str, owned: dict[str, str]) -> dict[st
 
 
 class RequestFields(BaseModel):
-    """Extra completions fields per hop; ``all`` applies to every hop, a hop's own fields win.
+    """Extra request fields per hop; ``all`` applies to every hop, a hop's own fields win.
 
-    ``for_hop(hop)`` returns the merged fields of ``hop`` (prefill / decode / reference)."""
+    ``for_hop(hop)`` returns the merged fields of ``hop`` (prefill / decode / reference).
+    ``endpoint``: the OpenAI endpoint of every hop (``completions`` or ``chat``). ``prompts``:
+    prompts in one completions request (distinct, each ``prompt_tokens`` long); vLLM answers one
+    choice per prompt (and per ``n``), so parity and usage are checked per choice."""
 
     model_config = ConfigDict(extra="forbid")
+
+    endpoint: Literal["completions", "chat"] = Field(
+        default="completions", description="completions (/v1/completions) or chat (/v1/chat/completions)")
+    prompts: int = Field(default=1, ge=1, le=64,
+                         description="prompts in one completions request (a list of token-ID lists)")
 
     all: dict[str, Any] = Field(default_factory=dict, description="fields for every hop")
     prefill: dict[str, Any] = Field(default_factory=dict, description="fields for the prefill hop only")
@@ -64,15 +92,19 @@ class RequestFields(BaseModel):
     @field_validator("all", "decode", "reference")
     @classmethod
     def _known(cls, v: dict[str, Any], info) -> dict[str, Any]:
-        return _check(v, info.field_name, RIG_OWNED if info.field_name != "all" else {**RIG_OWNED, **PREFILL_OWNED})
+        return _check(v, info.field_name, RIG_OWNED if info.field_name != "all" else {**RIG_OWNED, **PREFILL_OWNED},
+                      info.data.get("endpoint", "completions"))
 
     @field_validator("prefill")
     @classmethod
-    def _known_prefill(cls, v: dict[str, Any]) -> dict[str, Any]:
-        return _check(v, "prefill", {**RIG_OWNED, **PREFILL_OWNED})
+    def _known_prefill(cls, v: dict[str, Any], info) -> dict[str, Any]:
+        return _check(v, "prefill", {**RIG_OWNED, **PREFILL_OWNED}, info.data.get("endpoint", "completions"))
 
     @model_validator(mode="after")
     def _stream_options_need_stream(self) -> RequestFields:
+        if self.endpoint == "chat" and self.prompts > 1:
+            raise ValueError(f"request.prompts: {self.prompts} prompts in one request needs endpoint: completions "
+                             "(chat takes one conversation per request); set prompts: 1 or endpoint: completions")
         for hop in HOPS:
             f = self.for_hop(hop)
             if "stream_options" in f and not f.get("stream"):

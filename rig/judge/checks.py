@@ -13,13 +13,14 @@ The evidence-gap fields of :class:`~rig.observe.observations.ScenarioObservation
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 from rig.config import Outcome
 from rig.observe import metrics as m
 from rig.observe.observations import ScenarioObservation
 from rig.observe.parity import ParityResult
-from rig.transport.client import PDRecord
+from rig.transport.records import PDRecord
 
 # Which metrics each metric check reads (rig/observe/metrics.py names): missing on the instance it
 # looks at -> that check is "not checked" (issue #9 item 5).
@@ -92,6 +93,7 @@ def completion_checks(outcome: Outcome, records: list[PDRecord]) -> list[Check]:
         if r.decode and r.decode.token_ids is not None and r.completion_tokens is not None \
                 and len(r.decode.token_ids) != r.completion_tokens:
             why.append(f"{len(r.decode.token_ids)} token_ids but usage says {r.completion_tokens}")
+        why += several_prompts_usage(r)
         if why:
             miscounted_ids.append(r.request_id)
             miscounted.append(f"{r.request_id}: " + ", ".join(why))
@@ -99,10 +101,29 @@ def completion_checks(outcome: Outcome, records: list[PDRecord]) -> list[Check]:
     if miscounted:
         out.append(Check("token-counts", False, "; ".join(miscounted), tuple(miscounted_ids)))
     elif answered:
-        out.append(Check("token-counts", True,
-                         f"as expected ({outcome.completion_tokens} + prompt = {outcome.total_tokens})"))
+        expected = (f"{outcome.completion_tokens} + prompt = {outcome.total_tokens}" if outcome.total_tokens is not None
+                    else f"{outcome.completion_tokens} completion tokens")
+        out.append(Check("token-counts", True, f"as expected ({expected})"))
     else:
         out.append(Check("token-counts", False, "no answer to count", tuple(r.request_id for r in bad)))
+    return out
+
+
+def several_prompts_usage(r: PDRecord) -> list[str]:
+    """What is wrong with the usage of a request that carried several token-ID prompts (issue #12
+    item 1): D's ``usage.prompt_tokens`` must be their sum (vLLM counts each prompt once, whatever
+    ``n``), and there must be one choice per prompt and sample (``prompts * n``). Empty for
+    single-prompt requests and when D gave no usage (the token-count check names that)."""
+    if r.decode is None or not r.prompt or not isinstance(r.prompt[0], list):
+        return []
+    usage = r.decode.usage or {}
+    want = sum(len(p) for p in r.prompt)
+    out = []
+    if usage and usage.get("prompt_tokens") != want:
+        out.append(f"usage.prompt_tokens {usage.get('prompt_tokens')} != {want} ({len(r.prompt)} prompts)")
+    choices = len(r.decode.choices or [r.decode.token_ids or []])
+    if choices % len(r.prompt):
+        out.append(f"{choices} choices for {len(r.prompt)} prompts")
     return out
 
 
@@ -225,7 +246,7 @@ def idle_check(obs: ScenarioObservation, drains=None, describe=None) -> Check:
 def stream_check(records: list[PDRecord]) -> Check | None:
     """``stream-complete`` (issue #12 item 1): every streamed decode answer was complete and in
     order (each choice ended with a ``finish_reason``, no token after it, ``[DONE]`` at the end;
-    :meth:`rig.transport.client.PDClient.stream`). None when no answered decode hop was streamed (the
+    :class:`rig.transport.answers.StreamReader`). None when no answered decode hop was streamed (the
     scenario did not ask for streaming: nothing to judge, so no check)."""
     streamed = [r for r in records if r.outcome == "ok" and r.decode is not None and r.decode.ttft_s is not None]
     if not streamed:
@@ -239,17 +260,27 @@ def stream_check(records: list[PDRecord]) -> Check | None:
 _EXPIRED_RELEASE = "Releasing expired KV blocks for request "  # vllm/.../nixl/base_worker.py (0.32.0)
 
 
+# A completions request's internal id per prompt: "<id>-<prompt index>-<8 hex>"
+# (vllm/entrypoints/openai/completion/serving.py f"{request_id}-{i}", then
+# vllm/v1/engine/input_processor.py f"{external_req_id}-{random_uuid():.8}"; 0.32.0).
+_PROMPT_OF_REQUEST = re.compile(r"-\d+-[0-9a-f]{8}$")
+
+
 def _parent_id(request_id: str) -> str:
-    """vLLM's request id without the ``<i>_`` prefix it gives the children of a parallel-sampling
-    (``n`` > 1) request (vllm/v1/engine/parallel_sampling.py)."""
+    """The client request a vLLM internal id belongs to: without the ``<i>_`` prefix of a
+    parallel-sampling child (``n`` > 1, vllm/v1/engine/parallel_sampling.py) and, for a
+    completions id (``cmpl-``), without the ``-<prompt index>-<8 hex>`` suffix, so the prompts
+    of one request are siblings too."""
     head, _, rest = request_id.partition("_")
-    return rest if head.isdigit() and rest else request_id
+    rid = rest if head.isdigit() and rest else request_id
+    return _PROMPT_OF_REQUEST.sub("", rid) if rid.startswith("cmpl-") else rid
 
 
 def lease_release_check(obs: ScenarioObservation) -> Check:
     """``released-by-d`` (BUGS R16, vllm PR #38900): no block of an *answered* request, or of a
     sibling child of it (``n`` > 1 splits a request into ``<i>_<id>`` children, and the
-    ``kv_transfer_params`` name one of them), was released by P's lease reaper: D's read should
+    ``kv_transfer_params`` name one of them; so are the prompts of a several-prompt request,
+    whose answer names the first prompt's only), was released by P's lease reaper: D's read should
     free them, not ``kv_lease_duration``. P logs ``Releasing expired KV blocks for request <id>
     which were retrieved by N remote worker(s)``. Failed on the requests such a line names; not
     checked when P's log was not scanned."""

@@ -62,18 +62,18 @@ def facts_of_records(obs: ScenarioObservation) -> list[RequestFacts]:
 
 
 def facts_of_wave(records: list[Any]) -> list[RequestFacts]:
-    """:class:`RequestFacts` of wave records (rig.workload.engine.WaveRecord): a
+    """:class:`RequestFacts` of wave records (rig.transport.records.WaveRecord): a
     ``parity_mismatch`` is an answered request whose parity diverged; intentional cancels keep
     outcome ``cancelled``."""
     out = []
     for r in records:
-        outcome = "ok" if r.status == "parity_mismatch" else r.status
+        outcome = "ok" if r.outcome == "parity_mismatch" else r.outcome
         hop = "decode" if r.d_status not in (None, 200) else "prefill" if r.p_status not in (None, 200) else None
         out.append(RequestFacts(
             request_id=r.request_id, outcome=outcome, prompt_len=r.prompt_len, hop=hop,
             status=r.d_status if hop == "decode" else r.p_status if hop == "prefill" else None,
-            error=r.error or "", remote_request_id=r.remote_request_id,
-            parity="diverged" if r.status == "parity_mismatch" else ("equal" if r.parity == "equal" else None)))
+            error=r.diagnosis or "", remote_request_id=r.remote_request_id,
+            parity="diverged" if r.outcome == "parity_mismatch" else ("equal" if r.parity == "equal" else None)))
     return out
 
 

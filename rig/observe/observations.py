@@ -19,7 +19,7 @@ import httpx
 
 from rig.observe import metrics as m
 from rig.observe.parity import ParityResult
-from rig.transport.client import PDRecord
+from rig.transport.records import PDRecord
 
 
 @dataclass

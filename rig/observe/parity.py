@@ -73,7 +73,7 @@ def compare_choices(pd_choices: list[list[int]], ref_choices: list[list[int]], p
 
 
 def compare_hops(pd: Any, ref: Any, pd_max_tokens: int, ref_max_tokens: int) -> ParityResult:
-    """:func:`compare_choices` when either :class:`rig.transport.client.Hop` has several choices, else
+    """:func:`compare_choices` when either :class:`rig.transport.records.Hop` has several choices, else
     :func:`compare` of their ``token_ids``."""
     if pd.choices or ref.choices:
         return compare_choices(pd.choices or [pd.token_ids or []], ref.choices or [ref.token_ids or []],

@@ -30,6 +30,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from rig.observe import metrics as m
+from rig.transport.records import StallFacts
 
 # Everything whose change means the engine is doing something.
 _PROGRESS = (m.GENERATION_TOKENS, m.PROMPT_TOKENS, m.KV_USAGE, m.NIXL_XFER_COUNT, m.PREEMPTIONS,
@@ -50,38 +51,16 @@ def cache_info(snap: m.MetricSnapshot) -> dict[str, int]:
     return {}
 
 
-@dataclass(frozen=True)
-class StallFacts:
-    """The frozen state of one instance as structured facts, which a known issue's stall
-    signature (rig.config.StallSignature) matches field by field.
-
-    ``waiting`` / ``running``: request gauges; ``kv_usage``: 0..1; ``waiting_reasons`` and
-    ``kv_fetch_stages``: the non-zero values of ``vllm:num_requests_waiting_by_reason`` and
-    ``vllm:num_requests_kv_fetch_by_stage`` (vllm/v1/metrics/loggers.py, 0.32.0);
-    ``num_gpu_blocks`` / ``block_size`` from ``vllm:cache_config_info`` (blocks incl. the null
-    block; tokens per block), None when the server does not expose it; ``duration_s`` seconds.
-    """
-
-    instance: str
-    waiting: float
-    running: float
-    kv_usage: float
-    waiting_reasons: dict[str, float]
-    kv_fetch_stages: dict[str, float]
-    duration_s: float
-    num_gpu_blocks: int | None = None
-    block_size: int | None = None
-
-    @classmethod
-    def of(cls, s: m.MetricSnapshot, duration_s: float) -> StallFacts:
-        """The facts of snapshot ``s`` frozen for ``duration_s`` seconds."""
-        info = cache_info(s)
-        return cls(instance=s.instance, waiting=s.value(m.WAITING), running=s.value(m.RUNNING),
-                   kv_usage=s.value(m.KV_USAGE),
-                   waiting_reasons={k: v for k, v in s.by_label(m.WAITING_BY_REASON, "reason").items() if v > 0},
-                   kv_fetch_stages={k: v for k, v in s.by_label(m.KV_FETCH_BY_STAGE, "stage").items() if v > 0},
-                   duration_s=round(duration_s, 3), num_gpu_blocks=info.get("num_gpu_blocks"),
-                   block_size=info.get("block_size"))
+def facts_of(s: m.MetricSnapshot, duration_s: float) -> StallFacts:
+    """The :class:`~rig.transport.records.StallFacts` of snapshot ``s`` frozen for
+    ``duration_s`` seconds."""
+    info = cache_info(s)
+    return StallFacts(instance=s.instance, waiting=s.value(m.WAITING), running=s.value(m.RUNNING),
+                      kv_usage=s.value(m.KV_USAGE),
+                      waiting_reasons={k: v for k, v in s.by_label(m.WAITING_BY_REASON, "reason").items() if v > 0},
+                      kv_fetch_stages={k: v for k, v in s.by_label(m.KV_FETCH_BY_STAGE, "stage").items() if v > 0},
+                      duration_s=round(duration_s, 3), num_gpu_blocks=info.get("num_gpu_blocks"),
+                      block_size=info.get("block_size"))
 
 
 @dataclass(frozen=True)
@@ -180,11 +159,11 @@ class StallDetector:
         duration = s.t - self._since
         if duration >= (self.transfer_window_s if _transfer_in_flight(s) else self.window_s):
             return Stall(instance=s.instance, since=self._since, duration_s=duration,
-                         diagnosis=describe(s, duration), facts=StallFacts.of(s, duration))
+                         diagnosis=describe(s, duration), facts=facts_of(s, duration))
         if self.early is not None:
             cpu = (engine_cpu_s - self._cpu_at_since
                    if engine_cpu_s is not None and self._cpu_at_since is not None else None)
-            facts = StallFacts.of(s, duration)
+            facts = facts_of(s, duration)
             evidence = self.early(facts, duration, self._samples, cpu)
             if evidence:
                 return Stall(instance=s.instance, since=self._since, duration_s=duration,

@@ -25,7 +25,7 @@ import httpx
 from rig.observe import metrics as m
 from rig.observe.observations import SnapshotStore
 from rig.observe.stall import StallEpisodes
-from rig.workload.edge import Endpoint
+from rig.transport.endpoint import Endpoint
 
 RUNNING = m.RUNNING.removeprefix("vllm:")
 WAITING = m.WAITING.removeprefix("vllm:")

@@ -24,8 +24,10 @@ from rig.judge.signatures import BlockFacts
 from rig.judge.verdict import Check, ScenarioVerdict, judge
 from rig.observe import metrics as m
 from rig.observe.observations import ScenarioObservation, SnapshotStore
-from rig.transport.client import PDClient, PDRecord
-from rig.workload.edge import Endpoint, flush_prefill_pool, run_edge
+from rig.transport.client import Transport
+from rig.transport.endpoint import Endpoint
+from rig.transport.records import PDRecord
+from rig.workload.edge import flush_prefill_pool, run_edge
 from rig.workload.prompts import seed_of
 
 
@@ -37,7 +39,7 @@ class ScenarioContext:
     cluster: Cluster
     prefill: Endpoint
     decode: Endpoint
-    client: PDClient
+    client: Transport
     http: httpx.AsyncClient  # no keep-alive: for /metrics
     store: SnapshotStore
     run_dir: Path

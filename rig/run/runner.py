@@ -48,8 +48,8 @@ from rig.plan.processes import Plan, build_plan, with_endpoints
 from rig.report.render import RunResult, print_summary, write_report
 from rig.run.kinds import KINDS, ScenarioContext
 from rig.transport import aio
-from rig.transport.client import PDClient
-from rig.workload.edge import Endpoint
+from rig.transport.client import AiohttpTransport, Transport
+from rig.transport.endpoint import Endpoint
 from rig.workload.warmup import warm_up
 
 
@@ -238,9 +238,9 @@ class SuiteRunner:
     async def _run_phases(self, cluster: Cluster, plan: Plan) -> None:
         timeouts = self.cfg.timeouts
         store = SnapshotStore(self.run_dir)
-        client = PDClient(self.cfg.model.served_name, timeout_s=max(timeouts.request_s, 5.0))
-        # A fresh connection per scrape: on a keep-alive connection D's /metrics answered seconds
-        # late during the 0.32.0 livelock, new connections did not (docs/vllm-cpu-facts.md "CPU hosts").
+        client = AiohttpTransport(self.cfg.model.served_name, timeout_s=max(timeouts.request_s, 5.0))
+        # A fresh connection per scrape: on a keep-alive connection, D's /metrics answered up to
+        # 4.6 s late during the 0.32.0 livelock on a 2-core host, against < 1 s for new ones.
         http = httpx.AsyncClient(timeout=10.0, limits=httpx.Limits(max_keepalive_connections=0))
         extra = [p.name for p in plan.processes if p.role == MASTER_ROLE]
         try:
@@ -297,7 +297,7 @@ class SuiteRunner:
                     f"{traceback.format_exc()}\n")
         return f"rig error while {doing}: {type(e).__name__}: {e} (traceback in rig-traceback.txt)"
 
-    async def _warm_up(self, client: PDClient, http: httpx.AsyncClient, cluster: Cluster, ph: Phase) -> PhaseEvidence:
+    async def _warm_up(self, client: Transport, http: httpx.AsyncClient, cluster: Cluster, ph: Phase) -> PhaseEvidence:
         """:func:`rig.workload.warmup.warm_up` for the phase's pair, then the phase's evidence: the vLLM
         version of P and of D (``/version``) and the metrics the checks read that they lack. A
         warm-up request that fails is not fatal here: a dead instance is found by
@@ -314,7 +314,7 @@ class SuiteRunner:
             self.log(f"{n} (vLLM {versions[n]}) lacks metrics the rig reads: {', '.join(missing)}")
         return PhaseEvidence(versions, presence)
 
-    async def _scenario(self, sc: ScenarioConfig, ph: Phase, cluster: Cluster, client: PDClient,
+    async def _scenario(self, sc: ScenarioConfig, ph: Phase, cluster: Cluster, client: Transport,
                         http: httpx.AsyncClient, store: SnapshotStore,
                         warm: PhaseEvidence) -> tuple[ScenarioObservation, object]:
         """Run one scenario of any kind; returns its observation and the kind's own result.
@@ -355,7 +355,7 @@ class SuiteRunner:
         obs.wall_s = time.monotonic() - t0
         return obs, kind_result
 
-    async def _run_kind(self, sc: ScenarioConfig, cluster: Cluster, client: PDClient, http: httpx.AsyncClient,
+    async def _run_kind(self, sc: ScenarioConfig, cluster: Cluster, client: Transport, http: httpx.AsyncClient,
                         store: SnapshotStore, obs: ScenarioObservation, p: Endpoint, d: Endpoint,
                         got: dict[str, object]) -> None:
         """The kind's requests between metric snapshots, then transfer evidence and drains.

@@ -101,7 +101,7 @@ def _endpoints(args: argparse.Namespace, cfg: RigConfig | None) -> tuple[list[An
     config instance on its port, else ``prefill``/``decode`` (``-2``, ... for several), which
     is then *not* looked up in the config (its block count would belong to another server).
     """
-    from rig.workload.edge import Endpoint
+    from rig.transport.endpoint import Endpoint
 
     if args.endpoints:
         if args.prefill or args.decode:

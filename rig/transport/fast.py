@@ -8,7 +8,7 @@ This module keeps only what the rig's hops need and leaves the HTTP grammar to a
 parser: ``httptools`` (MagicStack, the llhttp bindings uvicorn uses) parses status, headers,
 ``Content-Length`` and chunked bodies; asyncio's (uvloop's) transports do the I/O.
 
-What it does (and only this): ``POST <path>/v1/completions`` with a JSON body on keep-alive
+What it does (and only this): ``POST`` a JSON body to the hop's URL on keep-alive
 connections, one request per connection at a time (no pipelining), to ``http://`` or
 ``https://`` URLs. A reused connection has been idle for less than :data:`KEEPALIVE_S`
 (vLLM's uvicorn closes idle connections after ``VLLM_HTTP_TIMEOUT_KEEP_ALIVE`` = 5 s,
@@ -17,8 +17,9 @@ the pool only after a complete answer the server did not mark ``Connection: clos
 other ending (an error, a timeout, a cancel, a stream cut short) closes it, which is how vLLM
 learns that the client is gone and aborts the request.
 
-:class:`FastTransport` implements the ``Transport`` protocol of ``rig.workload.engine`` with the
-same bodies and error strings as its aiohttp transport: a hop never raises for an HTTP
+:class:`FastTransport` implements rig.transport.client's ``Transport`` with the same bodies,
+answers and error strings as its aiohttp transport (rig.transport.hops.HopsBase builds the
+bodies, for completions and chat, and reads the answers): a hop never raises for an HTTP
 problem, its ``Hop.error`` starts with ``timeout`` (``timeout_s`` passed for the whole hop, or
 10 s to connect), ``HTTP <code>`` (non-200 answer, vLLM's error message) or ``connection
 error`` (refused, reset, closed early, an answer that is not HTTP/JSON/SSE); cancelling the
@@ -35,21 +36,13 @@ from typing import Any
 from urllib.parse import urlsplit
 
 import httptools
-import msgspec
 
-from rig.transport.client import (
-    PREFILL_PARAMS,
-    Hop,
-    completion_body,
-    error_text,
-    fill_from_completion,
-)
+from rig.transport.answers import StreamReader, encode, error_text
+from rig.transport.hops import HopsBase, fill_whole
+from rig.transport.records import Hop
 
 KEEPALIVE_S = 2.0  # reuse idle connections younger than this (vLLM closes them at 5 s)
 CONNECT_TIMEOUT_S = 10.0  # as the aiohttp transport's sock_connect
-STREAM_EXTRA = {"stream": True, "stream_options": {"include_usage": True}}
-_ENCODE = msgspec.json.Encoder().encode
-_DECODE = msgspec.json.Decoder().decode
 
 
 class BadStreamChunk(Exception):
@@ -71,7 +64,7 @@ class _Target:
         self.port = u.port or (443 if u.scheme == "https" else 80)
         # TLS verified as aiohttp does by default: the system CAs (or SSL_CERT_FILE / SSL_CERT_DIR)
         self.ssl = ssl.create_default_context() if u.scheme == "https" else None
-        path = (u.path.rstrip("/") + "/v1/completions")
+        path = u.path or "/"  # the hop's route (rig.transport.bodies.ROUTE)
         self.head = (f"POST {path} HTTP/1.1\r\nHost: {u.netloc}\r\nContent-Type: application/json\r\n"
                      f"Accept: */*\r\nUser-Agent: pdrig\r\nContent-Length: ").encode("ascii")
         self.idle: list[_Conn] = []  # LIFO: the most recently used connection first
@@ -180,39 +173,7 @@ class _Conn(asyncio.Protocol):
             self.transport.close()
 
 
-class _SSE:
-    """One streamed completion: fills ``hop`` (TTFT, tokens, usage, finish reason) from the SSE
-    ``data:`` payloads; ``__call__`` returns True to stop reading after ``stop_after`` tokens (an
-    intentional cancel during D's stream: ``finish_reason`` becomes ``cancelled``), unless the
-    stream already finished (a ``finish_reason`` came; the usage chunk after it is no token)."""
-
-    __slots__ = ("hop", "stop_after", "t0", "tokens")
-
-    def __init__(self, hop: Hop, t0: float, stop_after: int | None):
-        self.hop, self.t0, self.stop_after = hop, t0, stop_after
-        self.tokens: list[int] = []
-
-    def __call__(self, payload: bytes) -> bool:
-        if payload[:1] == b"[":  # [DONE]
-            return False
-        chunk = _DECODE(payload)  # ValueError (msgspec.DecodeError) on a bad chunk
-        hop = self.hop
-        if chunk.get("usage"):
-            hop.usage = chunk["usage"]
-        for choice in chunk.get("choices") or ():
-            ids = choice.get("token_ids") or ()
-            if (ids or choice.get("text")) and hop.ttft_s is None:
-                hop.ttft_s = time.monotonic() - self.t0
-            self.tokens.extend(ids)
-            if choice.get("finish_reason"):
-                hop.finish_reason = choice["finish_reason"]
-        if self.stop_after is not None and hop.finish_reason is None and len(self.tokens) >= self.stop_after:
-            hop.finish_reason = "cancelled"
-            return True
-        return False
-
-
-class FastTransport:
+class FastTransport(HopsBase):
     """The hops of a wave over :class:`_Conn` keep-alive connections (module docstring).
 
     ``timeout_s`` bounds each hop from send to the end of the answer (seconds);
@@ -224,7 +185,7 @@ class FastTransport:
     def __init__(self, model: str, timeout_s: float, max_connections: int):
         if max_connections < 1:
             raise ValueError(f"max_connections must be >= 1 (got {max_connections})")
-        self.model, self.timeout_s = model, timeout_s
+        super().__init__(model, timeout_s)
         self._slots = asyncio.Semaphore(max_connections)
         self._targets: dict[str, _Target] = {}
         self._open: set[_Conn] = set()
@@ -242,13 +203,13 @@ class FastTransport:
 
     async def _exchange(self, url: str, body: dict[str, Any], hop: Hop,
                         on_line: Callable[[bytes], bool] | None = None) -> bytes | None:
-        """POST ``body`` to ``url``'s ``/v1/completions``; sets ``hop.status``/``hop.error``;
+        """POST ``body`` to ``url`` (the hop's full URL); sets ``hop.status``/``hop.error``;
         returns the raw body of a non-streamed answer (None after an error). Cancellation
         closes the connection and propagates."""
         t = self._targets.get(url)
         if t is None:
             t = self._targets[url] = _Target(url)
-        data = _ENCODE(body)
+        data = encode(body)
         request = t.head + str(len(data)).encode() + b"\r\n\r\n" + data
         loop = asyncio.get_running_loop()
         async with self._slots:
@@ -280,7 +241,7 @@ class FastTransport:
                     else:
                         conn.close()
                         self._open.discard(conn)
-            if hop.error is not None:
+            if hop.error is not None or conn is None:  # conn is set whenever no error was
                 return None
             assert conn is not None  # no error: the connection was made and answered
             hop.status = conn.status
@@ -294,39 +255,10 @@ class FastTransport:
         t0 = time.monotonic()
         raw = await self._exchange(url, body, hop)
         hop.latency_s = time.monotonic() - t0
-        if raw is not None:
-            try:
-                fill_from_completion(hop, _DECODE(raw))
-            except ValueError as e:
-                hop.error = f"connection error: answer is not JSON: {e}"
-        return hop
+        return hop if raw is None else fill_whole(hop, raw)
 
-    async def prefill(self, ep: Any, prompt: list[int]) -> Hop:
-        """The prefill hop (``max_tokens: 1``, ``do_remote_decode``) to ``ep`` (``.name``,
-        ``.url``); P answers with ``kv_transfer_params``."""
-        body = completion_body(self.model, prompt, 1, kv_transfer_params=dict(PREFILL_PARAMS))
-        return await self._post(Hop(instance=ep.name), ep.url, body)
-
-    async def decode(self, ep: Any, prompt: list[int], max_tokens: int, ktp: dict[str, Any],
-                     stream: bool, stop_after_tokens: int | None = None) -> Hop:
-        """The decode hop with P's ``kv_transfer_params`` (``ktp``); streamed (SSE) when
-        ``stream``, its connection closed after ``stop_after_tokens`` streamed tokens (an
-        intentional cancellation during D's stream: ``finish_reason`` ``cancelled``)."""
-        if not stream:
-            body = completion_body(self.model, prompt, max_tokens, kv_transfer_params=ktp)
-            return await self._post(Hop(instance=ep.name), ep.url, body)
-        hop = Hop(instance=ep.name)
-        body = completion_body(self.model, prompt, max_tokens, kv_transfer_params=ktp, **STREAM_EXTRA)
-        t0 = time.monotonic()
-        sse = _SSE(hop, t0, stop_after_tokens)
-        await self._exchange(ep.url, body, hop, sse)
-        hop.latency_s = time.monotonic() - t0
-        hop.token_ids = sse.tokens
-        return hop
-
-    async def direct(self, ep: Any, prompt: list[int], max_tokens: int) -> Hop:
-        """A non-disaggregated request: the parity reference."""
-        return await self._post(Hop(instance=ep.name), ep.url, completion_body(self.model, prompt, max_tokens))
+    async def _stream(self, hop: Hop, url: str, body: dict[str, Any], reader: StreamReader) -> None:
+        await self._exchange(url, body, hop, reader.feed)
 
     async def aclose(self) -> None:
         """Close every connection (idle or not)."""

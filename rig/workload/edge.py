@@ -14,7 +14,6 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
 
 import httpx
 
@@ -24,22 +23,15 @@ from rig.observe import metrics as m
 from rig.observe.observations import ScenarioObservation, SnapshotStore
 from rig.observe.parity import compare_hops
 from rig.observe.stall import EarlyRule, Stall, StallDetector
-from rig.transport.client import Hop, PDClient, PDRecord, cancel_task, classify, prefill_failure
-from rig.workload.prompts import make_prompt, seed_of
-
-
-@dataclass(frozen=True)
-class Endpoint:
-    """An instance by name and base URL."""
-
-    name: str
-    url: str
-
+from rig.transport.client import Transport, cancel_task
+from rig.transport.endpoint import Endpoint
+from rig.transport.records import Hop, PDRecord, classify, prefill_failure
+from rig.workload.prompts import make_prompt, request_prompt, seed_of
 
 BetweenHops = Callable[[PDRecord], Awaitable[None]]
 
 
-async def flush_prefill_pool(client: PDClient, p: Endpoint, usable_blocks: int, block_size: int,
+async def flush_prefill_pool(client: Transport, p: Endpoint, usable_blocks: int, block_size: int,
                              max_model_len: int, seed: int) -> None:
     """Send P direct (non-disaggregated) requests whose prompts together need more than its
     ``usable_blocks`` KV blocks, one after another, so every free block is allocated and written
@@ -55,14 +47,14 @@ async def flush_prefill_pool(client: PDClient, p: Endpoint, usable_blocks: int, 
     per_request = max(1, tokens // block_size)
     n = -(-usable_blocks // per_request) + 3
     for k in range(n):
-        await client.direct(p.name, p.url, make_prompt(tokens, seed + 7_000_001 + k), 1)
+        await client.direct(p, make_prompt(tokens, seed + 7_000_001 + k), 1)
 
 
-async def _pd_one(client: PDClient, rec: PDRecord, p: Endpoint, d: Endpoint,
+async def _pd_one(client: Transport, rec: PDRecord, p: Endpoint, d: Endpoint,
                   decode_tasks: dict[str, asyncio.Task], tamper_prompt: list[int] | None = None,
                   between: BetweenHops | None = None, fields: RequestFields | None = None) -> None:
     fields = fields or RequestFields()
-    rec.prefill = await client.prefill(p.name, p.url, rec.prompt, rec.max_tokens, fields.for_hop("prefill"))
+    rec.prefill = await client.prefill(p, rec.prompt, fields=fields.for_hop("prefill"), endpoint=fields.endpoint)
     failure = prefill_failure(rec.prefill)
     if failure:
         rec.outcome, rec.diagnosis = failure
@@ -74,9 +66,8 @@ async def _pd_one(client: PDClient, rec: PDRecord, p: Endpoint, d: Endpoint,
         # Negative control: D gets another prompt with P's KV. The reference (and so parity)
         # uses the prompt D was given, so wrong KV shows up as a divergence.
         rec.prompt = tamper_prompt
-    assert rec.prefill.kv_transfer_params is not None  # prefill_failure is None only when P gave them
-    task = asyncio.create_task(client.decode(d.name, d.url, rec.prompt, rec.max_tokens,
-                                             rec.prefill.kv_transfer_params, fields.for_hop("decode")))
+    task = asyncio.create_task(client.decode(d, rec.prompt, rec.max_tokens, rec.prefill.kv_transfer_params or {},
+                                             fields=fields.for_hop("decode"), endpoint=fields.endpoint))
     decode_tasks[rec.request_id] = task
     try:
         rec.decode = await task
@@ -130,7 +121,7 @@ async def _watch(http: httpx.AsyncClient, d: Endpoint, window_s: float, interval
     return ""
 
 
-async def run_edge(sc: ScenarioConfig, client: PDClient, http: httpx.AsyncClient, p: Endpoint,
+async def run_edge(sc: ScenarioConfig, client: Transport, http: httpx.AsyncClient, p: Endpoint,
                    d: Endpoint, deadline_s: float, window_s: float, interval_s: float,
                    store: SnapshotStore | None, obs: ScenarioObservation,
                    transfer_window_s: float | None = None, between: BetweenHops | None = None,
@@ -144,8 +135,10 @@ async def run_edge(sc: ScenarioConfig, client: PDClient, http: httpx.AsyncClient
     (if given) is awaited after P's answer and before the decode hop of each request.
     """
     seed = sc.seed if sc.seed is not None else seed_of(sc.name)
-    obs.records = [PDRecord(request_id=f"{sc.name}-{i}", prompt_len=sc.prompt_tokens,
-                            max_tokens=sc.max_tokens, prompt=make_prompt(sc.prompt_tokens, seed + i))
+    fields = sc.request or RequestFields()
+    obs.records = [PDRecord(request_id=f"{sc.name}-{i}", prompt_len=sc.prompt_tokens, max_tokens=sc.max_tokens,
+                            prompt=request_prompt(sc.prompt_tokens, seed + i, fields.prompts),
+                            endpoint=fields.endpoint)
                    for i in range(sc.concurrent)]
     decode_tasks: dict[str, asyncio.Task] = {}
 
@@ -183,8 +176,9 @@ async def run_edge(sc: ScenarioConfig, client: PDClient, http: httpx.AsyncClient
             obs.parity[i] = compare_hops(rec.decode, ref, rec.max_tokens, rec.max_tokens)
 
 
-async def reference(client: PDClient, p: Endpoint, rec: PDRecord, fields: RequestFields | None) -> Hop:
+async def reference(client: Transport, p: Endpoint, rec: PDRecord, fields: RequestFields | None) -> Hop:
     """The non-disaggregated reference of ``rec`` on P, with the scenario's reference fields
     (issue #12: e.g. the same ``n`` as the decode hop, so parity compares choice by choice)."""
-    return await client.direct(p.name, p.url, rec.prompt, rec.max_tokens,
-                               (fields or RequestFields()).for_hop("reference"))
+    fields = fields or RequestFields()
+    return await client.direct(p, rec.prompt, rec.max_tokens, fields=fields.for_hop("reference"),
+                               endpoint=fields.endpoint)

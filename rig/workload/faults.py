@@ -39,9 +39,10 @@ from rig.observe import metrics as m
 from rig.observe.observations import DrainResult, ScenarioObservation, wait_idle
 from rig.observe.parity import compare_hops
 from rig.observe.stall import StallDetector
-from rig.transport.client import PDRecord, cancel_task, classify, prefill_failure
+from rig.transport.client import cancel_task
+from rig.transport.records import PDRecord, classify, prefill_failure
 from rig.workload.edge import reference
-from rig.workload.prompts import make_prompt, seed_of
+from rig.workload.prompts import request_prompt, seed_of
 
 # Outcomes that end a faulted request with an answer or a diagnosis; "timeout" is the one that
 # does not (the rig waited out the deadline without knowing why).
@@ -161,7 +162,7 @@ class _Exchange:
     async def _two_hops(self, rec: PDRecord, faults: list[Fault]) -> None:
         client, p, d = self.ctx.client, self.ctx.prefill, self.ctx.decode
         fields = self.sc.request or RequestFields()
-        rec.prefill = await client.prefill(p.name, p.url, rec.prompt, rec.max_tokens, fields.for_hop("prefill"))
+        rec.prefill = await client.prefill(p, rec.prompt, fields=fields.for_hop("prefill"), endpoint=fields.endpoint)
         failure = prefill_failure(rec.prefill)
         if failure:
             rec.outcome, rec.diagnosis = failure
@@ -184,8 +185,8 @@ class _Exchange:
         if hold:
             await asyncio.sleep(hold)
         rec.decode_sent_at = time.monotonic()
-        task = asyncio.create_task(client.decode(d.name, d.url, rec.prompt, rec.max_tokens,
-                                                 rec.prefill.kv_transfer_params, fields.for_hop("decode")))
+        task = asyncio.create_task(client.decode(d, rec.prompt, rec.max_tokens, rec.prefill.kv_transfer_params or {},
+                                                 fields=fields.for_hop("decode"), endpoint=fields.endpoint))
         cancelled_by: list[str] = []
         helpers = [asyncio.create_task(self._on_decode(f, rec, task, cancelled_by))
                    for f in faults if f.trigger.event in ("decode-sent", "kv-fetch-in-progress")]
@@ -276,8 +277,10 @@ class _Exchange:
         sc, spec, ctx = self.sc, self.spec, self.ctx
         seed = sc.seed if sc.seed is not None else seed_of(sc.name)
         before = {e.name: await self._kv_usage(e) for e in (ctx.decode, ctx.prefill)}
-        self.obs.records = [PDRecord(request_id=f"{sc.name}-{i}", prompt_len=sc.prompt_tokens,
-                                     max_tokens=sc.max_tokens, prompt=make_prompt(sc.prompt_tokens, seed + i))
+        fields = sc.request or RequestFields()
+        self.obs.records = [PDRecord(request_id=f"{sc.name}-{i}", prompt_len=sc.prompt_tokens, max_tokens=sc.max_tokens,
+                                     prompt=request_prompt(sc.prompt_tokens, seed + i, fields.prompts),
+                                     endpoint=fields.endpoint)
                             for i in range(spec.requests)]
         exchange_faults = [f for f in spec.faults if f.trigger.event != "after-requests"]
         try:
@@ -314,8 +317,10 @@ class _Exchange:
 
     async def _recover(self, seed: int, before: dict[str, float]) -> None:
         ctx = self.ctx
+        fields = self.sc.request or RequestFields()
         rec = PDRecord(request_id=f"{self.sc.name}-recovery", prompt_len=self.sc.prompt_tokens,
-                       max_tokens=self.sc.max_tokens, prompt=make_prompt(self.sc.prompt_tokens, seed + 900_001))
+                       max_tokens=self.sc.max_tokens, endpoint=fields.endpoint,
+                       prompt=request_prompt(self.sc.prompt_tokens, seed + 900_001, fields.prompts))
         self.result.recovery_id = rec.request_id
         self.obs.records.append(rec)
         try:

@@ -41,3 +41,12 @@ def prefix_group_prompts(groups: int, per_group: int, prefix_tokens: int, suffix
         out.append([prefix + make_prompt(suffix_tokens, seed_of(f"{seed}/suffix/{g}/{i}"), lo, hi)
                     for i in range(per_group)])
     return out
+
+
+def request_prompt(n_tokens: int, seed: int, prompts: int = 1) -> list[int] | list[list[int]]:
+    """The prompt of one request: :func:`make_prompt` for ``prompts == 1``, else ``prompts``
+    distinct ``n_tokens``-token lists (several prompts in one completions request; the first is
+    the single prompt of the same seed). Raises ValueError as :func:`make_prompt`."""
+    if prompts == 1:
+        return make_prompt(n_tokens, seed)
+    return [make_prompt(n_tokens, seed if k == 0 else seed_of(f"{seed}/prompt/{k}")) for k in range(prompts)]

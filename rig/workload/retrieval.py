@@ -19,8 +19,9 @@ import string
 from dataclasses import dataclass, field
 
 from rig.observe.parity import ParityResult, compare
-from rig.transport.client import PDClient, PDRecord, classify
-from rig.workload.edge import Endpoint
+from rig.transport.client import Transport
+from rig.transport.endpoint import Endpoint
+from rig.transport.records import PDRecord, classify
 
 _FILLER = ("The committee reviewed the quarterly logistics report and noted steady progress on "
            "warehouse automation, supplier onboarding and route planning across the northern region.")
@@ -72,7 +73,7 @@ class RetrievalResult:
         return self.pd_hits / n, self.ref_hits / n
 
 
-async def run_retrieval(client: PDClient, p: Endpoint, d: Endpoint, ref: Endpoint, requests: int,
+async def run_retrieval(client: Transport, p: Endpoint, d: Endpoint, ref: Endpoint, requests: int,
                         context_words: int, max_tokens: int, seed: int) -> RetrievalResult:
     """Send ``requests`` needle prompts through P/D and directly to ``ref`` (same ``max_tokens``).
 
@@ -83,11 +84,11 @@ async def run_retrieval(client: PDClient, p: Endpoint, d: Endpoint, ref: Endpoin
     for i in range(requests):
         prompt, ident = make_retrieval_prompt(rng, context_words, depth=(i + 0.5) / requests)
         rec = PDRecord(request_id=f"retrieval-{i}", prompt_len=len(prompt.split()), max_tokens=max_tokens)
-        rec.prefill = await client.prefill(p.name, p.url, prompt, max_tokens)  # type: ignore[arg-type]
+        rec.prefill = await client.prefill(p, prompt)
         if classify(rec.prefill) != "ok" or not rec.prefill.kv_transfer_params:
             rec.outcome, rec.diagnosis = "http_error", f"prefill: {rec.prefill.error or 'no kv_transfer_params'}"
         else:
-            rec.decode = await client.decode(d.name, d.url, prompt, max_tokens,  # type: ignore[arg-type]
+            rec.decode = await client.decode(d, prompt, max_tokens,
                                              rec.prefill.kv_transfer_params)
             rec.outcome = classify(rec.decode)
         out.records.append(rec)
@@ -95,7 +96,7 @@ async def run_retrieval(client: PDClient, p: Endpoint, d: Endpoint, ref: Endpoin
         if rec.outcome != "ok" or rec.decode is None:
             out.parity.append(None)
             continue
-        reference = await client.direct(ref.name, ref.url, prompt, max_tokens)  # type: ignore[arg-type]
+        reference = await client.direct(ref, prompt, max_tokens)
         if reference.error:
             rec.diagnosis = f"reference failed: {reference.error}"
             out.parity.append(None)

@@ -65,8 +65,10 @@ from rig.observe import metrics as m
 from rig.observe.observations import ScenarioObservation, SnapshotStore
 from rig.observe.parity import compare
 from rig.observe.stall import StallDetector
-from rig.transport.client import Hop, PDClient, PDRecord, classify, prefill_failure
-from rig.workload.edge import Endpoint, cancel_stalled
+from rig.transport.client import Transport, make_transport
+from rig.transport.endpoint import Endpoint
+from rig.transport.records import Hop, PDRecord, classify, prefill_failure
+from rig.workload.edge import cancel_stalled
 from rig.workload.prompts import make_prompt, seed_of
 
 __all__ = ["STORE_KINDS", "StoreContext", "StoreObservation", "run_store_scenario", "judge_store",
@@ -294,14 +296,14 @@ class StoreContext:
     p: Endpoint
     d: Endpoint
     master: Endpoint | None
-    client: PDClient
+    client: Transport
     http: httpx.AsyncClient
     snapshots: SnapshotStore | None
     run_dir: Path
     quiet: bool = True
 
     @classmethod
-    def of(cls, cfg: RigConfig, cluster: Any, p: Endpoint, d: Endpoint, client: PDClient,
+    def of(cls, cfg: RigConfig, cluster: Any, p: Endpoint, d: Endpoint, client: Transport,
            http: httpx.AsyncClient, snapshots: SnapshotStore | None, run_dir: str | Path) -> StoreContext:
         """Build the context from a running :class:`~rig.cluster.processes.Cluster` (finds the master)."""
         master = next((Endpoint(s.name, s.base_url) for s in cluster.plan.processes
@@ -374,7 +376,7 @@ def _d_keys(s: m.MetricSnapshot) -> tuple:
 
 async def _flush(ctx: StoreContext, ep: Endpoint, seed: int) -> None:
     """One tiny direct request so the instance steps once and publishes pending connector stats."""
-    await ctx.client.direct(ep.name, ep.url, make_prompt(FLUSH_PROMPT_TOKENS, seed), 1)
+    await ctx.client.direct(ep, make_prompt(FLUSH_PROMPT_TOKENS, seed), 1)
 
 
 def requeued(prev: m.MetricSnapshot, cur: m.MetricSnapshot) -> int:
@@ -422,18 +424,17 @@ async def _send(ctx: StoreContext, rec: PDRecord, route: str) -> None:
     ``kv_transfer_params``. Fills ``rec`` (outcome, hops, timings)."""
     c = ctx.client
     if route == "pd":
-        rec.prefill = await c.prefill(ctx.p.name, ctx.p.url, rec.prompt, rec.max_tokens)
+        rec.prefill = await c.prefill(ctx.p, rec.prompt)
         failure = prefill_failure(rec.prefill)
         if failure:
             rec.outcome, rec.diagnosis = failure
             return
         assert rec.prefill.kv_transfer_params is not None  # prefill_failure is None only when P gave them
         rec.decode_sent_at = time.monotonic()
-        rec.decode = await c.decode(ctx.d.name, ctx.d.url, rec.prompt, rec.max_tokens,
-                                    rec.prefill.kv_transfer_params)
+        rec.decode = await c.decode(ctx.d, rec.prompt, rec.max_tokens, rec.prefill.kv_transfer_params or {})
     else:
         rec.decode_sent_at = time.monotonic()
-        rec.decode = await c.direct(ctx.d.name, ctx.d.url, rec.prompt, rec.max_tokens)
+        rec.decode = await c.direct(ctx.d, rec.prompt, rec.max_tokens)
     rec.verdict_after_s = time.monotonic() - rec.decode_sent_at
     rec.outcome = classify(rec.decode)
     if rec.outcome != "ok":
@@ -488,8 +489,7 @@ async def _parity(ctx: StoreContext, obs: ScenarioObservation, refs: dict[str, H
     for i, rec in enumerate(obs.records):
         if rec.outcome != "ok" or rec.decode is None:
             continue
-        ref = (refs or {}).get(rec.request_id) or await ctx.client.direct(
-            ctx.p.name, ctx.p.url, rec.prompt, rec.max_tokens)
+        ref = (refs or {}).get(rec.request_id) or await ctx.client.direct(ctx.p, rec.prompt, rec.max_tokens)
         if ref.error or ref.token_ids is None:
             rec.diagnosis = f"parity reference failed: {ref.error or 'no token_ids'}"
             continue
@@ -515,7 +515,7 @@ async def _roundtrip(sc: ScenarioConfig, st: StoreScenarioConfig, ctx: StoreCont
         so.per_request.append(row)
         # 1. P computes the prompt (and writes its full blocks to the store).
         base = await _master_snap(ctx)
-        rec.prefill = await ctx.client.direct(ctx.p.name, ctx.p.url, rec.prompt, sc.max_tokens)
+        rec.prefill = await ctx.client.direct(ctx.p, rec.prompt, sc.max_tokens)
         if classify(rec.prefill) != "ok":
             rec.outcome = classify(rec.prefill)
             rec.diagnosis = f"P (store writer): {rec.prefill.error or 'empty answer'}"
@@ -566,8 +566,7 @@ async def _prefix_wave(sc: ScenarioConfig, st: StoreScenarioConfig, ctx: StoreCo
     # are resident in the store before D sees any request of the group.
     base = await _master_snap(ctx)
     seeds = await asyncio.gather(*(ctx.client.direct(
-        ctx.p.name, ctx.p.url, prefixes[g] + make_prompt(suffix, seed_of(f"{seed}/seed/{g}")), 1)
-        for g in range(st.groups)))
+        ctx.p, prefixes[g] + make_prompt(suffix, seed_of(f"{seed}/seed/{g}")), 1) for g in range(st.groups)))
     bad = [h for h in seeds if classify(h) != "ok"]
     if bad:
         so.notes.append(f"seeding P failed for {len(bad)} group(s): {bad[0].error or 'empty answer'}")
@@ -654,10 +653,10 @@ async def run_store_scenario(sc: ScenarioConfig, ctx: StoreContext, obs: Scenari
         so.error = "no Mooncake master in this topology (connector is not a store mode)"
         return so
     own_client = None
-    if ctx.deadline(sc) > (ctx.client.http.timeout.read or 0):
+    if ctx.deadline(sc) > ctx.client.timeout_s:
         # The runner's client times a hop out at timeouts.request_s; a longer deadline_s
         # (long outputs) needs a client that waits as long.
-        own_client = PDClient(ctx.cfg.model.served_name, timeout_s=ctx.deadline(sc))
+        own_client = make_transport(ctx.client.name, ctx.cfg.model.served_name, ctx.deadline(sc))
         ctx = dataclasses.replace(ctx, client=own_client)
     try:
         return await _run(sc, st, ctx, obs, so, seed)

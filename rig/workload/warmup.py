@@ -12,12 +12,12 @@ from collections.abc import Callable
 
 import httpx
 
-from rig.transport.client import PDClient
-from rig.workload.edge import Endpoint
+from rig.transport.client import Transport
+from rig.transport.endpoint import Endpoint
 from rig.workload.prompts import make_prompt
 
 
-async def warm_up(client: PDClient, http: httpx.AsyncClient, prefill: Endpoint, decode: Endpoint,
+async def warm_up(client: Transport, http: httpx.AsyncClient, prefill: Endpoint, decode: Endpoint,
                   log: Callable[[str], None]) -> tuple[str, list[str]]:
     """One short direct request (8-token prompt, 2 tokens) to each instance, then one throw-away
     P/D round trip. Returns ``(vLLM version from decode's /version or "", names of instances
@@ -25,13 +25,13 @@ async def warm_up(client: PDClient, http: httpx.AsyncClient, prefill: Endpoint, 
     the same failure and is judged on it."""
     failed = []
     for ep in (prefill, decode):
-        hop = await client.direct(ep.name, ep.url, make_prompt(8, 7), 2)
+        hop = await client.direct(ep, make_prompt(8, 7), 2)
         if hop.error:
             log(f"warm-up request to {ep.name} failed: {hop.error}")
             failed.append(ep.name)
-    p_hop = await client.prefill(prefill.name, prefill.url, make_prompt(8, 11), 2)
+    p_hop = await client.prefill(prefill, make_prompt(8, 11))
     if p_hop.kv_transfer_params:
-        d_hop = await client.decode(decode.name, decode.url, make_prompt(8, 11), 2, p_hop.kv_transfer_params)
+        d_hop = await client.decode(decode, make_prompt(8, 11), 2, p_hop.kv_transfer_params)
         if d_hop.error:
             log(f"warm-up P/D request to {decode.name} failed: {d_hop.error}")
     try:

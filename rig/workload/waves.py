@@ -70,8 +70,10 @@ from rig.observe.observations import (
 from rig.observe.progress import WaveProgress
 from rig.observe.stall import StallEpisodes, cache_info  # noqa: F401  (cache_info: re-exported)
 from rig.observe.timeline import TimelineSampler, plot_timeline
-from rig.workload.edge import Endpoint
-from rig.workload.engine import WaveEngine, WaveRecord, WaveRequest, make_transport, plan_cancels
+from rig.transport.client import make_transport
+from rig.transport.endpoint import Endpoint
+from rig.transport.records import WaveRecord
+from rig.workload.engine import WaveEngine, WaveRequest, plan_cancels
 from rig.workload.prompts import make_prompt, prefix_group_prompts, seed_of
 
 ERRORS = ("timeout", "http_error", "connection_error")  # and unplanned cancels ("aborted")
@@ -187,17 +189,17 @@ class WaveResult:
     kv_lease_s: float = 30.0  # the NIXL lease P keeps unread blocks for (explains P stalls), s
 
     def counts(self) -> Counter:
-        """Records per status, with intentional cancels as ``cancelled`` and unplanned ones as
+        """Records per outcome, with intentional cancels as ``cancelled`` and unplanned ones as
         ``aborted``."""
         c: Counter[str] = Counter()
         for r in self.records:
-            c["aborted" if r.status == "cancelled" and not r.intentional else r.status] += 1
+            c["aborted" if r.outcome == "cancelled" and not r.intentional else r.outcome] += 1
         return c
 
     def summary(self) -> dict[str, Any]:
         """Counts, cancel points, errors by class, throughput and latency percentiles."""
         c = self.counts()
-        ok = [r for r in self.records if r.status == "ok"]
+        ok = [r for r in self.records if r.outcome == "ok"]
         lat = sorted(r.latency_s for r in ok if r.latency_s is not None)
         ttft = sorted(r.ttft_s for r in ok if r.ttft_s is not None)
         errors = {k: c[k] for k in (*ERRORS, "aborted", "parity_mismatch") if c.get(k)}
@@ -503,7 +505,7 @@ def explain_stall(stall: dict[str, Any], wave: WaveResult, slack_s: float = 12.0
     bs = wave.block_size or 16
     usable = wave.usable_blocks.get(name)
     start = stall["start_s"]
-    held = [r for r in wave.records if r.cancel_point == "between" and r.prefill == name
+    held = [r for r in wave.records if r.cancel_point == "between" and r.p_instance == name
             and r.t_end is not None and start - wave.kv_lease_s - 1.0 <= r.t_end <= start + 1.0]
     if not held:
         return ""
@@ -531,7 +533,7 @@ def _stall_check(wave: WaveResult) -> Check:
 
 
 def _first_error(recs: list[WaveRecord]) -> str:
-    return f"; first: {recs[0].request_id}: {recs[0].status} {recs[0].error}".rstrip() if recs else ""
+    return f"; first: {recs[0].request_id}: {recs[0].outcome} {recs[0].diagnosis}".rstrip() if recs else ""
 
 
 def _ids(recs: list[WaveRecord]) -> tuple[str, ...]:
@@ -546,7 +548,7 @@ def wave_kv_pulled(obs: ScenarioObservation, recs: list[WaveRecord]) -> Check:
     cache, none recomputed: D's ``prompt_tokens_by_source`` external_kv_transfer + local_cache_hit
     >= the answered prompts' tokens, at least one NIXL transfer. (Counters are per instance: a
     shortfall fails on every answered request.) Not checked without D's counters."""
-    answered = [r for r in recs if r.status in ANSWERED]
+    answered = [r for r in recs if r.outcome in ANSWERED]
     if not answered:
         return Check("kv-pulled", False, "no answered request to show a transfer for", _ids(recs))
     ev = obs.evidence
@@ -571,23 +573,23 @@ def wave_checks(sc: ScenarioConfig, obs: ScenarioObservation, wave: WaveResult) 
     intentional = [r for r in recs if r.intentional]
     points = ", ".join(f"{k} {v}" for k, v in sorted(s["cancel_points"].items(), key=lambda kv: str(kv[0])))
     # Answered = D answered (a parity mismatch is answered; the parity check judges its tokens).
-    ok_n = sum(r.status in ANSWERED for r in recs)
+    ok_n = sum(r.outcome in ANSWERED for r in recs)
     want = len(recs) - len(intentional)
-    unanswered = [r for r in recs if not r.intentional and r.status not in ANSWERED]
+    unanswered = [r for r in recs if not r.intentional and r.outcome not in ANSWERED]
     out.append(Check("completed", bool(recs) and ok_n == want,
                      f"{ok_n}/{want} completed ({len(recs)} requests, {len(intentional)} cancelled on purpose"
                      + (f": {points}" if points else "") + ")", _ids(unanswered)))
-    bad = [r for r in recs if r.status in ERRORS or (r.status == "cancelled" and not r.intentional)]
-    by = Counter("aborted" if r.status == "cancelled" else r.status for r in bad)
+    bad = [r for r in recs if r.outcome in ERRORS or (r.outcome == "cancelled" and not r.intentional)]
+    by = Counter("aborted" if r.outcome == "cancelled" else r.outcome for r in bad)
     out.append(Check("no-errors", not bad,
                      "no timeouts, HTTP or connection errors" if not bad else
                      ", ".join(f"{k} {v}" for k, v in sorted(by.items())) + _first_error(bad), _ids(bad)))
-    empty = [r for r in recs if r.status == "empty"]
+    empty = [r for r in recs if r.outcome == "empty"]
     out.append(Check("no-empty", not empty, "no empty answers" if not empty else
                      f"{len(empty)} empty answers (200 without tokens)" + _first_error(empty), _ids(empty)))
     wrong, wrong_recs = [], []
     for r in recs:
-        if r.status not in ANSWERED:
+        if r.outcome not in ANSWERED:
             continue
         exp = sc.expect.completion_tokens
         if exp is None:
@@ -615,8 +617,8 @@ def wave_checks(sc: ScenarioConfig, obs: ScenarioObservation, wave: WaveResult) 
         out.append(Check("no-fatal-log", None, "not checked: no log of these processes was scanned"))
     rid = {r.remote_request_id: r.request_id for r in recs if r.remote_request_id}
     out.append(kv_integrity_check(
-        obs, {k: v for k, v in rid.items() if any(r.request_id == v and r.status in ANSWERED for r in recs)},
-        {k: v for k, v in rid.items() if any(r.request_id == v and r.status not in ANSWERED for r in recs)}))
+        obs, {k: v for k, v in rid.items() if any(r.request_id == v and r.outcome in ANSWERED for r in recs)},
+        {k: v for k, v in rid.items() if any(r.request_id == v and r.outcome not in ANSWERED for r in recs)}))
     out.append(_stall_check(wave))
     out.append(idle_check(obs, obs.drains or wave.drains,
                           lambda dr: describe_drain(dr, wave.usable_blocks.get(dr.instance))))
@@ -648,7 +650,7 @@ def _prefix_hits(obs: ScenarioObservation, wave: WaveResult, recs: list[WaveReco
 
 def _wave_parity(wave: WaveResult, recs: list[WaveRecord], ok_n: int) -> Check:
     pr = wave.parity
-    mism = [r for r in recs if r.status == "parity_mismatch"]
+    mism = [r for r in recs if r.outcome == "parity_mismatch"]
     detail = (f"{pr.get('equal', 0)}/{pr.get('compared', 0)} sampled answers equal to a direct request to P"
               + (f", {pr['failed']} references failed" if pr.get("failed") else "")
               + (f"; {mism[0].request_id}: {mism[0].parity}" if mism else ""))

@@ -1,0 +1,210 @@
+"""What the rig saw of its requests: one :class:`Hop` per HTTP request, one record per P/D
+request, and the one outcome vocabulary every workload, check and report uses.
+
+:class:`RequestRecord` holds the fields every workload shares (``request_id``, ``prompt_len``,
+``max_tokens``, ``outcome``, ``diagnosis``). :class:`PDRecord` extends it with both hops in full
+(the edge, fault, store and retrieval workloads: a few requests, every detail kept);
+:class:`WaveRecord` with a compact summary per hop (the wave engine: thousands of requests,
+one line each in ``records.jsonl``). In both, ``prefill``/``decode`` would be ambiguous, so the
+instance that served a hop is ``p_instance``/``d_instance`` on a wave record and
+``prefill.instance``/``decode.instance`` (a :class:`Hop`) on a P/D record.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field, fields
+from typing import Any, Literal
+
+# The outcome of a request, one word (``RequestRecord.outcome``):
+#   pending           not finished yet (never left in a finished run's records)
+#   ok                D answered 200 with tokens
+#   timeout           no full answer within the request's deadline
+#   http_error        a non-200 answer, or P answering 200 without kv_transfer_params
+#   connection_error  the connection failed or broke off (also: an answer that is not JSON)
+#   empty             200 without a single token
+#   cancelled         the rig closed the request: planned (a wave's cancel point, a fault) or an abort
+#   stalled           the stall watcher cancelled it with a diagnosis (``PDRecord.stall``)
+#   parity_mismatch   answered, but the tokens differ from the non-disaggregated reference
+#                     (wave records; edge records keep parity beside them, ``obs.parity``)
+Outcome = Literal["pending", "ok", "timeout", "http_error", "connection_error", "empty", "cancelled",
+                  "stalled", "parity_mismatch"]
+OUTCOMES: tuple[str, ...] = Outcome.__args__  # type: ignore[attr-defined]
+ERROR_OUTCOMES = ("timeout", "http_error", "connection_error", "empty", "cancelled", "parity_mismatch")
+
+
+@dataclass(frozen=True)
+class StallFacts:
+    """The frozen state of one instance as structured facts, which a known issue's stall
+    signature (rig.config.schema.StallSignature) matches field by field; the stall watcher takes
+    them from ``/metrics`` (rig.observe.stall.facts_of) and a stalled record keeps them.
+
+    ``waiting`` / ``running``: request gauges; ``kv_usage``: 0..1; ``waiting_reasons`` and
+    ``kv_fetch_stages``: the non-zero values of ``vllm:num_requests_waiting_by_reason`` and
+    ``vllm:num_requests_kv_fetch_by_stage`` (vllm/v1/metrics/loggers.py, 0.32.0);
+    ``num_gpu_blocks`` / ``block_size`` from ``vllm:cache_config_info`` (blocks incl. the null
+    block; tokens per block), None when the server does not expose it; ``duration_s`` seconds.
+    """
+
+    instance: str
+    waiting: float
+    running: float
+    kv_usage: float
+    waiting_reasons: dict[str, float]
+    kv_fetch_stages: dict[str, float]
+    duration_s: float
+    num_gpu_blocks: int | None = None
+    block_size: int | None = None
+
+
+@dataclass
+class Hop:
+    """One HTTP request of a P/D exchange (or a direct reference request).
+
+    ``latency_s`` is wall time from send to full answer (seconds); ``ttft_s`` is set for
+    streamed answers. ``token_ids`` are the generated token IDs.
+    """
+
+    instance: str
+    status: int | None = None
+    latency_s: float | None = None
+    ttft_s: float | None = None
+    usage: dict[str, Any] | None = None
+    token_ids: list[int] | None = None
+    text: str | None = None
+    finish_reason: str | None = None
+    kv_transfer_params: dict[str, Any] | None = None
+    error: str | None = None
+    # Token IDs per choice index (``n`` > 1, several prompts in one request); ``token_ids`` is
+    # their concatenation in index order, which is what ``usage.completion_tokens`` counts.
+    choices: list[list[int]] | None = None
+    stream_problem: str = ""  # a streamed answer out of order or incomplete (rig.transport.answers)
+
+
+def classify(hop: Hop | None) -> Outcome:
+    """The outcome of a finished hop: ok | timeout | http_error | connection_error | empty;
+    ``cancelled`` for no hop."""
+    if hop is None:
+        return "cancelled"
+    if hop.error:
+        if hop.error.startswith("timeout"):
+            return "timeout"
+        return "http_error" if hop.status is not None else "connection_error"
+    if not hop.token_ids:
+        return "empty"
+    return "ok"
+
+
+def prefill_failure(hop: Hop) -> tuple[Outcome, str] | None:
+    """``(outcome, diagnosis)`` when a prefill hop cannot lead to a decode hop, else None: an
+    error class from :func:`classify`, or an answer without ``kv_transfer_params`` (P is not a
+    KV producer)."""
+    outcome = classify(hop)
+    if outcome == "ok" and hop.kv_transfer_params:
+        return None
+    if outcome == "ok":
+        return "http_error", "prefill answered without kv_transfer_params (is P a kv_producer?)"
+    return outcome, f"prefill: {hop.error or 'empty answer'}"
+
+
+@dataclass(slots=True)
+class RequestRecord:
+    """The fields every request record has: ``outcome`` (:data:`Outcome`) and, when it is not
+    ``ok``, a ``diagnosis`` in words (which hop, what happened). Token counts are tokens."""
+
+    request_id: str
+    prompt_len: int
+    max_tokens: int
+    outcome: Outcome = "pending"
+    diagnosis: str = ""
+
+
+@dataclass
+class PDRecord(RequestRecord):
+    """Everything the rig saw of one P/D request: both hops in full.
+
+    ``prompt``: token IDs, or several token-ID lists in one completions request (then
+    ``prompt_len`` is the tokens of the first). ``endpoint``: ``completions`` or ``chat``.
+    ``decode_sent_at`` is monotonic seconds; ``verdict_after_s`` the time from sending to D
+    until the rig decided (a stall diagnosis or the answer).
+    """
+
+    prompt: list[Any] = field(repr=False, default_factory=list)
+    prefill: Hop | None = None
+    decode: Hop | None = None
+    decode_sent_at: float | None = None
+    verdict_after_s: float | None = None
+    stall: StallFacts | None = None  # the frozen state when the rig marked it ``stalled``
+    endpoint: str = "completions"
+
+    @property
+    def completion_tokens(self) -> int | None:
+        """Completion tokens reported by D's ``usage`` (None without an answer)."""
+        return (self.decode.usage or {}).get("completion_tokens") if self.decode else None
+
+    @property
+    def total_tokens(self) -> int | None:
+        """Total tokens reported by D's ``usage`` (None without an answer)."""
+        return (self.decode.usage or {}).get("total_tokens") if self.decode else None
+
+    def to_json(self) -> dict[str, Any]:
+        """JSON-able dict (the prompt itself is left out; its length and seed identify it)."""
+        d = asdict(self)
+        d.pop("prompt")
+        return d
+
+
+@dataclass(slots=True, kw_only=True)
+class WaveRecord(RequestRecord):
+    """One request of a wave, compact (times in seconds).
+
+    ``t_start``/``t_end`` are offsets from the wave's start; ``ttft_s`` is from the request's
+    start to D's first streamed token (so it includes the prefill hop); ``latency_s`` from start
+    to the end of the last hop. ``tokens`` counts token IDs received from D; ``usage_tokens`` is
+    D's ``usage.completion_tokens``. ``cancel_point`` is where a cancel really happened;
+    ``p_instance``/``d_instance`` name the instances that served the hops.
+    """
+
+    index: int
+    stream: bool
+    planned_cancel: str | None = None
+    group: int | None = None
+    cancel_point: str | None = None
+    p_instance: str | None = None
+    d_instance: str | None = None
+    p_status: int | None = None
+    p_latency_s: float | None = None
+    d_status: int | None = None
+    d_latency_s: float | None = None
+    ttft_s: float | None = None
+    latency_s: float | None = None
+    tokens: int | None = None
+    usage_tokens: int | None = None
+    t_start: float | None = None
+    t_end: float | None = None
+    token_ids: list[int] | None = None
+    parity: str | None = None
+    remote_request_id: str | None = None  # P's id for the KV it holds (kv_transfer_params)
+
+    @property
+    def intentional(self) -> bool:
+        """True for a cancel the wave planned (any point)."""
+        return self.outcome == "cancelled" and self.planned_cancel is not None
+
+    @property
+    def hops(self) -> int:
+        """Hops sent: 0, 1 (P) or 2 (P and D)."""
+        return (self.p_status is not None or self.p_latency_s is not None) + \
+            (self.d_status is not None or self.d_latency_s is not None)
+
+    def to_json(self) -> dict[str, Any]:
+        """A compact JSON-able dict (one line of records.jsonl)."""
+        d = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "token_ids"}
+        d["hops"] = [h for h in (
+            {"instance": self.p_instance, "status": self.p_status, "latency_s": self.p_latency_s}
+            if self.p_instance and self.hops >= 1 else None,
+            {"instance": self.d_instance, "status": self.d_status, "latency_s": self.d_latency_s}
+            if self.d_instance else None) if h]
+        for k in ("p_latency_s", "d_latency_s", "ttft_s", "latency_s", "t_start", "t_end"):
+            if d[k] is not None:
+                d[k] = round(d[k], 5)
+        return d
