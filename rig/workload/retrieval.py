@@ -19,7 +19,7 @@ import string
 from dataclasses import dataclass, field
 
 from rig.transport.client import PDClient, PDRecord, classify
-from rig.observe.parity import ParityResult, compare
+from rig.observe.parity import ParityCase, ParityResult, run_parity
 from rig.workload.edge import Endpoint
 
 _FILLER = ("The committee reviewed the quarterly logistics report and noted steady progress on "
@@ -93,13 +93,15 @@ async def run_retrieval(client: PDClient, p: Endpoint, d: Endpoint, ref: Endpoin
         if rec.outcome != "ok" or rec.decode is None:
             out.parity.append(None)
             continue
-        reference = await client.direct(ref.name, ref.url, prompt, max_tokens)  # type: ignore[arg-type]
-        if reference.error:
-            rec.diagnosis = f"reference failed: {reference.error}"
+        (o,) = await run_parity([ParityCase(rec.decode, max_tokens, lambda: client.direct(
+            ref.name, ref.url, prompt, max_tokens))])  # type: ignore[arg-type]
+        assert o is not None
+        if o.result is None or o.hop is None:
+            rec.diagnosis = f"reference failed: {o.failure}"
             out.parity.append(None)
             continue
         out.compared += 1
         out.pd_hits += retrieved(rec.decode.text, ident)
-        out.ref_hits += retrieved(reference.text, ident)
-        out.parity.append(compare(rec.decode.token_ids or [], reference.token_ids or [], max_tokens, max_tokens))
+        out.ref_hits += retrieved(o.hop.text, ident)
+        out.parity.append(o.result)
     return out
