@@ -26,6 +26,7 @@ from rig.judge import store_checks as sj
 from rig.observe import store_metrics as sm
 from rig.report.store_section import store_section
 from rig.workload import store as st
+from rig.workload import store_requests as sr
 from rig.workload.edge import Endpoint
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -210,7 +211,7 @@ master_evicted_key_count 0
 
 @pytest.fixture(autouse=True)
 def fast_settle(monkeypatch):
-    monkeypatch.setattr(st, "SETTLE_INTERVAL_S", 0.01)
+    monkeypatch.setattr(sr, "SETTLE_INTERVAL_S", 0.01)
 
 
 def scenario(name: str) -> ScenarioConfig:

@@ -11,7 +11,7 @@ import pytest
 from rig.config.schema import ConfigError, ScenarioConfig, load_config
 from rig.observe.observations import DrainResult, ScenarioObservation, TransferEvidence
 from rig.judge import wave_checks as wj
-from rig.workload import store as st
+from rig.workload import store_requests as sr
 from rig.workload import wave_result as wv
 from rig.workload.engine import WaveRecord
 
@@ -155,8 +155,8 @@ def test_a_rig_exception_in_a_store_batch_is_raised_not_cancelled(monkeypatch, t
         await done.wait()
         return ""
 
-    monkeypatch.setattr(st, "_send", boom)
-    monkeypatch.setattr(st, "_watch", no_watch)
+    monkeypatch.setattr(sr, "send", boom)
+    monkeypatch.setattr(sr, "watch_decode", no_watch)
 
     class Ctx:
         def deadline(self, sc):
@@ -164,4 +164,4 @@ def test_a_rig_exception_in_a_store_batch_is_raised_not_cancelled(monkeypatch, t
 
     recs = [PDRecord("s-0", 8, 1), PDRecord("s-1", 8, 1)]
     with pytest.raises(KeyError, match="the rig's own bug"):
-        asyncio.run(st._run_batch(Ctx(), None, recs, ["pd", "pd"], 2))
+        asyncio.run(sr.run_batch(Ctx(), None, recs, ["pd", "pd"], 2))

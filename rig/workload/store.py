@@ -53,221 +53,22 @@ import dataclasses
 import json
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import httpx
 
-from rig.config.schema import STORE_KINDS, RigConfig, ScenarioConfig, StoreScenarioConfig
+from rig.config.schema import STORE_KINDS, ScenarioConfig, StoreScenarioConfig
 from rig.observe import metrics as m
-from rig.observe.observations import ScenarioObservation, SnapshotStore
-from rig.observe.parity import record_parity
-from rig.observe.stall import StallWatcher, watch
-from rig.observe.store_metrics import (CACHED_BY_SOURCE, STORE_SOURCE, StoreObservation, engine_values, loadable_tokens,
-                                       master_values, op, ops_delta, requeued, store_ops, values_delta)
-from rig.transport.client import Hop, PDClient, PDRecord, classify, prefill_failure
-from rig.workload.edge import Endpoint, cancel_stalled
+from rig.observe.observations import ScenarioObservation
+from rig.observe.store_metrics import (STORE_SOURCE, StoreObservation, engine_values, loadable_tokens, master_values, op,
+                                       ops_delta, values_delta)
+from rig.transport.client import Hop, PDClient, PDRecord, classify
 from rig.workload.prompts import make_prompt, seed_of
+from rig.workload.store_requests import (StoreContext, d_keys, flush, master_snapshot, run_batch, scrape, send, settled,
+                                         store_parity, wait_master)
 
 __all__ = ["STORE_KINDS", "StoreContext", "run_store_scenario"]
 
-FLUSH_PROMPT_TOKENS = 4  # below one block: the flush request touches no store key
-
-
-@dataclass
-class StoreContext:
-    """What a store scenario needs from the runner: config, endpoints, clients, where to write.
-
-    ``master`` is the master's admin endpoint (``/metrics``, ``/health``); None when the topology
-    has none (then the scenario is an error: the config validator refuses such topologies).
-    """
-
-    cfg: RigConfig
-    p: Endpoint
-    d: Endpoint
-    master: Endpoint | None
-    client: PDClient
-    http: httpx.AsyncClient
-    snapshots: SnapshotStore | None
-    run_dir: Path
-    quiet: bool = True
-
-    @classmethod
-    def of(cls, cfg: RigConfig, cluster: Any, p: Endpoint, d: Endpoint, client: PDClient,
-           http: httpx.AsyncClient, snapshots: SnapshotStore | None, run_dir: str | Path) -> "StoreContext":
-        """Build the context from a running :class:`~rig.cluster.processes.Cluster` (finds the master)."""
-        master = next((Endpoint(s.name, s.base_url) for s in cluster.plan.processes
-                       if s.role == "mooncake-master"), None)
-        return cls(cfg, p, d, master, client, http, snapshots, Path(run_dir))
-
-    def deadline(self, sc: ScenarioConfig) -> float:
-        """Seconds one request may take (both hops)."""
-        return sc.deadline_s or self.cfg.timeouts.request_s
-
-
-# --------------------------------------------------------------------------------- helpers
-
-
-async def _scrape(ctx: StoreContext, ep: Endpoint) -> m.MetricSnapshot:
-    return await m.scrape(ctx.http, ep.url, ep.name)
-
-
-async def _master_snap(ctx: StoreContext) -> m.MetricSnapshot | None:
-    if ctx.master is None:
-        return None
-    try:
-        return await _scrape(ctx, ctx.master)
-    except (httpx.HTTPError, ValueError):
-        return None
-
-
-async def _wait_master(ctx: StoreContext, base: m.MetricSnapshot | None, items: int,
-                       timeout_s: float) -> float | None:
-    """Wait until the master's ``put_end_items`` grew by ``items`` since ``base``; seconds
-    waited, or None on timeout / no master."""
-    if base is None or items <= 0:
-        return 0.0 if items <= 0 else None
-    t0 = time.monotonic()
-    start = master_values(base)["put_end_items"]
-    while True:
-        snap = await _master_snap(ctx)
-        if snap is not None and master_values(snap)["put_end_items"] - start >= items:
-            return time.monotonic() - t0
-        if time.monotonic() - t0 > timeout_s:
-            return None
-        await asyncio.sleep(0.1)
-
-
-SETTLE_TIMEOUT_S, SETTLE_INTERVAL_S = 3.0, 0.3
-
-
-async def _settled(ctx: StoreContext, ep: Endpoint, keys: Callable[[m.MetricSnapshot], tuple],
-                   timeout_s: float | None = None, interval_s: float | None = None) -> m.MetricSnapshot:
-    """Scrape ``ep`` until ``keys(snapshot)`` is the same twice in a row (stats of a finished
-    request can reach /metrics a step later), at most ``timeout_s`` (:data:`SETTLE_TIMEOUT_S`)."""
-    timeout_s = SETTLE_TIMEOUT_S if timeout_s is None else timeout_s
-    interval_s = SETTLE_INTERVAL_S if interval_s is None else interval_s
-    t0 = time.monotonic()
-    prev = await _scrape(ctx, ep)
-    while time.monotonic() - t0 < timeout_s:
-        await asyncio.sleep(interval_s)
-        cur = await _scrape(ctx, ep)
-        if keys(cur) == keys(prev):
-            return cur
-        prev = cur
-    return prev
-
-
-def _d_keys(s: m.MetricSnapshot) -> tuple:
-    ops = store_ops(s)
-    return (s.value(CACHED_BY_SOURCE, source=STORE_SOURCE), s.value(m.EXT_PREFIX_HITS),
-            op(ops, "load_get", "keys"), op(ops, "load_get", "bytes"), s.value(m.REQUEST_SUCCESS))
-
-
-async def _flush(ctx: StoreContext, ep: Endpoint, seed: int) -> None:
-    """One tiny direct request so the instance steps once and publishes pending connector stats."""
-    await ctx.client.direct(ep.name, ep.url, make_prompt(FLUSH_PROMPT_TOKENS, seed), 1)
-
-
-
-async def _watch(ctx: StoreContext, sc: ScenarioConfig, records: list[PDRecord],
-                 tasks: dict[str, asyncio.Task], done: asyncio.Event, so: StoreObservation | None = None) -> str:
-    """Sample D while requests run (:func:`rig.observe.stall.watch`); on a stall cancel the
-    outstanding ones (marked ``stalled``) and return the diagnosis. With ``so``, count requeues
-    (:func:`~rig.observe.store_metrics.requeued`) and peak running/waiting into it."""
-    t = ctx.cfg.timeouts
-    prev: list[m.MetricSnapshot] = []
-
-    def on_sample(snap: m.MetricSnapshot) -> None:
-        if ctx.snapshots:
-            ctx.snapshots.sample(sc.name, snap)
-        if so is not None:
-            so.requeues_seen += requeued(prev[-1], snap) if prev else 0
-            so.peak_running = max(so.peak_running, snap.value(m.RUNNING))
-            so.peak_waiting = max(so.peak_waiting, snap.value(m.WAITING))
-        prev[:] = [snap]
-
-    stall = await watch(StallWatcher(t.stall_window_s, transfer_window_s=t.kv_transfer_s),
-                        lambda: _scrape(ctx, ctx.d), done.is_set, t.metrics_interval_s, wake=done,
-                        on_sample=on_sample)
-    if stall is None:
-        return ""
-    await cancel_stalled(records, tasks, stall)
-    return stall.diagnosis
-
-
-async def _send(ctx: StoreContext, rec: PDRecord, route: str) -> None:
-    """One request to D: ``store`` = plain request to D; ``pd`` = P prefill hop, then D with P's
-    ``kv_transfer_params``. Fills ``rec`` (outcome, hops, timings)."""
-    c = ctx.client
-    if route == "pd":
-        rec.prefill = await c.prefill(ctx.p.name, ctx.p.url, rec.prompt, rec.max_tokens)
-        failure = prefill_failure(rec.prefill)
-        if failure:
-            rec.outcome, rec.diagnosis = failure
-            return
-        rec.decode_sent_at = time.monotonic()
-        rec.decode = await c.decode(ctx.d.name, ctx.d.url, rec.prompt, rec.max_tokens,
-                                    rec.prefill.kv_transfer_params)
-    else:
-        rec.decode_sent_at = time.monotonic()
-        rec.decode = await c.direct(ctx.d.name, ctx.d.url, rec.prompt, rec.max_tokens)
-    rec.verdict_after_s = time.monotonic() - rec.decode_sent_at
-    rec.outcome = classify(rec.decode)
-    if rec.outcome != "ok":
-        rec.diagnosis = f"decode: {rec.decode.error or 'empty answer'}"
-
-
-async def _run_batch(ctx: StoreContext, sc: ScenarioConfig, recs: list[PDRecord], routes: list[str],
-                     concurrency: int, so: StoreObservation | None = None) -> str:
-    """Run ``recs`` (routes per record) at most ``concurrency`` at a time under one stall watcher;
-    returns the stall diagnosis ('' without a stall)."""
-    sem = asyncio.Semaphore(concurrency)
-    tasks: dict[str, asyncio.Task] = {}
-    deadline = ctx.deadline(sc)
-
-    async def one(rec: PDRecord, route: str) -> None:
-        async with sem:
-            if rec.outcome != "pending":
-                return
-            try:
-                async with asyncio.timeout(deadline):
-                    await _send(ctx, rec, route)
-            except TimeoutError:
-                rec.outcome = "timeout"
-                rec.diagnosis = f"no answer within the {deadline:.0f} s deadline"
-                if rec.decode_sent_at:
-                    rec.verdict_after_s = time.monotonic() - rec.decode_sent_at
-
-    done = asyncio.Event()
-    for rec, route in zip(recs, routes):
-        tasks[rec.request_id] = asyncio.create_task(one(rec, route))
-    watcher = asyncio.create_task(_watch(ctx, sc, recs, tasks, done, so))
-    try:
-        results = await asyncio.gather(*tasks.values(), return_exceptions=True)
-    finally:
-        done.set()
-        for r in recs:
-            if r.outcome == "pending":
-                r.outcome = "cancelled"
-    diagnosis = await watcher
-    # return_exceptions keeps one request's failure from cancelling the others, but a rig
-    # exception is the rig's bug, not a vLLM symptom: re-raise it (the runner reports ERROR and
-    # writes rig-traceback.txt) instead of leaving its requests "cancelled" (issue #9).
-    for res in results:
-        if isinstance(res, Exception):
-            raise res
-    return diagnosis
-
-
-async def _parity(ctx: StoreContext, obs: ScenarioObservation, refs: dict[str, Hop] | None = None) -> None:
-    """Compare every answered record with a direct request to P (or a reference already taken)."""
-    async def reference(rec: PDRecord) -> Hop:
-        return (refs or {}).get(rec.request_id) or await ctx.client.direct(ctx.p.name, ctx.p.url, rec.prompt,
-                                                                            rec.max_tokens)
-
-    obs.parity = await record_parity(obs.records, reference)
 
 
 # ------------------------------------------------------------------------------- workloads
@@ -288,7 +89,7 @@ async def _roundtrip(sc: ScenarioConfig, st: StoreScenarioConfig, ctx: StoreCont
         row: dict[str, Any] = {"request_id": rec.request_id, "prompt_tokens": n, "expected_store_tokens": expected}
         so.per_request.append(row)
         # 1. P computes the prompt (and writes its full blocks to the store).
-        base = await _master_snap(ctx)
+        base = await master_snapshot(ctx)
         rec.prefill = await ctx.client.direct(ctx.p.name, ctx.p.url, rec.prompt, sc.max_tokens)
         if classify(rec.prefill) != "ok":
             rec.outcome, rec.diagnosis = classify(rec.prefill), f"P (store writer): {rec.prefill.error or 'empty answer'}"
@@ -296,7 +97,7 @@ async def _roundtrip(sc: ScenarioConfig, st: StoreScenarioConfig, ctx: StoreCont
         refs[rec.request_id] = rec.prefill
         keys = n // bs
         so.keys_expected_in_master += keys
-        waited = await _wait_master(ctx, base, keys, st.put_wait_s)
+        waited = await wait_master(ctx, base, keys, st.put_wait_s)
         row["put_wait_s"] = waited
         if waited is None:
             so.notes.append(f"{rec.request_id}: the master did not count {keys} put_end items within "
@@ -304,13 +105,13 @@ async def _roundtrip(sc: ScenarioConfig, st: StoreScenarioConfig, ctx: StoreCont
         else:
             so.put_waits.append(waited)
         # 2. The same prompt, plainly, on D (never seen there).
-        d0 = await _scrape(ctx, ctx.d)
+        d0 = await scrape(ctx, ctx.d)
         try:
             async with asyncio.timeout(ctx.deadline(sc)):
-                await _send(ctx, rec, "store")
+                await send(ctx, rec, "store")
         except TimeoutError:
             rec.outcome, rec.diagnosis = "timeout", f"D gave no answer within {ctx.deadline(sc):.0f} s"
-        d1 = await _settled(ctx, ctx.d, _d_keys)
+        d1 = await settled(ctx, ctx.d, d_keys)
         dv = values_delta(engine_values(d0), engine_values(d1))
         ops = ops_delta(d0, d1)
         row.update({
@@ -323,7 +124,7 @@ async def _roundtrip(sc: ScenarioConfig, st: StoreScenarioConfig, ctx: StoreCont
             "load_get_failed_keys": op(ops, "load_get", "failed_keys"),
             "d_latency_s": rec.decode.latency_s if rec.decode else None,
         })
-    await _parity(ctx, obs, refs)
+    await store_parity(ctx, obs, refs)
 
 
 def _route_of(route: str, index: int) -> str:
@@ -337,7 +138,7 @@ async def _prefix_wave(sc: ScenarioConfig, st: StoreScenarioConfig, ctx: StoreCo
     prefixes = [make_prompt(st.prefix_tokens, seed_of(f"{seed}/prefix/{g}")) for g in range(st.groups)]
     # Seed: P computes each group's prefix (plus a suffix of its own), so the prefix's full blocks
     # are resident in the store before D sees any request of the group.
-    base = await _master_snap(ctx)
+    base = await master_snapshot(ctx)
     seeds = await asyncio.gather(*(ctx.client.direct(
         ctx.p.name, ctx.p.url, prefixes[g] + make_prompt(suffix, seed_of(f"{seed}/seed/{g}")), 1)
         for g in range(st.groups)))
@@ -346,7 +147,7 @@ async def _prefix_wave(sc: ScenarioConfig, st: StoreScenarioConfig, ctx: StoreCo
         so.notes.append(f"seeding P failed for {len(bad)} group(s): {bad[0].error or 'empty answer'}")
     keys = st.groups * (sc.prompt_tokens // bs)
     so.keys_expected_in_master = keys
-    waited = await _wait_master(ctx, base, keys, st.put_wait_s)
+    waited = await wait_master(ctx, base, keys, st.put_wait_s)
     if waited is None:
         so.notes.append(f"the master did not count {keys} put_end items within {st.put_wait_s:.0f} s "
                         "after seeding; the waves ran anyway")
@@ -364,11 +165,11 @@ async def _prefix_wave(sc: ScenarioConfig, st: StoreScenarioConfig, ctx: StoreCo
                 index += 1
         obs.records += recs
         so.routes += routes
-        d0 = await _scrape(ctx, ctx.d)
+        d0 = await scrape(ctx, ctx.d)
         t0 = time.monotonic()
-        diag = await _run_batch(ctx, sc, recs, routes, st.concurrency, so)
+        diag = await run_batch(ctx, sc, recs, routes, st.concurrency, so)
         wall = time.monotonic() - t0
-        d1 = await _settled(ctx, ctx.d, _d_keys)
+        d1 = await settled(ctx, ctx.d, d_keys)
         dv = values_delta(engine_values(d0), engine_values(d1))
         ops = ops_delta(d0, d1)
         so.waves.append({
@@ -385,7 +186,7 @@ async def _prefix_wave(sc: ScenarioConfig, st: StoreScenarioConfig, ctx: StoreCo
             so.stall_diagnosis = diag
             break
     if sc.parity:
-        await _parity(ctx, obs)
+        await store_parity(ctx, obs)
     else:
         obs.parity = [None] * len(obs.records)
 
@@ -397,9 +198,9 @@ async def _long_generation(sc: ScenarioConfig, st: StoreScenarioConfig, ctx: Sto
             for i in range(st.requests)]
     obs.records += recs
     so.routes += ["pd"] * len(recs)
-    so.stall_diagnosis = await _run_batch(ctx, sc, recs, ["pd"] * len(recs), len(recs), so)
+    so.stall_diagnosis = await run_batch(ctx, sc, recs, ["pd"] * len(recs), len(recs), so)
     if sc.parity:
-        await _parity(ctx, obs)
+        await store_parity(ctx, obs)
     else:
         obs.parity = [None] * len(obs.records)
 
@@ -444,16 +245,16 @@ async def _run(sc: ScenarioConfig, st: StoreScenarioConfig, ctx: StoreContext, o
     assert ctx.master is not None
     m0: m.MetricSnapshot | None = None
     try:
-        p0, d0, m0 = await _scrape(ctx, ctx.p), await _scrape(ctx, ctx.d), await _scrape(ctx, ctx.master)
+        p0, d0, m0 = await scrape(ctx, ctx.p), await scrape(ctx, ctx.d), await scrape(ctx, ctx.master)
         await WORKLOADS[sc.kind](sc, st, ctx, obs, so, seed)
         obs.stall_diagnosis = obs.stall_diagnosis or so.stall_diagnosis
         # Engine counters before the stats flush (its 4 tokens are not the scenario's), the
         # connector's operation counters after it.
-        pe, de = await _scrape(ctx, ctx.p), await _settled(ctx, ctx.d, _d_keys)
+        pe, de = await scrape(ctx, ctx.p), await settled(ctx, ctx.d, d_keys)
         for k, ep in enumerate((ctx.p, ctx.d)):
-            await _flush(ctx, ep, seed + 7 + k)
-        p1 = await _scrape(ctx, ctx.p)
-        d1 = await _settled(ctx, ctx.d, _d_keys)
+            await flush(ctx, ep, seed + 7 + k)
+        p1 = await scrape(ctx, ctx.p)
+        d1 = await settled(ctx, ctx.d, d_keys)
         so.p_ops, so.d_ops = ops_delta(p0, p1), ops_delta(d0, d1)
         so.p = values_delta(engine_values(p0), engine_values(pe))
         so.d = values_delta(engine_values(d0), engine_values(de))
@@ -463,7 +264,7 @@ async def _run(sc: ScenarioConfig, st: StoreScenarioConfig, ctx: StoreContext, o
             ctx.snapshots.save(f"{sc.name}-store-before", m0)
     except (httpx.HTTPError, ValueError) as e:
         so.error = f"metrics unavailable: {type(e).__name__}: {e}"
-    m1 = await _master_snap(ctx)
+    m1 = await master_snapshot(ctx)
     if m1 is not None:
         so.master = values_delta(master_values(m0), master_values(m1)) if m0 is not None else {}
         so.master_after = master_values(m1)
