@@ -90,8 +90,9 @@ LAZY: dict[tuple[str, str], str] = {
         "rig.transport.client", "rig.transport.endpoint", "rig.workload.prompts",
         "rig.workload.warmup")},
     **{("rig.run.wave_cli", m): _WAVE_CLI for m in (
-        "rig.config", "rig.judge.verdict", "rig.observe.metrics", "rig.observe.observations",
-        "rig.report.render", "rig.transport.endpoint", "rig.workload.waves")},
+        "rig.config", "rig.judge.verdict", "rig.judge.wave_checks", "rig.observe.drain", "rig.observe.metrics",
+        "rig.observe.observations", "rig.observe.stall", "rig.report.render", "rig.report.wave_section",
+        "rig.transport.endpoint", "rig.workload.waves")},
     **{("rig.pytest_plugin", m): _PLUGIN for m in (
         "rig.cluster.mooncake", "rig.cluster.preflight", "rig.cluster.processes", "rig.config", "rig.plan.processes",
         "rig.proxy", "rig.report.render", "rig.run.runner", "rig.transport.aio", "rig.transport.client",
@@ -100,12 +101,6 @@ LAZY: dict[tuple[str, str], str] = {
 
 # Imports inside functions that dodge a cycle or serve nothing; the branch named removes them (issue #10).
 PENDING: dict[tuple[str, str], str] = {
-    ("rig.run.kinds", "rig.judge.checks"): "h-workjudge: rewrites the workload -> judge glue in kinds.py",
-    ("rig.run.kinds", "rig.judge.fault_checks"): "h-workjudge",
-    ("rig.run.kinds", "rig.workload.faults"): "h-workjudge",
-    ("rig.run.kinds", "rig.workload.retrieval"): "h-workjudge",
-    ("rig.run.kinds", "rig.workload.store"): "h-workjudge",
-    ("rig.run.kinds", "rig.workload.waves"): "h-workjudge",
 }
 
 

@@ -195,9 +195,9 @@ def test_windows_must_be_positive():
 
 
 def test_episodes_group_a_stall_per_instance_and_end_when_it_moves():
-    from rig.observe.stall import StallEpisodes
+    from rig.observe.stall import StallWatcher
 
-    eps = StallEpisodes(4.0)
+    eps = StallWatcher(4.0)
     frozen = [snap(float(t), instance="prefill") for t in range(10)]  # t = 0..9 frozen
     moving = [snap(10.0 + t, instance="prefill", gen=5 + t) for t in range(3)]
     idle = [parse_metrics(TEMPLATE.format(**IDLE), "decode", t=float(t)) for t in range(13)]

@@ -19,11 +19,15 @@ import httpx
 import pytest
 
 from rig.config import ScenarioConfig, load_config
+from rig.judge import store_checks as sj
 from rig.observe import metrics as m
+from rig.observe import store_metrics as sm
 from rig.observe.observations import DrainResult, ScenarioObservation
+from rig.report.store_section import store_section
 from rig.transport.client import HttpxTransport
 from rig.transport.endpoint import Endpoint
 from rig.workload import store as st
+from rig.workload import store_requests as sr
 
 ROOT = Path(__file__).resolve().parent.parent
 CFG = load_config(ROOT / "configs" / "cpu-tiny-mooncake.yaml")
@@ -208,7 +212,7 @@ master_evicted_key_count 0
 
 @pytest.fixture(autouse=True)
 def fast_settle(monkeypatch):
-    monkeypatch.setattr(st, "SETTLE_INTERVAL_S", 0.01)
+    monkeypatch.setattr(sr, "SETTLE_INTERVAL_S", 0.01)
 
 
 def scenario(name: str) -> ScenarioConfig:
@@ -248,7 +252,7 @@ def checks(v) -> dict[str, bool]:
 
 @pytest.mark.parametrize("n,expected", [(96, 64), (126, 96), (150, 128), (33, 32), (32, 0), (1, 0)])
 def test_loadable_tokens(n, expected):
-    assert st.loadable_tokens(n, 32) == expected
+    assert sm.loadable_tokens(n, 32) == expected
 
 
 def test_store_ops_statuses():
@@ -259,23 +263,23 @@ def test_store_ops_statuses():
         f'vllm:mooncake_store_operation_bytes_total{{{LABELS},operation="load_get",status="partial_failure"}} 32768\n'
         f'vllm:mooncake_store_operation_failed_keys_total{{{LABELS},operation="load_get",status="partial_failure"}} 1\n'
         f'vllm:mooncake_store_operation_keys_total{{{LABELS},operation="save_put",status="ok"}} 4\n')
-    ops = st.store_ops(snap)
+    ops = sm.store_ops(snap)
     assert ops["load_get"] == {"calls": 4, "keys": 0, "bytes": 131072, "failed_keys": 1,
                                "ok_bytes": 98304, "bad_calls": 1}
     assert ops["save_put"]["keys"] == 4
     empty = m.parse_metrics("")
-    assert st.ops_delta(empty, snap)["load_get"]["ok_bytes"] == 98304  # absent series = 0
+    assert sm.ops_delta(empty, snap)["load_get"]["ok_bytes"] == 98304  # absent series = 0
 
 
 def test_master_values_reads_both_spellings():
     text = MASTER_TEXT.format(keys=3, alloc=98304, put_start=3, put_end=3, get_items=2, hit=65536,
                               valid=2, total=2)
-    v = st.master_values(m.parse_metrics(text))
+    v = sm.master_values(m.parse_metrics(text))
     assert v["key_count"] == 3 and v["put_end_items"] == 3 and v["valid_get_nums"] == 2
     assert v["total_get_nums"] == 2 and v["mem_cache_hit_bytes"] == 65536 and v["capacity_bytes"] == 134217728
     # without TYPE lines the names stay as written
     raw = m.parse_metrics("valid_get_nums_ 5\nmaster_evicted_key_count 4\n")
-    assert st.master_values(raw)["valid_get_nums"] == 5 and st.master_values(raw)["evicted_keys"] == 4
+    assert sm.master_values(raw)["valid_get_nums"] == 5 and sm.master_values(raw)["evicted_keys"] == 4
 
 
 # --- store-roundtrip ---------------------------------------------------------------------------
@@ -285,8 +289,8 @@ def test_roundtrip_passes_with_store_traffic(tmp_path):
     world = World()
     sc = scenario("store-roundtrip")
     obs, so = run(world, sc, tmp_path)
-    sections: list[str] = []
-    v = st.judge_store(sc, obs, so, sections)
+    v = sj.judge_store(sc, obs, so)
+    sections = [store_section(sc, obs, so, v)]
     assert v.verdict == "PASS", v.reason
     assert [r["store_tokens"] for r in so.per_request] == [128, 128]
     assert so.bytes_put == 2 * 4 * KEY_BYTES and so.d_bytes_got == 2 * 4 * KEY_BYTES
@@ -307,7 +311,7 @@ def test_roundtrip_passes_with_store_traffic(tmp_path):
 def test_roundtrip_fails_when_d_cache_already_holds_the_prompt(tmp_path):
     sc = scenario("store-roundtrip")
     obs, so = run(World(d_warm=True), sc, tmp_path)
-    v = st.judge_store(sc, obs, so)
+    v = sj.judge_store(sc, obs, so)
     c = checks(v)
     assert v.verdict == "FAIL" and not c["d-cache-cold"] and not c["store-loaded"]
     assert c["completed"] and c["parity"]
@@ -316,7 +320,7 @@ def test_roundtrip_fails_when_d_cache_already_holds_the_prompt(tmp_path):
 def test_failed_gets_fail_the_scenario(tmp_path):
     sc = scenario("store-roundtrip")
     obs, so = run(World(fail_get_every=2), sc, tmp_path)
-    v = st.judge_store(sc, obs, so)
+    v = sj.judge_store(sc, obs, so)
     assert not checks(v)["failed-loads"]
     assert "load_get failed_keys 1, non-ok calls 1" in next(c.detail for c in v.checks if c.name == "failed-loads")
 
@@ -324,17 +328,17 @@ def test_failed_gets_fail_the_scenario(tmp_path):
 def test_parity_divergence_fails(tmp_path):
     sc = scenario("store-roundtrip")
     obs, so = run(World(corrupt_d=True), sc, tmp_path)
-    v = st.judge_store(sc, obs, so)
+    v = sj.judge_store(sc, obs, so)
     assert v.verdict == "FAIL" and not checks(v)["parity"]
 
 
 def test_master_dead_or_unhealthy_fails(tmp_path):
     sc = scenario("store-roundtrip")
     obs, so = run(World(master_health=503), sc, tmp_path)
-    assert not checks(st.judge_store(sc, obs, so))["master-alive"]
+    assert not checks(sj.judge_store(sc, obs, so))["master-alive"]
     obs, so = run(World(), sc, tmp_path)
     obs.dead = {"mooncake-master": -9}
-    c = {x.name: x for x in st.judge_store(sc, obs, so).checks}
+    c = {x.name: x for x in sj.judge_store(sc, obs, so).checks}
     assert not c["master-alive"].ok and "exited (-9)" in c["master-alive"].detail
     assert c["alive"].ok  # P and D are judged separately
 
@@ -342,9 +346,9 @@ def test_master_dead_or_unhealthy_fails(tmp_path):
 def test_no_master_is_an_error(tmp_path):
     sc = scenario("store-roundtrip")
     obs, so = run(World(), sc, tmp_path, master=False)
-    v = st.judge_store(sc, obs, so)
+    v = sj.judge_store(sc, obs, so)
     assert v.verdict == "ERROR" and "no Mooncake master" in v.reason
-    assert st.judge_store(sc, obs, None).verdict == "ERROR"
+    assert sj.judge_store(sc, obs, None).verdict == "ERROR"
 
 
 # --- prefix-wave-store / long-generation -------------------------------------------------------
@@ -354,7 +358,8 @@ def test_prefix_wave_store_mixed_routes(tmp_path):
     world = World()
     sc = scenario("prefix-wave-store")
     obs, so = run(world, sc, tmp_path)
-    v = st.judge_store(sc, obs, so, sections := [])
+    v = sj.judge_store(sc, obs, so)
+    sections = [store_section(sc, obs, so, v)]
     assert v.verdict == "PASS", v.reason
     assert len(obs.records) == 2 * 3 * 2 and so.routes.count("store") == so.routes.count("pd") == 6
     # seeding: one direct P request per group before any D request
@@ -371,7 +376,7 @@ def test_prefix_wave_store_with_no_store_request_is_inconclusive(tmp_path):
         update={"route": "pd"})})
     obs, so = run(World(), sc, tmp_path)
     assert so.routes == ["pd"] * 12 and so.d_store_tokens == 0
-    v = st.judge_store(sc, obs, so)
+    v = sj.judge_store(sc, obs, so)
     assert checks(v)["store-loaded"] is None
     assert v.verdict == "ERROR" and v.reason.startswith(
         "inconclusive: store-loaded not checked: no answered request went through the store")
@@ -380,11 +385,11 @@ def test_prefix_wave_store_with_no_store_request_is_inconclusive(tmp_path):
 def test_long_generation_requires_preemption(tmp_path):
     sc = scenario("long-generation")
     obs, so = run(World(), sc, tmp_path)
-    v = st.judge_store(sc, obs, so)
+    v = sj.judge_store(sc, obs, so)
     assert v.verdict == "FAIL" and not checks(v)["kv-pressure"]
     assert "raise store.requests or max_tokens" in v.reason
     obs, so = run(World(preempt=2), sc, tmp_path)
-    v = st.judge_store(sc, obs, so)
+    v = sj.judge_store(sc, obs, so)
     assert v.verdict == "PASS", v.reason
     assert so.routes == ["pd"] * 3 and so.d["preemptions"] == 6 and so.requeues_seen == 0
 
@@ -393,7 +398,7 @@ def test_fatal_line_fails(tmp_path):
     sc = scenario("prefix-wave-store")
     obs, so = run(World(), sc, tmp_path)
     obs.fatal_lines = {"decode": ["ValueError: Cannot get 5 free blocks from the pool"]}
-    v = st.judge_store(sc, obs, so)
+    v = sj.judge_store(sc, obs, so)
     assert v.verdict == "FAIL" and "Cannot get 5 free blocks" in v.reason
 
 
@@ -415,10 +420,10 @@ def _snap(running, waiting, success=0.0):
 
 
 def test_requeued_counts_running_to_waiting_without_finishes():
-    assert st.requeued(_snap(3, 0), _snap(2, 1)) == 1
-    assert st.requeued(_snap(3, 0), _snap(1, 2)) == 2
-    assert st.requeued(_snap(3, 0), _snap(2, 1, success=1)) == 0  # one finished, one admitted
-    assert st.requeued(_snap(1, 2), _snap(2, 1)) == 0
+    assert sm.requeued(_snap(3, 0), _snap(2, 1)) == 1
+    assert sm.requeued(_snap(3, 0), _snap(1, 2)) == 2
+    assert sm.requeued(_snap(3, 0), _snap(2, 1, success=1)) == 0  # one finished, one admitted
+    assert sm.requeued(_snap(1, 2), _snap(2, 1)) == 0
 
 
 def test_long_deadline_gets_its_own_client(tmp_path, monkeypatch):

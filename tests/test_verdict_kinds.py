@@ -10,10 +10,11 @@ from pathlib import Path
 import pytest
 
 from rig.config import ConfigError, ScenarioConfig, load_config
+from rig.judge import wave_checks as wj
 from rig.observe.observations import DrainResult, ScenarioObservation, TransferEvidence
 from rig.transport.records import WaveRecord
-from rig.workload import store as st
-from rig.workload import waves as wv
+from rig.workload import store_requests as sr
+from rig.workload import wave_result as wv
 
 
 def wave_sc(kind: str = "pressure-wave", **kw) -> ScenarioConfig:
@@ -47,29 +48,29 @@ def wave_obs(answered: int, **kw) -> ScenarioObservation:
 
 
 def test_a_wave_passes_on_full_evidence():
-    v = wv.judge_wave(wave_sc(), wave_obs(3), wave_of(["ok"] * 3))
+    v = wj.judge_wave(wave_sc(), wave_obs(3), wave_of(["ok"] * 3))
     assert v.verdict == "PASS", v.reason
 
 
 def test_wave_kv_pulled_is_per_request():
     # Before: any external token > 0 passed. Two of three answered prompts recomputed on D now fail.
-    v = wv.judge_wave(wave_sc(), wave_obs(1), wave_of(["ok"] * 3))
+    v = wj.judge_wave(wave_sc(), wave_obs(1), wave_of(["ok"] * 3))
     kv = next(c for c in v.checks if c.name == "kv-pulled")
     assert kv.ok is False and "expected >= 72 for 3 answered prompts" in kv.detail
     assert kv.requests == ("w-0", "w-1", "w-2") and v.verdict == "FAIL"
     # D's own prefix cache counts as not recomputed
     cached = wave_obs(1, evidence=TransferEvidence(nixl_bytes=1e5, nixl_transfers=1, external_prompt_tokens=24,
                                                    cached_prompt_tokens=48))
-    assert wv.judge_wave(wave_sc(), cached, wave_of(["ok"] * 3)).verdict == "PASS"
+    assert wj.judge_wave(wave_sc(), cached, wave_of(["ok"] * 3)).verdict == "PASS"
     gap = wave_obs(3, missing_metrics={"decode": ["vllm:prompt_tokens_by_source_total"]})
-    v = wv.judge_wave(wave_sc(), gap, wave_of(["ok"] * 3))
+    v = wj.judge_wave(wave_sc(), gap, wave_of(["ok"] * 3))
     assert v.verdict == "ERROR" and v.reason.startswith("inconclusive: kv-pulled not checked: decode lacks")
 
 
 def test_prefix_hits_not_checked_is_not_ok():
     res = wave_of(["ok"] * 3, kind="prefix-wave")
     res.expected_prefix_hits, res.prefix_fits = None, None
-    v = wv.judge_wave(wave_sc("prefix-wave", wave={"groups": 1, "per_group": 3, "prefix_tokens": 8,
+    v = wj.judge_wave(wave_sc("prefix-wave", wave={"groups": 1, "per_group": 3, "prefix_tokens": 8,
                                                    "parity_fraction": 0.5}), wave_obs(3), res)
     hits = next(c for c in v.checks if c.name == "prefix-hits")
     assert hits.ok is None and hits.detail.startswith("not checked: the expected hits are unknown")
@@ -79,24 +80,24 @@ def test_prefix_hits_not_checked_is_not_ok():
 def test_waves_honour_a_known_issue_on_the_requests_that_show_it():
     ki = {"id": "wrong", "title": "t", "affects": ">=0.32", "symptom": {"kind": "wrong-output"}}
     sc = wave_sc(known_issue=ki)
-    v = wv.judge_wave(sc, wave_obs(3), wave_of(["ok", "parity_mismatch", "ok"]))
+    v = wj.judge_wave(sc, wave_obs(3), wave_of(["ok", "parity_mismatch", "ok"]))
     assert v.verdict == "XFAIL" and v.reason == "wrong: w-1 diverged from the reference", v.reason
     # an HTTP error next to it is collateral
-    v = wv.judge_wave(sc, wave_obs(2), wave_of(["http_error", "parity_mismatch", "ok"]))
+    v = wj.judge_wave(sc, wave_obs(2), wave_of(["http_error", "parity_mismatch", "ok"]))
     assert v.verdict == "FAIL" and "no-errors" in v.reason
-    assert wv.judge_wave(sc, wave_obs(3), wave_of(["ok"] * 3)).verdict == "XPASS"
+    assert wj.judge_wave(sc, wave_obs(3), wave_of(["ok"] * 3)).verdict == "XPASS"
 
 
 def test_pdrig_wave_without_logs_shows_them_not_checked():
     bare = ScenarioObservation("w", "decode", "prefill", evidence=TransferEvidence(1e5, 3, 72.0),
                                vllm_version="0.32.0")
-    v = wv.judge_wave(wave_sc(), bare, wave_of(["ok"] * 3))
+    v = wj.judge_wave(wave_sc(), bare, wave_of(["ok"] * 3))
     assert v.verdict == "ERROR"  # the runner's kinds require the log checks
     states = {c.name: c.ok for c in v.checks}
     assert states["alive"] is None and states["no-fatal-log"] is None and states["kv-integrity"] is None
     without = tuple(n for n in ("completed", "no-errors", "no-empty", "token-counts", "kv-pulled", "parity",
                                 "no-stall", "idle-after"))
-    assert wv.judge_wave(wave_sc(), bare, wave_of(["ok"] * 3), required=without).verdict == "PASS"
+    assert wj.judge_wave(wave_sc(), bare, wave_of(["ok"] * 3), required=without).verdict == "PASS"
 
 
 @pytest.mark.parametrize("kind, field, value", [
@@ -155,8 +156,8 @@ def test_a_rig_exception_in_a_store_batch_is_raised_not_cancelled(monkeypatch, t
         await done.wait()
         return ""
 
-    monkeypatch.setattr(st, "_send", boom)
-    monkeypatch.setattr(st, "_watch", no_watch)
+    monkeypatch.setattr(sr, "send", boom)
+    monkeypatch.setattr(sr, "watch_decode", no_watch)
 
     class Ctx:
         def deadline(self, sc):
@@ -164,4 +165,4 @@ def test_a_rig_exception_in_a_store_batch_is_raised_not_cancelled(monkeypatch, t
 
     recs = [PDRecord("s-0", 8, 1), PDRecord("s-1", 8, 1)]
     with pytest.raises(KeyError, match="the rig's own bug"):
-        asyncio.run(st._run_batch(Ctx(), None, recs, ["pd", "pd"], 2))
+        asyncio.run(sr.run_batch(Ctx(), None, recs, ["pd", "pd"], 2))

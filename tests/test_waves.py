@@ -15,9 +15,12 @@ import pytest
 import yaml
 
 from rig.config import ConfigError, ScenarioConfig, load_config
+from rig.judge import wave_checks as wj
+from rig.observe import drain
 from rig.observe import metrics as m
 from rig.observe.observations import ScenarioObservation, SnapshotStore, TransferEvidence
 from rig.observe.timeline import load_rows, plot_timeline
+from rig.report.wave_section import wave_section
 from rig.workload import waves as wv
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -42,7 +45,7 @@ async def wave_and_drain(sc, p, d, tmp: Path, drain_s: float = 5.0, block_size: 
                                     usable_blocks=usable or {"prefill": 999, "decode": 999},
                                     block_size=block_size, max_model_len=2048, progress="off")
             after = await m.scrape(http, d.url, d.name)
-            drains = await wv.check_drains(http, [p, d], res.baseline_kv, drain_s, interval_s=0.1)
+            drains = await drain.check_drains(http, [p, d], res.baseline_kv, drain_s, interval_s=0.1)
         finally:
             store.close()
     # As the runner fills it: both logs scanned (nothing found), P and D versions known.
@@ -50,8 +53,8 @@ async def wave_and_drain(sc, p, d, tmp: Path, drain_s: float = 5.0, block_size: 
                               evidence=TransferEvidence.between(before[d.name], after),
                               fatal_lines={p.name: [], d.name: []}, kv_integrity_lines={p.name: [], d.name: []},
                               timeline=store.rows_of(sc.name))
-    sections: list[str] = []
-    return res, obs, wv.judge_wave(sc, obs, res, sections), sections
+    v = wj.judge_wave(sc, obs, res)
+    return res, obs, v, [wave_section(res, v)]
 
 
 @pytest.fixture(scope="module")
@@ -231,22 +234,22 @@ def _snap(inst: str, t: float, waiting=0.0, running=0.0, kv=0.0) -> m.MetricSnap
 
 def test_drain_on_recorded_samples():
     ok = [_snap("d", 9.5, running=2, kv=0.8), _snap("d", 10.5, running=1, kv=0.4), _snap("d", 11.0)]
-    dr = wv.drain_from_samples("d", ok, baseline_kv=0.0, t_end=10.0, drain_s=5)
+    dr = drain.drain_from_samples("d", ok, baseline_kv=0.0, t_end=10.0, drain_s=5)
     assert dr.idle and dr.after_s == pytest.approx(1.0)
     leak = [_snap("d", 10.5, running=1, kv=0.8), _snap("d", 12.0, kv=0.6), _snap("d", 16.0, kv=0.0)]
-    dr = wv.drain_from_samples("d", leak, baseline_kv=0.0, t_end=10.0, drain_s=5)  # 16.0 is too late
+    dr = drain.drain_from_samples("d", leak, baseline_kv=0.0, t_end=10.0, drain_s=5)  # 16.0 is too late
     assert not dr.idle and dr.final["kv_usage"] == 0.6
-    text = wv.describe_drain(dr, usable_blocks=5)
+    text = drain.describe_drain(dr, usable_blocks=5)
     assert "kv_cache_usage_perc=60.0% (baseline 0.0%)" in text
     assert "= 3.0 of 5 usable blocks held (3.0 blocks' worth above the baseline)" in text
     # timeline rows (as in timeline.jsonl) work too; other instances are ignored
     keys = ("num_requests_waiting", "num_requests_running", "kv_cache_usage_perc")
     rows = [{"t": 10.2, "instance": "p", **dict(zip(keys, (0, 0, 0.5), strict=True))},
             {"t": 10.4, "instance": "d", **dict(zip(keys, (3, 0, 0.0), strict=True))}]
-    dr = wv.drain_from_samples("d", rows, 0.0, 10.0, 5)
+    dr = drain.drain_from_samples("d", rows, 0.0, 10.0, 5)
     assert not dr.idle and "waiting=3" in dr.describe()
-    assert wv.drain_from_samples("p", rows, 0.5, 10.0, 5).idle  # at its baseline
-    none = wv.drain_from_samples("x", rows, 0.0, 10.0, 5)
+    assert drain.drain_from_samples("p", rows, 0.5, 10.0, 5).idle  # at its baseline
+    none = drain.drain_from_samples("x", rows, 0.0, 10.0, 5)
     assert not none.idle and "no sample within 5 s" in none.describe()
 
 
@@ -464,7 +467,7 @@ def _stalled_wave(instance: str, role: str, between_at: list[float], usable: int
                          usable_blocks={"prefill": usable, "decode": 5}, block_size=32, kv_lease_s=90)
     st = {"instance": instance, "start_s": 35.0, "duration_s": duration,
           "diagnosis": f"stall on {instance}: waiting=12 running=0 kv=100.0%, unchanged for 55.0 s"}
-    st["explained"] = wv.explain_stall(st, wave)
+    st["explained"] = wj.explain_stall(st, wave)
     wave.stalls.append(st)
     return wave
 
@@ -475,7 +478,7 @@ def test_a_prefill_pool_full_of_abandoned_transfers_is_an_explained_stall():
     wave = _stalled_wave("prefill", "prefill", [float(t) for t in range(0, 34, 1)] * 2)  # 68 one-block holders
     (st,) = wave.stalls
     assert st["explained"].startswith("68 requests abandoned between the hops in the 90 s before hold ~68 of P's 63")
-    check = wv._stall_check(wave)
+    check = wj._stall_check(wave)
     assert check.ok and "explained" in check.detail
 
 
@@ -483,10 +486,10 @@ def test_stalls_nothing_explains_fail_the_wave():
     few = _stalled_wave("prefill", "prefill", [30.0])  # 1 block + 12 in flight < 63 usable
     on_d = _stalled_wave("decode", "decode", [float(t) for t in range(68)])  # D stalls are never explained
     for wave in (few, on_d):
-        check = wv._stall_check(wave)
+        check = wj._stall_check(wave)
         assert not check.ok and "UNEXPLAINED: stall on" in check.detail
     old = _stalled_wave("prefill", "prefill", [-80.0] * 70)  # abandoned before the lease window
     assert old.stalls[0]["explained"] == ""
     # Frozen long after the first held lease (t_end 0 s + 90 s) ran out: not the leases' doing.
     late = _stalled_wave("prefill", "prefill", [float(t) for t in range(0, 34)] * 2, duration=80.0)
-    assert late.stalls[0]["explained"] == "" and not wv._stall_check(late).ok
+    assert late.stalls[0]["explained"] == "" and not wj._stall_check(late).ok

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from typing import Any
 
 from rig.config import Outcome
 from rig.observe import metrics as m
@@ -304,3 +305,18 @@ def lease_release_check(obs: ScenarioObservation) -> Check:
         return Check("released-by-d", False, f"{len(hits)} block set(s) of answered requests held until the lease "
                      f"expired: {hits[0][0]}: {hits[0][1]}", tuple(dict.fromkeys(o for o, _ in hits)))
     return Check("released-by-d", True, "no answered request's blocks (or a sibling's) waited for the lease")
+
+
+def retrieval_check(result: Any) -> Check:
+    """``retrieval``: P/D retrieves at least as many identifiers as the non-disaggregated
+    reference. Not checked when nothing was compared or the reference retrieved none (0 >= 0
+    says nothing: the tiny random model retrieves nothing on either side)."""
+    if result is None:
+        return Check("retrieval", None, "not checked: the retrieval workload did not run")
+    pd, ref = result.rates()
+    detail = (f"P/D {result.pd_hits}/{result.compared} ({pd:.0%}), "
+              f"reference {result.ref_hits}/{result.compared} ({ref:.0%})")
+    if result.compared == 0 or result.ref_hits == 0:
+        return Check("retrieval", None, f"not checked: the reference retrieved nothing to compare with; {detail}")
+    return Check("retrieval", result.pd_hits >= result.ref_hits, detail,
+                 () if result.pd_hits >= result.ref_hits else tuple(r.request_id for r in result.records))

@@ -33,7 +33,8 @@ from rig.observe.stall import StallFacts
 
 @dataclass(frozen=True)
 class AdmissionReasoning:
-    """Early rule for :class:`rig.observe.stall.StallDetector` (``early=``): decides a stall when every
+    """Early rule for :class:`rig.observe.stall.StallWatcher` / ``StallDetector`` (``early=``):
+    decides a stall when every
     outstanding request (``prompt_lens``, tokens) fits the free blocks of D (``blocks``) yet waits
     for capacity with its KV fetch not started, KV usage <= ``kv_usage_max`` (0..1), the state
     frozen for >= ``min_frozen_s`` seconds over >= ``min_samples`` snapshots while D's EngineCore

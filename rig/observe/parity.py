@@ -5,12 +5,21 @@ tokens as serving the prompt without disaggregation. The most dangerous P/D fail
 reading freed, stale or never-filled blocks) return HTTP 200 with wrong tokens; this module is
 what catches them. A comparison is only meaningful with identical output caps, so a pair whose
 ``max_tokens`` differ is *refused*, never reported as equal or diverged.
+
+Every workload computes parity through one routine, :func:`run_parity` (fetch the references,
+at most ``concurrency`` at a time, and compare per choice with :func:`compare_hops`);
+:func:`record_parity` is its form for :class:`~rig.transport.client.PDRecord` lists (edge, fault
+and store scenarios). The check that reads the results is rig.judge.checks.parity_check.
 """
 
 from __future__ import annotations
 
+import asyncio
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
+
+from rig.transport.records import Hop, PDRecord
 
 
 @dataclass(frozen=True)
@@ -72,7 +81,7 @@ def compare_choices(pd_choices: list[list[int]], ref_choices: list[list[int]], p
     return ParityResult("equal")
 
 
-def compare_hops(pd: Any, ref: Any, pd_max_tokens: int, ref_max_tokens: int) -> ParityResult:
+def compare_hops(pd: Hop, ref: Hop, pd_max_tokens: int, ref_max_tokens: int) -> ParityResult:
     """:func:`compare_choices` when either :class:`rig.transport.records.Hop` has several choices, else
     :func:`compare` of their ``token_ids``."""
     if pd.choices or ref.choices:
@@ -88,3 +97,76 @@ def summarize(results: list[ParityResult | None]) -> dict[str, int]:
             "equal": sum(r.status == "equal" for r in done),
             "diverged": sum(r.status == "diverged" for r in done),
             "refused": sum(r.status == "refused" for r in done)}
+
+
+@dataclass(frozen=True)
+class ParityCase:
+    """One answer to compare: the P/D ``answer`` (its ``token_ids`` / ``choices``), its
+    ``max_tokens`` (the reference is asked for the same cap) and ``reference``, which sends the
+    non-disaggregated reference request and returns its :class:`~rig.transport.client.Hop`."""
+
+    answer: Hop
+    max_tokens: int
+    reference: Callable[[], Awaitable[Hop]]
+
+
+@dataclass(frozen=True)
+class ParityOutcome:
+    """What :func:`run_parity` found for one case: ``result`` (None when the reference failed,
+    ``failure`` says why: its error, ``no token_ids`` or ``timeout: deadline``) and the
+    reference ``hop`` (None on a timeout)."""
+
+    result: ParityResult | None
+    hop: Hop | None = None
+    failure: str = ""
+
+
+async def run_parity(cases: Sequence[ParityCase | None], concurrency: int = 1,
+                     timeout_s: float | None = None) -> list[ParityOutcome | None]:
+    """Fetch the reference of every case (at most ``concurrency`` at a time, in case order;
+    each within ``timeout_s`` seconds when given) and compare it with the answer
+    (:func:`compare_hops`, per choice). Returns one outcome per case, None where the case is
+    None (nothing to compare). A reference with an error or without token IDs is a failure,
+    never a comparison. Raises ValueError for ``concurrency`` < 1."""
+    if concurrency < 1:
+        raise ValueError(f"parity concurrency must be >= 1 (got {concurrency})")
+    out: list[ParityOutcome | None] = [None] * len(cases)
+    todo = iter([(i, c) for i, c in enumerate(cases) if c is not None])
+
+    async def worker() -> None:
+        for i, case in todo:
+            try:
+                async with asyncio.timeout(timeout_s):
+                    ref = await case.reference()
+            except TimeoutError:
+                out[i] = ParityOutcome(None, None, "timeout: deadline")
+                continue
+            if ref.error or ref.token_ids is None:
+                out[i] = ParityOutcome(None, ref, ref.error or "no token_ids")
+                continue
+            out[i] = ParityOutcome(compare_hops(case.answer, ref, case.max_tokens, case.max_tokens), ref)
+
+    workers = [asyncio.create_task(worker()) for _ in range(concurrency)]
+    try:
+        await asyncio.gather(*workers)
+    finally:
+        for w in workers:
+            w.cancel()
+    return out
+
+
+async def record_parity(records: Sequence[PDRecord],
+                        reference: Callable[[PDRecord], Awaitable[Hop]]) -> list[ParityResult | None]:
+    """:func:`run_parity` over the answered records (``outcome`` ok with a decode hop), one
+    reference at a time: one result per record (None = not compared). A failed reference is
+    written into the record's ``diagnosis`` (``parity reference failed: ...``)."""
+    def case(rec: PDRecord) -> ParityCase | None:
+        if rec.outcome != "ok" or rec.decode is None:
+            return None
+        return ParityCase(rec.decode, rec.max_tokens, lambda: reference(rec))
+
+    outcomes = await run_parity([case(r) for r in records])
+    for rec, o in zip(records, outcomes, strict=True):
+        if o is not None and o.result is None:
+            rec.diagnosis = f"parity reference failed: {o.failure}"
+    return [o.result if o is not None else None for o in outcomes]

@@ -21,13 +21,18 @@ engine kept iterating (its EngineCore's CPU time grew while nothing moved). The 
 which evidence decided (``Stall.decided_by``).
 
 The detector is pure (``feed`` snapshots, get a verdict) so it is tested on recorded sequences.
+Every workload and the wave timeline watch through one :class:`StallWatcher` (detectors per
+instance, episodes) and, where they sample an instance themselves, the one loop :func:`watch`.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+
+import httpx
 
 from rig.observe import metrics as m
 from rig.transport.records import StallFacts
@@ -183,34 +188,73 @@ class StallEpisode:
     diagnosis: str
 
 
-class StallEpisodes:
-    """Stall episodes of several instances from one stream of snapshots (a wave's timeline).
+class StallWatcher:
+    """The rig's one stall watcher: stall detection for one or several instances from one
+    stream of snapshots (a decode instance sampled by a workload, or every instance of a wave's
+    timeline), with the episodes it saw.
 
-    Each instance gets its own :class:`StallDetector`; consecutive stalls with the same start are
-    one episode, whose duration and diagnosis grow with it. ``episodes`` is in start order.
+    Each instance gets its own :class:`StallDetector` (``window_s``, ``transfer_window_s``,
+    ``early``, ``max_gap_s`` as there). :meth:`feed` returns the :class:`Stall` of the snapshot's
+    instance when its detector fires, else None; consecutive stalls with the same start are one
+    :class:`StallEpisode`, whose duration and diagnosis grow with it. ``episodes`` is in start
+    order. :func:`watch` is the sampling loop around it.
     """
 
-    def __init__(self, window_s: float, transfer_window_s: float | None = None):
+    def __init__(self, window_s: float, transfer_window_s: float | None = None, early: EarlyRule | None = None,
+                 max_gap_s: float | None = None):
+        # Built once here so bad windows raise ValueError at construction, not at the first sample.
+        StallDetector(window_s, max_gap_s, transfer_window_s, early)
         self.window_s, self.transfer_window_s = window_s, transfer_window_s
+        self.early, self.max_gap_s = early, max_gap_s
         self.episodes: list[StallEpisode] = []
         self._detectors: dict[str, StallDetector] = {}
         self._open: dict[str, StallEpisode] = {}
 
-    def feed(self, s: m.MetricSnapshot) -> StallEpisode | None:
-        """Add one snapshot of ``s.instance``; returns the episode it extends or opens, if any."""
+    def feed(self, s: m.MetricSnapshot, engine_cpu_s: float | None = None) -> Stall | None:
+        """Add one snapshot of ``s.instance`` (with its engine's cumulative CPU seconds, for the
+        early rule); returns the stall it shows, if any (its episode is in ``episodes``)."""
         det = self._detectors.get(s.instance)
         if det is None:
-            det = self._detectors[s.instance] = StallDetector(self.window_s,
-                                                              transfer_window_s=self.transfer_window_s)
-        stall = det.feed(s)
+            det = self._detectors[s.instance] = StallDetector(self.window_s, self.max_gap_s,
+                                                              self.transfer_window_s, self.early)
+        stall = det.feed(s, engine_cpu_s)
         if stall is None:
             self._open.pop(s.instance, None)
             return None
         ep = self._open.get(s.instance)
         if ep is not None and ep.since == stall.since:
             ep.duration_s, ep.diagnosis = stall.duration_s, stall.diagnosis
-            return ep
-        ep = StallEpisode(stall.instance, stall.since, stall.duration_s, stall.diagnosis)
-        self.episodes.append(ep)
-        self._open[s.instance] = ep
-        return ep
+        else:
+            ep = StallEpisode(stall.instance, stall.since, stall.duration_s, stall.diagnosis)
+            self.episodes.append(ep)
+            self._open[s.instance] = ep
+        return stall
+
+
+async def watch(watcher: StallWatcher, scrape: Callable[[], Awaitable[m.MetricSnapshot]],
+                done: Callable[[], bool], interval_s: float, *, wake: asyncio.Event | None = None,
+                on_sample: Callable[[m.MetricSnapshot], None] | None = None,
+                engine_cpu: Callable[[], float | None] | None = None) -> Stall | None:
+    """The sampling loop every workload watches an instance with: until ``done()`` is true,
+    ``scrape()`` a snapshot (an httpx.HTTPError or ValueError = no sample this round), hand it to
+    ``on_sample`` (e.g. the snapshot store) and feed it to ``watcher`` (with ``engine_cpu()``,
+    the engine's CPU seconds read right after it), then wait ``interval_s`` seconds (less when
+    ``wake`` is set). Returns the first :class:`Stall` (the caller cancels what it froze), or
+    None once ``done()``."""
+    while not done():
+        try:
+            snap: m.MetricSnapshot | None = await scrape()
+        except (httpx.HTTPError, ValueError):
+            snap = None
+        if snap is not None:
+            if on_sample is not None:
+                on_sample(snap)
+            stall = watcher.feed(snap, engine_cpu() if engine_cpu is not None else None)
+            if stall:
+                return stall
+        if wake is None:
+            await asyncio.sleep(interval_s)
+        else:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(wake.wait(), interval_s)
+    return None

@@ -24,7 +24,7 @@ import httpx
 
 from rig.observe import metrics as m
 from rig.observe.observations import SnapshotStore
-from rig.observe.stall import StallEpisodes
+from rig.observe.stall import StallWatcher
 from rig.transport.endpoint import Endpoint
 
 RUNNING = m.RUNNING.removeprefix("vllm:")
@@ -48,11 +48,11 @@ class TimelineSampler:
 
     ``rows`` holds every sample, ``latest`` the last row per instance, ``peaks`` the maxima of
     running / waiting / KV usage per instance, ``scrape_errors`` the failed scrapes; ``stalls``
-    (optional, :class:`rig.observe.stall.StallEpisodes`) is fed every snapshot.
+    (optional, :class:`rig.observe.stall.StallWatcher`) is fed every snapshot.
     """
 
     def __init__(self, http: httpx.AsyncClient, endpoints: list[Endpoint], store: SnapshotStore | None,
-                 scenario: str, interval_s: float = 1.0, stalls: StallEpisodes | None = None):
+                 scenario: str, interval_s: float = 1.0, stalls: StallWatcher | None = None):
         self.http, self.endpoints, self.store = http, endpoints, store
         self.stalls = stalls  # fed every snapshot: stall episodes of every instance
         self.scenario, self.interval_s = scenario, interval_s

@@ -3,7 +3,9 @@
 The runner owns what every kind shares (metric snapshots before and after, transfer evidence,
 drain-to-idle, liveness, fatal log lines); a kind only fills the request-level part of the
 :class:`~rig.observe.observations.ScenarioObservation` and may return a kind-specific result that its
-judge reads (wave statistics, store counters, retrieval rates). Adding a kind = one entry here.
+judge reads (wave statistics, store counters, retrieval rates). Adding a kind = one entry here;
+its summary.md section is one entry in rig.report.sections. This module is the glue: workload
+(rig.workload) -> checks and verdict (rig.judge) -> section (rig.report).
 """
 
 from __future__ import annotations
@@ -19,16 +21,26 @@ import httpx
 from rig.cluster.processes import Cluster
 from rig.config import RigConfig, ScenarioConfig
 from rig.judge.cached_tokens import cached_of, cached_tokens_check
+from rig.judge.checks import lease_release_check, retrieval_check, stream_check
 from rig.judge.early_verdict import AdmissionReasoning
+from rig.judge.fault_checks import fault_checks
 from rig.judge.signatures import BlockFacts
-from rig.judge.verdict import Check, ScenarioVerdict, judge
+from rig.judge.store_checks import judge_store
+from rig.judge.verdict import ScenarioVerdict, judge
+from rig.judge.wave_checks import explain_stall, judge_wave
 from rig.observe import metrics as m
 from rig.observe.observations import ScenarioObservation, SnapshotStore
+from rig.observe.stall import cache_info
+from rig.report.sections import section_of
 from rig.transport.client import Transport
 from rig.transport.endpoint import Endpoint
 from rig.transport.records import PDRecord
 from rig.workload.edge import flush_prefill_pool, run_edge
+from rig.workload.faults import run_fault_scenario
 from rig.workload.prompts import seed_of
+from rig.workload.retrieval import run_retrieval
+from rig.workload.store import StoreContext, run_store_scenario
+from rig.workload.waves import run_wave_scenario, usable_blocks_of
 
 
 @dataclass
@@ -59,8 +71,6 @@ def block_facts(cfg: RigConfig, decode: str) -> BlockFacts:
     """The decode instance's block arithmetic from the config (block size, usable blocks =
     num_gpu_blocks_override - 1, k, max_model_len); the stall facts' ``vllm:cache_config_info``
     overrides the usable blocks where the server exposes it (rig.judge.signatures.admission_of)."""
-    from rig.workload.waves import usable_blocks_of
-
     spec = cfg.instance(decode).speculative
     return BlockFacts(block_size=cfg.instance(decode).block_size or cfg.block_size,
                       usable_blocks=usable_blocks_of(cfg, [decode])[decode],
@@ -75,8 +85,6 @@ async def _run_edge(sc: ScenarioConfig, ctx: ScenarioContext, obs: ScenarioObser
         hold_s = sc.hold_between_s
         usable = None
         if sc.flush_prefill:
-            from rig.workload.waves import usable_blocks_of
-
             usable = usable_blocks_of(ctx.cfg, [ctx.prefill.name])[ctx.prefill.name] or await _usable_from_metrics(ctx)
 
         async def hold(rec: PDRecord) -> None:
@@ -99,15 +107,11 @@ async def _run_edge(sc: ScenarioConfig, ctx: ScenarioContext, obs: ScenarioObser
 
 async def _usable_from_metrics(ctx: ScenarioContext) -> int | None:
     """P's usable blocks from its ``vllm:cache_config_info`` (vLLM sized the pool itself)."""
-    from rig.workload.waves import cache_info
-
     n = cache_info(await m.scrape(ctx.http, ctx.prefill.url, ctx.prefill.name)).get("num_gpu_blocks")
     return n - 1 if n else None
 
 
 def _judge_edge(sc: ScenarioConfig, obs: ScenarioObservation, result: Any, _sections: list[str]) -> ScenarioVerdict:
-    from rig.judge.checks import lease_release_check, stream_check
-
     # The checks that follow request fields (issue #12 item 1): a streamed decode hop must be
     # complete and in order; fields such as n on the prefill hop must not leave blocks to the lease.
     extra = [c for c in (stream_check(obs.records),) if c is not None]
@@ -121,33 +125,24 @@ def _judge_edge(sc: ScenarioConfig, obs: ScenarioObservation, result: Any, _sect
 
 
 async def _run_wave(sc: ScenarioConfig, ctx: ScenarioContext, obs: ScenarioObservation) -> Any:
-    from rig.workload.waves import run_wave_scenario
-
-    return await run_wave_scenario(sc, ctx.cfg, ctx.prefill, ctx.decode, ctx.http, ctx.store, ctx.run_dir, ctx.quiet)
+    return await run_wave_scenario(sc, ctx.cfg, ctx.prefill, ctx.decode, ctx.http, ctx.store, ctx.run_dir, ctx.quiet,
+                                   explain=explain_stall)
 
 
 def _judge_wave(sc: ScenarioConfig, obs: ScenarioObservation, result: Any, sections: list[str]) -> ScenarioVerdict:
-    from rig.workload.waves import judge_wave
-
-    return judge_wave(sc, obs, result, sections)
+    return _with_section(sc, obs, result, judge_wave(sc, obs, result), sections)
 
 
 async def _run_store(sc: ScenarioConfig, ctx: ScenarioContext, obs: ScenarioObservation) -> Any:
-    from rig.workload.store import StoreContext, run_store_scenario
-
     return await run_store_scenario(sc, StoreContext.of(ctx.cfg, ctx.cluster, ctx.prefill, ctx.decode, ctx.client,
                                                         ctx.http, ctx.store, ctx.run_dir), obs)
 
 
 def _judge_store(sc: ScenarioConfig, obs: ScenarioObservation, result: Any, sections: list[str]) -> ScenarioVerdict:
-    from rig.workload.store import judge_store
-
-    return judge_store(sc, obs, result, sections)
+    return _with_section(sc, obs, result, judge_store(sc, obs, result), sections)
 
 
 async def _run_retrieval(sc: ScenarioConfig, ctx: ScenarioContext, obs: ScenarioObservation) -> Any:
-    from rig.workload.retrieval import run_retrieval
-
     r = sc.retrieval
     assert r is not None  # the config validator fills it for this kind
     ref = ctx.prefill if r.reference is None else Endpoint(r.reference, ctx.cluster.url(r.reference))
@@ -157,47 +152,28 @@ async def _run_retrieval(sc: ScenarioConfig, ctx: ScenarioContext, obs: Scenario
     return result
 
 
-def retrieval_check(result: Any) -> Check:
-    """``retrieval``: P/D retrieves at least as many identifiers as the non-disaggregated
-    reference. Not checked when nothing was compared or the reference retrieved none (0 >= 0
-    says nothing: the tiny random model retrieves nothing on either side)."""
-    if result is None:
-        return Check("retrieval", None, "not checked: the retrieval workload did not run")
-    pd, ref = result.rates()
-    detail = (f"P/D {result.pd_hits}/{result.compared} ({pd:.0%}), "
-              f"reference {result.ref_hits}/{result.compared} ({ref:.0%})")
-    if result.compared == 0 or result.ref_hits == 0:
-        return Check("retrieval", None, f"not checked: the reference retrieved nothing to compare with; {detail}")
-    return Check("retrieval", result.pd_hits >= result.ref_hits, detail,
-                 () if result.pd_hits >= result.ref_hits else tuple(r.request_id for r in result.records))
-
-
 def _judge_retrieval(sc: ScenarioConfig, obs: ScenarioObservation, result: Any, sections: list[str]) -> ScenarioVerdict:
-    """The edge checks (completion, parity, transfer, liveness, idle) plus :func:`retrieval_check`,
-    through the one engine."""
-    v = judge(sc, obs, extra=[retrieval_check(result)])
-    if result is not None:
-        pd, ref = result.rates()
-        sections.append(f"### Retrieval `{sc.name}`\n\n| requests compared | P/D retrieved | reference retrieved |\n"
-                        f"|---|---|---|\n| {result.compared} | {result.pd_hits} ({pd:.0%}) "
-                        f"| {result.ref_hits} ({ref:.0%}) |\n")
-    return v
+    """The edge checks (completion, parity, transfer, liveness, idle) plus
+    rig.judge.checks.retrieval_check, through the one engine."""
+    return _with_section(sc, obs, result, judge(sc, obs, extra=[retrieval_check(result)]), sections)
 
 
 async def _run_fault(sc: ScenarioConfig, ctx: ScenarioContext, obs: ScenarioObservation) -> Any:
-    from rig.workload.faults import run_fault_scenario
-
     return await run_fault_scenario(sc, ctx, obs)
 
 
 def _judge_fault(sc: ScenarioConfig, obs: ScenarioObservation, result: Any, sections: list[str]) -> ScenarioVerdict:
     """Fault scenarios (issue #12): rig.judge.fault_checks.fault_checks through the one engine."""
-    from rig.judge.fault_checks import fault_checks
-    from rig.workload.faults import fault_section
+    return _with_section(sc, obs, result, judge(sc, obs, checks=fault_checks(sc, obs, result)), sections)
 
-    if result is not None:
-        sections.append(fault_section(sc.name, result))
-    return judge(sc, obs, checks=fault_checks(sc, obs, result))
+
+def _with_section(sc: ScenarioConfig, obs: ScenarioObservation, result: Any, verdict: ScenarioVerdict,
+                  sections: list[str]) -> ScenarioVerdict:
+    """Append the kind's summary.md section (rig.report.sections) to ``sections``; return ``verdict``."""
+    text = section_of(sc, obs, result, verdict)
+    if text is not None:
+        sections.append(text)
+    return verdict
 
 
 _WAVE = Kind(_run_wave, _judge_wave)

@@ -183,18 +183,14 @@ async def _run(args: argparse.Namespace, cfg: RigConfig | None, sc: Any, ps: lis
     import httpx
 
     from rig.judge.verdict import REQUIRED
+    from rig.judge.wave_checks import explain_stall, judge_wave
     from rig.observe import metrics as m
+    from rig.observe.drain import check_drains
     from rig.observe.observations import ScenarioObservation, SnapshotStore, TransferEvidence
+    from rig.observe.stall import cache_info
     from rig.report.render import RunResult, print_summary, write_report
-    from rig.workload.waves import (
-        cache_info,
-        check_drains,
-        judge_wave,
-        run_wave,
-        served_model,
-        stall_settings,
-        usable_blocks_of,
-    )
+    from rig.report.wave_section import wave_section
+    from rig.workload.waves import run_wave, served_model, stall_settings, usable_blocks_of
 
     endpoints = ps + ds
     http = httpx.AsyncClient(timeout=10.0)
@@ -232,7 +228,7 @@ async def _run(args: argparse.Namespace, cfg: RigConfig | None, sc: Any, ps: lis
                   f"D {', '.join(e.url for e in ds)})", file=sys.stderr, flush=True)
         wave = await run_wave(sc, model, ps, ds, http, store, run_dir / "waves", deadline_s=deadline,
                               usable_blocks=blocks, block_size=block_size, max_model_len=mml, progress=progress,
-                              **(stall_settings(cfg) if cfg else {}))
+                              explain=explain_stall, **(stall_settings(cfg) if cfg else {}))
         after = {}
         for e in ds:
             with contextlib.suppress(httpx.HTTPError):
@@ -264,7 +260,8 @@ async def _run(args: argparse.Namespace, cfg: RigConfig | None, sc: Any, ps: lis
                                    "config_file": args.config if cfg else None})
         # Servers the rig did not start: no process to watch, no log to scan (shown "not checked").
         no_logs = tuple(n for n in REQUIRED[sc.kind] if n not in ("alive", "no-fatal-log", "kv-integrity"))
-        verdict = judge_wave(sc, obs, wave, result.extra_sections, required=no_logs)
+        verdict = judge_wave(sc, obs, wave, required=no_logs)
+        result.extra_sections.append(wave_section(wave, verdict))
         result.observations.append(obs)
         result.verdicts.append(verdict)
         result.timings = {"wave": wave.wall_s, "total": time.monotonic() - t0}

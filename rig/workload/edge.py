@@ -2,7 +2,7 @@
 
 For each scenario the rig sends ``concurrent`` distinct prompts of exactly ``prompt_tokens``
 token IDs through the two hops, while a watcher samples the decode instance's ``/metrics``
-about every ``metrics_interval_s`` and feeds a :class:`~rig.observe.stall.StallDetector`. When the
+about every ``metrics_interval_s`` and feeds a :class:`~rig.observe.stall.StallWatcher`. When the
 detector fires, the outstanding decode requests are cancelled (the client disconnects, so vLLM
 drops them) and marked ``stalled`` with the diagnosis and the time from sending to D until the
 verdict. Then each answered request is compared with a non-disaggregated reference served by
@@ -21,8 +21,8 @@ from rig.config import ScenarioConfig
 from rig.config.request_fields import RequestFields
 from rig.observe import metrics as m
 from rig.observe.observations import ScenarioObservation, SnapshotStore
-from rig.observe.parity import compare_hops
-from rig.observe.stall import EarlyRule, Stall, StallDetector
+from rig.observe.parity import record_parity
+from rig.observe.stall import EarlyRule, Stall, StallWatcher, watch
 from rig.transport.client import Transport, cancel_task
 from rig.transport.endpoint import Endpoint
 from rig.transport.records import Hop, PDRecord, classify, prefill_failure
@@ -99,26 +99,21 @@ async def _watch(http: httpx.AsyncClient, d: Endpoint, window_s: float, interval
                  records: list[PDRecord], decode_tasks: dict[str, asyncio.Task],
                  store: SnapshotStore | None, scenario: str, transfer_window_s: float | None = None,
                  early: EarlyRule | None = None, engine_cpu: Callable[[], float | None] | None = None) -> str:
-    """Sample D until all requests are done; on a stall cancel the outstanding decode hops.
+    """Sample D until all requests are done (:func:`rig.observe.stall.watch`); on a stall cancel
+    the outstanding decode hops and return the diagnosis ('' without a stall).
 
     ``window_s`` / ``transfer_window_s`` / ``early``: see :class:`rig.observe.stall.StallDetector`;
     ``engine_cpu`` reads D's EngineCore CPU seconds after each sample (the early rule's evidence
     of scheduler iterations, rig.judge.early_verdict)."""
-    detector = StallDetector(window_s, transfer_window_s=transfer_window_s, early=early)
-    while any(r.outcome == "pending" for r in records):
-        try:
-            snap = await m.scrape(http, d.url, d.name)
-        except (httpx.HTTPError, ValueError):
-            await asyncio.sleep(interval_s)
-            continue
-        if store:
-            store.sample(scenario, snap)
-        stall = detector.feed(snap, engine_cpu() if engine_cpu is not None else None)
-        if stall:
-            await cancel_stalled(records, decode_tasks, stall)
-            return stall.diagnosis
-        await asyncio.sleep(interval_s)
-    return ""
+    watcher = StallWatcher(window_s, transfer_window_s=transfer_window_s, early=early)
+    stall = await watch(watcher, lambda: m.scrape(http, d.url, d.name),
+                        lambda: not any(r.outcome == "pending" for r in records), interval_s,
+                        on_sample=(lambda snap: store.sample(scenario, snap)) if store else None,
+                        engine_cpu=engine_cpu)
+    if stall is None:
+        return ""
+    await cancel_stalled(records, decode_tasks, stall)
+    return stall.diagnosis
 
 
 async def run_edge(sc: ScenarioConfig, client: Transport, http: httpx.AsyncClient, p: Endpoint,
@@ -166,14 +161,7 @@ async def run_edge(sc: ScenarioConfig, client: Transport, http: httpx.AsyncClien
 
     obs.parity = [None] * len(obs.records)
     if sc.parity:
-        for i, rec in enumerate(obs.records):
-            if rec.outcome != "ok" or rec.decode is None:
-                continue
-            ref = await reference(client, p, rec, sc.request)
-            if ref.error or ref.token_ids is None:
-                rec.diagnosis = f"parity reference failed: {ref.error or 'no token_ids'}"
-                continue
-            obs.parity[i] = compare_hops(rec.decode, ref, rec.max_tokens, rec.max_tokens)
+        obs.parity = await record_parity(obs.records, lambda rec: reference(client, p, rec, sc.request))
 
 
 async def reference(client: Transport, p: Endpoint, rec: PDRecord, fields: RequestFields | None) -> Hop:

@@ -33,7 +33,7 @@ import time
 from collections import Counter
 from dataclasses import dataclass
 
-from rig.observe.parity import compare
+from rig.observe.parity import ParityCase, run_parity
 from rig.transport.client import Transport
 from rig.transport.endpoint import Endpoint
 from rig.transport.records import ERROR_OUTCOMES, Hop, WaveRecord, classify, prefill_failure
@@ -180,37 +180,30 @@ class WaveEngine:
         request to P (``reference``, default the P that served it). A divergence turns the
         record's outcome into ``parity_mismatch``. Returns ``{compared, equal, diverged, failed}``.
         """
-        todo = iter([(rec, requests[rec.index]) for rec in records
-                     if rec.outcome == "ok" and rec.token_ids is not None])
+        todo = [rec for rec in records if rec.outcome == "ok" and rec.token_ids is not None]
+
+        def case(rec: WaveRecord) -> ParityCase:
+            req = requests[rec.index]
+            ep = reference or next(p for p in self.prefills if p.name == rec.p_instance)
+            return ParityCase(Hop(instance=rec.d_instance or "", token_ids=rec.token_ids), req.max_tokens,
+                              lambda: self.transport.direct(ep, req.prompt, req.max_tokens))
+
+        outcomes = await run_parity([case(rec) for rec in todo], self.concurrency, self.deadline_s)
         out: Counter[str] = Counter()
-
-        async def worker() -> None:
-            for rec, req in todo:
-                ep = reference or next(p for p in self.prefills if p.name == rec.p_instance)
-                try:
-                    async with asyncio.timeout(self.deadline_s):
-                        ref = await self.transport.direct(ep, req.prompt, req.max_tokens)
-                except TimeoutError:
-                    ref = Hop(instance=ep.name, error="timeout: deadline")
-                if ref.error or ref.token_ids is None:
-                    rec.parity = f"reference failed: {ref.error or 'no token_ids'}"
-                    out["failed"] += 1
-                    continue
-                res = compare(rec.token_ids or [], ref.token_ids, req.max_tokens, req.max_tokens)
-                rec.parity = res.describe()
-                out["compared"] += res.status != "refused"
-                out[res.status] += 1
-                if res.status == "diverged":
-                    rec.outcome, rec.diagnosis = "parity_mismatch", f"parity: {res.describe()}"
-                    self.counts["ok"] -= 1
-                    self.counts["failed"] += 1
-
-        workers = [asyncio.create_task(worker()) for _ in range(self.concurrency)]
-        try:
-            await asyncio.gather(*workers)
-        finally:
-            for w in workers:
-                w.cancel()
+        for rec, o in zip(todo, outcomes, strict=True):
+            assert o is not None
+            if o.result is None:
+                rec.parity = f"reference failed: {o.failure}"
+                out["failed"] += 1
+                continue
+            res = o.result
+            rec.parity = res.describe()
+            out["compared"] += res.status != "refused"
+            out[res.status] += 1
+            if res.status == "diverged":
+                rec.outcome, rec.diagnosis = "parity_mismatch", f"parity: {res.describe()}"
+                self.counts["ok"] -= 1
+                self.counts["failed"] += 1
         return {k: out.get(k, 0) for k in ("compared", "equal", "diverged", "refused", "failed")}
 
 

@@ -37,8 +37,8 @@ from rig.config.faults import Fault
 from rig.config.request_fields import RequestFields
 from rig.observe import metrics as m
 from rig.observe.observations import DrainResult, ScenarioObservation, wait_idle
-from rig.observe.parity import compare_hops
-from rig.observe.stall import StallDetector
+from rig.observe.parity import record_parity
+from rig.observe.stall import StallWatcher, watch
 from rig.transport.client import cancel_task
 from rig.transport.records import PDRecord, classify, prefill_failure
 from rig.workload.edge import reference
@@ -252,24 +252,18 @@ class _Exchange:
         return None
 
     async def _watch_decode(self, rec: PDRecord, task: asyncio.Task, cancelled_by: list[str]) -> None:
-        """The stall detector on D while the decode hop runs; on a stall the hop is cancelled and
-        the record carries the diagnosis and the frozen facts."""
+        """The stall watcher on D while the decode hop runs (:func:`rig.observe.stall.watch`; D
+        stopped or dead gives no sample, the deadline or the hop's own error ends it); on a stall
+        the hop is cancelled and the record carries the diagnosis and the frozen facts."""
         t = self.ctx.cfg.timeouts
-        detector = StallDetector(t.stall_window_s, transfer_window_s=t.kv_transfer_s)
         d, http = self.ctx.decode, self.ctx.http
-        while not task.done():
-            try:
-                snap = await m.scrape(http, d.url, d.name)
-                self.ctx.store.sample(self.sc.name, snap)
-                stall = detector.feed(snap)
-                if stall:
-                    rec.stall = stall.facts
-                    cancelled_by.append(stall.diagnosis)
-                    task.cancel()
-                    return
-            except (httpx.HTTPError, ValueError):
-                pass  # D stopped or dead: no sample; the deadline or the hop's own error ends it
-            await asyncio.sleep(t.metrics_interval_s)
+        stall = await watch(StallWatcher(t.stall_window_s, transfer_window_s=t.kv_transfer_s),
+                            lambda: m.scrape(http, d.url, d.name), task.done, t.metrics_interval_s,
+                            on_sample=lambda snap: self.ctx.store.sample(self.sc.name, snap))
+        if stall is not None:
+            rec.stall = stall.facts
+            cancelled_by.append(stall.diagnosis)
+            task.cancel()
 
     # -- the scenario ---------------------------------------------------------------------
 
@@ -347,14 +341,8 @@ class _Exchange:
         self.obs.parity = [None] * len(self.obs.records)
         if not self.sc.parity:
             return
-        for i, rec in enumerate(self.obs.records):
-            if rec.outcome != "ok" or rec.decode is None:
-                continue
-            ref = await reference(ctx.client, ctx.prefill, rec, self.sc.request)
-            if ref.error or ref.token_ids is None:
-                rec.diagnosis = f"parity reference failed: {ref.error or 'no token_ids'}"
-                continue
-            self.obs.parity[i] = compare_hops(rec.decode, ref, rec.max_tokens, rec.max_tokens)
+        self.obs.parity = await record_parity(self.obs.records,
+                                              lambda rec: reference(ctx.client, ctx.prefill, rec, self.sc.request))
 
 
 async def run_fault_scenario(sc: ScenarioConfig, ctx: Any, obs: ScenarioObservation) -> FaultResult:
@@ -366,17 +354,3 @@ async def run_fault_scenario(sc: ScenarioConfig, ctx: Any, obs: ScenarioObservat
         return await ex.run()
     finally:  # kept also when the scenario fails or is interrupted
         (ctx.run_dir / f"faults-{sc.name}.json").write_text(json.dumps(ex.result.to_json(), indent=1))
-
-
-def fault_section(scenario: str, result: FaultResult) -> str:
-    """A summary.md section: each fault with its event, action and completion times (ms after
-    the first event) and what was done."""
-    t0 = min((e.event_at for e in result.events if e.event_at is not None), default=None)
-
-    def ms(t: float | None) -> str:
-        return "-" if t is None or t0 is None else f"{1000 * (t - t0):.0f}"
-
-    rows = "".join(f"| {e.fault} | {e.target} | {ms(e.event_at)} | {ms(e.fired_at)} | {ms(e.done_at)} | "
-                   f"{(e.error or e.detail).replace('|', '/')} |\n" for e in result.events)
-    return (f"### Faults `{scenario}`\n\n| fault | target | event ms | fired ms | done ms | what happened |\n"
-            f"|---|---|---|---|---|---|\n{rows}")

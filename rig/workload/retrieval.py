@@ -13,12 +13,13 @@ context with ``context_words`` well below ``max_model_len``.
 
 from __future__ import annotations
 
+import functools
 import random
 import re
 import string
 from dataclasses import dataclass, field
 
-from rig.observe.parity import ParityResult, compare
+from rig.observe.parity import ParityCase, ParityResult, run_parity
 from rig.transport.client import Transport
 from rig.transport.endpoint import Endpoint
 from rig.transport.records import PDRecord, classify
@@ -96,13 +97,15 @@ async def run_retrieval(client: Transport, p: Endpoint, d: Endpoint, ref: Endpoi
         if rec.outcome != "ok" or rec.decode is None:
             out.parity.append(None)
             continue
-        reference = await client.direct(ref, prompt, max_tokens)
-        if reference.error:
-            rec.diagnosis = f"reference failed: {reference.error}"
+        fetch = functools.partial(client.direct, ref, prompt, max_tokens)
+        (o,) = await run_parity([ParityCase(rec.decode, max_tokens, fetch)])
+        assert o is not None
+        if o.result is None or o.hop is None:
+            rec.diagnosis = f"reference failed: {o.failure}"
             out.parity.append(None)
             continue
         out.compared += 1
         out.pd_hits += retrieved(rec.decode.text, ident)
-        out.ref_hits += retrieved(reference.text, ident)
-        out.parity.append(compare(rec.decode.token_ids or [], reference.token_ids or [], max_tokens, max_tokens))
+        out.ref_hits += retrieved(o.hop.text, ident)
+        out.parity.append(o.result)
     return out
