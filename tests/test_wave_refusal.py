@@ -5,7 +5,12 @@ from __future__ import annotations
 from pathlib import Path
 
 from conftest import ROOT, free_ports
-from rig.run.wave_cli import main
+from rig.cli import main as pdrig_main
+
+
+def main(argv: list[str]) -> int:
+    """`pdrig wave ARGV...` in this process."""
+    return pdrig_main(["wave", *argv])
 
 
 def test_unreachable_servers_leave_no_run_directory(tmp_path: Path, capsys):

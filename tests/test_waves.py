@@ -29,6 +29,13 @@ from test_engine import fake_pd, free_port  # noqa: E402 - the fake-server helpe
 ROOT = Path(__file__).resolve().parent.parent
 
 
+def main(argv: list[str]) -> int:
+    """`pdrig wave ARGV...` in this process."""
+    from rig.cli import main as pdrig_main
+
+    return pdrig_main(["wave", *argv])
+
+
 def scenario(kind: str, name: str = "w", **wave) -> ScenarioConfig:
     top = {k: wave.pop(k) for k in ("prompt_tokens", "max_tokens", "seed", "parity") if k in wave}
     return ScenarioConfig.model_validate({"name": name, "kind": kind, "wave": wave, **top})
@@ -286,7 +293,6 @@ def test_timeline_plot_from_rows(tmp_path):
 
 
 def test_cli_pressure_wave_with_urls(healthy, tmp_path, capsys):
-    from rig.run.wave_cli import main
 
     p, d = healthy
     rc = main(["pressure", "--prefill", p.url, "--decode", d.url, "--requests", "60", "--concurrency", "8",
@@ -316,7 +322,6 @@ def test_cli_pressure_wave_with_urls(healthy, tmp_path, capsys):
 
 
 def test_cli_prefix_wave_with_endpoints_file(healthy, tmp_path, capsys):
-    from rig.run.wave_cli import main
 
     p, d = healthy
     ep = tmp_path / "endpoints.json"
@@ -332,7 +337,6 @@ def test_cli_prefix_wave_with_endpoints_file(healthy, tmp_path, capsys):
 
 
 def test_cli_refusals(capsys, tmp_path):
-    from rig.run.wave_cli import main
 
     assert main(["pressure"]) == 2
     assert "at least one prefill and one decode" in capsys.readouterr().err

@@ -303,22 +303,3 @@ def cmd_wave(args: argparse.Namespace) -> int:
             shutil.rmtree(run_dir, ignore_errors=True)
         raise
 
-
-def main(argv: list[str] | None = None) -> int:
-    """Standalone entry (``python -m rig.run.wave_cli pressure ...``) until rig/cli.py wires it in."""
-    ap = argparse.ArgumentParser(prog="pdrig")
-    sub = ap.add_subparsers(dest="cmd", required=True)
-    add_wave_parser(sub)
-    args = ap.parse_args(["wave", *(argv if argv is not None else sys.argv[1:])])
-    try:
-        return args.func(args)
-    except ConfigError as e:
-        print(f"pdrig: {e}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        print("pdrig: interrupted", file=sys.stderr)
-        return 130
-
-
-if __name__ == "__main__":
-    sys.exit(main())

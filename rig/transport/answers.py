@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import AsyncIterable, Awaitable, Callable
 from typing import Any
 
 import msgspec
@@ -128,3 +129,31 @@ class StreamReader:
                 self.problems.append("no [DONE] at the end of the stream")
             hop.stream_problem = "; ".join(self.problems)
         return hop
+
+
+async def consume_sse(hop: Hop, status: int, read_body: Callable[[], Awaitable[bytes]],
+                      lines: AsyncIterable[bytes] | AsyncIterable[str], reader: StreamReader) -> bool:
+    """Read one streamed answer into ``hop`` through ``reader``: the HTTP ``status``; on a non-200
+    the error body (``read_body()``) as ``hop.error``; else every ``data:`` line of ``lines``
+    until the reader asks to stop. Returns True when it stopped early (the caller then drops the
+    connection so vLLM aborts the request). Raises ValueError for a chunk that is not JSON."""
+    hop.status = status
+    if status != 200:
+        hop.error = error_text(status, (await read_body()).decode("utf-8", "replace"))
+        return False
+    async for line in lines:
+        if line[:6] in (b"data: ", "data: ") and reader.feed(line[6:].rstrip()):
+            return True
+    return False
+
+
+def hop_error(e: BaseException, timeouts: type[BaseException] | tuple[type[BaseException], ...],
+              connection: type[BaseException] | tuple[type[BaseException], ...]) -> str:
+    """A hop's error text for an exception of the HTTP library: ``timeout: <class>`` for its
+    ``timeouts``, ``connection error: <class>: <message>`` for its ``connection`` errors, and
+    ``connection error: bad SSE chunk: <message>`` for a ValueError raised by a stream chunk."""
+    if isinstance(e, timeouts):
+        return f"timeout: {type(e).__name__}"
+    if isinstance(e, ValueError) and not isinstance(e, connection):
+        return f"connection error: bad SSE chunk: {e}"
+    return f"connection error: {type(e).__name__}: {e}"

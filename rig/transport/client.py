@@ -32,7 +32,7 @@ from typing import Any, Protocol
 import aiohttp
 import httpx
 
-from rig.transport.answers import StreamReader, encode, error_text
+from rig.transport.answers import StreamReader, consume_sse, encode, hop_error
 from rig.transport.bodies import Prompt
 from rig.transport.endpoint import Endpoint
 from rig.transport.fast import FastTransport
@@ -97,30 +97,18 @@ class AiohttpTransport(HopsBase):
             async with self.session.post(url, data=encode(body), headers=_JSON_HEADERS) as r:
                 hop.status = r.status
                 raw = await r.read()
-        except TimeoutError as e:
-            hop.error = f"timeout: {type(e).__name__}"
-        except aiohttp.ClientError as e:
-            hop.error = f"connection error: {type(e).__name__}: {e}"
+        except (TimeoutError, aiohttp.ClientError) as e:
+            hop.error = hop_error(e, TimeoutError, aiohttp.ClientError)
         hop.latency_s = time.monotonic() - t0
         return hop if hop.error else fill_whole(hop, raw)
 
     async def _stream(self, hop: Hop, url: str, body: dict[str, Any], reader: StreamReader) -> None:
         try:
             async with self.session.post(url, data=encode(body), headers=_JSON_HEADERS) as r:
-                hop.status = r.status
-                if r.status != 200:
-                    hop.error = error_text(r.status, (await r.read()).decode("utf-8", "replace"))
-                    return
-                async for line in r.content:
-                    if line.startswith(b"data: ") and reader.feed(line[6:].rstrip()):
-                        r.close()  # drop the connection: vLLM aborts the request
-                        break
-        except TimeoutError as e:
-            hop.error = f"timeout: {type(e).__name__}"
-        except aiohttp.ClientError as e:
-            hop.error = f"connection error: {type(e).__name__}: {e}"
-        except ValueError as e:
-            hop.error = f"connection error: bad SSE chunk: {e}"
+                if await consume_sse(hop, r.status, r.read, r.content, reader):
+                    r.close()  # drop the connection: vLLM aborts the request
+        except (TimeoutError, aiohttp.ClientError, ValueError) as e:
+            hop.error = hop_error(e, TimeoutError, aiohttp.ClientError)
 
     async def aclose(self) -> None:
         """Close the client's connections."""
@@ -145,10 +133,8 @@ class HttpxTransport(HopsBase):
         t0 = time.monotonic()
         try:
             r = await self.http.post(url, content=encode(body), headers=_JSON_HEADERS)
-        except httpx.TimeoutException as e:
-            hop.error = f"timeout: {type(e).__name__}"
         except httpx.HTTPError as e:
-            hop.error = f"connection error: {type(e).__name__}: {e}"
+            hop.error = hop_error(e, httpx.TimeoutException, httpx.HTTPError)
         hop.latency_s = time.monotonic() - t0
         if hop.error:
             return hop
@@ -158,19 +144,10 @@ class HttpxTransport(HopsBase):
     async def _stream(self, hop: Hop, url: str, body: dict[str, Any], reader: StreamReader) -> None:
         try:
             async with self.http.stream("POST", url, content=encode(body), headers=_JSON_HEADERS) as r:
-                hop.status = r.status_code
-                if r.status_code != 200:
-                    hop.error = error_text(r.status_code, (await r.aread()).decode("utf-8", "replace"))
-                    return
-                async for line in r.aiter_lines():
-                    if line.startswith("data: ") and reader.feed(line[6:].rstrip()):
-                        break  # leaving the block closes the unread response's connection
-        except httpx.TimeoutException as e:
-            hop.error = f"timeout: {type(e).__name__}"
-        except httpx.HTTPError as e:
-            hop.error = f"connection error: {type(e).__name__}: {e}"
-        except ValueError as e:
-            hop.error = f"connection error: bad SSE chunk: {e}"
+                # an early stop just leaves the block: that closes the unread response's connection
+                await consume_sse(hop, r.status_code, r.aread, r.aiter_lines(), reader)
+        except (httpx.HTTPError, ValueError) as e:
+            hop.error = hop_error(e, httpx.TimeoutException, httpx.HTTPError)
 
     async def aclose(self) -> None:
         """Close the client's connections."""
