@@ -349,6 +349,19 @@ class StaleKvSignature(_Signature):
     parity: bool = True
 
 
+class LeakSignature(_Signature):
+    """Blocks of an answered request that prefill kept until its ``kv_lease_duration`` expired
+    instead of freeing them on D's read: P's ``Releasing expired KV blocks for request <id>``
+    line (nixl base_worker.py, 0.32.0) naming the request whose ``remote_request_id`` P returned.
+    ``blocks_of`` says whose blocks: ``sibling`` = only another child of the same parallel-sampling
+    request (``n`` > 1 on the prefill hop: ``<i>_<id>`` children, the params name one of them;
+    BUGS R16, vllm PR #38900), ``request`` = the named child itself (D never released what it
+    read), ``any`` = either. Explains ``released-by-d`` on those requests only."""
+
+    kind: Literal["leak"]
+    blocks_of: Literal["sibling", "request", "any"] = "sibling"
+
+
 class WrongOutputSignature(_Signature):
     """An answered request whose tokens diverge from the non-disaggregated reference."""
 
@@ -356,7 +369,7 @@ class WrongOutputSignature(_Signature):
 
 
 Signature = Annotated[Union[StallSignature, HttpErrorSignature, CrashSignature, StaleKvSignature,
-                            WrongOutputSignature], Field(discriminator="kind")]
+                            WrongOutputSignature, LeakSignature], Field(discriminator="kind")]
 
 
 class KnownIssue(_Strict):
@@ -383,7 +396,7 @@ class KnownIssue(_Strict):
         if isinstance(v, str):
             raise ValueError(
                 f"{v!r} is a bare symptom name; give its signature as a mapping with kind: one of stall, "
-                "http-error, crash, stale-kv, wrong-output, e.g. {kind: stall, instance: decode, "
+                "http-error, crash, stale-kv, wrong-output, leak, e.g. {kind: stall, instance: decode, "
                 "waiting_reason: capacity, admission: fits-but-waits}")
         return v
 

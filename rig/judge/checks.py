@@ -239,11 +239,26 @@ def stream_check(records: list[PDRecord]) -> Check | None:
 _EXPIRED_RELEASE = "Releasing expired KV blocks for request "  # vllm/.../nixl/base_worker.py (0.32.0)
 
 
-def _parent_id(request_id: str) -> str:
+def parent_request_id(request_id: str) -> str:
     """vLLM's request id without the ``<i>_`` prefix it gives the children of a parallel-sampling
     (``n`` > 1) request (vllm/v1/engine/parallel_sampling.py)."""
     head, _, rest = request_id.partition("_")
     return rest if head.isdigit() and rest else request_id
+
+
+def lease_released_ids(lines: list[str]) -> list[tuple[str, str]]:
+    """``(request id, line from the phrase on)`` for each of P's ``Releasing expired KV blocks for
+    request <id> which were retrieved by N remote worker(s)`` lines (nixl base_worker.py, 0.32.0):
+    blocks P's lease reaper freed because no D read released them within ``kv_lease_duration``."""
+    out = []
+    for ln in lines:
+        at = ln.find(_EXPIRED_RELEASE)
+        if at < 0:
+            continue
+        rest = ln[at + len(_EXPIRED_RELEASE):].split()
+        if rest:
+            out.append((rest[0], ln[at:][:200]))
+    return out
 
 
 def lease_release_check(obs: ScenarioObservation) -> Check:
@@ -259,16 +274,10 @@ def lease_release_check(obs: ScenarioObservation) -> Check:
     for r in obs.records:
         rid = (r.prefill.kv_transfer_params or {}).get("remote_request_id") if r.prefill else None
         if rid and r.outcome == "ok":
-            answered[_parent_id(rid)] = r.request_id
-    hits: list[tuple[str, str]] = []
-    for ln in obs.kv_integrity_lines.get(obs.prefill, []):
-        at = ln.find(_EXPIRED_RELEASE)
-        if at < 0:
-            continue
-        released = ln[at + len(_EXPIRED_RELEASE):].split()[0] if ln[at + len(_EXPIRED_RELEASE):].strip() else ""
-        ours = answered.get(_parent_id(released))
-        if ours is not None:
-            hits.append((ours, ln[at:][:200]))
+            answered[parent_request_id(rid)] = r.request_id
+    hits = [(answered[parent_request_id(released)], text)
+            for released, text in lease_released_ids(obs.kv_integrity_lines.get(obs.prefill, []))
+            if parent_request_id(released) in answered]
     if hits:
         return Check("released-by-d", False, f"{len(hits)} block set(s) of answered requests held until the lease "
                      f"expired: {hits[0][0]}: {hits[0][1]}", tuple(dict.fromkeys(o for o, _ in hits)))
