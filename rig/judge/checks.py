@@ -157,7 +157,10 @@ def fatal_log_check(obs: ScenarioObservation) -> Check:
     scanned (``obs.unscanned_logs``) and nothing fatal was found elsewhere."""
     fatal = {k: v for k, v in obs.fatal_lines.items() if v}
     if fatal:
-        return Check("no-fatal-log", False, "; ".join(f"{k}: {v[0][:160]}" for k, v in fatal.items()))
+        # a traceback is shown by the exception that ends it (rig.cluster.logs.fatal_lines)
+        return Check("no-fatal-log", False, "; ".join(
+            f"{k}: {v[0].split(' -> ', 1)[-1][:200]}" + (f" (+{len(v) - 1} more)" if len(v) > 1 else "")
+            for k, v in fatal.items()))
     if obs.unscanned_logs:
         return Check("no-fatal-log", None, "not checked: " + "; ".join(
             f"{k}: {why}" for k, why in obs.unscanned_logs.items()))
