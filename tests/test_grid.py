@@ -202,3 +202,12 @@ def test_the_suites_known_issues_reach_the_grid_as_signature_kinds(tmp_path):
     assert issues["lease-expired-read"].symptom == "stale-kv"
     stalled = {"observation": {"records": [{"outcome": "stalled"}]}}
     assert symptom_seen(issues["edge-126"].symptom, stalled)
+
+
+def test_leak_symptom_reads_the_released_by_d_check_of_the_recording():
+    item = copy.deepcopy(PASS_FIX["scenarios"][0])
+    assert not symptom_seen("leak", item)
+    item["verdict"]["checks"].append({"name": "released-by-d", "ok": None, "detail": "not checked"})
+    assert not symptom_seen("leak", item)
+    item["verdict"]["checks"][-1]["ok"] = False
+    assert symptom_seen("leak", item) and not symptom_seen("stale-kv", item)

@@ -39,3 +39,16 @@ def test_cpu_block_size_per_instance_must_be_a_multiple_of_32():
         load_config(ROOT / "configs" / "cpu-regressions.yaml", ["prefill.prefill-bs64.block_size=48"])
     with pytest.raises(ConfigError, match="kv_load_failure_policy"):
         load_config(ROOT / "configs" / "cpu-regressions.yaml", ["decode.decode-nospec.kv_load_failure_policy=retry"])
+
+
+def test_draft_model_decode_uses_the_served_model_as_its_own_draft(tmp_path):
+    cfg = load_config(ROOT / "configs" / "cpu-regressions.yaml")
+    plan = build_plan(cfg, tmp_path, "/models/tiny", "/py")
+    spec = json.loads(_after(_argv(plan, "decode-draft"), "--speculative-config"))
+    assert spec == {"method": "draft_model", "model": "/models/tiny", "num_speculative_tokens": 2}
+    assert "--speculative-config" not in _argv(plan, "decode-nospec")
+    # a draft named by path is passed unchanged
+    other = load_config(ROOT / "configs" / "cpu-regressions.yaml", ["decode.decode-draft.speculative.model=/d/draft"])
+    spec = json.loads(_after(_argv(build_plan(other, tmp_path, "/models/tiny", "/py"), "decode-draft"),
+                             "--speculative-config"))
+    assert spec["model"] == "/d/draft"

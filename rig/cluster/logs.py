@@ -268,13 +268,27 @@ def matching_lines(text: str, patterns: tuple[str, ...]) -> list[str]:
 _VLLM_PREFIX = re.compile(r"^(\([\w-]+ pid=\d+\) )?(\w+ \d\d-\d\d \d\d:\d\d:\d\d \[[^\]]*\] )?")
 
 
+TRACEBACK = "Traceback (most recent call last)"
+
+
+def _exception_line(lines: list[str], header: int) -> str | None:
+    """The line that ends the traceback whose header is ``lines[header]``: the first later line
+    whose message, after vLLM's "(Proc pid=N) LEVEL date [file:line] " prefix, is neither
+    indented, empty nor a caret marker; None when the log ends first."""
+    for later in lines[header + 1:]:
+        prefix = _VLLM_PREFIX.match(later)  # every group is optional: it always matches
+        msg = later[prefix.end():] if prefix else later
+        if msg.strip() and not msg[:1].isspace() and not msg.lstrip().startswith("^"):
+            return later.strip()
+    return None
+
+
 def first_fatal_line(text: str, patterns: tuple[str, ...]) -> str | None:
     """The first line of ``text`` matching ``patterns``, stripped; None when no line matches.
 
     A Python traceback header ("Traceback (most recent call last):") names nothing, so for it
-    the exception line that ends that traceback is returned instead (the first later line whose
-    message, after vLLM's "(Proc pid=N) LEVEL date [file:line] " prefix, is neither indented nor
-    empty), e.g. "(Worker pid=11739) ERROR ... TypeError: Cannot inspect kernel parameters for
+    the exception line that ends that traceback is returned instead (:func:`_exception_line`),
+    e.g. "(Worker pid=11739) ERROR ... TypeError: Cannot inspect kernel parameters for
     function" in tests/data/vllm-0.30.0-decode-ngram-crash.log. The rig's own teardown is
     left out (:func:`until_stop_marker`).
     """
@@ -282,12 +296,21 @@ def first_fatal_line(text: str, patterns: tuple[str, ...]) -> str | None:
     for i, ln in enumerate(lines):
         if not any(p in ln for p in patterns):
             continue
-        if "Traceback (most recent call last)" not in ln:
+        if TRACEBACK not in ln:
             return ln.strip()
-        for later in lines[i + 1:]:
-            prefix = _VLLM_PREFIX.match(later)  # every group is optional: it always matches
-            msg = later[prefix.end():] if prefix else later
-            if msg.strip() and not msg[:1].isspace() and not msg.lstrip().startswith("^"):
-                return later.strip()
-        return ln.strip()
+        return _exception_line(lines, i) or ln.strip()
     return None
+
+
+def fatal_lines(text: str, patterns: tuple[str, ...]) -> list[str]:
+    """Like :func:`matching_lines`, but a traceback header carries the exception that ends it:
+    ``"<header> -> <exception line>"`` (so a check, or a fault scenario's
+    ``expected_survivor_errors``, can tell one traceback from another)."""
+    lines = until_stop_marker(text).splitlines()
+    out = []
+    for i, ln in enumerate(lines):
+        if not any(p in ln for p in patterns):
+            continue
+        exc = _exception_line(lines, i) if TRACEBACK in ln else None
+        out.append(ln.strip() + (f" -> {exc}" if exc else ""))
+    return out

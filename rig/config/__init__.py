@@ -24,6 +24,7 @@ from rig.config.expectations import (
                                      Expectation,
                                      HttpErrorSignature,
                                      KnownIssue,
+                                     LeakSignature,
                                      Outcome,
                                      Signature,
                                      StaleKvSignature,
@@ -38,7 +39,7 @@ from rig.config.topology import RigConfig
 
 __all__ = [
     "NAME_PATTERN", "STORE_KINDS", "WAVE_KINDS", "ConfigError", "CrashSignature", "Expectation",
-    "HttpErrorSignature", "InstanceConfig", "KnownIssue", "Outcome", "RigConfig", "ScenarioConfig",
+    "HttpErrorSignature", "InstanceConfig", "KnownIssue", "LeakSignature", "Outcome", "RigConfig", "ScenarioConfig",
     "Signature", "SpeculativeConfig", "StaleKvSignature", "StallSignature", "StoreScenarioConfig",
     "WaveConfig", "WrongOutputSignature", "apply_overrides", "load_config", "read_yaml_mapping", "version_in",
 ]

@@ -86,14 +86,27 @@ class StaleKvSignature(SignatureBase):
     parity: bool = True
 
 
+class LeakSignature(SignatureBase):
+    """Blocks of an answered request that prefill kept until its ``kv_lease_duration`` expired
+    instead of freeing them on D's read: P's ``Releasing expired KV blocks for request <id>``
+    line (nixl base_worker.py, 0.32.0) naming the request whose ``remote_request_id`` P returned.
+    ``blocks_of`` says whose blocks: ``sibling`` = only another child of the same parallel-sampling
+    request (``n`` > 1 on the prefill hop: ``<i>_<id>`` children, the params name one of them;
+    BUGS R16, vllm PR #38900), ``request`` = the named child itself (D never released what it
+    read), ``any`` = either. Explains ``released-by-d`` on those requests only."""
+
+    kind: Literal["leak"]
+    blocks_of: Literal["sibling", "request", "any"] = "sibling"
+
+
 class WrongOutputSignature(SignatureBase):
     """An answered request whose tokens diverge from the non-disaggregated reference."""
 
     kind: Literal["wrong-output"]
 
 
-Signature = Annotated[StallSignature | HttpErrorSignature | CrashSignature | StaleKvSignature | WrongOutputSignature,
-                      Field(discriminator="kind")]
+Signature = Annotated[StallSignature | HttpErrorSignature | CrashSignature | StaleKvSignature | WrongOutputSignature
+                      | LeakSignature, Field(discriminator="kind")]
 
 
 class KnownIssue(StrictModel):
@@ -120,7 +133,7 @@ class KnownIssue(StrictModel):
         if isinstance(v, str):
             raise ValueError(
                 f"{v!r} is a bare symptom name; give its signature as a mapping with kind: one of stall, "
-                "http-error, crash, stale-kv, wrong-output, e.g. {kind: stall, instance: decode, "
+                "http-error, crash, stale-kv, wrong-output, leak, e.g. {kind: stall, instance: decode, "
                 "waiting_reason: capacity, admission: fits-but-waits}")
         return v
 
@@ -152,6 +165,13 @@ class Outcome(StrictModel):
     http_status: int | None = Field(None, ge=100, le=599,
                                     description="decode must answer with this HTTP status (an expected refusal)")
     http_message: str | None = Field(None, description="regex the refusal's message must match")
+    min_preemptions: int | None = Field(
+        None, ge=1, description="decode's vllm:num_preemptions_total must rise by at least this over the "
+                                "scenario (check `preempted`): a tight decode pool with long generations that "
+                                "must preempt (BUGS R11); every request must still finish with parity")
+    min_spec_drafts: int | None = Field(
+        None, ge=1, description="decode's vllm:spec_decode_num_drafts_total must rise by at least this (check "
+                                "`spec-drafted`): D's speculative method really proposed drafts (BUGS R09)")
 
     @field_validator("http_message")
     @classmethod
@@ -164,6 +184,9 @@ class Outcome(StrictModel):
             raise ValueError("give either token counts (an answer) or http_status (a refusal), not both")
         if self.http_message is not None and self.http_status is None:
             raise ValueError("http_message needs http_status")
+        for f in ("min_preemptions", "min_spec_drafts"):
+            if getattr(self, f) is not None and self.http_status is not None:
+                raise ValueError(f"{f} needs answered requests; a refusal (http_status) runs no decode step")
         return self
 
 

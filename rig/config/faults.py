@@ -27,9 +27,10 @@ decode hop ``delay_s`` later).
 
 from __future__ import annotations
 
+import re
 from typing import Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from rig.config.base import StrictModel
 
@@ -115,6 +116,22 @@ class FaultScenarioConfig(StrictModel):
     idle_margin_s: float = Field(
         10, ge=0, description="idle bound = nixl.kv_lease_duration + this (P may hold an abandoned "
                               "request's blocks until its lease expires)")
+    expected_survivor_errors: list[str] = Field(
+        default_factory=list,
+        description="regexes of the exception lines the fault is expected to make a survivor log with a "
+                    "traceback, e.g. D's handled 'NIXL_ERR_REMOTE_DISCONNECT' when P is killed: such a "
+                    "traceback on an instance that stayed alive is named in no-fatal-log, not failed. "
+                    "Only tracebacks (never 'Cannot get', EngineDeadError, a segfault), only once a fault fired")
+
+    @field_validator("expected_survivor_errors")
+    @classmethod
+    def _regexes(cls, v: list[str]) -> list[str]:
+        for rx in v:
+            try:
+                re.compile(rx)
+            except re.error as e:
+                raise ValueError(f"expected_survivor_errors: {rx!r} is not a regular expression ({e})") from None
+        return v
 
     @model_validator(mode="after")
     def _faulted_in_range(self) -> FaultScenarioConfig:

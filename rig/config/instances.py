@@ -23,7 +23,8 @@ class SpeculativeConfig(StrictModel):
     num_speculative_tokens: int = Field(1, ge=1, description="draft tokens per step (k)")
     prompt_lookup_max: int | None = Field(4, ge=1)
     prompt_lookup_min: int | None = Field(2, ge=1)
-    model: str | None = Field(None, description="draft model for methods that need one")
+    model: str | None = Field(None, description="draft model for methods that need one (draft_model, eagle); "
+                                                "'{model}' = the served model itself (the tiny model as its own draft)")
 
     def to_vllm_json(self) -> dict[str, Any]:
         """The dict passed as ``--speculative-config`` JSON (None-valued keys dropped)."""

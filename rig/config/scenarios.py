@@ -158,6 +158,16 @@ class ScenarioConfig(StrictModel):
         return self
 
     @model_validator(mode="after")
+    def _preemption_on_edge(self) -> ScenarioConfig:  # issue #12 item 4
+        for f in ("min_preemptions", "min_spec_drafts"):
+            wants = (getattr(self.expect, f) is not None
+                     or any(getattr(v, f) is not None for v in self.expect.by_version))
+            if wants and self.kind != "edge":
+                raise ValueError(f"expect.{f}: only for kind edge (kind is {self.kind!r}); its check reads "
+                                 "decode's counter over an edge scenario's requests")
+        return self
+
+    @model_validator(mode="after")
     def _hold_consistent(self) -> ScenarioConfig:
         if (self.hold_between_s or self.flush_prefill) and self.kind != "edge":
             raise ValueError(f"hold_between_s / flush_prefill: only for kind edge (kind is {self.kind!r})")

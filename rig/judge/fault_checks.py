@@ -6,6 +6,9 @@ check (:mod:`rig.judge.checks`): an event that never came is "not checked", neve
 
 from __future__ import annotations
 
+import re
+
+from rig.cluster.logs import TRACEBACK
 from rig.config import ScenarioConfig
 from rig.judge.checks import (
     Check,
@@ -104,22 +107,39 @@ def fault_checks(sc: ScenarioConfig, obs: ScenarioObservation, result: FaultResu
         out.append(Check("idle-after", None, "not checked: recovery was not run"))
     down = tuple(n for n in result.killed if n not in result.restarted)
     out.append(alive_check(obs, skip=down))
-    out.append(_fatal_log_check_survivors(obs, result))
+    out.append(_fatal_log_check_survivors(obs, result, tuple(sc.fault.expected_survivor_errors) if sc.fault else ()))
     out.append(kv_integrity_check(obs))
     streamed = stream_check(obs.records)
     return out + ([streamed] if streamed else [])
 
 
-def _fatal_log_check_survivors(obs: ScenarioObservation, result: FaultResult) -> Check:
+def _fatal_log_check_survivors(obs: ScenarioObservation, result: FaultResult,
+                               expected: tuple[str, ...] = ()) -> Check:
     """``no-fatal-log`` over the instances the fault did not kill; a killed instance's log
-    (written before and at its death) is excluded and the exclusion named."""
+    (written before and at its death) is excluded and the exclusion named. ``expected``
+    (``fault.expected_survivor_errors``): regexes of exception lines the fault makes a survivor
+    log; once a fault fired, a traceback of an instance still alive that ends in such a line
+    (:func:`rig.cluster.logs.fatal_lines` carries it) is named in the detail, not failed. Any
+    other fatal line, on any survivor, still fails."""
     killed = set(result.killed)
-    if not killed:
+    fired = any(e.fired for e in result.events)
+    handled: dict[str, int] = {}
+
+    def keep(name: str, line: str) -> bool:
+        exc = line.split(" -> ", 1)[1] if TRACEBACK in line and " -> " in line else ""
+        if fired and exc and name not in obs.dead and any(re.search(rx, exc) for rx in expected):
+            handled[name] = handled.get(name, 0) + 1
+            return False
+        return True
+
+    kept = {k: [ln for ln in v if keep(k, ln)] for k, v in obs.fatal_lines.items() if k not in killed}
+    if not killed and not handled:
         return fatal_log_check(obs)
-    kept = {k: v for k, v in obs.fatal_lines.items() if k not in killed}
     trimmed = ScenarioObservation(scenario=obs.scenario, decode=obs.decode, prefill=obs.prefill,
                                   fatal_lines=kept, unscanned_logs={k: v for k, v in obs.unscanned_logs.items()
                                                                     if k not in killed})
     c = fatal_log_check(trimmed)
-    return Check(c.name, c.ok, c.detail + f" (survivors; {', '.join(sorted(killed))} killed by the fault: "
-                                          "its log not judged)", c.requests)
+    notes = [f"{', '.join(sorted(killed))} killed by the fault: its log not judged"] if killed else []
+    notes += [f"{name}: {n} handled traceback(s) the fault was expected to cause (expected_survivor_errors)"
+              for name, n in sorted(handled.items())]
+    return Check(c.name, c.ok, c.detail + f" (survivors; {'; '.join(notes)})", c.requests)

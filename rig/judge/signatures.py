@@ -18,7 +18,15 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from rig.config import CrashSignature, HttpErrorSignature, StaleKvSignature, StallSignature, WrongOutputSignature
+from rig.config import (
+    CrashSignature,
+    HttpErrorSignature,
+    LeakSignature,
+    StaleKvSignature,
+    StallSignature,
+    WrongOutputSignature,
+)
+from rig.judge.checks import lease_released_ids, parent_request_id
 from rig.observe.observations import ScenarioObservation
 from rig.observe.parity import ParityResult
 from rig.observe.stall import StallFacts
@@ -244,6 +252,29 @@ def _wrong(sig: WrongOutputSignature, reqs: list[RequestFacts]) -> Match:
                  shown=", ".join(hits) + " diverged from the reference")
 
 
+def _leak(sig: LeakSignature, obs: ScenarioObservation, reqs: list[RequestFacts]) -> Match:
+    released = lease_released_ids(obs.kv_integrity_lines.get(obs.prefill, []))
+    want = {"sibling": "a sibling child's blocks", "request": "its own blocks", "any": "its or a sibling's blocks"}
+    hits, seen, shown = [], [], []
+    for r in reqs:
+        if r.outcome != "ok" or not r.remote_request_id:
+            continue
+        parent = parent_request_id(r.remote_request_id)
+        family = [(rid, text) for rid, text in released if parent_request_id(rid) == parent]
+        fits = [(rid, text) for rid, text in family
+                if sig.blocks_of == "any" or (rid == r.remote_request_id) == (sig.blocks_of == "request")]
+        if fits:
+            hits.append(r.request_id)
+            shown.append(f"{r.request_id}: params name {r.remote_request_id}, P's lease released {fits[0][0]}")
+        elif family:
+            seen.append(f"{r.request_id}: P's lease released {', '.join(rid for rid, _ in family)} "
+                        f"(params name {r.remote_request_id})")
+    expected = f"an answered request whose {want[sig.blocks_of]} P's lease reaper released (not D's read)"
+    return Match(frozenset(hits), frozenset({"released-by-d"}), frozenset(sig.excuses),
+                 seen="; ".join(seen) or f"no lease release of an answered request's blocks in {obs.prefill}'s log",
+                 expected=expected, shown="; ".join(shown))
+
+
 def match(sig: Any, obs: ScenarioObservation, reqs: list[RequestFacts], blocks: BlockFacts | None = None) -> Match:
     """Match signature ``sig`` (rig.config.Signature) on ``obs`` / ``reqs``; see :class:`Match`.
     ``blocks``: the decode's block arithmetic, needed by a stall signature's ``admission``."""
@@ -257,4 +288,6 @@ def match(sig: Any, obs: ScenarioObservation, reqs: list[RequestFacts], blocks: 
         return _stale(sig, obs, reqs)
     if isinstance(sig, WrongOutputSignature):
         return _wrong(sig, reqs)
+    if isinstance(sig, LeakSignature):
+        return _leak(sig, obs, reqs)
     raise TypeError(f"unknown signature {type(sig).__name__}")

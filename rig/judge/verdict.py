@@ -37,9 +37,11 @@ from packaging.version import InvalidVersion, Version
 from rig.config import KnownIssue, ScenarioConfig
 from rig.judge.checks import (
     KV_PULLED_METRICS,
+    RISING_COUNTERS,
     Check,
     alive_check,
     completion_checks,
+    counter_rose_check,
     fatal_log_check,
     idle_check,
     kv_integrity_check,
@@ -82,9 +84,14 @@ REFUSAL_REQUIRED = ("completed", "alive", "no-fatal-log", "idle-after")
 
 def required_checks(sc: ScenarioConfig, refusal: bool = False) -> tuple[str, ...]:
     """The checks scenario ``sc`` requires (:data:`REQUIRED` of its kind; parity only with
-    ``sc.parity``; :data:`REFUSAL_REQUIRED` when its expected outcome is an HTTP refusal) plus
+    ``sc.parity``; ``preempted`` / ``spec-drafted`` with ``expect.min_preemptions`` /
+    ``min_spec_drafts``; :data:`REFUSAL_REQUIRED` when its expected outcome is an HTTP refusal) plus
     the ones it asks for in ``sc.require`` (BUGS R12 / R15)."""
-    names = (REFUSAL_REQUIRED if refusal else REQUIRED[sc.kind]) + tuple(sc.require)
+    names = REFUSAL_REQUIRED if refusal else REQUIRED[sc.kind]
+    if not refusal:
+        names = names + tuple(check for f, (check, _, _) in RISING_COUNTERS.items()
+                              if getattr(sc.expect, f) is not None)
+    names = names + tuple(sc.require)
     return tuple(dict.fromkeys(n for n in names if sc.parity or n != "parity"))
 
 
@@ -273,6 +280,7 @@ def edge_checks(sc: ScenarioConfig, obs: ScenarioObservation, outcome=None) -> l
         out.append(_kv_pulled(obs))
         if sc.parity:
             out.append(parity_check(obs.records, obs.parity))
+    out += [counter_rose_check(obs, f, getattr(outcome, f)) for f in RISING_COUNTERS if getattr(outcome, f) is not None]
     out += [alive_check(obs), fatal_log_check(obs), kv_integrity_check(obs), idle_check(obs)]
     return out
 

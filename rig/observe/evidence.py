@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 
 import httpx
 
-from rig.cluster.logs import first_fatal_line, matching_lines
+from rig.cluster.logs import fatal_lines, first_fatal_line, matching_lines
 from rig.cluster.processes import FATAL_PATTERNS, KV_INTEGRITY_PATTERNS, Cluster
 from rig.observe import metrics as m
 from rig.observe.observations import ScenarioObservation
@@ -87,7 +87,7 @@ class LogScanner:
                 if start is None:
                     self._scan[n] = end  # readable from now on: the next scenario scans it
                 continue
-            obs.fatal_lines[n] = matching_lines(text, FATAL_PATTERNS)
+            obs.fatal_lines[n] = fatal_lines(text, FATAL_PATTERNS)
             obs.kv_integrity_lines[n] = matching_lines(text, KV_INTEGRITY_PATTERNS)
             self._scan[n] = end if end is not None else start
 

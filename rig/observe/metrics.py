@@ -20,6 +20,7 @@ WAITING_BY_REASON = "vllm:num_requests_waiting_by_reason"
 KV_USAGE = "vllm:kv_cache_usage_perc"  # a 0..1 fraction despite the name
 KV_FETCH_BY_STAGE = "vllm:num_requests_kv_fetch_by_stage"
 PREEMPTIONS = "vllm:num_preemptions_total"
+SPEC_DRAFTS = "vllm:spec_decode_num_drafts_total"
 GENERATION_TOKENS = "vllm:generation_tokens_total"
 PROMPT_TOKENS = "vllm:prompt_tokens_total"
 PROMPT_TOKENS_BY_SOURCE = "vllm:prompt_tokens_by_source_total"

@@ -123,7 +123,7 @@ class TransferEvidence:
             cached_prompt_tokens=m.delta(before, after, m.PROMPT_TOKENS_BY_SOURCE, source="local_cache_hit"),
             failed_transfers=m.delta(before, after, m.NIXL_FAILED_TRANSFERS),
             preemptions=m.delta(before, after, m.PREEMPTIONS),
-            spec_drafts=m.delta(before, after, "vllm:spec_decode_num_drafts_total"),
+            spec_drafts=m.delta(before, after, m.SPEC_DRAFTS),
         )
 
 

@@ -88,7 +88,10 @@ def vllm_argv(cfg: RigConfig, role: str, inst: InstanceConfig, model_path: str, 
     if inst.tensor_parallel_size != 1:
         argv += ["--tensor-parallel-size", str(inst.tensor_parallel_size)]
     if inst.speculative is not None:
-        argv += ["--speculative-config", json.dumps(inst.speculative.to_vllm_json(), separators=(",", ":"))]
+        spec = inst.speculative.to_vllm_json()
+        if "model" in spec:  # "{model}": the served model is its own draft (draft_model on CPU, docs/vllm-cpu-facts.md)
+            spec["model"] = spec["model"].replace("{model}", model_path)
+        argv += ["--speculative-config", json.dumps(spec, separators=(",", ":"))]
     argv += ["--enable-prefix-caching" if inst.enable_prefix_caching else "--no-enable-prefix-caching"]
     if cfg.launch.enforce_eager:
         argv += ["--enforce-eager"]

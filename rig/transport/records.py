@@ -35,7 +35,7 @@ ERROR_OUTCOMES = ("timeout", "http_error", "connection_error", "empty", "cancell
 @dataclass(frozen=True)
 class StallFacts:
     """The frozen state of one instance as structured facts, which a known issue's stall
-    signature (rig.config.schema.StallSignature) matches field by field; the stall watcher takes
+    signature (rig.config.StallSignature) matches field by field; the stall watcher takes
     them from ``/metrics`` (rig.observe.stall.facts_of) and a stalled record keeps them.
 
     ``waiting`` / ``running``: request gauges; ``kv_usage``: 0..1; ``waiting_reasons`` and
