@@ -259,6 +259,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--bare-all", action="store_true",
                     help="also start every instance the suite uses at once, unpinned (both CPUs): the "
                          "measured floor of a parallel start-up")
+    ap.add_argument("--alternate", metavar="PATH=VALUE",
+                    help="odd repeats (1st, 3rd, ...) with this extra override: a before/after within one "
+                         "run, summarised per variant (e.g. launch.start_all_at_once=false)")
     ap.add_argument("--budget-min", type=float, default=9.0,
                     help="start no repeat that would end past this many minutes (the live lock is shared)")
     ap.add_argument("--combine", nargs="+", metavar="JSON", help="merge the JSONs of earlier batches, run nothing")
@@ -300,7 +303,9 @@ def main(argv: list[str] | None = None) -> int:
         if time.monotonic() - t_start + longest > args.budget_min * 60:
             print(f"stopping after {i} repeats: another would end past --budget-min {args.budget_min:g}", flush=True)
             break
-        r = run_suite(args.config, args.overrides, args.scenario, work / f"repeat-{i + 1}")
+        variant = [args.alternate] if args.alternate and i % 2 == 0 else []
+        r = run_suite(args.config, args.overrides + variant, args.scenario, work / f"repeat-{i + 1}")
+        r["variant"] = variant[0] if variant else "as configured"
         if bare:
             r["ratio_to_pair"] = r["wall_s"] / bare["pair_ready_s"]
         repeats.append(r)
@@ -309,12 +314,19 @@ def main(argv: list[str] | None = None) -> int:
               f"ttv {r['ttv']} ({r['decided']}); false stalls {r['false_stalls'] or 0}", flush=True)
     result["repeats"] = repeats
     result["summary"] = summarise(bare, repeats)
+    if args.alternate:
+        result["summary_by_variant"] = {v: summarise(bare, [r for r in repeats if r["variant"] == v])
+                                        for v in dict.fromkeys(r["variant"] for r in repeats)}
     result["loadavg_after"] = os.getloadavg()
     _print_summary(result)
     return _write(result, Path(args.out) if args.out else work.with_suffix(".json"))
 
 
 def _print_summary(result: dict[str, Any]) -> None:
+    for variant, vs in result.get("summary_by_variant", {}).items():
+        print(f"\n{variant}: suite wall {_fmt(vs['suite_wall_s'], ' s')}; ratio {_fmt(vs.get('ratio_wall_to_pair_startup'))}")
+        for k, t in vs["timings_s"].items():
+            print(f"  {k}: {_fmt(t, ' s')}")
     s = result["summary"]
     print(f"\nsuite wall: {_fmt(s['suite_wall_s'], ' s')}")
     if s.get("ratio_wall_to_pair_startup"):
