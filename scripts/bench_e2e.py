@@ -342,7 +342,8 @@ def _print_summary(result: dict[str, Any]) -> None:
         print(f"time to verdict {n}: {_fmt(t, ' s')}; decided {s['decided'][n]}")
     print(f"false stalls: {s['false_stalls']} over {s['suite_wall_s']['n'] if s['suite_wall_s'] else 0} repeats; "
           f"runs not passed: {s['runs_not_passed']}")
-    print(f"load average before {result.get('loadavg_before')}, after {result.get('loadavg_after')}")
+    for b in result.get("batches", [result]):
+        print(f"load average before {b.get('loadavg_before')}, after {b.get('loadavg_after')} ({b.get('date')})")
 
 
 def _write(result: dict[str, Any], out: Path) -> int:
