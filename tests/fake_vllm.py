@@ -638,6 +638,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"INFO:     Started server process [{os.getpid()}]", file=sys.stderr, flush=True)
     log("INFO", f"vLLM API server version {VERSION}")
     log("INFO", f"args: {vars(args)}", "utils.py:1")
+    # The affinity it was spawned with (the rig pins after spawn; tests read it back).
+    log("INFO", f"CPUs at start: {','.join(map(str, sorted(os.sched_getaffinity(0))))}", "fake_vllm.py:1")
     if FAULT and FAULT not in FAULTS:
         log("WARNING", f"unknown FAKE_VLLM_FAULT={FAULT!r} ignored")
     if FAULT == "exit-before-ready":

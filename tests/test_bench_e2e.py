@@ -61,3 +61,26 @@ def test_floor_is_cpu_seconds_of_every_instance_over_the_cpus():
     assert fl["suite_startup_cpu_s"] == 175.0 and fl["parallel_floor_s"] == 87.5
     assert fl["floor_ratio"] == pytest.approx(1.75)
     assert bench.spread([]) is None
+
+
+def test_batches_combine_with_each_ratio_to_its_own_bare_start_up(tmp_path, capsys):
+    def rep(wall, ttv, timings):
+        return {"wall_s": wall, "status": "passed", "ttv": {"edge-126": [ttv]}, "decided": {"edge-126": ["early"]},
+                "false_stalls": [], "verdicts": {"edge-126": "XFAIL"}, "timings": timings}
+
+    # Batch 1 predates per-repeat ratios (taken from its own bare start-up); batch 2 carries them.
+    b1 = {"date": "d1", "bare": {"pair_ready_s": 50.0}, "repeats": [rep(150.0, 1.3, {"startup phase 1": 50.0,
+                                                                                        "warm-up phase 1": 3.0})]}
+    r2 = rep(75.0, 1.5, {"startup all at once": 45.0, "startup phase 1": 0.5})
+    b2 = {"date": "d2", "bare": {"pair_ready_s": 25.0}, "repeats": [{**r2, "ratio_to_pair": 3.0}]}
+    paths = []
+    for i, b in enumerate((b1, b2)):
+        paths.append(str(tmp_path / f"b{i}.json"))
+        Path(paths[-1]).write_text(json.dumps(b))
+    assert bench.main(["--combine", *paths, "--out", str(tmp_path / "all.json")]) == 0
+    s = json.loads((tmp_path / "all.json").read_text())["summary"]
+    assert s["ratio_wall_to_pair_startup"] == {"min": 3.0, "median": 3.0, "max": 3.0, "n": 2}
+    assert s["ttv_s"]["edge-126"]["n"] == 2 and s["false_stalls"] == 0
+    assert s["timings_s"]["startup all at once"]["n"] == 1 and s["timings_s"]["startup phase 1"]["n"] == 2
+    assert s["beyond_startup_s"] == {"min": 29.5, "median": 64.75, "max": 100.0, "n": 2}
+    assert "false stalls: 0 over 2 repeats" in capsys.readouterr().out

@@ -27,7 +27,7 @@ import socket
 import subprocess
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Collection, Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -167,6 +167,8 @@ class Cluster:
         self.startup_timeout_s = startup_timeout_s
         self.grace_s = grace_s
         self.procs: dict[str, Running] = {}
+        # Instances held with SIGSTOP (:meth:`freeze`): started and ready, not in use.
+        self.frozen: set[str] = set()
         self._reaper = Reaper(grace_s)
         atexit.register(self.stop_all)
 
@@ -178,8 +180,17 @@ class Cluster:
     def __exit__(self, *exc) -> None:
         self.stop_all()
 
-    def start(self, names: list[str]) -> dict[str, float]:
+    def start(self, names: list[str], startup_cpus: Mapping[str, tuple[int, ...]] | None = None,
+              freeze_when_ready: Collection[str] = ()) -> dict[str, float]:
         """Start the named processes together and wait until all are ready.
+
+        ``startup_cpus`` (``{name: cpus}``, from :func:`startup_affinity`): the CPUs a process
+        runs on until it is ready, instead of its spec's ``cpus``; once ready, every thread of it
+        is pinned to its spec's ``cpus`` (and nothing else), so the affinity the scenarios see is
+        the configured one. ``freeze_when_ready``: names whose process group is SIGSTOPped as soon
+        as it is ready (:meth:`freeze`), so an idle instance (which spins on a CPU host) does not
+        take CPU from those still starting; never one the others need while starting (a
+        Mooncake master).
 
         Returns ``{name: seconds to ready}``. Raises ClusterError when a process exits before
         it is ready (with its log tail) or is not ready within ``startup_timeout_s``; the
@@ -196,12 +207,12 @@ class Cluster:
                                ", ".join(f"{n}:{p}" for n, p in busy) +
                                "; stop that process or change the ports in the config")
         for name in todo:
-            self._spawn(self.plan.by_name(name))
+            self._spawn(self.plan.by_name(name), (startup_cpus or {}).get(name))
         with ThreadPoolExecutor(max_workers=max(1, len(todo))) as pool:
-            results = list(pool.map(self._wait_ready, todo))
+            results = list(pool.map(lambda n: self._wait_ready(n, n in freeze_when_ready), todo))
         return dict(zip(todo, results, strict=True))
 
-    def _spawn(self, spec: ProcessSpec) -> None:
+    def _spawn(self, spec: ProcessSpec, startup_cpus: tuple[int, ...] | None = None) -> None:
         if self.attach:
             self.procs[spec.name] = Running(spec=spec, popen=None, started_at=time.monotonic())
             return
@@ -219,12 +230,13 @@ class Cluster:
                                      stdin=subprocess.DEVNULL, start_new_session=True)
         append_marker(spec.log_path, start_marker(spec.name, popen.pid))
         self._reaper.add(popen.pid)  # start_new_session: pgid == pid
-        pin_cpus(popen.pid, spec.cpus)
+        # Inherited by every thread and child it starts; the pass after ready covers any race.
+        pin_cpus(popen.pid, spec.cpus if startup_cpus is None else startup_cpus)
         if spec.nice:
             lower_group_priority(popen.pid, spec.nice)
         self.procs[spec.name] = Running(spec=spec, popen=popen, started_at=time.monotonic())
 
-    def _wait_ready(self, name: str) -> float:
+    def _wait_ready(self, name: str, freeze: bool = False) -> float:
         run = self.procs[name]
         spec = run.spec
         deadline = run.started_at + self.startup_timeout_s
@@ -240,6 +252,8 @@ class Cluster:
                         lower_engine_priority(run.popen.pid, spec.nice)
                     if spec.cpus and run.popen is not None:
                         pin_cpus(run.popen.pid, spec.cpus, tree=True)
+                    if freeze:
+                        self.freeze([name])
                     return run.ready_after_s
                 if time.monotonic() > deadline:
                     if self.attach:  # nothing of ours to show: name where we looked
@@ -302,6 +316,7 @@ class Cluster:
 
     def stop(self, names: list[str]) -> None:
         """Stop the named processes (SIGTERM to each group, SIGKILL after the grace period)."""
+        self.frozen -= set(names)  # kill_groups continues them so they see the SIGTERM
         runs = [(r.spec, r.popen) for r in (self.procs.pop(n) for n in names if n in self.procs)
                 if r.popen is not None]
         if not runs:
@@ -321,6 +336,26 @@ class Cluster:
             self._reaper.close()
             self._reaper = None  # type: ignore[assignment]
         atexit.unregister(self.stop_all)
+
+    def freeze(self, names: list[str]) -> None:
+        """SIGSTOP the process groups of the named running instances (API server, EngineCore,
+        workers at once, so none sees another stop answering) and remember them as frozen.
+
+        Used to hold instances started ahead of their phase: an idle vLLM CPU instance with
+        NIXL spins about two cores. A frozen instance is continued by :meth:`thaw` or by
+        teardown (:func:`~rig.cluster.reaper.kill_groups` sends SIGCONT after SIGTERM).
+        vLLM 0.32.0 survives a stop of the whole group: docs/faults.md
+        (``fault-sigstop-d-past-lease``) and docs/performance.md. Raises ClusterError in attach
+        mode or for an instance this cluster did not start (:meth:`signal`)."""
+        for n in names:
+            self.signal(n, signal.SIGSTOP)
+            self.frozen.add(n)
+
+    def thaw(self, names: list[str]) -> None:
+        """SIGCONT the named frozen instances (others are left alone)."""
+        for n in [n for n in names if n in self.frozen]:
+            self.signal(n, signal.SIGCONT)
+            self.frozen.discard(n)
 
     # -- faults (issue #12: rig/workload/faults.py) -----------------------------------------------------
 
@@ -401,6 +436,30 @@ class Cluster:
             return self._log_sources[name]
         spec = self.plan.by_name(name)
         return None if self.attach else FileLog(name, spec.log_path)
+
+
+def startup_affinity(cpus_of: Mapping[str, tuple[int, ...]], allowed: Iterable[int]) -> dict[str, tuple[int, ...]]:
+    """CPUs for each pinned instance while the suite's instances start at once.
+
+    ``cpus_of``: ``{name: configured cpus}`` in start order (``()`` = unpinned: left out, it
+    runs on every CPU); ``allowed``: the CPUs the rig may use. Each pinned instance gets as many
+    CPUs as it is configured with (vLLM and torch size their thread pools to the CPUs they see
+    at start, ``vllm/platforms/cpu.py`` ``get_max_threads``), the least loaded ones, its own
+    configured CPUs first on a tie: start-up is CPU-bound, so spreading the instances over
+    every CPU is what makes starting them together faster than one pair after another.
+    After ready, :meth:`Cluster.start` pins each to its configured CPUs."""
+    pool = sorted(set(allowed))
+    load = dict.fromkeys(pool, 0)
+    out: dict[str, tuple[int, ...]] = {}
+    for name, cpus in cpus_of.items():
+        if not cpus:
+            continue
+        want = min(len(cpus), len(pool))
+        pick = sorted(pool, key=lambda c: (load[c], c not in cpus, c))[:want]
+        for c in pick:
+            load[c] += 1
+        out[name] = tuple(sorted(pick))
+    return out
 
 
 def install_signal_handlers() -> None:

@@ -91,6 +91,11 @@ class LaunchConfig(StrictModel):
         0, ge=0, le=19,
         description="niceness of servers; on small CPU hosts keeps the rig's observer responsive")
     enforce_eager: bool = Field(True, description="skip graph compilation (it lengthens every CPU start-up)")
+    start_all_at_once: bool = Field(
+        False, description="pdrig e2e: start every instance of the suite together, spread over the "
+                           "CPUs, each pinned to its own cpus once ready; instances a phase does not use "
+                           "are held stopped (SIGSTOP) until it does. For CPU hosts, where start-up is "
+                           "CPU-bound (docs/performance.md)")
     seed: int = 0
     extra_args: list[str] = Field(default_factory=list, description="appended to every instance")
 

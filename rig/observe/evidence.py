@@ -55,9 +55,10 @@ class LogScanner:
 
     def phase_started(self, cluster: Cluster) -> None:
         """Call once the phase's instances are up: fatal lines count from here (warm-up included);
-        an instance kept from the previous phase keeps its mark (its lines are scanned once)."""
+        an instance kept from the previous phase keeps its mark (its lines are scanned once); a
+        frozen instance (``Cluster.freeze``: not in this phase) is marked when a phase continues it."""
         for n in cluster.procs:
-            if n not in self._scan:
+            if n not in self._scan and n not in cluster.frozen:
                 src = cluster.log_source(n)
                 self._scan[n] = src.mark() if src is not None else None
 
@@ -75,6 +76,8 @@ class LogScanner:
         """
         obs.fatal_lines = {}
         for n in cluster.procs:
+            if n in cluster.frozen:  # held for a later phase: writes nothing, scanned once continued
+                continue
             src = cluster.log_source(n)
             if src is None:
                 obs.unscanned_logs[n] = NO_LOG_SOURCE

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import sys
 import time
 import traceback
@@ -29,7 +30,7 @@ from rig.cluster.logs import LogSource
 from rig.cluster.mooncake import master_binary
 from rig.cluster.ports import PortReservation
 from rig.cluster.ports import reserve as reserve_ports
-from rig.cluster.processes import Cluster, ClusterError
+from rig.cluster.processes import Cluster, ClusterError, startup_affinity
 from rig.cluster.tiny_model import ensure_tiny_model, tiny_model_dir
 from rig.config import ConfigError, RigConfig, ScenarioConfig
 from rig.connectors.mooncake import MASTER_ROLE
@@ -168,7 +169,7 @@ class SuiteRunner:
             (self.run_dir / "config.yaml").write_text(yaml.safe_dump(self.result.config, sort_keys=False))
             cluster = Cluster(plan, self.cfg.timeouts.startup_s, self.cfg.timeouts.shutdown_grace_s,
                               attach=self.attach, log_sources=self.log_sources)
-            aio.run(self._run_phases(cluster, plan))
+            aio.run(self._run_phases(cluster, plan, upfront=self.cfg.launch.start_all_at_once and not self.attach))
         except KeyboardInterrupt as e:
             self.result.status, self.result.error = "interrupted", f"interrupted ({e or 'SIGINT'})"
             interrupted = e
@@ -235,7 +236,11 @@ class SuiteRunner:
             verdict = ScenarioVerdict(sc.name, "ERROR", "pass", obs.error)
         self.result.verdicts.append(verdict)
 
-    async def _run_phases(self, cluster: Cluster, plan: Plan) -> None:
+    async def _run_phases(self, cluster: Cluster, plan: Plan, upfront: bool = False) -> None:
+        """Run the phases in order. ``upfront`` (``launch.start_all_at_once``): every instance of
+        every phase starts at once (:meth:`_start_upfront`); a phase then continues its frozen
+        instances, freezes those a later phase needs and stops those no later phase needs.
+        Without it a phase starts what it lacks and stops everything else."""
         timeouts = self.cfg.timeouts
         store = SnapshotStore(self.run_dir)
         client = AiohttpTransport(self.cfg.model.served_name, timeout_s=max(timeouts.request_s, 5.0))
@@ -243,20 +248,30 @@ class SuiteRunner:
         # 4.6 s late during the 0.32.0 livelock on a 2-core host, against < 1 s for new ones.
         http = httpx.AsyncClient(timeout=10.0, limits=httpx.Limits(max_keepalive_connections=0))
         extra = [p.name for p in plan.processes if p.role == MASTER_ROLE]
+        phases = phases_of(self.cfg, self.scenarios)
         try:
-            for i, ph in enumerate(phases_of(self.cfg, self.scenarios)):
+            if upfront:
+                await self._start_upfront(cluster, extra, [n for ph in phases for n in (ph.prefill, ph.decode)])
+            for i, ph in enumerate(phases):
                 needed = set(extra) | {ph.prefill, ph.decode}
+                later = {n for p in phases[i + 1:] for n in (p.prefill, p.decode)} if upfront else set()
                 # An instance that died in an earlier phase is restarted: the run goes on.
                 dead = await asyncio.to_thread(cluster.dead)
-                stale = [n for n in cluster.procs if n not in needed or n in dead]
+                stale = [n for n in cluster.procs if (n not in needed and n not in later) or n in dead]
                 if stale:
                     self.log(f"stopping {', '.join(stale)}" + (f" (died: {dead})" if dead else ""))
                     await asyncio.to_thread(cluster.stop, stale)
                     self.logs.forget(stale)
+                hold = [n for n in cluster.procs if n not in needed and n not in cluster.frozen]
+                if hold:  # a later phase's instance, used in this one or not: held, not restarted
+                    cluster.freeze(hold)  # its log keeps its scan mark: scanned on from there once continued
                 new = [n for n in [*extra, ph.prefill, ph.decode] if n not in cluster.procs]
-                self.log(f"phase {i + 1}: starting {', '.join(sorted(new)) or 'nothing new'}")
+                thawing = sorted(needed & cluster.frozen)
+                self.log(f"phase {i + 1}: starting {', '.join(sorted(new)) or 'nothing new'}"
+                         + (f", continuing {', '.join(thawing)}" if thawing else ""))
                 self.logs.starting(cluster, new)
                 t = time.monotonic()
+                cluster.thaw(sorted(needed))
                 await asyncio.to_thread(cluster.start, [*extra, ph.prefill, ph.decode])
                 self.result.timings[f"startup phase {i + 1}"] = time.monotonic() - t
                 self.logs.phase_started(cluster)
@@ -279,6 +294,22 @@ class SuiteRunner:
             store.close()
             await client.aclose()
             await http.aclose()
+
+    async def _start_upfront(self, cluster: Cluster, extra: list[str], instances: list[str]) -> None:
+        """Start ``extra`` (a Mooncake master) and every vLLM instance in ``instances``
+        (duplicates ignored) at once, each pinned instance on its own share of the CPUs until
+        ready (:func:`startup_affinity`); each vLLM instance is frozen as soon as it is ready,
+        so those still starting keep the CPUs (``extra`` is not: the others may need it while
+        starting). Every thread is pinned to its configured ``cpus`` once ready. Timing
+        ``startup all at once``."""
+        names = list(dict.fromkeys([*extra, *instances]))
+        cpus = startup_affinity({n: cluster.plan.by_name(n).cpus for n in names}, os.sched_getaffinity(0))
+        self.log(f"starting {', '.join(names)} at once (until ready on CPUs "
+                 f"{', '.join(f'{n}: {list(c)}' for n, c in cpus.items()) or 'all'})")
+        self.logs.starting(cluster, names)
+        t = time.monotonic()
+        await asyncio.to_thread(cluster.start, names, cpus, set(instances))
+        self.result.timings["startup all at once"] = time.monotonic() - t
 
     def _judge(self, sc: ScenarioConfig, obs: ScenarioObservation, kind_result: object) -> ScenarioVerdict:
         """The kind's verdict; a rig exception while judging is that scenario's ERROR (traceback
