@@ -22,6 +22,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
+from rig.config.deployment import AttachLogConfig
+
 
 @runtime_checkable
 class LogSource(Protocol):
@@ -248,13 +250,14 @@ def _selector_filter(selector: str) -> dict[str, Any]:
     return out
 
 
-def attach_log_source(instance: str, spec: Any) -> LogSource:
+def attach_log_source(instance: str, spec: AttachLogConfig) -> LogSource:
     """The :class:`LogSource` an ``attach.logs`` entry (:class:`rig.config.AttachLogConfig`) names."""
     if spec.file is not None:
         return FileLog(instance, spec.file)
     if spec.compose is not None:
         return ComposeLog(instance, spec.compose.file, spec.compose.service)
     k = spec.kubernetes
+    assert k is not None  # AttachLogConfig validates that exactly one of the three is given
     return KubernetesLog(instance, k.selector, namespace=k.namespace, container=k.container)
 
 

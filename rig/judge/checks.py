@@ -15,13 +15,13 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import Any
 
 from rig.config import Outcome
 from rig.observe import metrics as m
 from rig.observe.observations import ScenarioObservation
 from rig.observe.parity import ParityResult
 from rig.transport.records import PDRecord
+from rig.workload.retrieval import RetrievalResult
 
 # Which metrics each metric check reads (rig/observe/metrics.py names): missing on the instance it
 # looks at -> that check is "not checked" (issue #9 item 5).
@@ -347,7 +347,7 @@ def lease_release_check(obs: ScenarioObservation) -> Check:
     return Check("released-by-d", True, "no answered request's blocks (or a sibling's) waited for the lease")
 
 
-def retrieval_check(result: Any) -> Check:
+def retrieval_check(result: RetrievalResult | None) -> Check:
     """``retrieval``: P/D retrieves at least as many identifiers as the non-disaggregated
     reference. Not checked when nothing was compared or the reference retrieved none (0 >= 0
     says nothing: the tiny random model retrieves nothing on either side)."""

@@ -14,22 +14,28 @@ from typing import Any
 from rig.config import ScenarioConfig
 from rig.judge.verdict import ScenarioVerdict
 from rig.observe.observations import ScenarioObservation
+from rig.observe.store_metrics import StoreObservation
 from rig.report.fault_section import fault_section
 from rig.report.store_section import store_section
 from rig.report.wave_section import wave_section
+from rig.workload.faults import FaultResult
+from rig.workload.retrieval import RetrievalResult
+from rig.workload.wave_result import WaveResult
 
 Section = Callable[[ScenarioConfig, ScenarioObservation, Any, ScenarioVerdict], "str | None"]
 
 
-def _wave(sc: ScenarioConfig, obs: ScenarioObservation, result: Any, v: ScenarioVerdict) -> str | None:
+def _wave(sc: ScenarioConfig, obs: ScenarioObservation, result: WaveResult | None, v: ScenarioVerdict) -> str | None:
     return wave_section(result, v) if result is not None else None
 
 
-def _store(sc: ScenarioConfig, obs: ScenarioObservation, result: Any, v: ScenarioVerdict) -> str | None:
+def _store(sc: ScenarioConfig, obs: ScenarioObservation, result: StoreObservation | None,
+           v: ScenarioVerdict) -> str | None:
     return store_section(sc, obs, result, v) if result is not None else None
 
 
-def retrieval_section(sc: ScenarioConfig, obs: ScenarioObservation, result: Any, v: ScenarioVerdict) -> str | None:
+def retrieval_section(sc: ScenarioConfig, obs: ScenarioObservation, result: RetrievalResult | None,
+                      v: ScenarioVerdict) -> str | None:
     """The retrieval rates of P/D and of the reference (rig.workload.retrieval.RetrievalResult)."""
     if result is None:
         return None
@@ -38,7 +44,7 @@ def retrieval_section(sc: ScenarioConfig, obs: ScenarioObservation, result: Any,
             f"|---|---|---|\n| {result.compared} | {result.pd_hits} ({pd:.0%}) | {result.ref_hits} ({ref:.0%}) |\n")
 
 
-def _fault(sc: ScenarioConfig, obs: ScenarioObservation, result: Any, v: ScenarioVerdict) -> str | None:
+def _fault(sc: ScenarioConfig, obs: ScenarioObservation, result: FaultResult | None, v: ScenarioVerdict) -> str | None:
     return fault_section(sc.name, result) if result is not None else None
 
 

@@ -31,15 +31,17 @@ from rig.judge.wave_checks import explain_stall, judge_wave
 from rig.observe import metrics as m
 from rig.observe.observations import ScenarioObservation, SnapshotStore
 from rig.observe.stall import cache_info
+from rig.observe.store_metrics import StoreObservation
 from rig.report.sections import section_of
 from rig.transport.client import Transport
 from rig.transport.endpoint import Endpoint
 from rig.transport.records import PDRecord
 from rig.workload.edge import flush_prefill_pool, run_edge
-from rig.workload.faults import run_fault_scenario
+from rig.workload.faults import FaultResult, run_fault_scenario
 from rig.workload.prompts import seed_of
-from rig.workload.retrieval import run_retrieval
+from rig.workload.retrieval import RetrievalResult, run_retrieval
 from rig.workload.store import StoreContext, run_store_scenario
+from rig.workload.wave_result import WaveResult
 from rig.workload.waves import run_wave_scenario, usable_blocks_of
 
 
@@ -129,7 +131,8 @@ async def _run_wave(sc: ScenarioConfig, ctx: ScenarioContext, obs: ScenarioObser
                                    explain=explain_stall)
 
 
-def _judge_wave(sc: ScenarioConfig, obs: ScenarioObservation, result: Any, sections: list[str]) -> ScenarioVerdict:
+def _judge_wave(sc: ScenarioConfig, obs: ScenarioObservation, result: WaveResult | None,
+                sections: list[str]) -> ScenarioVerdict:
     return _with_section(sc, obs, result, judge_wave(sc, obs, result), sections)
 
 
@@ -138,7 +141,8 @@ async def _run_store(sc: ScenarioConfig, ctx: ScenarioContext, obs: ScenarioObse
                                                         ctx.http, ctx.store, ctx.run_dir), obs)
 
 
-def _judge_store(sc: ScenarioConfig, obs: ScenarioObservation, result: Any, sections: list[str]) -> ScenarioVerdict:
+def _judge_store(sc: ScenarioConfig, obs: ScenarioObservation, result: StoreObservation | None,
+                 sections: list[str]) -> ScenarioVerdict:
     return _with_section(sc, obs, result, judge_store(sc, obs, result), sections)
 
 
@@ -152,7 +156,8 @@ async def _run_retrieval(sc: ScenarioConfig, ctx: ScenarioContext, obs: Scenario
     return result
 
 
-def _judge_retrieval(sc: ScenarioConfig, obs: ScenarioObservation, result: Any, sections: list[str]) -> ScenarioVerdict:
+def _judge_retrieval(sc: ScenarioConfig, obs: ScenarioObservation, result: RetrievalResult | None,
+                     sections: list[str]) -> ScenarioVerdict:
     """The edge checks (completion, parity, transfer, liveness, idle) plus
     rig.judge.checks.retrieval_check, through the one engine."""
     return _with_section(sc, obs, result, judge(sc, obs, extra=[retrieval_check(result)]), sections)
@@ -162,7 +167,8 @@ async def _run_fault(sc: ScenarioConfig, ctx: ScenarioContext, obs: ScenarioObse
     return await run_fault_scenario(sc, ctx, obs)
 
 
-def _judge_fault(sc: ScenarioConfig, obs: ScenarioObservation, result: Any, sections: list[str]) -> ScenarioVerdict:
+def _judge_fault(sc: ScenarioConfig, obs: ScenarioObservation, result: FaultResult | None,
+                 sections: list[str]) -> ScenarioVerdict:
     """Fault scenarios (issue #12): rig.judge.fault_checks.fault_checks through the one engine."""
     return _with_section(sc, obs, result, judge(sc, obs, checks=fault_checks(sc, obs, result)), sections)
 

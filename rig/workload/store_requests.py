@@ -10,10 +10,10 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import httpx
 
+from rig.cluster.processes import Cluster
 from rig.config import RigConfig, ScenarioConfig
 from rig.connectors.mooncake import MASTER_ROLE
 from rig.observe import metrics as m
@@ -57,7 +57,7 @@ class StoreContext:
     quiet: bool = True
 
     @classmethod
-    def of(cls, cfg: RigConfig, cluster: Any, p: Endpoint, d: Endpoint, client: Transport,
+    def of(cls, cfg: RigConfig, cluster: Cluster, p: Endpoint, d: Endpoint, client: Transport,
            http: httpx.AsyncClient, snapshots: SnapshotStore | None, run_dir: str | Path) -> StoreContext:
         """Build the context from a running :class:`~rig.cluster.processes.Cluster` (finds the master)."""
         master = next((Endpoint(s.name, s.base_url) for s in cluster.plan.processes
