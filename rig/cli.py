@@ -12,6 +12,9 @@
     pdrig build NAME [--builds-dir D]                               create a vLLM build's env (configs/builds.yaml)
     pdrig matrix --builds a,b [--suite edge,lease] [--resume]       the suites on each build; matrix.md
 
+One module (~460 lines) on purpose: each subcommand is its parser and a short handler that calls
+the layer doing the work, so the whole command line reads in one place.
+
 Exit codes: 0 all expectations hold; 1 a scenario failed (FAIL/XPASS/ERROR); 2 bad config or
 environment (refused before anything starts); 3 the run itself broke (a server did not start, a
 port clash, the rig's own error; the report says which); 130 interrupted.

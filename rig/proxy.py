@@ -9,6 +9,10 @@ pair through it. For each ``POST /v1/completions`` or ``POST /v1/chat/completion
    ``kv_transfer_params`` (:func:`rig.transport.bodies.decode_body`) to a decode instance; D's answer is
    relayed byte for byte (status, content type, body or SSE stream).
 
+One module (~430 lines): the request path (hops, statuses, streaming relay, cancellation) and the
+server around it (routing policy, /metrics, the thread the pytest plugin runs it in) are one
+small program; the hop bodies and answer parsing it shares with the rig are in rig/transport.
+
 Contracts:
 
 - **kv_transfer_params come only from P.** A client-supplied ``kv_transfer_params`` is dropped

@@ -13,8 +13,9 @@ process covers the paths no Python code survives (SIGKILL, interpreter crash). T
 uses ``pkill -f``: it kills only the process groups it created. CPU shares and pinning of a
 server's threads are in :mod:`rig.cluster.scheduling`.
 
-One module (~410 lines) because spawn, readiness, restart and teardown share the ``Running``
-records and the process groups they name; splitting them would pass those between modules.
+One module (~480 lines) because spawn, readiness, restart, freeze/thaw (instances started ahead of
+their phase, ``launch.start_all_at_once``) and teardown share the ``Running`` records and the
+process groups they name; splitting them would pass those between modules.
 """
 
 from __future__ import annotations

@@ -9,6 +9,9 @@ spins about two cores; see configs/cpu-tiny.yaml).
 The report is rewritten after every scenario and once more on the way out, whatever the way
 out is (pass, fail, exception, Ctrl-C, SIGTERM), so the run directory always holds what was
 observed.
+
+One module (~430 lines) because the phase loop, the scenario-in-flight bookkeeping and every exit
+path of a run share the runner's state; what a scenario kind does is in rig/run/kinds.py.
 """
 
 from __future__ import annotations
