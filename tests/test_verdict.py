@@ -197,6 +197,14 @@ def test_the_livelock_signature_matches_field_by_field():
         {"capacity": 1.0}, {"waiting_to_start": 1.0}, 0.0, 5)
 
 
+def test_an_early_verdict_that_states_the_block_arithmetic_is_not_repeated():
+    """The early rule's diagnosis already carries the arithmetic: the XFAIL reason says it once."""
+    early = stalled_record()
+    early.diagnosis += "; decided early: block arithmetic (n=126 k=1 block_size=32: needs 4 blocks, 4 of 4 usable free)"
+    reason = judge(sc(LIVELOCK), obs_of([early]), BLOCKS).reason
+    assert reason.count("needs 4 blocks, 4 of 4 usable free") == 1, reason
+
+
 @pytest.mark.parametrize("case, rec, seen", [
     ("hung NIXL read", stalled_record(facts=stall_facts(**HUNG_READ)),
      "stalled with waiting reasons {'deferred': 1.0}, kv_fetch {'in_progress': 1.0}, kv 90.0%"),

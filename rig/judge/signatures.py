@@ -182,8 +182,9 @@ def _stall(sig: StallSignature, obs: ScenarioObservation, reqs: list[RequestFact
             seen.append(f"{r.request_id}: stalled with " + ", ".join(misses))
         else:
             hits.append(r.request_id)
-            shown.append(f"{r.request_id}: {r.error}" + (f" [{admission_of(r.prompt_len, blocks, f)[1]}]"
-                                                         if sig.admission else ""))
+            arith = admission_of(r.prompt_len, blocks, f)[1] if sig.admission else ""
+            # The early verdict's diagnosis already states the arithmetic: say it once.
+            shown.append(f"{r.request_id}: {r.error}" + (f" [{arith}]" if arith and arith not in r.error else ""))
     detail = "; ".join(seen) or "no stalled request"
     return Match(frozenset(hits), REQUEST_CHECKS | {"kv-integrity"}, frozenset(sig.excuses),
                  seen=detail, expected="stall with " + ", ".join(expected), shown="; ".join(shown))
