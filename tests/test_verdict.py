@@ -458,3 +458,15 @@ def test_version_dependent_outcome_is_data():
     assert judge(s, obs_of([clamped], version="0.27.1")).verdict == "FAIL"
     v = judge(s, obs_of([clamped], version="", versions={}))
     assert v.verdict == "ERROR" and "depends on the vLLM version" in v.reason
+
+
+def test_kv_pulled_counts_ds_prefix_cache_but_never_a_recompute():
+    """A deployment attached to again has D's prefix cache warm for the edge prompt: 64 of 126
+    tokens local, 62 pulled is a pull; 62 pulled and the rest recomputed is not."""
+    def with_sources(external: float, cached: float) -> ScenarioObservation:
+        return obs_of([ok_record()], evidence=TransferEvidence(
+            nixl_bytes=32768.0, nixl_transfers=1, external_prompt_tokens=external, cached_prompt_tokens=cached))
+
+    ok = checks_of(judge(sc(), with_sources(62, 64)))
+    assert ok["kv-pulled"] is True
+    assert checks_of(judge(sc(), with_sources(62, 0)))["kv-pulled"] is False
