@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 from datetime import UTC
@@ -131,6 +132,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
     problem = cpu_problem(cfg)
     if problem:
         print(problem, file=sys.stderr)
+    for warning in cfg.wait_warnings():
+        print(f"warning: {warning}", file=sys.stderr)
     return 0
 
 
@@ -143,12 +146,16 @@ def cmd_config(args: argparse.Namespace) -> int:
 
     if args.explain is not None:
         try:
-            print("\n".join(explain(RigConfig, args.explain)))
+            lines = explain(RigConfig, args.explain)
         except KeyError as e:
             raise ConfigError(f"--explain {e.args[0]}") from None
+        print("# defaults of the schema; a profile may set others: `pdrig config -c FILE` prints its values")
+        print("\n".join(lines))
         return 0
     cfg = load_config(args.config, args.overrides)
     print(yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False, width=120), end="")
+    for warning in cfg.wait_warnings():
+        print(f"warning: {warning}", file=sys.stderr)
     return 0
 
 
@@ -453,6 +460,9 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("pdrig: interrupted; every server the rig started has been stopped", file=sys.stderr)
         return 130
+    except BrokenPipeError:  # `pdrig config --explain | head`: the reader left; nothing to report
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error at exit
+        return 0
 
 
 if __name__ == "__main__":
