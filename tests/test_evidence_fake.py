@@ -321,3 +321,31 @@ def test_an_interrupted_run_lists_the_scenarios_it_never_started_as_not_run(base
     skipped = [c.get("name") for c in ET.parse(run_dir / "junit.xml").getroot().iter("testcase")
                if c.find("skipped") is not None and "NOT RUN" in c.find("skipped").get("message")]
     assert skipped == ["third"]
+
+
+def test_ctrl_c_during_teardown_finishes_the_teardown_and_writes_the_report(base, monkeypatch):
+    """The scenario ended, then Ctrl-C hit while the servers were being stopped: the teardown goes
+    on, the report says interrupted (never a stale "running"), and no server survives (``base``)."""
+    import json
+
+    from rig.cluster import processes
+
+    real_stop_all = processes.Cluster.stop_all
+    calls = []
+
+    def stop_all_interrupted_once(self):
+        calls.append(1)
+        if len(calls) == 1:
+            raise KeyboardInterrupt
+        real_stop_all(self)
+
+    monkeypatch.setattr(processes.Cluster, "stop_all", stop_all_interrupted_once)
+    cfg = _cfg(base, scenarios=[scenario("only", "decode")])
+    run_dir = new_run_dir(cfg)
+    runner = SuiteRunner(cfg, list(cfg.scenarios), run_dir, quiet=True)
+    with pytest.raises(KeyboardInterrupt):
+        runner.run()
+    assert len(calls) >= 2
+    report = json.loads((run_dir / "report.json").read_text())
+    assert report["status"] == "interrupted" and report["scenarios"][0]["verdict"]["verdict"] == "PASS"
+    assert "INTERRUPTED" in (run_dir / "summary.md").read_text()

@@ -186,7 +186,14 @@ class SuiteRunner:
         finally:
             if cluster is not None:
                 t_stop = time.monotonic()
-                cluster.stop_all()
+                while True:  # a Ctrl-C during teardown must not skip the rest of it, nor the report
+                    try:
+                        cluster.stop_all()  # idempotent: a second call stops what the first did not
+                        break
+                    except KeyboardInterrupt as e:
+                        interrupted = interrupted or e
+                        self.result.status = "interrupted"
+                        self.result.error = self.result.error or "interrupted during teardown (SIGINT)"
                 self.result.timings["teardown"] = time.monotonic() - t_stop
             if ports is not None:
                 ports.release()  # after the servers are gone (a dying rig releases them anyway)
