@@ -54,7 +54,8 @@ def test_refused_for_different_max_tokens():
 
 def test_to_json():
     assert compare([1, 2], [1, 3], 2, 2).to_json() == {
-        "status": "diverged", "position": 1, "pd_token": 2, "ref_token": 3, "reason": ""}
+        "status": "diverged", "position": 1, "pd_token": 2, "ref_token": 3, "reason": "",
+        "choice": None}
 
 
 def test_summarize():

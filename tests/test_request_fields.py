@@ -57,6 +57,7 @@ def test_parity_per_choice_names_the_choice():
     assert compare_choices([[1, 2], [1, 2]], [[1, 2], [1, 2]], 2, 2).status == "equal"
     r = compare_choices([[1, 2], [1, 3]], [[1, 2], [1, 2]], 2, 2)
     assert r.status == "diverged" and r.position == 1 and r.describe() == "diverged at choice 1: 1: 3 != 2"
+    assert r.choice == 1 and compare_choices([[9, 2], [1, 3]], [[1, 2], [1, 2]], 2, 2).choice == 0
     assert compare_choices([[1, 2]], [[1, 2], [1, 2]], 2, 2).describe() == "diverged: 1 choices, reference 2"
     one = Hop("d", token_ids=[4, 5])
     assert compare_hops(one, Hop("p", token_ids=[4, 5]), 2, 2).status == "equal"

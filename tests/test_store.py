@@ -454,3 +454,16 @@ def test_long_deadline_gets_its_own_client(tmp_path, monkeypatch):
 
     obs, so = asyncio.run(go())
     assert made == [300] and all(r.outcome == "ok" for r in obs.records)
+
+
+def test_store_observation_sums_p_and_d_per_operation():
+    def ops(scale: float) -> dict[str, dict[str, float]]:
+        return {"save_put": {"ok_bytes": 100 * scale, "failed_keys": 1 * scale},
+                "load_get": {"ok_bytes": 10 * scale, "failed_keys": 2 * scale, "bad_calls": 3 * scale}}
+
+    so = sm.StoreObservation(kind="store-roundtrip", block_size=32, p_ops=ops(1), d_ops=ops(10))
+    assert (so.bytes_put, so.bytes_got, so.d_bytes_got) == (1100, 110, 100)
+    assert (so.failed_load_keys, so.failed_load_calls, so.rejected_put_keys) == (22, 33, 11)
+    # an operation only one side ran counts that side alone
+    d_only = sm.StoreObservation(kind="store-roundtrip", block_size=32, d_ops={"load_get": {"ok_bytes": 5}})
+    assert d_only.bytes_got == 5

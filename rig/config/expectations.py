@@ -80,10 +80,30 @@ class CrashSignature(SignatureBase):
 class StaleKvSignature(SignatureBase):
     """Decode read KV prefill had released: P's ``Potentially invalid KV blocks for unrecognized
     request <id>`` line naming THIS request's ``remote_request_id`` (nixl pull_worker.py), and,
-    with ``parity`` (default), a parity divergence on the same request."""
+    with ``parity`` (default), a parity divergence on the same request.
+
+    ``cause`` says why the blocks were gone, and the config validator (rig/config/topology.py)
+    and the matcher (rig/judge/signatures.py) hold the scenario to it:
+
+    - ``lease-expired`` (default): P's ``kv_lease_duration`` ran out before D read; the scenario
+      must hold the exchange longer than the lease (``hold_between_s`` or a sigstop / delay-decode
+      fault). Explains kv-integrity, parity, token-counts on the requests that show it.
+    - ``shared-params``: a request with several prompts (``request.prompts`` > 1) got ONE prompt's
+      ``kv_transfer_params`` from P (vLLM 0.32.0 entrypoints/openai/completion/serving.py returns
+      ``final_res_batch[0].kv_transfer_params``), so D read that prompt's blocks once per prompt and
+      the second read found them released. Matched only on a several-prompt request whose params'
+      prompt (``cmpl-<id>-<i>-<8 hex>``) answered equal to the reference and a later prompt's choice
+      diverged; explains parity, kv-integrity and, when P's lease reaper released a sibling
+      prompt's blocks (never the named prompt's own), released-by-d. Not token-counts.
+    """
 
     kind: Literal["stale-kv"]
     parity: bool = True
+    cause: Literal["lease-expired", "shared-params"] = Field(
+        "lease-expired",
+        description="why the blocks were released: lease-expired (the exchange outlasted "
+                    "nixl.kv_lease_duration) or shared-params (several prompts in one request given one "
+                    "prompt's kv_transfer_params, so D read those blocks twice; needs request.prompts > 1)")
 
 
 class LeakSignature(SignatureBase):

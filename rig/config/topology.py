@@ -14,6 +14,7 @@ from pydantic import Field, model_validator
 
 from rig.config.base import NAME_PATTERN, ConnectorMode, StrictModel
 from rig.config.deployment import AttachConfig, KubernetesConfig, PortsConfig
+from rig.config.expectations import StaleKvSignature
 from rig.config.instances import InstanceConfig, LaunchConfig, MooncakeConfig, NixlConfig
 from rig.config.model import ModelConfig
 from rig.config.scenarios import STORE_KINDS, ScenarioConfig
@@ -283,7 +284,16 @@ class RigConfig(StrictModel):
                     raise ValueError(f"scenarios[{i}] ({sc.name}).fault target {f.target!r}: give prefill, decode, "
                                      f"request or an instance name ({names})")
             lease = self.nixl.lease_s
-            if sc.known_issue and sc.known_issue.symptom.kind == "stale-kv" and sc.fault is not None:
+            symptom = sc.known_issue.symptom if sc.known_issue else None
+            if isinstance(symptom, StaleKvSignature) and symptom.cause == "shared-params":
+                # The second read of one prompt's blocks, not a lease expiry: no hold needed, but
+                # the request must carry several prompts for one prompt's params to be shared.
+                if sc.request is None or sc.request.prompts < 2:
+                    raise ValueError(
+                        f"scenarios[{i}] ({sc.name}).known_issue.symptom.cause shared-params needs several "
+                        f"prompts in one request; set request.prompts to 2 or more, or use cause "
+                        "lease-expired")
+            elif sc.known_issue and sc.known_issue.symptom.kind == "stale-kv" and sc.fault is not None:
                 held = max((f.stop_s or f.delay_s or 0 for f in sc.fault.faults), default=0)
                 if held <= lease:
                     raise ValueError(

@@ -308,6 +308,16 @@ def parent_request_id(request_id: str) -> str:
     return _PROMPT_OF_REQUEST.sub("", rid) if rid.startswith("cmpl-") else rid
 
 
+def prompt_index(request_id: str) -> int | None:
+    """The 0-based prompt index of a completions request's internal id
+    (``cmpl-<id>-<prompt index>-<8 hex>``, see :func:`parent_request_id`), a parallel-sampling
+    child's ``<i>_`` prefix ignored; None for an id of another form."""
+    head, _, rest = request_id.partition("_")
+    rid = rest if head.isdigit() and rest else request_id
+    found = _PROMPT_OF_REQUEST.search(rid) if rid.startswith("cmpl-") else None
+    return int(found.group(0).split("-")[1]) if found else None
+
+
 def lease_released_ids(lines: list[str]) -> list[tuple[str, str]]:
     """``(request id, line from the phrase on)`` for each of P's ``Releasing expired KV blocks for
     request <id> which were retrieved by N remote worker(s)`` lines (nixl base_worker.py, 0.32.0):

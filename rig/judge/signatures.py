@@ -22,14 +22,16 @@ from rig.config import (
     CrashSignature,
     HttpErrorSignature,
     LeakSignature,
+    Signature,
     StaleKvSignature,
     StallSignature,
     WrongOutputSignature,
 )
-from rig.judge.checks import lease_released_ids, parent_request_id
+from rig.judge.checks import lease_released_ids, parent_request_id, prompt_index
 from rig.observe.observations import ScenarioObservation
 from rig.observe.parity import ParityResult
 from rig.observe.stall import StallFacts
+from rig.transport.records import PDRecord
 
 # Checks a request-level symptom explains on the requests that show it.
 REQUEST_CHECKS = frozenset({"completed", "token-counts", "kv-pulled", "parity", "no-errors", "no-empty"})
@@ -48,6 +50,8 @@ class RequestFacts:
     remote_request_id: str | None = None
     parity: str | None = None  # equal | diverged | refused | None (not compared)
     stall: StallFacts | None = None
+    prompts: int = 1  # token-ID prompts the request carried (request.prompts)
+    diverged_prompt: int | None = None  # the prompt of the first diverged choice, when parity diverged per choice
 
 
 def facts_of_records(obs: ScenarioObservation) -> list[RequestFacts]:
@@ -61,12 +65,23 @@ def facts_of_records(obs: ScenarioObservation) -> list[RequestFacts]:
                 hop = name
                 break
         h = r.decode if hop == "decode" else r.prefill if hop == "prefill" else None
+        prompts = r.prompt_count
         out.append(RequestFacts(
             request_id=r.request_id, outcome=r.outcome, prompt_len=r.prompt_len, hop=hop,
             status=h.status if h else None, error=(h.error or "") if h else r.diagnosis,
             remote_request_id=(r.prefill.kv_transfer_params or {}).get("remote_request_id") if r.prefill else None,
-            parity=p.status if p else None, stall=r.stall))
+            parity=p.status if p else None, stall=r.stall, prompts=prompts,
+            diverged_prompt=_diverged_prompt(r, p, prompts)))
     return out
+
+
+def _diverged_prompt(r: PDRecord, p: ParityResult | None, prompts: int) -> int | None:
+    """The prompt whose choice diverged first: vLLM orders a several-prompt answer's choices
+    prompt by prompt, ``n`` per prompt (entrypoints/openai/completion/serving.py, 0.32.0)."""
+    if p is None or p.status != "diverged" or p.choice is None:
+        return None
+    choices = len(r.decode.choices) if r.decode is not None and r.decode.choices else prompts
+    return p.choice // max(1, choices // prompts)
 
 
 def facts_of_wave(records: list[Any]) -> list[RequestFacts]:
@@ -224,8 +239,15 @@ def _crash(sig: CrashSignature, obs: ScenarioObservation, reqs: list[RequestFact
                  shown=f"{name} died (exit {obs.dead[name]}): {line[:200]}", instances=frozenset({name}))
 
 
+def _invalid_block_lines(obs: ScenarioObservation) -> list[str]:
+    """P's ``Potentially invalid KV blocks for unrecognized request <id>`` lines (nixl pull_worker.py)."""
+    return [ln for v in obs.kv_integrity_lines.values() for ln in v if "Potentially invalid KV blocks" in ln]
+
+
 def _stale(sig: StaleKvSignature, obs: ScenarioObservation, reqs: list[RequestFacts]) -> Match:
-    lines = [ln for v in obs.kv_integrity_lines.values() for ln in v if "Potentially invalid KV blocks" in ln]
+    if sig.cause == "shared-params":
+        return _shared_params(sig, obs, reqs)
+    lines = _invalid_block_lines(obs)
     hits, seen, shown = [], [], []
     for r in reqs:
         rid = r.remote_request_id
@@ -241,6 +263,45 @@ def _stale(sig: StaleKvSignature, obs: ScenarioObservation, reqs: list[RequestFa
     expected = ("an answered request named by P's 'Potentially invalid KV blocks' line"
                 + (" whose parity diverged" if sig.parity else ""))
     return Match(frozenset(hits), frozenset({"kv-integrity", "parity", "token-counts"}), frozenset(sig.excuses),
+                 seen="; ".join(seen) or "no invalid-blocks line, no divergence", expected=expected,
+                 shown="; ".join(shown))
+
+
+def _shared_params(sig: StaleKvSignature, obs: ScenarioObservation, reqs: list[RequestFacts]) -> Match:
+    """Stale KV of a several-prompt request given one prompt's params (``cause: shared-params``,
+    see :class:`rig.config.StaleKvSignature`): answered, P's invalid-blocks line names the params'
+    ``remote_request_id`` (D's second read of that prompt's blocks), the params name prompt ``k``
+    and the first diverged choice belongs to a prompt after ``k`` (with ``parity: false`` no
+    divergence is needed, but none may reach prompt ``k``). released-by-d is explained only
+    while no lease line names a matched request's own params: those blocks D did read."""
+    lines = _invalid_block_lines(obs)
+    released = lease_released_ids(obs.kv_integrity_lines.get(obs.prefill, []))
+    hits, seen, shown, own = [], [], [], []
+    for r in reqs:
+        rid = r.remote_request_id or ""
+        named = bool(rid) and any(rid in ln for ln in lines)
+        k = prompt_index(rid) if rid else None
+        later = k is not None and r.diverged_prompt is not None and r.diverged_prompt > k
+        parity_fits = later or (not sig.parity and r.parity != "diverged")
+        parity = (f"prompt {r.diverged_prompt}'s choice diverged" if r.diverged_prompt is not None
+                  else f"parity {r.parity or 'not compared'}")
+        if r.outcome == "ok" and r.prompts > 1 and named and k is not None and parity_fits:
+            hits.append(r.request_id)
+            siblings = [x for x, _ in released if x != rid and parent_request_id(x) == parent_request_id(rid)]
+            own += [r.request_id for x, _ in released if x == rid]
+            shown.append(f"{r.request_id}: {r.prompts} prompts, P's params name prompt {k} only ({rid}) and P's "
+                         f"'Potentially invalid KV blocks' line names it (D read those blocks again), {parity}"
+                         + (f"; P's lease released {', '.join(siblings)}" if siblings else ""))
+        elif named or r.parity == "diverged" or r.outcome != "ok":
+            seen.append(f"{r.request_id}: {r.outcome}, {r.prompts} prompt(s), params name "
+                        f"{'prompt ' + str(k) if k is not None else rid or 'nothing'}, P's invalid-blocks line "
+                        f"{'names it' if named else 'does not name it'}, {parity}")
+    seen += [f"{x}: P's lease released the blocks of the prompt the params name (D read them)" for x in own]
+    expected = ("an answered several-prompt request whose params name one prompt, named again by P's 'Potentially "
+                "invalid KV blocks' line" + (", that prompt's choice equal and a later prompt's diverged"
+                                             if sig.parity else ""))
+    explains = frozenset({"kv-integrity", "parity"} | (set() if own else {"released-by-d"}))
+    return Match(frozenset(hits), explains, frozenset(sig.excuses),
                  seen="; ".join(seen) or "no invalid-blocks line, no divergence", expected=expected,
                  shown="; ".join(shown))
 
@@ -276,7 +337,8 @@ def _leak(sig: LeakSignature, obs: ScenarioObservation, reqs: list[RequestFacts]
                  expected=expected, shown="; ".join(shown))
 
 
-def match(sig: Any, obs: ScenarioObservation, reqs: list[RequestFacts], blocks: BlockFacts | None = None) -> Match:
+def match(sig: Signature, obs: ScenarioObservation, reqs: list[RequestFacts], blocks: BlockFacts | None = None
+          ) -> Match:
     """Match signature ``sig`` (rig.config.Signature) on ``obs`` / ``reqs``; see :class:`Match`.
     ``blocks``: the decode's block arithmetic, needed by a stall signature's ``admission``."""
     if isinstance(sig, StallSignature):

@@ -288,8 +288,9 @@ def edge_checks(sc: ScenarioConfig, obs: ScenarioObservation, outcome=None) -> l
 def _kv_pulled(obs: ScenarioObservation) -> Check:
     """``kv-pulled``: every answered request's prompt came over NIXL or from D's own prefix cache,
     none was recomputed on D: D's NIXL bytes grew, ``prompt_tokens_by_source`` counted at least
-    every answered prompt as ``external_kv_transfer`` + ``local_cache_hit`` (a deployment the
-    rig attaches to again has seen the edge prompts before), and there were as many transfers.
+    every answered prompt's tokens (all prompts of a several-prompt request) as
+    ``external_kv_transfer`` + ``local_cache_hit`` (a deployment the rig attaches to again has
+    seen the edge prompts before), and there were as many transfers as prompts.
     The counters are per instance, so a shortfall fails on every answered request; with no
     answer it fails on every request."""
     ok_recs = [r for r in obs.records if r.outcome == "ok"]
@@ -300,13 +301,15 @@ def _kv_pulled(obs: ScenarioObservation) -> Check:
     ev = obs.evidence
     if gap or ev is None:
         return gap or Check("kv-pulled", None, "not checked: no decode metrics")
-    want = sum(len(r.prompt) or r.prompt_len for r in ok_recs)
+    # every prompt of a several-prompt request is its own engine request with its own pull
+    want = sum(r.prompt_token_count for r in ok_recs)
+    reads = sum(r.prompt_count for r in ok_recs)
     got = ev.external_prompt_tokens + ev.cached_prompt_tokens
-    pulled = ev.nixl_bytes > 0 and got >= want and ev.nixl_transfers >= len(ok_recs)
+    pulled = ev.nixl_bytes > 0 and got >= want and ev.nixl_transfers >= reads
     local = f" + {ev.cached_prompt_tokens:.0f} from D's prefix cache" if ev.cached_prompt_tokens else ""
     return Check("kv-pulled", pulled,
                  f"nixl {ev.nixl_bytes:.0f} B in {ev.nixl_transfers:.0f} transfers, {ev.external_prompt_tokens:.0f} "
-                 f"prompt tokens from external_kv_transfer{local} (expected >= {want} in >= {len(ok_recs)} transfers)",
+                 f"prompt tokens from external_kv_transfer{local} (expected >= {want} in >= {reads} transfers)",
                  () if pulled else tuple(r.request_id for r in ok_recs))
 
 

@@ -26,13 +26,15 @@ from rig.transport.records import Hop, PDRecord
 class ParityResult:
     """``status``: equal | diverged | refused. For ``diverged``, ``position`` is the first
     0-based output position that differs and ``pd_token``/``ref_token`` the tokens there
-    (None where one side is shorter)."""
+    (None where one side is shorter); ``choice`` the 0-based index of the first choice that
+    differs when choices were compared one by one (:func:`compare_choices`), else None."""
 
     status: str
     position: int | None = None
     pd_token: int | None = None
     ref_token: int | None = None
     reason: str = ""
+    choice: int | None = None
 
     def to_json(self) -> dict[str, Any]:
         """JSON-able dict."""
@@ -77,7 +79,7 @@ def compare_choices(pd_choices: list[list[int]], ref_choices: list[list[int]], p
         r = compare(a, b, pd_max_tokens, ref_max_tokens)
         if r.status != "equal":
             where = f"choice {i}" + (f": {r.reason}" if r.reason else "")
-            return ParityResult(r.status, r.position, r.pd_token, r.ref_token, where)
+            return ParityResult(r.status, r.position, r.pd_token, r.ref_token, where, choice=i)
     return ParityResult("equal")
 
 

@@ -185,15 +185,19 @@ class StoreObservation:
 
     # -- derived facts (what the report shows) ------------------------------------------------
 
+    def _both(self, operation: str, key: str) -> float:
+        """P's plus D's ``key`` of one store ``operation`` (:func:`op` of ``p_ops`` and ``d_ops``)."""
+        return op(self.p_ops, operation, key) + op(self.d_ops, operation, key)
+
     @property
     def bytes_put(self) -> float:
         """Bytes written into the store with status ok (``save_put``, every instance)."""
-        return op(self.p_ops, "save_put", "ok_bytes") + op(self.d_ops, "save_put", "ok_bytes")
+        return self._both("save_put", "ok_bytes")
 
     @property
     def bytes_got(self) -> float:
         """Bytes loaded from the store with status ok (``load_get``, every instance)."""
-        return op(self.p_ops, "load_get", "ok_bytes") + op(self.d_ops, "load_get", "ok_bytes")
+        return self._both("load_get", "ok_bytes")
 
     @property
     def d_bytes_got(self) -> float:
@@ -203,17 +207,17 @@ class StoreObservation:
     @property
     def failed_load_keys(self) -> float:
         """Keys whose GET failed (``load_get`` failed_keys, any status, every instance)."""
-        return op(self.p_ops, "load_get", "failed_keys") + op(self.d_ops, "load_get", "failed_keys")
+        return self._both("load_get", "failed_keys")
 
     @property
     def failed_load_calls(self) -> float:
         """``load_get`` calls with status partial_failure / error."""
-        return op(self.p_ops, "load_get", "bad_calls") + op(self.d_ops, "load_get", "bad_calls")
+        return self._both("load_get", "bad_calls")
 
     @property
     def rejected_put_keys(self) -> float:
         """Keys a ``save_put`` could not store (e.g. the pool is full); allowed, reported."""
-        return op(self.p_ops, "save_put", "failed_keys") + op(self.d_ops, "save_put", "failed_keys")
+        return self._both("save_put", "failed_keys")
 
     @property
     def d_store_tokens(self) -> float:

@@ -137,6 +137,18 @@ class PDRecord(RequestRecord):
     endpoint: str = "completions"
 
     @property
+    def prompt_count(self) -> int:
+        """Prompts the request carried: the token-ID lists of a several-prompt request, else 1."""
+        return len(self.prompt) if self.prompt and isinstance(self.prompt[0], list) else 1
+
+    @property
+    def prompt_token_count(self) -> int:
+        """Prompt tokens over all the request's prompts (``prompt_len`` when no token IDs were kept)."""
+        if self.prompt and isinstance(self.prompt[0], list):
+            return sum(len(p) for p in self.prompt)
+        return len(self.prompt) or self.prompt_len
+
+    @property
     def completion_tokens(self) -> int | None:
         """Completion tokens reported by D's ``usage`` (None without an answer)."""
         return (self.decode.usage or {}).get("completion_tokens") if self.decode else None

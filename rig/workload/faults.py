@@ -27,19 +27,21 @@ import json
 import signal
 import time
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from pathlib import Path
+from typing import Any, Protocol
 
 import httpx
 
 from rig.cluster.processes import ClusterError
-from rig.config import ScenarioConfig
+from rig.config import RigConfig, ScenarioConfig
 from rig.config.faults import Fault
 from rig.config.request_fields import RequestFields
 from rig.observe import metrics as m
-from rig.observe.observations import DrainResult, ScenarioObservation, wait_idle
+from rig.observe.observations import DrainResult, ScenarioObservation, SnapshotStore, wait_idle
 from rig.observe.parity import record_parity
 from rig.observe.stall import StallWatcher, watch
-from rig.transport.client import cancel_task
+from rig.transport.client import Transport, cancel_task
+from rig.transport.endpoint import Endpoint
 from rig.transport.records import PDRecord, classify, prefill_failure
 from rig.workload.edge import reference
 from rig.workload.prompts import request_prompt, seed_of
@@ -89,10 +91,45 @@ class FaultResult:
         return asdict(self)
 
 
+class FaultCluster(Protocol):
+    """What a fault does to the topology (:class:`rig.cluster.processes.Cluster` has it)."""
+
+    def signal(self, name: str, sig: int) -> int:
+        """Send ``sig`` to instance ``name``'s process group; returns the pgid; ClusterError if it is gone."""
+        ...
+
+    def restart(self, name: str) -> float:
+        """Restart instance ``name`` on its own ports; returns seconds to ready; ClusterError on failure."""
+        ...
+
+
+class FaultContext(Protocol):
+    """What a fault scenario uses from the runner (``rig.run.kinds.ScenarioContext`` has it):
+    the config, the cluster to act on, both endpoints, the P/D client, a plain HTTP client for
+    ``/metrics``, the metrics snapshot store and the run directory (``faults-<scenario>.json``)."""
+
+    @property
+    def cfg(self) -> RigConfig: ...
+    @property
+    def cluster(self) -> FaultCluster: ...
+    @property
+    def prefill(self) -> Endpoint: ...
+    @property
+    def decode(self) -> Endpoint: ...
+    @property
+    def client(self) -> Transport: ...
+    @property
+    def http(self) -> httpx.AsyncClient: ...
+    @property
+    def store(self) -> SnapshotStore: ...
+    @property
+    def run_dir(self) -> Path: ...
+
+
 class _Exchange:
     """One scenario's run: the requests, the faults and their bookkeeping."""
 
-    def __init__(self, sc: ScenarioConfig, ctx: Any, obs: ScenarioObservation):
+    def __init__(self, sc: ScenarioConfig, ctx: FaultContext, obs: ScenarioObservation):
         assert sc.fault is not None  # the config validator guarantees it for kind fault
         self.sc, self.ctx, self.obs, self.spec = sc, ctx, obs, sc.fault
         self.result = FaultResult()
@@ -345,7 +382,7 @@ class _Exchange:
                                               lambda rec: reference(ctx.client, ctx.prefill, rec, self.sc.request))
 
 
-async def run_fault_scenario(sc: ScenarioConfig, ctx: Any, obs: ScenarioObservation) -> FaultResult:
+async def run_fault_scenario(sc: ScenarioConfig, ctx: FaultContext, obs: ScenarioObservation) -> FaultResult:
     """Run a ``kind: fault`` scenario on ``ctx`` (a :class:`rig.run.kinds.ScenarioContext`),
     filling ``obs.records`` (the scenario's requests, then the recovery request) and
     ``obs.parity``; returns the :class:`FaultResult`."""
