@@ -29,6 +29,7 @@ from rig.config.expectations import (
                                      Signature,
                                      StaleKvSignature,
                                      StallSignature,
+                                     WrongMetricsSignature,
                                      WrongOutputSignature,
                                      version_in,
 )
@@ -41,5 +42,6 @@ __all__ = [
     "NAME_PATTERN", "STORE_KINDS", "WAVE_KINDS", "ConfigError", "CrashSignature", "Expectation",
     "HttpErrorSignature", "InstanceConfig", "KnownIssue", "LeakSignature", "Outcome", "RigConfig", "ScenarioConfig",
     "Signature", "SpeculativeConfig", "StaleKvSignature", "StallSignature", "StoreScenarioConfig",
-    "WaveConfig", "WrongOutputSignature", "apply_overrides", "load_config", "read_yaml_mapping", "version_in",
+    "WaveConfig", "WrongMetricsSignature", "WrongOutputSignature", "apply_overrides", "load_config",
+    "read_yaml_mapping", "version_in",
 ]

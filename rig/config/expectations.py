@@ -125,8 +125,24 @@ class WrongOutputSignature(SignatureBase):
     kind: Literal["wrong-output"]
 
 
+class WrongMetricsSignature(SignatureBase):
+    """An answer (HTTP 200, right text) that reports a wrong number: BUGS.md's "wrong metrics" class.
+
+    ``check: cached-tokens`` (BUGS R15; vllm #43370, #44607, #47136, PRs #46357/#46898): D's
+    ``usage.prompt_tokens_details.cached_tokens`` exceeds P's hits + D's local hits
+    (rig/judge/cached_tokens.py) AND is at least ``min_cached_share`` of the request's prompt
+    tokens: D counted the tokens it pulled over NIXL as cached. A smaller overcount is another
+    bug and does not match. Explains only the ``cached-tokens`` check, on the requests that show it.
+    """
+
+    kind: Literal["wrong-metrics"]
+    check: Literal["cached-tokens"] = Field(description="the check whose failure is the symptom")
+    min_cached_share: float = Field(
+        0.9, gt=0, le=1, description="D's cached_tokens / prompt tokens at least this (the bug: 95-96 of 96)")
+
+
 Signature = Annotated[StallSignature | HttpErrorSignature | CrashSignature | StaleKvSignature | WrongOutputSignature
-                      | LeakSignature, Field(discriminator="kind")]
+                      | LeakSignature | WrongMetricsSignature, Field(discriminator="kind")]
 
 
 class KnownIssue(StrictModel):
@@ -153,7 +169,7 @@ class KnownIssue(StrictModel):
         if isinstance(v, str):
             raise ValueError(
                 f"{v!r} is a bare symptom name; give its signature as a mapping with kind: one of stall, "
-                "http-error, crash, stale-kv, wrong-output, leak, e.g. {kind: stall, instance: decode, "
+                "http-error, crash, stale-kv, wrong-output, leak, wrong-metrics, e.g. {kind: stall, instance: decode, "
                 "waiting_reason: capacity, admission: fits-but-waits}")
         return v
 

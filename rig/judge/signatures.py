@@ -25,8 +25,11 @@ from rig.config import (
     Signature,
     StaleKvSignature,
     StallSignature,
+    WrongMetricsSignature,
     WrongOutputSignature,
 )
+from rig.judge.cached_tokens import NAME as CACHED_TOKENS
+from rig.judge.cached_tokens import cached_tokens_seen, overcounted
 from rig.judge.checks import lease_released_ids, parent_request_id, prompt_index
 from rig.observe.observations import ScenarioObservation
 from rig.observe.parity import ParityResult
@@ -337,6 +340,21 @@ def _leak(sig: LeakSignature, obs: ScenarioObservation, reqs: list[RequestFacts]
                  expected=expected, shown="; ".join(shown))
 
 
+def _wrong_metrics(sig: WrongMetricsSignature, obs: ScenarioObservation) -> Match:
+    # sig.check == "cached-tokens" (the only one so far): the requests the check fails on whose D
+    # reported at least min_cached_share of the prompt as cached (BUGS R15's D-counts-the-pull).
+    over = overcounted(obs) or []
+    share = sig.min_cached_share
+    hits = [c for c in over if c.prompt and c.d >= share * c.prompt]
+    expected = (f"an answered request whose D reports >= {share:.0%} of its prompt as cached_tokens, above P's "
+                "hits + D's local hits")
+    seen = "; ".join(f"{c.record.request_id}: P {c.p}, D {c.d} of {c.prompt}" for c in cached_tokens_seen(obs)[:3])
+    return Match(frozenset(c.record.request_id for c in hits), frozenset({CACHED_TOKENS}), frozenset(sig.excuses),
+                 seen=seen or "no answer reported usage.prompt_tokens_details on both hops", expected=expected,
+                 shown="; ".join(f"{c.record.request_id}: D cached_tokens {c.d} of {c.prompt}, P's hits {c.p}"
+                                 for c in hits[:3]))
+
+
 def match(sig: Signature, obs: ScenarioObservation, reqs: list[RequestFacts], blocks: BlockFacts | None = None
           ) -> Match:
     """Match signature ``sig`` (rig.config.Signature) on ``obs`` / ``reqs``; see :class:`Match`.
@@ -353,4 +371,6 @@ def match(sig: Signature, obs: ScenarioObservation, reqs: list[RequestFacts], bl
         return _wrong(sig, reqs)
     if isinstance(sig, LeakSignature):
         return _leak(sig, obs, reqs)
+    if isinstance(sig, WrongMetricsSignature):
+        return _wrong_metrics(sig, obs)
     raise TypeError(f"unknown signature {type(sig).__name__}")

@@ -20,7 +20,7 @@ import httpx
 
 from rig.cluster.processes import Cluster
 from rig.config import RigConfig, ScenarioConfig
-from rig.judge.cached_tokens import cached_of, cached_tokens_check
+from rig.judge.cached_tokens import cached_tokens_check
 from rig.judge.checks import lease_release_check, retrieval_check, stream_check
 from rig.judge.early_verdict import AdmissionReasoning
 from rig.judge.fault_checks import fault_checks
@@ -119,9 +119,11 @@ def _judge_edge(sc: ScenarioConfig, obs: ScenarioObservation, result: Any, _sect
     extra = [c for c in (stream_check(obs.records),) if c is not None]
     if sc.request is not None:
         extra.append(lease_release_check(obs))
-    # BUGS R15: D's usage.prompt_tokens_details.cached_tokens, when a hop reports it or asked for.
-    if "cached-tokens" in sc.require or any(cached_of(h.usage) is not None for r in obs.records
-                                            for h in (r.prefill, r.decode) if h is not None):
+    # BUGS R15: D's usage.prompt_tokens_details.cached_tokens, on the scenarios that ask for it
+    # (``require: [cached-tokens]``). Not on every scenario whose hops report it: BUGS.md asks for an
+    # informational verdict until upstream settles the semantics, and on 0.28.0 every P/D answer
+    # shows R15 (docs/regressions.md), which would hide each scenario's own subject behind it.
+    if "cached-tokens" in sc.require:
         extra.append(cached_tokens_check(obs))
     return judge(sc, obs, blocks=result if isinstance(result, BlockFacts) else None, extra=extra or None)
 
