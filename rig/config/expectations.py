@@ -166,9 +166,14 @@ class Outcome(StrictModel):
                                     description="decode must answer with this HTTP status (an expected refusal)")
     http_message: str | None = Field(None, description="regex the refusal's message must match")
     min_preemptions: int | None = Field(
-        None, ge=1, description="decode's vllm:num_preemptions_total must rise by at least this over the "
-                                "scenario (check `preempted`): a tight decode pool with long generations that "
-                                "must preempt (BUGS R11); every request must still finish with parity")
+        None, ge=1, description="vllm:num_preemptions_total of the instance `min_preemptions_on` names (default "
+                                "decode) must rise by at least this over the scenario (check `preempted`): a "
+                                "tight pool that must preempt (BUGS R11); every request must still finish "
+                                "with parity")
+    min_preemptions_on: Literal["prefill", "decode"] | None = Field(
+        None, description="whose preemption counter `min_preemptions` reads: 'decode' (the default: a tight "
+                          "decode pool with long generations) or 'prefill' (a tight prefill pool with chunked "
+                          "prefill, BUGS R11's P side, vllm PR #50297)")
     min_spec_drafts: int | None = Field(
         None, ge=1, description="decode's vllm:spec_decode_num_drafts_total must rise by at least this (check "
                                 "`spec-drafted`): D's speculative method really proposed drafts (BUGS R09)")
@@ -184,6 +189,9 @@ class Outcome(StrictModel):
             raise ValueError("give either token counts (an answer) or http_status (a refusal), not both")
         if self.http_message is not None and self.http_status is None:
             raise ValueError("http_message needs http_status")
+        if self.min_preemptions_on is not None and self.min_preemptions is None:
+            raise ValueError(f"min_preemptions_on: {self.min_preemptions_on} needs min_preemptions (how many "
+                             "preemptions that instance must count); give both or neither")
         for f in ("min_preemptions", "min_spec_drafts"):
             if getattr(self, f) is not None and self.http_status is not None:
                 raise ValueError(f"{f} needs answered requests; a refusal (http_status) runs no decode step")

@@ -229,10 +229,11 @@ class StallWatcher:
 
     Each instance gets its own :class:`StallDetector` (``window_s``, ``transfer_window_s``,
     ``early``, ``max_gap_s``, ``full_pool`` as there; give ``full_pool`` only to a watcher fed
-    decode instances alone, never the timeline's, which also samples prefill). :meth:`feed` returns the :class:`Stall` of the snapshot's
-    instance when its detector fires, else None; consecutive stalls with the same start are one
-    :class:`StallEpisode`, whose duration and diagnosis grow with it. ``episodes`` is in start
-    order. :func:`watch` is the sampling loop around it.
+    decode instances alone, never the timeline's, which also samples prefill). :meth:`feed`
+    returns the :class:`Stall` of the snapshot's instance when its detector fires, else None;
+    consecutive stalls with the same start are one :class:`StallEpisode`, whose duration and
+    diagnosis grow with it. ``episodes`` is in start order. :func:`watch` is the sampling loop
+    around it.
     """
 
     def __init__(self, window_s: float, transfer_window_s: float | None = None, early: EarlyRule | None = None,
