@@ -46,7 +46,16 @@ class StallSignature(SignatureBase):
     kv_fetch_stage: str | None = Field(None, description="a stage of vllm:num_requests_kv_fetch_by_stage "
                                                          "that must be > 0, e.g. waiting_to_start")
     kv_usage_max: float | None = Field(None, ge=0, le=1, description="KV usage ceiling (0..1) while frozen")
+    kv_usage_min: float | None = Field(None, ge=0, le=1, description="KV usage floor (0..1) while frozen, e.g. "
+                                                                     "0.99 for a full pool (BUGS R01)")
     admission: Literal["fits-but-waits", "never-fits"] | None = None
+
+    @model_validator(mode="after")
+    def _kv_range(self) -> StallSignature:
+        if self.kv_usage_min is not None and self.kv_usage_max is not None and self.kv_usage_min > self.kv_usage_max:
+            raise ValueError(f"kv_usage_min {self.kv_usage_min} is above kv_usage_max {self.kv_usage_max}: "
+                             "no frozen state can match; give a floor below the ceiling")
+        return self
 
 
 class HttpErrorSignature(SignatureBase):
