@@ -65,3 +65,6 @@ def test_r11_prefill_pool_and_step_budget_make_the_prefill_preempt(tmp_path):
     b_first = _blocks(leftover, bs)
     assert per_prompt + b_first <= usable < per_prompt + _blocks(leftover + budget, bs)
     assert sc.expect.min_preemptions and sc.expect.min_preemptions_on == "prefill"
+    # 0.32.0 admits only prompts that fit whole (scheduler_reserve_full_isl): B's first chunk is
+    # admitted alone only without it.
+    assert "--no-scheduler-reserve-full-isl" in build_plan(cfg, tmp_path, "/m", "/py").by_name(p.name).argv
