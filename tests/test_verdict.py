@@ -495,3 +495,21 @@ def test_kv_usage_min_matches_a_full_pool_stall_only():
 def test_kv_usage_floor_above_the_ceiling_is_refused():
     with pytest.raises(ValidationError, match="kv_usage_min 0.9 is above kv_usage_max 0.05"):
         sc({"id": "x", "title": "x", "affects": "<1", "symptom": {**LIVELOCK_SIG, "kv_usage_min": 0.9}})
+
+
+def test_a_full_pool_stall_may_excuse_spec_drafted_only_when_it_names_it():
+    # BUGS R01 on 0.27.1: both requests froze before their first decode step, so D drafted nothing.
+    expect = {"completion_tokens": 2, "total_tokens": 128, "min_spec_drafts": 1}
+    versions = {"prefill": "0.27.1", "decode": "0.27.1"}
+    stalled = [stalled_record(i, facts=stall_facts(**POOL_FULL)) for i in range(2)]
+    named = {"id": "spec-loads-fill-pool", "title": "t", "affects": "<0.31",
+             "symptom": {**POOL_SIG, "excuses": ["spec-drafted"]}}
+    v = judge(sc(named, expect=expect), obs_of(stalled, version="0.27.1", versions=versions))
+    assert v.verdict == "XFAIL", v.reason
+    assert checks_of(v)["spec-drafted"] is False  # still shown failed, explained by the symptom
+    unnamed = {**named, "symptom": POOL_SIG}
+    v = judge(sc(unnamed, expect=expect), obs_of(stalled, version="0.27.1", versions=versions))
+    assert v.verdict == "FAIL" and "spec-drafted" in v.reason
+    # Out of its range (0.32.0) the same symptom is a plain FAIL.
+    v = judge(sc(named, expect=expect), obs_of(stalled))
+    assert v.verdict == "FAIL"
