@@ -349,3 +349,23 @@ def test_ctrl_c_during_teardown_finishes_the_teardown_and_writes_the_report(base
     report = json.loads((run_dir / "report.json").read_text())
     assert report["status"] == "interrupted" and report["scenarios"][0]["verdict"]["verdict"] == "PASS"
     assert "INTERRUPTED" in (run_dir / "summary.md").read_text()
+
+
+def test_prefill_preemptions_are_read_from_the_prefill_and_a_prefill_without_the_counter_is_not_checked(base):
+    """expect.min_preemptions_on: prefill (BUGS R11's P side) reads P's counter, taken by the
+    runner after the scenario; a P without it leaves the check "not checked" (ERROR), while the
+    old form keeps reading D's counter (the fake D never preempts: FAIL)."""
+    want = {"completion_tokens": 4, "total_tokens": 44, "min_preemptions": 1}
+    cfg = _cfg(base, prefill_env={"FAKE_VLLM_OMIT_METRICS": "vllm:num_preemptions_total"},
+               scenarios=[scenario("on-p", "decode", expect={**want, "min_preemptions_on": "prefill"}),
+                          scenario("on-d", "decode", expect=want)])
+    result, _ = _run(cfg)
+    on_p, on_d = result.observations
+    assert on_p.missing_metrics.get("prefill") == ["vllm:num_preemptions_total"]
+    assert on_p.prefill_evidence is not None and on_p.prefill_evidence.preemptions == 0
+    v_p, v_d = result.verdicts
+    c = next(c for c in v_p.checks if c.name == "preempted")
+    assert c.ok is None and c.detail == "not checked: prefill lacks vllm:num_preemptions_total"
+    assert v_p.verdict == "ERROR"
+    c = next(c for c in v_d.checks if c.name == "preempted")
+    assert c.ok is False and c.detail == "decode: vllm:num_preemptions_total +0 over the scenario (expected >= 1)"

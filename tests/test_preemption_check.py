@@ -1,6 +1,8 @@
 """``expect.min_preemptions`` and the ``preempted`` check (issue #12 item 4, BUGS R11): a tight decode
 pool must really preempt (decode's ``vllm:num_preemptions_total`` rose), every request must still
-finish with parity, and a decode without the metric is "not checked", never ok."""
+finish with parity, and a decode without the metric is "not checked", never ok.
+``expect.min_preemptions_on: prefill`` reads the prefill's counter instead (R11's P side, vllm PR
+#50297)."""
 
 from __future__ import annotations
 
@@ -11,6 +13,7 @@ from rig.config import ScenarioConfig
 from rig.judge.checks import preemption_check
 from rig.judge.verdict import judge, required_checks
 from rig.observe.metrics import PREEMPTIONS
+from rig.observe.observations import TransferEvidence
 from rig.observe.parity import ParityResult
 from test_verdict import obs_of, ok_record, sc
 
@@ -90,3 +93,51 @@ def test_spec_drafted_needs_decodes_draft_counter_to_rise():
     assert judge(s, obs).verdict == "FAIL"
     obs.missing_metrics = {"decode": ["vllm:spec_decode_num_drafts_total"]}
     assert judge(s, obs).verdict == "ERROR"
+
+
+# ------------------------------------------------------------- expect.min_preemptions_on: prefill
+
+P_PREEMPT = {**PREEMPT, "min_preemptions_on": "prefill"}
+
+
+def test_prefill_preemptions_are_read_from_the_prefill_not_the_decode():
+    obs = preempt_obs(0, prefill_evidence=TransferEvidence(preemptions=2))
+    v = judge(sc(expect=P_PREEMPT), obs)
+    assert v.verdict == "PASS", v.reason
+    c = next(c for c in v.checks if c.name == "preempted")
+    assert c.detail == "prefill: vllm:num_preemptions_total +2 over the scenario (expected >= 1)"
+    # The decode preempting does not stand in for the prefill.
+    obs = preempt_obs(5, prefill_evidence=TransferEvidence(preemptions=0))
+    v = judge(sc(expect=P_PREEMPT), obs)
+    assert v.verdict == "FAIL" and checks(v)["preempted"] is False
+    # ... and the old form still reads the decode.
+    assert judge(sc(expect=PREEMPT), obs).verdict == "PASS"
+
+
+def test_prefill_without_metrics_or_the_counter_is_not_checked():
+    obs = preempt_obs(0)  # no prefill_evidence: P's metrics were not taken (e.g. a fault killed it)
+    assert preemption_check(obs, 1, "prefill").ok is None
+    assert judge(sc(expect=P_PREEMPT), obs).verdict == "ERROR"
+    obs = preempt_obs(0, prefill_evidence=TransferEvidence(), missing_metrics={"prefill": [PREEMPTIONS]})
+    c = preemption_check(obs, 1, "prefill")
+    assert c.ok is None and c.detail == f"not checked: prefill lacks {PREEMPTIONS}"
+
+
+def test_min_preemptions_on_per_version_outcome():
+    s = sc(expect={**PREEMPT, "by_version": [{"vllm": "<0.30", "completion_tokens": 2, "total_tokens": 128,
+                                               "min_preemptions": 1, "min_preemptions_on": "prefill"}]})
+    obs = preempt_obs(1, prefill_evidence=TransferEvidence(preemptions=0), version="0.27.1")
+    obs.versions = {"prefill": "0.27.1", "decode": "0.27.1"}
+    assert judge(s, obs).verdict == "FAIL"  # 0.27.1 asks the prefill, which did not preempt
+    obs = preempt_obs(1, prefill_evidence=TransferEvidence(preemptions=0))
+    assert judge(s, obs).verdict == "PASS"  # 0.32.0 keeps the decode form
+
+
+@pytest.mark.parametrize("expect, words", [
+    ({"completion_tokens": 2, "min_preemptions_on": "prefill"}, "min_preemptions_on: prefill needs min_preemptions"),
+    ({"min_preemptions": 1, "min_preemptions_on": "router"}, "'prefill' or 'decode'"),
+])
+def test_bad_min_preemptions_on_is_named(expect, words):
+    with pytest.raises(ValidationError) as e:
+        ScenarioConfig.model_validate(dict(name="p", decode="decode", prompt_tokens=32, max_tokens=8, expect=expect))
+    assert words in str(e.value)

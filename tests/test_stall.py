@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from rig.observe.metrics import parse_metrics
-from rig.observe.stall import StallDetector, describe
+from rig.observe.stall import StallDetector, StallWatcher, describe, is_blocked
 
 DATA = Path(__file__).resolve().parent / "data"
 
@@ -26,7 +26,7 @@ vllm:num_requests_waiting_by_reason{{engine="0",model_name="tiny",reason="deferr
 # TYPE vllm:num_requests_kv_fetch_by_stage gauge
 vllm:num_requests_kv_fetch_by_stage{{engine="0",model_name="tiny",stage="waiting_to_start"}} {wts}
 vllm:num_requests_kv_fetch_by_stage{{engine="0",model_name="tiny",stage="in_progress"}} {inprog}
-vllm:num_requests_kv_fetch_by_stage{{engine="0",model_name="tiny",stage="completed_waiting"}} 0.0
+vllm:num_requests_kv_fetch_by_stage{{engine="0",model_name="tiny",stage="completed_waiting"}} {cw}
 # HELP vllm:kv_cache_usage_perc KV-cache usage. 1 means 100 percent usage.
 # TYPE vllm:kv_cache_usage_perc gauge
 vllm:kv_cache_usage_perc{{engine="0",model_name="tiny"}} {kv}
@@ -49,7 +49,7 @@ vllm:nixl_bytes_transferred_sum{{engine="0",model_name="tiny"}} {xfer_bytes}
 """
 
 # D stuck in the 0.32.0 admission livelock (as measured: docs/vllm-cpu-facts.md, tests/data/*stalled*).
-LIVELOCK = dict(running=0, waiting=1, capacity=1, deferred=0, wts=1, inprog=0, kv=0.0, preempt=0,
+LIVELOCK = dict(running=0, waiting=1, capacity=1, deferred=0, wts=1, inprog=0, cw=0, kv=0.0, preempt=0,
                 prompt=8, gen=2, success=1, xfers=0, xfer_bytes=0)
 IDLE = {**LIVELOCK, "waiting": 0, "capacity": 0, "wts": 0}
 
@@ -209,3 +209,72 @@ def test_episodes_group_a_stall_per_instance_and_end_when_it_moves():
     for t in range(20, 30):  # frozen again: a second episode
         eps.feed(snap(float(t), instance="prefill"))
     assert [e.since for e in eps.episodes] == [0.0, 20.0]
+
+
+# BUGS R01 (vllm PR #57104): two finished loads fill D's pool and block each other. Nothing runs,
+# KV is full, generation is flat, and the requests need not count as waiting: here they sit in
+# the KV fetch's completed_waiting stage (WAITING_FOR_REMOTE_KVS) with waiting 0.
+R01_HANG = {**LIVELOCK, "waiting": 0, "capacity": 0, "wts": 0, "cw": 2, "kv": 1.0, "prompt": 128, "xfers": 2}
+# The same full pool with no request visible at all (no waiting, no fetch stage): what a prefill
+# holding finished requests' blocks for decode's pull looks like, and a decode's R01 on a build
+# that counts neither.
+FULL_NOTHING_VISIBLE = {**R01_HANG, "cw": 0}
+
+
+def test_r01_hang_without_waiting_fires_as_a_pool_deadlock():
+    for full_pool in (False, True):  # the fetch stage alone makes it blocked
+        det = StallDetector(8.0, full_pool=full_pool)
+        fired = feed_all(det, [snap(float(t), **R01_HANG) for t in range(10)])
+        assert [t for t, _ in fired] == [8.0, 9.0]
+        assert fired[0][1].diagnosis == ("pool deadlock on decode: waiting=0 running=0 kv=100.0% "
+                                         "kv_fetch completed_waiting=2, unchanged for 8.0 s")
+        assert fired[0][1].facts.kv_fetch_stages == {"completed_waiting": 2.0}
+
+
+def test_full_pool_with_nothing_visible_is_a_stall_only_where_the_pool_is_the_requests_own():
+    snaps = [snap(float(t), **FULL_NOTHING_VISIBLE) for t in range(12)]
+    assert feed_all(StallDetector(8.0), snaps) == []  # a prefill holding blocks for pulls: never
+    fired = feed_all(StallDetector(8.0, full_pool=True), snaps)
+    assert fired and fired[0][0] == 8.0
+    assert fired[0][1].diagnosis.startswith("pool deadlock on decode: waiting=0 running=0 kv=100.0%")
+
+
+def test_full_pool_rule_needs_the_pool_full_and_nothing_running():
+    assert is_blocked(snap(0.0, **FULL_NOTHING_VISIBLE), full_pool=True)
+    assert not is_blocked(snap(0.0, **{**FULL_NOTHING_VISIBLE, "kv": 0.75}), full_pool=True)
+    assert not is_blocked(snap(0.0, **{**FULL_NOTHING_VISIBLE, "running": 1}), full_pool=True)
+    assert not is_blocked(snap(0.0, **IDLE), full_pool=True)  # an idle decode: empty pool
+
+
+def test_full_pool_that_progresses_or_runs_never_fires():
+    det = StallDetector(8.0, full_pool=True)
+    # Generation moving every 3 s (a slow but live engine) with the pool full.
+    assert feed_all(det, [snap(float(t), **{**FULL_NOTHING_VISIBLE, "gen": 2 + t // 3}) for t in range(60)]) == []
+    det = StallDetector(8.0, full_pool=True)
+    # A full pool that decodes (running 1, frozen counters between scrapes) is not blocked.
+    assert feed_all(det, [snap(float(t), **{**FULL_NOTHING_VISIBLE, "running": 1}) for t in range(30)]) == []
+
+
+def test_full_pool_keeps_the_livelock_and_control_answers():
+    # The recorded 0.32.0 livelock and the idle/running controls give the same answers with the
+    # decode-only full_pool rule on.
+    text = (DATA / "vllm-0.32.0-decode-stalled-edge-126.prom").read_text()
+    for full_pool in (False, True):
+        det = StallDetector(8.0, full_pool=full_pool)
+        fired = feed_all(det, [parse_metrics(text, "decode", t=float(t)) for t in range(0, 10)])
+        assert [t for t, _ in fired] == [8.0, 9.0]
+        assert fired[0][1].diagnosis.startswith("admission livelock on decode")
+        for name in ("vllm-0.32.0-decode-6blk-after-edge-126.prom", "vllm-0.32.0-decode-6blk-before-edge-126.prom"):
+            rec = (DATA / name).read_text()
+            det = StallDetector(2.0, full_pool=full_pool)
+            assert feed_all(det, [parse_metrics(rec, "decode", t=float(t)) for t in range(20)]) == [], name
+        det = StallDetector(2.0, full_pool=full_pool)
+        assert feed_all(det, [snap(float(t), running=1, kv=0.8) for t in range(30)]) == []
+
+
+def test_watcher_gives_full_pool_to_every_instance_it_feeds():
+    w = StallWatcher(8.0, full_pool=True)
+    fired = [st for t in range(10) if (st := w.feed(snap(float(t), **FULL_NOTHING_VISIBLE)))]
+    assert fired and len(w.episodes) == 1
+    w = StallWatcher(8.0)  # the timeline's watcher (it samples prefill too): off
+    assert [st for t in range(10) if (st := w.feed(snap(float(t), instance="prefill", **FULL_NOTHING_VISIBLE)))] == []

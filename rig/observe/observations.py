@@ -136,7 +136,8 @@ class ScenarioObservation:
     prefill: str
     records: list[PDRecord] = field(default_factory=list)
     parity: list[ParityResult | None] = field(default_factory=list)
-    evidence: TransferEvidence | None = None
+    evidence: TransferEvidence | None = None  # decode's counter deltas over the scenario
+    prefill_evidence: TransferEvidence | None = None  # prefill's (its preemptions: expect.min_preemptions_on)
     fatal_lines: dict[str, list[str]] = field(default_factory=dict)
     kv_integrity_lines: dict[str, list[str]] = field(default_factory=dict)  # lease expiry (cluster.py)
     dead: dict[str, int] = field(default_factory=dict)
@@ -161,6 +162,7 @@ class ScenarioObservation:
             "records": [r.to_json() for r in self.records],
             "parity": [p.to_json() if p else None for p in self.parity],
             "evidence": self.evidence.__dict__ if self.evidence else None,
+            "prefill_evidence": self.prefill_evidence.__dict__ if self.prefill_evidence else None,
             "fatal_lines": self.fatal_lines, "kv_integrity_lines": self.kv_integrity_lines,
             "dead": self.dead,
             "drains": [d.__dict__ for d in self.drains],

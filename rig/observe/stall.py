@@ -2,13 +2,22 @@
 
 vLLM's own P/D e2e test for the 0.32.0 admission livelock waits 60 s and says "timed out". The
 rig samples the decode instance about once a second while requests are outstanding and calls it
-a stall when, for ``window_s`` seconds, requests wait (``num_requests_waiting > 0``), none runs
-(``num_requests_running == 0``) and nothing that measures progress moves (generated and prompt
-tokens, KV usage, KV-fetch stages, NIXL transfers, preemptions, finished requests). The
-diagnosis quotes the frozen values, e.g.::
+a stall when, for ``window_s`` seconds, none runs (``num_requests_running == 0``) while requests
+are held back, and nothing that measures progress moves (generated and prompt tokens, KV usage,
+KV-fetch stages, NIXL transfers, preemptions, finished requests). "Held back" (:func:`is_blocked`)
+is any of: requests wait (``num_requests_waiting > 0``, the 0.32.0 admission livelock); requests
+sit in an async KV load (any ``num_requests_kv_fetch_by_stage`` > 0, i.e. WAITING_FOR_REMOTE_KVS,
+which a build need not count as waiting); or, on a detector told the instance's pool holds only
+its own requests' blocks (``full_pool``, a decode), the pool is full (KV usage >= :data:`FULL_POOL`)
+with nothing waiting at all: BUGS R01 (vllm PR #57104), where two finished loads that fill the
+pool each wait for the other's blocks with no request waiting for capacity. A prefill is never
+given ``full_pool``: it holds finished requests' blocks for decode's pull (up to the NIXL lease)
+with nothing running or waiting, which is not a stall. The diagnosis quotes the frozen values, e.g.::
 
     admission livelock on decode: waiting=1 (capacity) running=0 kv=0.0% kv_fetch
     waiting_to_start=1, unchanged for 8.0 s
+    pool deadlock on decode: waiting=0 running=0 kv=100.0% kv_fetch completed_waiting=2,
+    unchanged for 8.0 s
 
 A frozen state with a KV read in flight (``kv_fetch in_progress > 0``) is judged against the
 longer ``transfer_window_s``: ``/metrics`` cannot show a NIXL read's own progress, and on a
@@ -94,21 +103,42 @@ def _signature(s: m.MetricSnapshot) -> tuple:
     return tuple(s.value(n) for n in _PROGRESS) + (fetch, reasons)
 
 
-def _is_blocked(s: m.MetricSnapshot) -> bool:
-    return s.value(m.WAITING) > 0 and s.value(m.RUNNING) == 0
+# KV usage (0..1) from which a pool counts as full: R01's hang shows "KV ~100 %" (BUGS R01); with
+# the CPU profiles' 4-block pools every step is 25 %, so 0.99 means every usable block is taken.
+FULL_POOL = 0.99
+
+
+def _in_kv_fetch(s: m.MetricSnapshot) -> bool:
+    return any(v > 0 for v in s.by_label(m.KV_FETCH_BY_STAGE, "stage").values())
+
+
+def is_blocked(s: m.MetricSnapshot, full_pool: bool = False) -> bool:
+    """True when nothing runs on ``s.instance`` while requests are held back (module docstring):
+    waiting > 0, or requests in a KV-fetch stage, or (``full_pool``) KV usage >= :data:`FULL_POOL`.
+    Whether the state is also frozen is :class:`StallDetector`'s to decide."""
+    if s.value(m.RUNNING) != 0:
+        return False
+    return (s.value(m.WAITING) > 0 or _in_kv_fetch(s)
+            or (full_pool and s.value(m.KV_USAGE) >= FULL_POOL))
 
 
 def describe(s: m.MetricSnapshot, duration_s: float) -> str:
     """Human diagnosis of a frozen snapshot (see module docstring for the format).
 
     "admission livelock" when requests wait for capacity with the KV cache essentially empty
-    (the engine has room it will not use); "stall" otherwise.
+    (the engine has room it will not use); "pool deadlock" when nothing runs with the pool full
+    (KV usage >= :data:`FULL_POOL`, BUGS R01); "stall" otherwise.
     """
     waiting = s.value(m.WAITING)
     kv = s.value(m.KV_USAGE)
     reasons = {k: v for k, v in s.by_label(m.WAITING_BY_REASON, "reason").items() if v > 0}
     fetch = {k: v for k, v in s.by_label(m.KV_FETCH_BY_STAGE, "stage").items() if v > 0}
-    kind = "admission livelock" if reasons.get("capacity", 0) > 0 and kv < 0.5 else "stall"
+    if reasons.get("capacity", 0) > 0 and kv < 0.5:
+        kind = "admission livelock"
+    elif s.value(m.RUNNING) == 0 and kv >= FULL_POOL:
+        kind = "pool deadlock"
+    else:
+        kind = "stall"
     reason_txt = f" ({', '.join(sorted(reasons))})" if reasons else ""
     fetch_txt = "".join(f" kv_fetch {k}={v:g}" for k, v in sorted(fetch.items()))
     return (f"{kind} on {s.instance}: waiting={waiting:g}{reason_txt} running={s.value(m.RUNNING):g} "
@@ -126,12 +156,15 @@ class StallDetector:
 
     Any change of the progress signature, the blocked condition ending, or a gap between two
     samples longer than ``max_gap_s`` (default half the window) restarts the window.
+    ``full_pool``: the instance's pool holds only its own requests' blocks (a decode), so a full
+    pool with nothing running is blocked even with nothing waiting (:func:`is_blocked`, BUGS R01).
 
     Raises ValueError for a window <= 0 s.
     """
 
     def __init__(self, window_s: float, max_gap_s: float | None = None,
-                 transfer_window_s: float | None = None, early: EarlyRule | None = None):
+                 transfer_window_s: float | None = None, early: EarlyRule | None = None,
+                 full_pool: bool = False):
         if window_s <= 0 or (transfer_window_s is not None and transfer_window_s <= 0):
             raise ValueError(f"stall windows must be > 0 s (got {window_s}, {transfer_window_s})")
         self.window_s = window_s
@@ -140,6 +173,7 @@ class StallDetector:
         # or a slow scrape): a gap longer than this restarts the window. Default: half the window.
         self.max_gap_s = window_s / 2 if max_gap_s is None else max_gap_s
         self.early = early
+        self.full_pool = full_pool
         self._since: float | None = None
         self._sig: tuple | None = None
         self._last_t: float | None = None
@@ -152,7 +186,7 @@ class StallDetector:
         else None."""
         gap = self._last_t is not None and s.t - self._last_t > self.max_gap_s
         self._last_t = s.t
-        if not _is_blocked(s):
+        if not is_blocked(s, self.full_pool):
             self._since, self._sig = None, None
             return None
         sig = _signature(s)
@@ -194,18 +228,20 @@ class StallWatcher:
     timeline), with the episodes it saw.
 
     Each instance gets its own :class:`StallDetector` (``window_s``, ``transfer_window_s``,
-    ``early``, ``max_gap_s`` as there). :meth:`feed` returns the :class:`Stall` of the snapshot's
-    instance when its detector fires, else None; consecutive stalls with the same start are one
-    :class:`StallEpisode`, whose duration and diagnosis grow with it. ``episodes`` is in start
-    order. :func:`watch` is the sampling loop around it.
+    ``early``, ``max_gap_s``, ``full_pool`` as there; give ``full_pool`` only to a watcher fed
+    decode instances alone, never the timeline's, which also samples prefill). :meth:`feed`
+    returns the :class:`Stall` of the snapshot's instance when its detector fires, else None;
+    consecutive stalls with the same start are one :class:`StallEpisode`, whose duration and
+    diagnosis grow with it. ``episodes`` is in start order. :func:`watch` is the sampling loop
+    around it.
     """
 
     def __init__(self, window_s: float, transfer_window_s: float | None = None, early: EarlyRule | None = None,
-                 max_gap_s: float | None = None):
+                 max_gap_s: float | None = None, full_pool: bool = False):
         # Built once here so bad windows raise ValueError at construction, not at the first sample.
         StallDetector(window_s, max_gap_s, transfer_window_s, early)
         self.window_s, self.transfer_window_s = window_s, transfer_window_s
-        self.early, self.max_gap_s = early, max_gap_s
+        self.early, self.max_gap_s, self.full_pool = early, max_gap_s, full_pool
         self.episodes: list[StallEpisode] = []
         self._detectors: dict[str, StallDetector] = {}
         self._open: dict[str, StallEpisode] = {}
@@ -216,7 +252,7 @@ class StallWatcher:
         det = self._detectors.get(s.instance)
         if det is None:
             det = self._detectors[s.instance] = StallDetector(self.window_s, self.max_gap_s,
-                                                              self.transfer_window_s, self.early)
+                                                              self.transfer_window_s, self.early, self.full_pool)
         stall = det.feed(s, engine_cpu_s)
         if stall is None:
             self._open.pop(s.instance, None)

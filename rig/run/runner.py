@@ -17,6 +17,7 @@ path of a run share the runner's state; what a scenario kind does is in rig/run/
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import sys
@@ -413,6 +414,20 @@ class SuiteRunner:
         store.save(f"{sc.name}-after", after_d)
         store.sample(sc.name, after_d)
         obs.evidence = TransferEvidence.between(before[d.name], after_d)
+        # P's counters too (its preemptions: expect.min_preemptions_on prefill, BUGS R11's P side).
+        # P's metrics are not in the warm-up's presence list, so a counter P lacks is listed here:
+        # the check that reads it is then "not checked", never a 0 that fails or passes.
+        # A P that a fault killed answers nothing: no prefill evidence (not checked), and the
+        # drains below still run as before.
+        with contextlib.suppress(httpx.HTTPError, ValueError):
+            after_p = await m.scrape(http, p.url, p.name)
+            store.save(f"{sc.name}-after", after_p)
+            store.sample(sc.name, after_p)
+            obs.prefill_evidence = TransferEvidence.between(before[p.name], after_p)
+            # Only the counter a check reads on P (expect.min_preemptions_on); a P without a spec
+            # method has no spec_decode_* series at all, which is not a gap.
+            if not after_p.has(m.PREEMPTIONS):
+                obs.missing_metrics[p.name] = sorted({*obs.missing_metrics.get(p.name, []), m.PREEMPTIONS})
         # D first (the subject), then P, which may hold blocks for an abandoned transfer
         # until its kv_lease_duration (30 s by default) expires.
         for e in (d, p):

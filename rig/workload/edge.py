@@ -105,7 +105,9 @@ async def _watch(http: httpx.AsyncClient, d: Endpoint, window_s: float, interval
     ``window_s`` / ``transfer_window_s`` / ``early``: see :class:`rig.observe.stall.StallDetector`;
     ``engine_cpu`` reads D's EngineCore CPU seconds after each sample (the early rule's evidence
     of scheduler iterations, rig.judge.early_verdict)."""
-    watcher = StallWatcher(window_s, transfer_window_s=transfer_window_s, early=early)
+    # Fed D alone, whose pool holds only its own requests' blocks: a full pool with nothing
+    # running is a stall even with nothing waiting (BUGS R01, rig.observe.stall.is_blocked).
+    watcher = StallWatcher(window_s, transfer_window_s=transfer_window_s, early=early, full_pool=True)
     stall = await watch(watcher, lambda: m.scrape(http, d.url, d.name),
                         lambda: not any(r.outcome == "pending" for r in records), interval_s,
                         on_sample=(lambda snap: store.sample(scenario, snap)) if store else None,
