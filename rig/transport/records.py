@@ -123,8 +123,8 @@ class PlannedCancel:
     """A cancellation a workload planned for one P/D request (the store wave, BUGS R14).
 
     ``hop`` (``prefill`` | ``decode``) is closed ``after_ms`` milliseconds after it was sent.
-    ``fired_ms``: when the rig really closed it, in ms after that hop was sent (None: the hop
-    answered first). ``point`` is where the request ended, in the wave engine's words
+    ``fired_ms``: when the rig really closed it, in ms after that hop was sent at ``sent_at``
+    (None: the hop answered first). ``point`` is where the request ended, in the wave engine's words
     (rig.workload.engine.CANCEL_POINTS): ``before-prefill`` (P's hop closed before P answered),
     ``between`` (P answered first: the decode hop is never sent, P holds the blocks until its NIXL
     lease expires), ``during-decode`` (D's hop closed before D finished, whether or not a token
@@ -135,6 +135,7 @@ class PlannedCancel:
     after_ms: float
     fired_ms: float | None = None
     point: str | None = None
+    sent_at: float | None = None  # monotonic seconds when the named hop was sent (the timer's start)
 
 
 @dataclass

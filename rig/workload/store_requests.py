@@ -171,7 +171,7 @@ async def _hop(coro: Awaitable[Hop], rec: PDRecord, hop: str) -> Hop | None:
     c = rec.cancel
     if c is None or c.hop != hop:
         return await task
-    sent = time.monotonic()
+    sent = c.sent_at = time.monotonic()
     try:
         done, _ = await asyncio.wait({task}, timeout=c.after_ms / 1000)
     except BaseException:  # the request itself was cancelled (deadline, stall): close the hop too
