@@ -15,15 +15,16 @@ from pathlib import Path
 
 import httpx
 import pytest
-from test_store import LABELS, World, fast_settle  # noqa: F401 - fast_settle: autouse fixture
 
 from rig.config import ConfigError, ScenarioConfig, StoreScenarioConfig, load_config
 from rig.judge import store_checks as sj
 from rig.observe.observations import ScenarioObservation, wait_idle
+from rig.report.store_section import store_section
 from rig.transport.client import HttpxTransport
 from rig.transport.endpoint import Endpoint
 from rig.workload import store as st
 from rig.workload.store_rounds import plan_store_cancels, streamed
+from test_store import LABELS, World, fast_settle  # noqa: F401 - fast_settle: autouse fixture
 
 ROOT = Path(__file__).resolve().parent.parent
 CFG_PATH = ROOT / "configs" / "cpu-regressions-mooncake.yaml"
@@ -189,7 +190,8 @@ def test_decode_cancel_fires_at_its_time_not_before(tmp_path):
         # the fake saw the hop closed at its time, not before: after_ms after the rig sent it
         assert d_hop["cancelled_after"] is not None
         closed_at = d_hop["t"] + d_hop["cancelled_after"]
-        assert r.cancel.sent_at + r.cancel.after_ms / 1000 <= closed_at < r.cancel.sent_at + r.cancel.after_ms / 1000 + 0.15
+        due = r.cancel.sent_at + r.cancel.after_ms / 1000
+        assert due <= closed_at < due + 0.15
         if so.routes[obs.records.index(r)] == "pd":  # the prefill hop was not touched
             assert all(h["cancelled_after"] is None for h in world.hops("p", r.prompt))
     for r in obs.records:
@@ -203,6 +205,10 @@ def test_decode_cancel_fires_at_its_time_not_before(tmp_path):
     assert checks["prefix-cache-reset"].ok and "2/2 POST /reset_prefix_cache answered success" \
         in checks["prefix-cache-reset"].detail
     assert [w["cancelled"] for w in so.waves] == [4, 4] and [w["round"] for w in so.waves] == [0, 1]
+    section = store_section(sc, obs, so, v)
+    assert "| round 1 wave 0 | 4/8 (4 cancelled) |" in section
+    assert "| planned cancellations | 8 cancelled on purpose (during-decode 8)" in section
+    assert "| prefix-cache resets between rounds | round 1 prefill: ok (HTTP 200, 1 attempt(s)" in section
 
 
 def test_prefill_cancel_closes_p_and_never_sends_d(tmp_path):
@@ -279,3 +285,37 @@ def test_reset_between_rounds_retries_busy_and_fails_when_refused(tmp_path):
     reset = by_name(v)["prefix-cache-reset"]
     assert v.verdict == "FAIL" and reset.ok is False and "HTTP 404" in reset.detail \
         and "VLLM_SERVER_DEV_MODE=1" in reset.detail
+
+
+# --- the matrix on a build without Mooncake ------------------------------------------------------
+
+
+class NoMooncakeBuilder:
+    """A Builder whose build interpreter cannot find ``mooncake`` (a script that exits 1)."""
+
+    def __init__(self, python: Path):
+        self.py = python
+
+    def python(self, name: str) -> Path:
+        return self.py
+
+    def stamp(self, name: str) -> dict | None:
+        return None
+
+
+def test_matrix_row_without_mooncake_is_not_run_never_pass(tmp_path):
+    from rig.cluster.builds import has_module, load_builds
+    from rig.run.matrix import Matrix
+
+    fake = tmp_path / "python"
+    fake.write_text("#!/bin/sh\nexit 1\n")
+    fake.chmod(0o755)
+    assert not has_module(fake, "mooncake") and not has_module(tmp_path / "missing", "mooncake")
+    m = Matrix(load_builds(), NoMooncakeBuilder(fake), str(CFG_PATH), [], ["regressions-mooncake"],
+               tmp_path / "out", quiet=True)
+    (rep,) = m.run_build("0.32.0", resume=False)
+    assert rep["status"] == "not-run" and not (tmp_path / "out" / "0.32.0" / "regressions-mooncake" / "logs").exists()
+    md, passed = m.write(["0.32.0"], ["test"])
+    cell = json.loads((tmp_path / "out" / "matrix.json").read_text())["cells"][0]
+    assert not passed and cell["verdict"] == "NOT RUN" and cell["scenario"] == "r14-cancel-wave-store"
+    assert cell["reason"].startswith("not run: no mooncake in this build")

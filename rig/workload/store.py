@@ -79,7 +79,6 @@ from rig.observe.store_metrics import (
 from rig.transport.client import make_transport
 from rig.transport.records import Hop, PDRecord, classify
 from rig.workload.prompts import make_prompt, seed_of
-from rig.workload.store_rounds import plan_store_cancels, reset_prefix_cache, streamed
 from rig.workload.store_requests import (
     StoreContext,
     d_keys,
@@ -92,6 +91,7 @@ from rig.workload.store_requests import (
     store_parity,
     wait_master,
 )
+from rig.workload.store_rounds import plan_store_cancels, reset_prefix_cache, streamed
 
 __all__ = ["STORE_KINDS", "StoreContext", "run_store_scenario"]
 
