@@ -184,6 +184,18 @@ async def _hop(coro: Awaitable[Hop], rec: PDRecord, hop: str) -> Hop | None:
     return None
 
 
+def _cancelled(rec: PDRecord, point: str, hop: str) -> None:
+    """Mark ``rec`` cancelled on purpose at ``point`` (its :class:`~rig.transport.records.PlannedCancel` fired on ``hop``;
+    ``between``: P answered before the cancel was due, so the decode hop is never sent)."""
+    assert rec.cancel is not None
+    rec.cancel.point, rec.outcome = point, "cancelled"
+    if point == "between":
+        rec.diagnosis = (f"P answered in {1000 * (rec.prefill.latency_s or 0) if rec.prefill else 0:.0f} ms, "
+                         f"before the {rec.cancel.after_ms:.0f} ms cancel: the decode hop was never sent")
+    else:
+        rec.diagnosis = f"{hop} closed on purpose {rec.cancel.fired_ms or 0:.0f} ms after it was sent"
+
+
 async def send(ctx: StoreContext, rec: PDRecord, route: str) -> None:
     """One request to D: ``store`` = plain request to D; ``pd`` = P prefill hop, then D with P's
     ``kv_transfer_params``. Fills ``rec`` (outcome, hops, timings). ``rec.stream`` streams D's hop;
@@ -194,10 +206,7 @@ async def send(ctx: StoreContext, rec: PDRecord, route: str) -> None:
     if route == "pd":
         prefill = await _hop(c.prefill(ctx.p, rec.prompt), rec, "prefill")
         if prefill is None:
-            assert rec.cancel is not None
-            rec.cancel.point = "before-prefill"
-            rec.outcome = "cancelled"
-            rec.diagnosis = f"prefill hop closed on purpose {rec.cancel.fired_ms:.0f} ms after it was sent"
+            _cancelled(rec, "before-prefill", "prefill hop")
             return
         rec.prefill = prefill
         failure = prefill_failure(rec.prefill)
@@ -206,10 +215,7 @@ async def send(ctx: StoreContext, rec: PDRecord, route: str) -> None:
             return
         assert rec.prefill.kv_transfer_params is not None  # prefill_failure is None only when P gave them
         if rec.cancel is not None and rec.cancel.hop == "prefill":  # P answered first: abandon, as a wave does
-            rec.cancel.point = "between"
-            rec.outcome = "cancelled"
-            rec.diagnosis = (f"P answered in {1000 * (rec.prefill.latency_s or 0):.0f} ms, before the "
-                             f"{rec.cancel.after_ms:.0f} ms cancel: the decode hop was never sent")
+            _cancelled(rec, "between", "")
             return
         rec.decode_sent_at = time.monotonic()
         decode = await _hop(c.decode(ctx.d, rec.prompt, rec.max_tokens, rec.prefill.kv_transfer_params,
@@ -219,10 +225,7 @@ async def send(ctx: StoreContext, rec: PDRecord, route: str) -> None:
         decode = await _hop(c.direct(ctx.d, rec.prompt, rec.max_tokens, fields=stream), rec, "decode")
     rec.verdict_after_s = time.monotonic() - rec.decode_sent_at
     if decode is None:
-        assert rec.cancel is not None
-        rec.cancel.point = "during-decode"
-        rec.outcome = "cancelled"
-        rec.diagnosis = f"decode hop closed on purpose {rec.cancel.fired_ms:.0f} ms after it was sent"
+        _cancelled(rec, "during-decode", "decode hop")
         return
     rec.decode = decode
     rec.outcome = classify(rec.decode)
