@@ -185,8 +185,9 @@ async def _hop(coro: Awaitable[Hop], rec: PDRecord, hop: str) -> Hop | None:
 
 
 def _cancelled(rec: PDRecord, point: str, hop: str) -> None:
-    """Mark ``rec`` cancelled on purpose at ``point`` (its :class:`~rig.transport.records.PlannedCancel` fired on ``hop``;
-    ``between``: P answered before the cancel was due, so the decode hop is never sent)."""
+    """Mark ``rec`` cancelled on purpose at ``point`` (its
+    :class:`~rig.transport.records.PlannedCancel` fired on ``hop``; ``between``: P answered before
+    the cancel was due, so the decode hop is never sent)."""
     assert rec.cancel is not None
     rec.cancel.point, rec.outcome = point, "cancelled"
     if point == "between":
