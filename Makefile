@@ -56,13 +56,13 @@ faults: check-venv  ## fault scenarios on one topology: kill P after its answer,
 	$(PDRIG) e2e --config $(CONFIG) --set suite=suites/faults.yaml --set nixl.kv_lease_duration=5 $(ARGS)
 
 # The Mooncake profile's part of the regression suite (BUGS R14): MOONCAKE_ARGS go to its run
-# (ARGS to the nixl profile's); R14_FULL=1 runs r14-cancel-wave-store at the upstream size
-# (3 rounds x 66 requests = 198, against 3 x 24 by default).
+# (ARGS to the nixl profile's). r14-cancel-wave-store runs at the upstream size (3 rounds x 66
+# requests); R14_ROUNDS=N runs N rounds instead (more chances for the abort race).
 MOONCAKE_ARGS ?=
-R14_FULL ?=
-R14_SET := $(if $(R14_FULL),--set scenarios.r14-cancel-wave-store.store.per_group=22)
+R14_ROUNDS ?=
+R14_SET := $(if $(R14_ROUNDS),--set scenarios.r14-cancel-wave-store.store.rounds=$(R14_ROUNDS))
 
-regressions: check-venv  ## one scenario per CPU-runnable public P/D bug report, nixl then Mooncake profile; exit 1 if either fails (R14_FULL=1: R14 at upstream size)
+regressions: check-venv  ## one scenario per CPU-runnable public P/D bug report, nixl then Mooncake profile; exit 1 if either fails (R14_ROUNDS=N: more R14 rounds)
 	$(PDRIG) e2e --config configs/cpu-regressions.yaml $(ARGS); rc=$$?; \
 	$(PDRIG) e2e --config configs/cpu-regressions-mooncake.yaml $(R14_SET) $(MOONCAKE_ARGS); rc2=$$?; \
 	exit $$(( rc > rc2 ? rc : rc2 ))
