@@ -55,8 +55,17 @@ lease: check-venv  ## NIXL lease expiry: decode hop held past a 5 s kv_lease_dur
 faults: check-venv  ## fault scenarios on one topology: kill P after its answer, cancel D in its pull, SIGSTOP D past a 5 s lease
 	$(PDRIG) e2e --config $(CONFIG) --set suite=suites/faults.yaml --set nixl.kv_lease_duration=5 $(ARGS)
 
-regressions: check-venv  ## one scenario per CPU-runnable public P/D bug report (configs/suites/regressions.yaml; README "Regression suite")
-	$(PDRIG) e2e --config configs/cpu-regressions.yaml $(ARGS)
+# The Mooncake profile's part of the regression suite (BUGS R14): MOONCAKE_ARGS go to its run
+# (ARGS to the nixl profile's). r14-cancel-wave-store runs at the upstream size (3 rounds x 66
+# requests); R14_ROUNDS=N runs N rounds instead (more chances for the abort race).
+MOONCAKE_ARGS ?=
+R14_ROUNDS ?=
+R14_SET := $(if $(R14_ROUNDS),--set scenarios.r14-cancel-wave-store.store.rounds=$(R14_ROUNDS))
+
+regressions: check-venv  ## one scenario per CPU-runnable public P/D bug report, nixl then Mooncake profile; exit 1 if either fails (R14_ROUNDS=N: more R14 rounds)
+	$(PDRIG) e2e --config configs/cpu-regressions.yaml $(ARGS); rc=$$?; \
+	$(PDRIG) e2e --config configs/cpu-regressions-mooncake.yaml $(R14_SET) $(MOONCAKE_ARGS); rc2=$$?; \
+	exit $$(( rc > rc2 ? rc : rc2 ))
 
 bench-matrix: check-venv  ## time per build of a matrix vs one P+D start-up + scenarios of that build (ARGS=--builds 0.31.0,0.32.0)
 	$(PY) scripts/bench_matrix.py $(ARGS)
@@ -81,8 +90,10 @@ build: check-venv  ## create (or find) one vLLM build's env from configs/builds.
 matrix: check-venv  ## SUITES (edge,lease) on every build of BUILDS, one at a time; grid in MATRIX_OUT/matrix.md (ARGS=--resume reuses finished builds)
 	$(PDRIG) matrix --builds $(BUILDS) --suite $(SUITES) --out $(MATRIX_OUT) $(ARGS)
 
-matrix-regressions: check-venv  ## the regression suite on every build of REGRESS_BUILDS, one at a time; grid in runs/matrix-regressions/matrix.md
-	$(PDRIG) matrix --builds $(REGRESS_BUILDS) --suite regressions --config configs/cpu-regressions.yaml --out runs/matrix-regressions $(ARGS)
+matrix-regressions: check-venv  ## the regression suite (both profiles) on every build of REGRESS_BUILDS; grids in runs/matrix-regressions{,-mooncake}/matrix.md
+	$(PDRIG) matrix --builds $(REGRESS_BUILDS) --suite regressions --config configs/cpu-regressions.yaml --out runs/matrix-regressions $(ARGS); rc=$$?; \
+	$(PDRIG) matrix --builds $(REGRESS_BUILDS) --suite regressions-mooncake --config configs/cpu-regressions-mooncake.yaml --out runs/matrix-regressions-mooncake $(ARGS); rc2=$$?; \
+	exit $$(( rc > rc2 ? rc : rc2 ))
 
 clean-runs:  ## delete runs/ (every run directory)
 	rm -rf runs/

@@ -223,6 +223,17 @@ def vllm_version_of(python: Path, device: str = "cpu") -> str:
     return r.stdout.strip().splitlines()[-1]
 
 
+def has_module(python: Path, module: str) -> bool:
+    """Whether ``python`` can find top-level ``module`` (``importlib.util.find_spec``, without
+    importing it); False when the interpreter cannot run. The matrix asks this of a build's env
+    before it runs a Mooncake profile on it (``mooncake`` ships the store connector's client)."""
+    code = f"import importlib.util, sys; sys.exit(importlib.util.find_spec({module!r}) is None)"
+    try:
+        return subprocess.run([str(python), "-c", code], capture_output=True, timeout=60).returncode == 0
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+
+
 def site_packages(python: Path) -> Path:
     """The purelib directory of the env ``python`` belongs to (asked from the interpreter)."""
     r = subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],

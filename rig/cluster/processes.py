@@ -58,6 +58,11 @@ FATAL_PATTERNS = (
     # output handler (prometheus_client's ValueError, then vllm/v1/engine/async_llm.py's log).
     "Counters can only be incremented by non-negative amounts",
     "AsyncLLM output_handler failed",
+    # BUGS R14 (vllm #46240, #51786, #52954): a late or duplicate transfer completion trips the
+    # scheduler's asserts in _update_from_kv_xfer_finished (vllm/v1/core/sched/scheduler.py,
+    # 0.32.0) and EngineCore dies; the traceback quotes the assert's source line.
+    "assert req_id in self.requests",
+    "assert RequestStatus.is_finished(req.status)",
 )
 
 

@@ -89,6 +89,43 @@ class StoreScenarioConfig(StrictModel):
                              "two-hop P->D over NIXL, or alternately")
     put_wait_s: float = Field(15, gt=0, description="wait this long for P's puts to reach the master "
                                                     "before D asks for the same prefix")
+    # BUGS R14 (vllm #46240, #52954): aborts while store loads and NIXL transfers are in flight.
+    cancel_fraction: float = Field(0.0, ge=0, le=1, description="prefix-wave-store: fraction of each wave's "
+                                                                "requests cancelled on purpose (seeded choice)")
+    cancel_after_ms: tuple[float, float] = Field(
+        (0.0, 300.0), description="prefix-wave-store: [lo, hi] ms; a cancelled request's hop is closed a "
+                                  "uniform (seeded) delay in this range after that hop was sent")
+    cancel_hop: Literal["prefill", "decode", "either"] = Field(
+        "either", description="prefix-wave-store: the hop a cancel closes; either = prefill or decode at random "
+                              "on a P/D request (a store-routed request has only its decode hop)")
+    rounds: int = Field(1, ge=1, description="prefix-wave-store: rounds of `waves` waves, same prefixes, new suffixes")
+    reset_prefix_cache: bool = Field(
+        False, description="prefix-wave-store: POST /reset_prefix_cache on P and D between rounds (the store "
+                           "stays warm); needs VLLM_SERVER_DEV_MODE=1 in both instances' env")
+    reset_timeout_s: float = Field(
+        30, gt=0, description="retry a reset that answers success=false (blocks still held, e.g. by a NIXL "
+                              "lease) for at most this long")
+    stream: Literal["always", "never", "mixed"] = Field(
+        "never", description="prefix-wave-store: D's hop streamed (SSE) or not; mixed = every other request")
+
+    @model_validator(mode="after")
+    def _cancel_window(self) -> StoreScenarioConfig:
+        lo, hi = self.cancel_after_ms
+        if not 0 <= lo <= hi:
+            raise ValueError(f"store.cancel_after_ms [{lo:g}, {hi:g}]: give [lo, hi] ms with 0 <= lo <= hi")
+        if self.reset_prefix_cache and self.rounds < 2:
+            raise ValueError("store.reset_prefix_cache resets between rounds: set store.rounds >= 2 "
+                             "(or drop reset_prefix_cache)")
+        if self.cancel_hop == "prefill" and self.route == "store":
+            raise ValueError("store.cancel_hop prefill with route store: a store-routed request has no prefill "
+                             "hop; use route pd or mixed, or cancel_hop decode / either")
+        return self
+
+    def uses_wave_options(self) -> list[str]:
+        """The R14 options set away from their defaults (only kind prefix-wave-store runs them)."""
+        return [f for f, on in (("cancel_fraction", self.cancel_fraction > 0), ("rounds", self.rounds > 1),
+                                ("reset_prefix_cache", self.reset_prefix_cache),
+                                ("stream", self.stream != "never")) if on]
 
 
 class ScenarioConfig(StrictModel):
@@ -173,6 +210,14 @@ class ScenarioConfig(StrictModel):
             raise ValueError(f"hold_between_s / flush_prefill: only for kind edge (kind is {self.kind!r})")
         if self.flush_prefill and not self.hold_between_s:
             raise ValueError("flush_prefill needs hold_between_s (the flush runs during the hold)")
+        return self
+
+    @model_validator(mode="after")
+    def _store_wave_options(self) -> ScenarioConfig:  # BUGS R14
+        used = self.store.uses_wave_options() if self.store is not None else []
+        if used and self.kind != "prefix-wave-store":
+            raise ValueError(f"store.{', store.'.join(used)}: only for kind prefix-wave-store (kind is "
+                             f"{self.kind!r}); remove {'it' if len(used) == 1 else 'them'}")
         return self
 
     @model_validator(mode="after")

@@ -160,6 +160,17 @@ class RigConfig(StrictModel):
                 chosen = next((i for i in pool if i.name == ref), pool[0] if ref is None else None)
                 if chosen is not None and self.connector_of(chosen) not in STORE_MODES:
                     plain.append(f"{role} {chosen.name} ({self.connector_of(chosen)})")
+            st = getattr(sc, "store", None)
+            if st is not None and st.reset_prefix_cache:
+                # vLLM serves POST /reset_prefix_cache only in dev mode (0.32.0:
+                # vllm/entrypoints/launchers/api_server/routers.py, envs.VLLM_SERVER_DEV_MODE).
+                for role, ref, pool in (("prefill", sc.prefill, self.prefill), ("decode", sc.decode, self.decode)):
+                    chosen = next((i for i in pool if i.name == ref), pool[0] if ref is None else None)
+                    if chosen is not None and {**self.launch.env, **chosen.env}.get("VLLM_SERVER_DEV_MODE") != "1":
+                        problems.append(
+                            f"scenario {sc.name}: store.reset_prefix_cache needs VLLM_SERVER_DEV_MODE=1 in {role} "
+                            f"{chosen.name}'s env (vLLM serves /reset_prefix_cache only in dev mode); add it to "
+                            f"launch.env or to {chosen.name}'s env, or drop reset_prefix_cache")
             if plain:
                 problems.append(f"scenario {sc.name} (kind {sc.kind}) needs a store connector "
                                 f"({' or '.join(STORE_MODES)}) on prefill and decode; not on {', '.join(plain)}")

@@ -6,11 +6,22 @@ the :class:`~rig.observe.observations.ScenarioObservation` and the store counter
 
 from __future__ import annotations
 
+from collections import Counter
+
 from rig.config import ScenarioConfig
-from rig.judge.checks import Check, alive_check, completion_checks, fatal_log_check, idle_check, parity_check
-from rig.judge.verdict import ScenarioVerdict, decide, expectation_of, judge
+from rig.judge.checks import (
+    Check,
+    alive_check,
+    completion_checks,
+    fatal_log_check,
+    idle_check,
+    parity_check,
+    stream_check,
+)
+from rig.judge.verdict import ScenarioVerdict, decide, expectation_of, judge, required_checks
 from rig.observe.observations import ScenarioObservation
 from rig.observe.store_metrics import StoreObservation, op
+from rig.transport.records import PDRecord
 
 
 def fmt_bytes(v: float) -> str:
@@ -18,12 +29,42 @@ def fmt_bytes(v: float) -> str:
     return f"{v:,.0f} B"
 
 
+def cancel_summary(records: list[PDRecord]) -> str:
+    """``N cancelled on purpose (before-prefill a, between b, during-decode c), M planned cancels
+    missed (the hop answered first)``: the planned cancellations of a store wave, in words."""
+    planned = [r for r in records if r.cancel is not None]
+    points = Counter(r.cancel.point for r in planned if r.intentional and r.cancel)
+    missed = sum(not r.intentional for r in planned)
+    fired = sorted(r.cancel.fired_ms for r in planned if r.cancel and r.cancel.fired_ms is not None)
+    return (f"{sum(points.values())} cancelled on purpose ("
+            + ", ".join(f"{k} {v}" for k, v in sorted(points.items())) + ")"
+            + (f", closed {fired[0]:.0f}-{fired[-1]:.0f} ms after their hop was sent" if fired else "")
+            + f"; {missed} planned cancels missed (the decode hop answered first)")
+
+
 def store_checks(sc: ScenarioConfig, obs: ScenarioObservation, so: StoreObservation) -> list[Check]:
     """The named checks of a store scenario (see the module docstring), each tri-state."""
-    recs = obs.records
+    # Requests cancelled on purpose (the store wave's cancel_fraction, BUGS R14) are intended
+    # outcomes: every other request must answer, with parity.
+    kept = [(r, p) for r, p in zip(obs.records, obs.parity + [None] * len(obs.records), strict=False)
+            if not r.intentional]
+    recs = [r for r, _ in kept]
     out = completion_checks(sc.expect, recs)
+    if len(recs) < len(obs.records):
+        out[0] = Check(out[0].name, out[0].ok, out[0].detail + "; " + cancel_summary(obs.records), out[0].requests)
     if sc.parity:
-        out.append(parity_check(recs, obs.parity, "equal to a direct request to P"))
+        out.append(parity_check(recs, [p for _, p in kept], "equal to a direct request to P"))
+    streamed = stream_check(recs)
+    if streamed is not None:
+        out.append(streamed)
+    if sc.store is not None and sc.store.reset_prefix_cache and not so.resets:
+        out.append(Check("prefix-cache-reset", None, "not checked: no round after the first ran"))
+    elif so.resets:
+        bad = [r for r in so.resets if not r["success"]]
+        out.append(Check("prefix-cache-reset", not bad,
+                         f"{len(so.resets) - len(bad)}/{len(so.resets)} POST /reset_prefix_cache answered success" +
+                         (f"; round {bad[0]['round']} {bad[0]['instance']}: HTTP {bad[0]['status']} "
+                          f"{bad[0]['detail']} after {bad[0]['attempts']} attempt(s)" if bad else "")))
 
     # -- the store ----------------------------------------------------------------------------
     load_keys = op(so.d_ops, "load_get", "keys") + op(so.p_ops, "load_get", "keys")
@@ -89,4 +130,5 @@ def judge_store(sc: ScenarioConfig, obs: ScenarioObservation, so: StoreObservati
     if so is None or obs.error or so.error:
         return decide(sc.name, [], expectation_of(sc, obs), error=obs.error or (so.error if so else "")
                       or "no store observation (scenario not run)")
-    return judge(sc, obs, checks=store_checks(sc, obs, so))
+    required = required_checks(sc) + (("prefix-cache-reset",) if sc.store and sc.store.reset_prefix_cache else ())
+    return judge(sc, obs, checks=store_checks(sc, obs, so), required=required)

@@ -182,6 +182,9 @@ class StoreObservation:
     stall_diagnosis: str = ""
     notes: list[str] = field(default_factory=list)
     error: str = ""
+    # prefix-wave-store rounds (BUGS R14): one row per POST /reset_prefix_cache between rounds
+    # (round, instance, HTTP status, success, attempts, seconds until success).
+    resets: list[dict[str, Any]] = field(default_factory=list)
 
     # -- derived facts (what the report shows) ------------------------------------------------
 

@@ -14,7 +14,8 @@ Cell verdicts are the run's (PASS, FAIL, XFAIL, XPASS, ERROR) plus two of the ma
   root-cause line of the instance's log. A crash the scenario itself caused with its very first
   request is indistinguishable from that here (the fatal lines of a phase count from its start).
 - ``NOT RUN``: no report holds the scenario for this build (the run was interrupted, or the
-  matrix was rendered before the build ran).
+  matrix was rendered before the build ran), or the build cannot run its profile by design
+  (report status ``not-run``, e.g. "not run: no mooncake in this build").
 
 Known issues are read only through ``known_issue.id`` / ``.affects`` / ``.symptom`` (the config
 model may grow other fields).
@@ -200,6 +201,8 @@ def _cell(scenario: str, build: BuildRuns, issue: IssueRef | None) -> Cell:
     # Not in any report: a run that broke before it (server did not start) or never ran.
     for rep in build.reports:
         names = {sc.get("name") for sc in (rep.get("config") or {}).get("scenarios") or []}
+        if scenario in names and rep.get("status") == "not-run":  # e.g. a store profile, no mooncake
+            return Cell(scenario, build.name, "NOT RUN", rep.get("error") or "not run", run_dir=rep.get("run_dir", ""))
         if scenario in names and rep.get("status") in ("error", "failed") and rep.get("error"):
             return Cell(scenario, build.name, "BROKEN", f"cannot run on this build: {rep['error'][:300]}",
                         run_dir=rep.get("run_dir", ""))

@@ -5,7 +5,7 @@ per-wave tables."""
 from __future__ import annotations
 
 from rig.config import ScenarioConfig
-from rig.judge.store_checks import fmt_bytes
+from rig.judge.store_checks import cancel_summary, fmt_bytes
 from rig.judge.verdict import ScenarioVerdict
 from rig.observe.observations import ScenarioObservation
 from rig.observe.store_metrics import StoreObservation
@@ -50,6 +50,12 @@ def store_section(sc: ScenarioConfig, obs: ScenarioObservation, so: StoreObserva
                                                  f"+{so.master.get('put_start_alloc_failures', 0):.0f}"),
         ("P puts visible in the master after", ", ".join(f"{w:.2f} s" for w in so.put_waits) or "-"),
     ]
+    if any(r.cancel is not None for r in obs.records):  # the store wave's planned cancels (BUGS R14)
+        facts.append(("planned cancellations", cancel_summary(obs.records)))
+    if so.resets:
+        facts.append(("prefix-cache resets between rounds", "; ".join(
+            f"round {r['round']} {r['instance']}: {'ok' if r['success'] else 'FAILED'} (HTTP {r['status']}, "
+            f"{r['attempts']} attempt(s), {r['wait_s']:.1f} s)" for r in so.resets)))
     lines.append("| fact | value |")
     lines.append("|---|---|")
     lines += [f"| {k} | {v} |" for k, v in facts]
@@ -63,8 +69,11 @@ def store_section(sc: ScenarioConfig, obs: ScenarioObservation, so: StoreObserva
     if so.waves:
         lines += ["", "| wave | ok/requests | store-routed | store tokens | NIXL tokens | D local hits | "
                       "load_get bytes | preemptions | wall s |", "|---|---|---|---|---|---|---|---|---|"]
+        rounds = any(w.get("round") for w in so.waves)
         for w in so.waves:
-            lines.append(f"| {w['wave']} | {w['ok']}/{w['requests']} | {w['store_routed']} | {w['store_tokens']:.0f} | "
+            label = f"round {w['round']} wave {w['wave']}" if rounds else f"{w['wave']}"
+            ok = f"{w['ok']}/{w['requests']}" + (f" ({w['cancelled']} cancelled)" if w.get("cancelled") else "")
+            lines.append(f"| {label} | {ok} | {w['store_routed']} | {w['store_tokens']:.0f} | "
                          f"{w['nixl_tokens']:.0f} | {w['local_prefix_hits']:.0f} | {w['load_get_ok_bytes']:,.0f} | "
                          f"{w['preemptions']:.0f} | {w['wall_s']:.1f} |")
     for note in so.notes:

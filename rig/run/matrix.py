@@ -33,6 +33,7 @@ from rig.cluster.builds import (
     apply_fixes,
     builds_dir,
     fixed_note,
+    has_module,
     load_builds,
 )
 from rig.cluster.preflight import preflight
@@ -111,6 +112,16 @@ def _broken_report(run_dir: Path, cfg: RigConfig | None, why: str) -> dict:
     return rep
 
 
+def _not_run_report(run_dir: Path, cfg: RigConfig, why: str) -> dict:
+    """A report for a suite the build cannot run by design (e.g. a store profile on a build
+    without Mooncake): status ``not-run``; rig.report.grid makes its scenarios NOT RUN cells
+    with ``why``."""
+    rep = _broken_report(run_dir, cfg, why)
+    rep["status"] = "not-run"
+    (run_dir / "report.json").write_text(json.dumps(rep, indent=1))
+    return rep
+
+
 class Matrix:
     """Runs ``suites`` x ``builds`` for the rig config at ``config`` (see the module docstring)."""
 
@@ -167,6 +178,12 @@ class Matrix:
                 reports.append(_broken_report(run_dir, cfg, build_error))
                 continue
             assert python is not None  # the build's interpreter, or build_error above
+            if cfg.uses_store() and not has_module(Path(python), "mooncake"):
+                # A store profile needs the Mooncake client in the build's env: its cells say so
+                # (NOT RUN), never a verdict.
+                reports.append(_not_run_report(run_dir, cfg, f"not run: no mooncake in this build ({python})"))
+                self._log(f"{name}/{_suite_label(suite)}: not run: no mooncake in {python}")
+                continue
             cfg = apply_fixes(cfg, spec)
             cfg = cfg.model_copy(update={"launch": cfg.launch.model_copy(
                 update={"command": launch_command(cfg, python)})})

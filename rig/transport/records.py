@@ -119,6 +119,26 @@ class RequestRecord:
 
 
 @dataclass
+class PlannedCancel:
+    """A cancellation a workload planned for one P/D request (the store wave, BUGS R14).
+
+    ``hop`` (``prefill`` | ``decode``) is closed ``after_ms`` milliseconds after it was sent.
+    ``fired_ms``: when the rig really closed it, in ms after that hop was sent at ``sent_at``
+    (None: the hop answered first). ``point`` is where the request ended, in the wave engine's words
+    (rig.workload.engine.CANCEL_POINTS): ``before-prefill`` (P's hop closed before P answered),
+    ``between`` (P answered first: the decode hop is never sent, P holds the blocks until its NIXL
+    lease expires), ``during-decode`` (D's hop closed before D finished, whether or not a token
+    had arrived); None when the decode hop answered before the cancel (the request is judged as
+    an answered one)."""
+
+    hop: str
+    after_ms: float
+    fired_ms: float | None = None
+    point: str | None = None
+    sent_at: float | None = None  # monotonic seconds when the named hop was sent (the timer's start)
+
+
+@dataclass
 class PDRecord(RequestRecord):
     """Everything the rig saw of one P/D request: both hops in full.
 
@@ -135,6 +155,14 @@ class PDRecord(RequestRecord):
     verdict_after_s: float | None = None
     stall: StallFacts | None = None  # the frozen state when the rig marked it ``stalled``
     endpoint: str = "completions"
+    cancel: PlannedCancel | None = None  # a planned cancellation (store wave, BUGS R14)
+    stream: bool = False  # the decode hop is streamed (SSE)
+
+    @property
+    def intentional(self) -> bool:
+        """True for a request the rig cancelled on purpose (its :class:`PlannedCancel` fired, or
+        the prefill hop it targeted answered first and the decode hop was never sent)."""
+        return self.outcome == "cancelled" and self.cancel is not None and self.cancel.point is not None
 
     @property
     def prompt_count(self) -> int:

@@ -25,7 +25,12 @@ Kinds (``ScenarioConfig.kind``, settings in ``ScenarioConfig.store``):
     suffix) run at ``concurrency`` against D, whose blocks are capped: ``route: store`` sends them
     plainly to D (the prefix comes from the store or D's own cache), ``pd`` through P -> D over
     NIXL, ``mixed`` alternates. Every request must complete (no ``Cannot get N free blocks``
-    crash, no stall), with real store loads on D and zero failed GETs.
+    crash, no stall), with real store loads on D and zero failed GETs. With the R14 options
+    (rig.workload.store_rounds): ``rounds`` rounds of those waves (same prefixes, new suffixes),
+    ``reset_prefix_cache`` between rounds on P and D; ``cancel_fraction`` of each wave's requests
+    closed ``cancel_after_ms`` after their ``cancel_hop`` was sent (intended outcomes, not
+    failures); ``stream`` for D's hop. Every request not cancelled on purpose must still answer
+    with parity, and P and D must drain back to their baseline.
 ``long-generation``
     ``store.requests`` P/D requests with long outputs at once on the capped D, so D must preempt
     (free) running requests and later recompute them; a resumed request's prompt blocks can be
@@ -86,6 +91,7 @@ from rig.workload.store_requests import (
     store_parity,
     wait_master,
 )
+from rig.workload.store_rounds import plan_store_cancels, reset_prefix_cache, streamed
 
 __all__ = ["STORE_KINDS", "StoreContext", "run_store_scenario"]
 
@@ -174,36 +180,50 @@ async def _prefix_wave(sc: ScenarioConfig, st: StoreScenarioConfig, ctx: StoreCo
     else:
         so.put_waits.append(waited)
     index = 0
-    for w in range(st.waves):
-        recs, routes = [], []
-        for g in range(st.groups):
-            for j in range(st.per_group):
-                prompt = prefixes[g] + make_prompt(suffix, seed_of(f"{seed}/w{w}/g{g}/r{j}"))
-                recs.append(PDRecord(request_id=f"{sc.name}-w{w}-g{g}-{j}", prompt_len=sc.prompt_tokens,
-                                     max_tokens=sc.max_tokens, prompt=prompt))
-                routes.append(_route_of(st.route, index))
-                index += 1
-        obs.records += recs
-        so.routes += routes
-        d0 = await scrape(ctx, ctx.d)
-        t0 = time.monotonic()
-        diag = await run_batch(ctx, sc, recs, routes, st.concurrency, so)
-        wall = time.monotonic() - t0
-        d1 = await settled(ctx, ctx.d, d_keys)
-        dv = values_delta(engine_values(d0), engine_values(d1))
-        ops = ops_delta(d0, d1)
-        so.waves.append({
-            "wave": w, "requests": len(recs), "ok": sum(r.outcome == "ok" for r in recs),
-            "store_routed": routes.count("store"), "wall_s": round(wall, 3),
-            "store_tokens": dv.get(f"cached_{STORE_SOURCE}", 0.0),
-            "nixl_tokens": dv.get("cached_p2p", 0.0),
-            "local_prefix_hits": dv.get("prefix_hits", 0.0),
-            "load_get_ok_bytes": op(ops, "load_get", "ok_bytes"),
-            "load_get_failed_keys": op(ops, "load_get", "failed_keys"),
-            "nixl_bytes": dv.get("nixl_bytes", 0.0), "preemptions": dv.get("preemptions", 0.0),
-        })
-        if diag:
-            so.stall_diagnosis = diag
+    for rnd in range(st.rounds):
+        if rnd > 0 and st.reset_prefix_cache:
+            # BUGS R14: empty P's and D's own prefix caches (the store stays warm), so the next
+            # round's prefixes come from the store again while requests are being cancelled.
+            for ep in (ctx.p, ctx.d):
+                so.resets.append({"round": rnd, **await reset_prefix_cache(ctx.http, ep, st.reset_timeout_s)})
+        for w in range(st.waves):
+            tag = f"r{rnd}-w{w}" if st.rounds > 1 else f"w{w}"
+            salt = f"{seed}/w{w}" if rnd == 0 else f"{seed}/round{rnd}/w{w}"
+            recs, routes = [], []
+            for g in range(st.groups):
+                for j in range(st.per_group):
+                    prompt = prefixes[g] + make_prompt(suffix, seed_of(f"{salt}/g{g}/r{j}"))
+                    recs.append(PDRecord(request_id=f"{sc.name}-{tag}-g{g}-{j}", prompt_len=sc.prompt_tokens,
+                                         max_tokens=sc.max_tokens, prompt=prompt,
+                                         stream=streamed(st.stream, index)))
+                    routes.append(_route_of(st.route, index))
+                    index += 1
+            for rec, cancel in zip(recs, plan_store_cancels(routes, st, seed_of(f"{salt}/cancel")), strict=True):
+                rec.cancel = cancel
+            obs.records += recs
+            so.routes += routes
+            d0 = await scrape(ctx, ctx.d)
+            t0 = time.monotonic()
+            diag = await run_batch(ctx, sc, recs, routes, st.concurrency, so)
+            wall = time.monotonic() - t0
+            d1 = await settled(ctx, ctx.d, d_keys)
+            dv = values_delta(engine_values(d0), engine_values(d1))
+            ops = ops_delta(d0, d1)
+            so.waves.append({
+                "wave": w, "round": rnd, "requests": len(recs), "ok": sum(r.outcome == "ok" for r in recs),
+                "cancelled": sum(r.intentional for r in recs),
+                "store_routed": routes.count("store"), "wall_s": round(wall, 3),
+                "store_tokens": dv.get(f"cached_{STORE_SOURCE}", 0.0),
+                "nixl_tokens": dv.get("cached_p2p", 0.0),
+                "local_prefix_hits": dv.get("prefix_hits", 0.0),
+                "load_get_ok_bytes": op(ops, "load_get", "ok_bytes"),
+                "load_get_failed_keys": op(ops, "load_get", "failed_keys"),
+                "nixl_bytes": dv.get("nixl_bytes", 0.0), "preemptions": dv.get("preemptions", 0.0),
+            })
+            if diag:
+                so.stall_diagnosis = diag
+                break
+        if so.stall_diagnosis:
             break
     if sc.parity:
         await store_parity(ctx, obs)

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -29,7 +29,7 @@ from rig.observe.store_metrics import (
     requeued,
     store_ops,
 )
-from rig.transport.client import Transport
+from rig.transport.client import Transport, cancel_task
 from rig.transport.endpoint import Endpoint
 from rig.transport.records import Hop, PDRecord, classify, prefill_failure
 from rig.workload.edge import cancel_stalled
@@ -163,23 +163,72 @@ async def watch_decode(ctx: StoreContext, sc: ScenarioConfig, records: list[PDRe
     return stall.diagnosis
 
 
+async def _hop(coro: Awaitable[Hop], rec: PDRecord, hop: str) -> Hop | None:
+    """Await one hop; when ``rec.cancel`` names ``hop``, close it ``after_ms`` after it was sent
+    (not before: the timer starts here, as the hop is sent) and return None. A hop that answers
+    first is returned as it is (``fired_ms`` stays None)."""
+    task = asyncio.ensure_future(coro)
+    c = rec.cancel
+    if c is None or c.hop != hop:
+        return await task
+    sent = c.sent_at = time.monotonic()
+    try:
+        done, _ = await asyncio.wait({task}, timeout=c.after_ms / 1000)
+    except BaseException:  # the request itself was cancelled (deadline, stall): close the hop too
+        await cancel_task(task)
+        raise
+    if task in done:
+        return task.result()
+    await cancel_task(task)  # closes the connection: vLLM aborts the request
+    c.fired_ms = 1000 * (time.monotonic() - sent)
+    return None
+
+
+def _cancelled(rec: PDRecord, point: str, hop: str) -> None:
+    """Mark ``rec`` cancelled on purpose at ``point`` (its
+    :class:`~rig.transport.records.PlannedCancel` fired on ``hop``; ``between``: P answered before
+    the cancel was due, so the decode hop is never sent)."""
+    assert rec.cancel is not None
+    rec.cancel.point, rec.outcome = point, "cancelled"
+    if point == "between":
+        rec.diagnosis = (f"P answered in {1000 * (rec.prefill.latency_s or 0) if rec.prefill else 0:.0f} ms, "
+                         f"before the {rec.cancel.after_ms:.0f} ms cancel: the decode hop was never sent")
+    else:
+        rec.diagnosis = f"{hop} closed on purpose {rec.cancel.fired_ms or 0:.0f} ms after it was sent"
+
+
 async def send(ctx: StoreContext, rec: PDRecord, route: str) -> None:
     """One request to D: ``store`` = plain request to D; ``pd`` = P prefill hop, then D with P's
-    ``kv_transfer_params``. Fills ``rec`` (outcome, hops, timings)."""
+    ``kv_transfer_params``. Fills ``rec`` (outcome, hops, timings). ``rec.stream`` streams D's hop;
+    ``rec.cancel`` closes the hop it names at its time (:class:`~rig.transport.records.PlannedCancel`
+    says how the request ends then)."""
     c = ctx.client
+    stream = {"stream": True} if rec.stream else None
     if route == "pd":
-        rec.prefill = await c.prefill(ctx.p, rec.prompt)
+        prefill = await _hop(c.prefill(ctx.p, rec.prompt), rec, "prefill")
+        if prefill is None:
+            _cancelled(rec, "before-prefill", "prefill hop")
+            return
+        rec.prefill = prefill
         failure = prefill_failure(rec.prefill)
         if failure:
             rec.outcome, rec.diagnosis = failure
             return
         assert rec.prefill.kv_transfer_params is not None  # prefill_failure is None only when P gave them
+        if rec.cancel is not None and rec.cancel.hop == "prefill":  # P answered first: abandon, as a wave does
+            _cancelled(rec, "between", "")
+            return
         rec.decode_sent_at = time.monotonic()
-        rec.decode = await c.decode(ctx.d, rec.prompt, rec.max_tokens, rec.prefill.kv_transfer_params)
+        decode = await _hop(c.decode(ctx.d, rec.prompt, rec.max_tokens, rec.prefill.kv_transfer_params,
+                                     stream=rec.stream), rec, "decode")
     else:
         rec.decode_sent_at = time.monotonic()
-        rec.decode = await c.direct(ctx.d, rec.prompt, rec.max_tokens)
+        decode = await _hop(c.direct(ctx.d, rec.prompt, rec.max_tokens, fields=stream), rec, "decode")
     rec.verdict_after_s = time.monotonic() - rec.decode_sent_at
+    if decode is None:
+        _cancelled(rec, "during-decode", "decode hop")
+        return
+    rec.decode = decode
     rec.outcome = classify(rec.decode)
     if rec.outcome != "ok":
         rec.diagnosis = f"decode: {rec.decode.error or 'empty answer'}"
