@@ -4,6 +4,8 @@ metrics timeline (moved right / wrongly / absent / restarted) and the healthy-ru
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import yaml
 
@@ -60,7 +62,7 @@ def test_bad_rule_is_one_clear_error(text, says):
 
 
 def test_rule_on_an_unknown_instance_names_the_choices(tmp_path):
-    cfg = yaml.safe_load(open("configs/cpu-regressions.yaml").read())
+    cfg = yaml.safe_load(Path("configs/cpu-regressions.yaml").read_text())
     cfg.pop("suite")
     cfg["scenarios"] = [{"name": "x", "decode": "decode-nospec", "prompt_tokens": 8, "max_tokens": 2,
                          "expect": {"counters": [{"instance": "decode-9", "metric": "vllm:x_total", "delta": 0}]}}]

@@ -284,8 +284,8 @@ class RigConfig(StrictModel):
                                      f"request or an instance name ({names})")
             for rule in [r for o in (sc.expect, *sc.expect.by_version) for r in o.counters]:
                 if rule.instance not in ("prefill", "decode", *names):
-                    raise ValueError(f"scenarios[{i}] ({sc.name}).expect.counters instance {rule.instance!r}: give prefill, "
-                                     f"decode or an instance name ({names})")
+                    raise ValueError(f"scenarios[{i}] ({sc.name}).expect.counters instance {rule.instance!r}: "
+                                     f"give prefill, decode or an instance name ({names})")
             lease = self.nixl.lease_s
             if sc.known_issue and sc.known_issue.symptom.kind == "stale-kv" and sc.fault is not None:
                 held = max((f.stop_s or f.delay_s or 0 for f in sc.fault.faults), default=0)

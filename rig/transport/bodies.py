@@ -15,9 +15,9 @@ token-in generate endpoint ``/inference/v1/generate``.
 sampling parameters are a nested ``sampling_params`` object, so ``max_tokens: 1`` goes there; the
 ``kv_transfer_params`` stay top-level, in the request and in the answer (vLLM 0.32.0
 entrypoints/scale_out/token_in_token_out/protocol.py ``GenerateRequest`` /
-``GenerateResponseBase``; served with ``--enable-scale-out`` or ``--tokens-only``). The rig's own requests are greedy with exact token
-counts (:func:`request_body`); ``pdrig proxy`` applies :func:`prefill_body` and
-:func:`decode_body` to any client's body.
+``GenerateResponseBase``; served with ``--enable-scale-out`` or ``--tokens-only``). The rig's own
+requests are greedy with exact token counts (:func:`request_body`); ``pdrig proxy`` applies
+:func:`prefill_body` and :func:`decode_body` to any client's body.
 """
 
 from __future__ import annotations
