@@ -108,5 +108,5 @@ def test_generate_answer_without_kv_transfer_params_is_diagnosed(base_dir):
                         scenarios=[scenario("generate-null", "decode", request=GENERATE)])
     v = verdicts["generate-null"]
     assert v.verdict == "FAIL"
-    assert "prefill answered HTTP 200 with kv_transfer_params null" in v.reason and "R21" in v.reason
+    assert "prefill answered HTTP 200 without kv_transfer_params (null)" in v.reason and "R21" in v.reason
     assert obs["generate-null"].records[0].decode is None  # D never got a hop to re-prefill

@@ -63,4 +63,4 @@ def test_prefill_answer_with_null_kv_transfer_params_is_the_r21_diagnosis():
     fill_from_answer(hop, {**recorded("prefill"), "kv_transfer_params": None})
     outcome, why = prefill_failure(hop)
     assert outcome == "http_error"
-    assert "kv_transfer_params null" in why and "vllm PR #42644" in why and "BUGS R21" in why
+    assert "without kv_transfer_params (null)" in why and "vllm PR #42644" in why and "BUGS R21" in why

@@ -104,7 +104,7 @@ def prefill_failure(hop: Hop) -> tuple[Outcome, str] | None:
     if outcome == "ok":
         # The R21 symptom (vllm PR #42644): an endpoint that drops P's kv_transfer_params answers 200
         # with them null, so D would re-prefill; a P without a kv_producer role answers the same.
-        return "http_error", ("prefill answered HTTP 200 with kv_transfer_params null: no KV handle for D to pull "
+        return "http_error", ("prefill answered HTTP 200 without kv_transfer_params (null): no KV handle for D to pull "
                               "(P's endpoint dropped them, as the token-in generate endpoint did before vllm PR "
                               "#42644, BUGS R21; or P is not a kv_producer)")
     return outcome, f"prefill: {hop.error or 'empty answer'}"
