@@ -193,3 +193,14 @@ def test_healthy_rule_is_not_required_and_skips_faults_and_known_issues():
     own = _sc(counters=[{"instance": "decode", "metric": m.NIXL_FAILED_TRANSFERS, "max": 5}])
     names = [c.name for c in judge(own, _obs(lease_rows(d_failed=(0.0, 2.0))), checks=[]).checks]
     assert "counters" in names and HEALTHY_NAME not in names
+
+
+def test_by_version_counters_are_required_on_that_version_only():
+    rule = {"instance": "prefill", "metric": m.NIXL_EXPIRED, "delta": 1}
+    sc = _sc(by_version=[{"vllm": "<0.30", "completion_tokens": 2, "total_tokens": 10, "counters": [rule]}])
+    old = _obs([])
+    old.vllm_version, old.versions = "0.27.1", {"prefill": "0.27.1", "decode": "0.27.1"}
+    v = judge(sc, old, checks=[])
+    assert "counters" in {c.name for c in v.checks} and f"; counters prefill {m.NIXL_EXPIRED} not checked" in v.reason
+    v = judge(sc, _obs([]), checks=[])  # 0.32.0: the base outcome, no rule
+    assert "counters" not in {c.name for c in v.checks} and "counters" not in v.reason

@@ -341,6 +341,10 @@ def judge(sc: ScenarioConfig, obs: ScenarioObservation, blocks: BlockFacts | Non
     checks = list(checks) + list(extra or []) + [counters_monotonic_check(obs.timeline)]
     exp = expectation_of(sc, obs, refusal)
     checks += counter_checks(sc, obs, outcome or sc.expect, exp, refusal)
+    if outcome is not None and bool(outcome.counters) != ("counters" in exp.required):
+        # a ``by_version`` outcome adds or drops counter rules: the version's outcome decides
+        exp = replace(exp, required=tuple(n for n in exp.required if n != "counters")
+                      + (("counters",) if outcome.counters else ()))
     if required is not None:
         exp = replace(exp, required=required)
     reqs = facts_of_records(obs) if reqs is None else reqs
