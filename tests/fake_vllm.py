@@ -6,7 +6,9 @@ ignored): ``.venv/bin/python tests/fake_vllm.py --model M --port 8100 --block-si
 --kv-transfer-config '{"kv_connector":"NixlConnector","kv_role":"kv_producer"}'``.
 Serves GET /health, /version, /v1/models, /metrics and POST /v1/completions (token-ID or string
 prompts, streaming or not, NIXL-style P/D ``kv_transfer_params``) and /v1/chat/completions (the
-messages' contents joined, as one string prompt; answers in the chat shapes). Deterministic "model": token
+messages' contents joined, as one string prompt; answers in the chat shapes) and
+/inference/v1/generate (vLLM's token-in generate endpoint: token_ids + sampling_params in, a
+GenerateTokensResponse out, not streamed). Deterministic "model": token
 i = blake2b(prompt + earlier outputs) % 1024, so P, D and a direct request agree. Capacity:
 ``--num-gpu-blocks-override - 1`` blocks of ``--block-size`` tokens, ``--max-num-seqs`` seqs; a
 request takes cdiv(prompt + completion, block_size) blocks up front, waiting FIFO until free.
@@ -41,6 +43,9 @@ Faults (FAKE_VLLM_FAULT):
   empty-stream       completions answer 200 with zero tokens and empty text
   fatal-log          serves normally; after the first completion logs
                      "ERROR ... Cannot get 3 free blocks from the pool"
+  generate-drops-ktp the generate endpoint answers kv_transfer_params null (BUGS R21, vllm PR #42644)
+  failed-transfer-count  each KV pull that succeeds also counts vllm:nixl_num_failed_transfers
+                     (BUGS R19, vllm PR #58038: a NIXL build without telemetry)
   teardown-traceback on SIGTERM logs what a real vLLM 0.32.0 decode logs when stopped: an
                      "EngineDeadError" traceback (then exits 0)
 """
@@ -175,6 +180,8 @@ METRICS = (
     ("xfer_bytes", Histogram, "vllm:nixl_bytes_transferred", (), "Histogram of bytes transferred per NIXL "
      "KV Cache transfers."),
     ("xfer_failed", Counter, "vllm:nixl_num_failed_transfers", (), "Number of failed NIXL transfers."),
+    ("xfer_expired", Counter, "vllm:nixl_num_kv_expired_reqs", (), "Number of requests that had their KV expire. "
+     "(The fake keeps no lease: it never rises.)"),
 )
 BUCKETS = {"ttft": TTFT_BUCKETS, "e2e": LATENCY_BUCKETS, "xfer_time": XFER_BUCKETS,
            "xfer_bytes": BYTES_BUCKETS}
@@ -308,7 +315,8 @@ class Server:
         self.app.add_routes([web.get("/health", self.health), web.get("/version", self.version),
                              web.get("/v1/models", self.models), web.get("/metrics", self.scrape),
                              web.post("/v1/completions", self.completions),
-                             web.post("/v1/chat/completions", self.chat_completions)])
+                             web.post("/v1/chat/completions", self.chat_completions),
+                             web.post("/inference/v1/generate", self.generate_tokens)])
 
     async def health(self, _request: web.Request) -> web.Response:
         """200 once the startup delay has passed, 503 before."""
@@ -372,6 +380,31 @@ class Server:
         """POST /v1/chat/completions: the completion of the messages' joined contents, in
         ChatCompletionResponse / ChatCompletionStreamResponse shapes."""
         return await self.completions(request, chat=True)
+
+    async def generate_tokens(self, request: web.Request) -> web.StreamResponse:
+        """POST /inference/v1/generate: ``token_ids`` and ``sampling_params`` in, vLLM 0.32.0's
+        GenerateTokensResponse out (choices with ``token_ids``, no text; ``usage``; top-level
+        ``kv_transfer_params``: null under the generate-drops-ktp fault)."""
+        try:
+            body = await request.json()
+        except ValueError:
+            return error_response("Invalid JSON body")
+        sp = body.get("sampling_params") if isinstance(body, dict) else None
+        if not isinstance(sp, dict) or not isinstance(body.get("token_ids"), list) or body.get("stream"):
+            return error_response("the fake's generate takes token_ids and sampling_params, not streamed")
+        inner = {"model": body.get("model"), "prompt": body["token_ids"], "max_tokens": sp.get("max_tokens", 16),
+                 "n": sp.get("n", 1), "return_token_ids": True, "kv_transfer_params": body.get("kv_transfer_params")}
+        resp = await self._complete(request, inner, False)
+        if resp.status != 200:
+            return resp
+        one = json.loads(resp.body)
+        choices = [{"index": c["index"], "finish_reason": c["finish_reason"], "stop_reason": None,
+                    "token_ids": c["token_ids"], "logprobs": None, "routed_experts": None} for c in one["choices"]]
+        ktp = None if FAULT == "generate-drops-ktp" else one["kv_transfer_params"]
+        return web.json_response({"request_id": body.get("request_id") or uuid.uuid4().hex, "model": one["model"],
+                                  "created": one["created"], "usage": one["usage"], "prompt_token_ids": None,
+                                  "choices": choices, "kv_transfer_params": ktp, "ec_transfer_params": None,
+                                  "output_mode": "tokens"}, dumps=dumps)
 
     async def completions(self, request: web.Request, chat: bool = False) -> web.StreamResponse:
         """POST /v1/completions: a CompletionResponse, or an SSE stream of CompletionStreamResponse.
@@ -535,6 +568,8 @@ class Server:
         if ext and m.connector:
             m.xfer_bytes.labels(*lv).observe(cdiv(ext, bs) * bs * KV_BYTES_PER_TOKEN)
             m.xfer_time.labels(*lv).observe(TOKEN_LATENCY)
+            if FAULT == "failed-transfer-count":
+                m.xfer_failed.labels(*lv).inc()
         return ext
 
     def _kv_params(self, req: Req) -> dict:

@@ -38,7 +38,7 @@ def test_fields_merge_all_then_the_hop():
     ({"endpoint": "chat", "decode": {"max_completion_tokens": 3}}, "max_completion_tokens set by the rig"),
     ({"endpoint": "chat", "prompts": 2}, "request.prompts: 2 prompts in one request needs endpoint: completions"),
     ({"decode": {"top_logprobs": 2}}, "unknown completions field(s) ['top_logprobs']"),
-    ({"endpoint": "responses"}, "Input should be 'completions' or 'chat'"),
+    ({"endpoint": "responses"}, "Input should be 'completions', 'chat' or 'generate'"),
     ({"prompts": 0}, "greater than or equal to 1"),
 ])
 def test_bad_fields_are_named(data, words):

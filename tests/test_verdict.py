@@ -125,7 +125,8 @@ def test_pass_needs_every_required_check_held():
     assert v.verdict == "PASS" and v.reason == "all checks hold", v.reason
     assert checks_of(v) == {"completed": True, "token-counts": True, "kv-pulled": True, "parity": True,
                             "alive": True, "no-fatal-log": True, "kv-integrity": True, "idle-after": True,
-                            "counters-monotonic": None}  # no timeline in obs_of: not checked, not required
+                            "counters-monotonic": None,  # no timeline in obs_of: not checked, not required
+                            "nixl-failed-transfers": None}  # the healthy-run rule (BUGS R19), idem
     assert run_passed([v]) and not run_passed([])
 
 

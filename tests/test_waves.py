@@ -166,7 +166,7 @@ def test_small_pressure_wave_passes_against_healthy_fakes(healthy, tmp_path):
     assert s["throughput_req_s"] > 0 and s["latency_s"]["p50"] > 0
     assert {c.name for c in v.checks} == {"completed", "no-errors", "no-empty", "token-counts", "kv-pulled",
                                           "parity", "alive", "no-fatal-log", "kv-integrity", "no-stall",
-                                          "idle-after", "counters-monotonic"}
+                                          "idle-after", "counters-monotonic", "nixl-failed-transfers"}
     assert all(c.ok for c in v.checks)
     assert res.parity["compared"] == 18 and res.parity["equal"] == 18
     # a stream cut after its first token may still finish on a zero-latency fake (a race)

@@ -20,7 +20,10 @@ OptionalCheck = Literal["counters-monotonic", "cached-tokens"]
 # ``spec-drafted`` / ``preempted`` (expect.min_spec_drafts / min_preemptions): a symptom that stops
 # every request before its first decode step leaves the counter flat (BUGS R01's pool deadlock).
 RunLevelCheck = Literal["alive", "no-fatal-log", "idle-after", "no-stall", "kv-integrity", "counters-monotonic",
-                        "spec-drafted", "preempted"]
+                        "spec-drafted", "preempted", "counters", "nixl-failed-transfers"]
+# The sample-name endings of the series the metrics timeline keeps (rig.observe.metrics
+# MONOTONIC_SUFFIXES): a counter rule can only look at those.
+COUNTER_SUFFIXES = ("_total", "_count", "_sum")
 
 
 class SignatureBase(StrictModel):
@@ -204,6 +207,68 @@ def version_in(specifier: str, vllm_version: str) -> bool:
     return SpecifierSet(specifier).contains(vllm_version.split("+")[0], prereleases=True)
 
 
+class CounterRule(StrictModel):
+    """One counter assertion of ``expect.counters`` (check ``counters``, rig/judge/counter_rules.py):
+    how much a Prometheus counter of one instance may move over the scenario (last timeline
+    sample minus the first, summed over the samples whose labels include ``labels``).
+
+    ``metric`` is the *sample* name as ``/metrics`` exposes it: the ``vllm:`` prefix and a counter's
+    ``_total`` (or a histogram's ``_count`` / ``_sum``), e.g. ``vllm:nixl_num_kv_expired_reqs_total``
+    (vllm/distributed/kv_transfer/kv_connector/v1/nixl/stats.py, 0.32.0). Give ``delta`` (exactly
+    this much) or ``min`` and/or ``max`` (inclusive bounds). An instance that lacks the metric makes
+    the check "not checked" naming it, never ok (BUGS R19: a counter split needs both counters)."""
+
+    # Not ``on``: YAML 1.1 (PyYAML) reads a bare ``on`` key as the boolean true.
+    instance: str = Field(description="prefill, decode (the scenario's pair) or an instance name")
+    metric: str = Field(description="sample name, e.g. vllm:nixl_num_failed_transfers_total")
+    labels: dict[str, str] = Field(default_factory=dict,
+                                   description="labels the samples must carry (others are summed over)")
+    delta: int | None = Field(None, ge=0, description="the counter must rise by exactly this much")
+    min: int | None = Field(None, ge=0, description="the counter must rise by at least this much")
+    max: int | None = Field(None, ge=0, description="the counter may rise by at most this much")
+    why: str = Field("", description="what the rule stands for (shown in the check), e.g. 'BUGS R19'")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _no_bare_on(cls, data: Any) -> Any:
+        if isinstance(data, dict) and (True in data or "on" in data):
+            raise ValueError("counters: name the instance with `instance: prefill|decode|<name>`; `on` is not a "
+                             "field (and YAML reads a bare `on:` key as true)")
+        return data
+
+    @field_validator("metric")
+    @classmethod
+    def _sample_name(cls, v: str) -> str:
+        if not v.endswith(COUNTER_SUFFIXES):
+            raise ValueError(f"metric {v!r}: give the sample name of a counter ({v}_total) or of a histogram "
+                             "(_count / _sum) as /metrics exposes it")
+        return v
+
+    @model_validator(mode="after")
+    def _one_bound(self) -> CounterRule:
+        if self.delta is not None and (self.min is not None or self.max is not None):
+            raise ValueError(f"counters ({self.metric}): give delta, or min and/or max, not both")
+        if self.delta is None and self.min is None and self.max is None:
+            raise ValueError(f"counters ({self.metric}): give delta (exactly), or min and/or max (bounds)")
+        if self.min is not None and self.max is not None and self.min > self.max:
+            raise ValueError(f"counters ({self.metric}): min {self.min} is above max {self.max}")
+        return self
+
+    def expected(self) -> str:
+        """The bound in words: ``+1``, ``>= +1``, ``<= +0``, ``+1..+3``."""
+        if self.delta is not None:
+            return f"+{self.delta}"
+        if self.min is not None and self.max is not None:
+            return f"+{self.min}..+{self.max}"
+        return f">= +{self.min}" if self.min is not None else f"<= +{self.max}"
+
+    def holds(self, moved: float) -> bool:
+        """True when a rise of ``moved`` satisfies the rule."""
+        if self.delta is not None:
+            return moved == self.delta
+        return (self.min is None or moved >= self.min) and (self.max is None or moved <= self.max)
+
+
 class Outcome(StrictModel):
     """What every request of a scenario must show: an answer with these ``usage`` counts, or
     (``http_status`` set) an HTTP error of the decode hop, e.g. a request vLLM refuses."""
@@ -225,6 +290,9 @@ class Outcome(StrictModel):
     min_spec_drafts: int | None = Field(
         None, ge=1, description="decode's vllm:spec_decode_num_drafts_total must rise by at least this (check "
                                 "`spec-drafted`): D's speculative method really proposed drafts (BUGS R09)")
+    counters: list[CounterRule] = Field(
+        default_factory=list, description="counter assertions (check `counters`): e.g. {instance: prefill, metric: "
+                                          "vllm:nixl_num_kv_expired_reqs_total, delta: 1} (BUGS R19)")
 
     @field_validator("http_message")
     @classmethod

@@ -16,6 +16,13 @@ chat_completion/protocol.py ``ChatCompletionRequest``, 0.32.0). On the chat endp
 owns ``messages`` (one user message carrying the prompt's token IDs as decimal words,
 rig.transport.bodies.chat_text) and ``max_completion_tokens``. Several prompts in one request
 (``prompts: N``) is a completions feature: chat takes one conversation per request.
+
+``endpoint: generate`` is vLLM's token-in generate endpoint ``/inference/v1/generate``
+(entrypoints/scale_out/token_in_token_out/protocol.py ``GenerateRequest``, 0.32.0; BUGS R21): the
+fields are its top-level ones, sampling fields go in a nested ``sampling_params`` mapping
+(vllm/sampling_params.py ``SamplingParams``), and the rig owns ``token_ids`` and
+``sampling_params.max_tokens``. The servers must run with ``--enable-scale-out`` (or
+``--tokens-only``), else vLLM answers 403 "Scale-out endpoints are disabled".
 """
 
 from __future__ import annotations
@@ -43,24 +50,56 @@ CHAT_FIELDS = frozenset({
     "prompt_logprobs", "bad_words", "echo", "add_generation_prompt", "continue_final_message", "add_special_tokens",
     "documents", "chat_template", "chat_template_kwargs", "structured_outputs", "priority", "request_id",
     "return_tokens_as_token_ids", "return_token_ids", "cache_salt", "vllm_xargs"})
+GENERATE_FIELDS = frozenset({
+    "request_id", "sampling_params", "cache_salt", "priority", "stream", "stream_options", "output_mode",
+    "return_token_ids", "token_offsets", "reasoning_ended"})
+SAMPLING_FIELDS = frozenset({
+    "n", "temperature", "top_p", "top_k", "min_p", "seed", "stop", "stop_token_ids", "ignore_eos", "min_tokens",
+    "logprobs", "prompt_logprobs", "presence_penalty", "frequency_penalty", "repetition_penalty", "bad_words",
+    "allowed_token_ids", "logit_bias", "include_stop_str_in_output", "skip_special_tokens",
+    "spaces_between_special_tokens", "detokenize", "structured_outputs", "extra_args", "thinking_token_budget",
+    "flat_logprobs", "skip_reading_prefix_cache"})
 RIG_OWNED = {"model": "the served model name", "prompt": "the scenario's prompt (prompt_tokens, seed)",
              "kv_transfer_params": "the P/D handshake the rig builds",
              "max_tokens": "the scenario's max_tokens (1 on the prefill hop, as vLLM's proxy asks)"}
 CHAT_OWNED = {**RIG_OWNED, "messages": "one user message with the scenario's prompt",
               "max_completion_tokens": "the scenario's max_tokens (sent as max_tokens)"}
+GENERATE_OWNED = {**RIG_OWNED, "token_ids": "the scenario's prompt (prompt_tokens, seed)"}
 PREFILL_OWNED = {"stream": "a streamed answer carries no kv_transfer_params, so D would have nothing to pull"}
 HOPS = ("prefill", "decode", "reference")
 
 
+def _check_sampling(fields: dict[str, Any], where: str) -> None:
+    """The nested ``sampling_params`` of a generate-endpoint hop: a mapping of SamplingParams
+    fields, ``max_tokens`` excepted (the rig's)."""
+    sp = fields.get("sampling_params")
+    if sp is None:
+        return
+    if not isinstance(sp, dict):
+        raise ValueError(f"request.{where}.sampling_params: give a mapping of SamplingParams fields, e.g. {{seed: 7}}")
+    if "max_tokens" in sp:
+        raise ValueError(f"request.{where}.sampling_params.max_tokens set by the rig ({RIG_OWNED['max_tokens']}); "
+                         "remove it")
+    unknown = sorted(k for k in sp if k not in SAMPLING_FIELDS)
+    if unknown:
+        raise ValueError(f"request.{where}.sampling_params: unknown field(s) {unknown}; give vLLM SamplingParams "
+                         "fields (e.g. temperature, seed, stop_token_ids, logprobs)")
+
+
 def _check(fields: dict[str, Any], where: str, owned: dict[str, str], endpoint: str = "completions") -> dict[str, Any]:
-    known = CHAT_FIELDS if endpoint == "chat" else COMPLETIONS_FIELDS
+    known = {"chat": CHAT_FIELDS, "generate": GENERATE_FIELDS}.get(endpoint, COMPLETIONS_FIELDS)
     if endpoint == "chat":
         owned = {**owned, **CHAT_OWNED}
+    if endpoint == "generate":
+        owned = {**owned, **GENERATE_OWNED}
+        _check_sampling(fields, where)
     unknown = sorted(k for k in fields if k not in known and k not in owned)
     if unknown:
-        what = "ChatCompletionRequest" if endpoint == "chat" else "CompletionRequest"
+        what = {"chat": "ChatCompletionRequest", "generate": "GenerateRequest"}.get(endpoint, "CompletionRequest")
+        example = ("sampling_params, cache_salt, priority" if endpoint == "generate"
+                   else "n, logprobs, stop, stream, top_k")
         raise ValueError(f"request.{where}: unknown {endpoint} field(s) {unknown}; give OpenAI / vLLM "
-                         f"{what} fields (e.g. n, logprobs, stop, stream, top_k)")
+                         f"{what} fields (e.g. {example})")
     mine = sorted(k for k in fields if k in owned)
     if mine:
         raise ValueError(f"request.{where}: {', '.join(mine)} set by the rig ({'; '.join(owned[k] for k in mine)}); "
@@ -72,14 +111,16 @@ class RequestFields(BaseModel):
     """Extra request fields per hop; ``all`` applies to every hop, a hop's own fields win.
 
     ``for_hop(hop)`` returns the merged fields of ``hop`` (prefill / decode / reference).
-    ``endpoint``: the OpenAI endpoint of every hop (``completions`` or ``chat``). ``prompts``:
+    ``endpoint``: the endpoint of every hop (``completions``, ``chat`` or ``generate``). ``prompts``:
     prompts in one completions request (distinct, each ``prompt_tokens`` long); vLLM answers one
     choice per prompt (and per ``n``), so parity and usage are checked per choice."""
 
     model_config = ConfigDict(extra="forbid")
 
-    endpoint: Literal["completions", "chat"] = Field(
-        default="completions", description="completions (/v1/completions) or chat (/v1/chat/completions)")
+    endpoint: Literal["completions", "chat", "generate"] = Field(
+        default="completions", description="completions (/v1/completions), chat (/v1/chat/completions) or "
+                                           "generate (/inference/v1/generate: token IDs in and out; the servers "
+                                           "need --enable-scale-out)")
     prompts: int = Field(default=1, ge=1, le=64,
                          description="prompts in one completions request (a list of token-ID lists)")
 
@@ -102,9 +143,12 @@ class RequestFields(BaseModel):
 
     @model_validator(mode="after")
     def _stream_options_need_stream(self) -> RequestFields:
-        if self.endpoint == "chat" and self.prompts > 1:
+        if self.endpoint != "completions" and self.prompts > 1:
             raise ValueError(f"request.prompts: {self.prompts} prompts in one request needs endpoint: completions "
-                             "(chat takes one conversation per request); set prompts: 1 or endpoint: completions")
+                             f"({self.endpoint} takes one prompt per request); set prompts: 1 or endpoint: completions")
+        if self.endpoint == "generate" and any(self.streamed(h) for h in HOPS):
+            raise ValueError("request: stream on the generate endpoint is not supported by the rig yet (its stream "
+                             "chunks are not read); remove stream, or use endpoint: completions")
         for hop in HOPS:
             f = self.for_hop(hop)
             if "stream_options" in f and not f.get("stream"):

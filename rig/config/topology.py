@@ -294,6 +294,10 @@ class RigConfig(StrictModel):
                 if f.target not in ("prefill", "decode", "request", *names):
                     raise ValueError(f"scenarios[{i}] ({sc.name}).fault target {f.target!r}: give prefill, decode, "
                                      f"request or an instance name ({names})")
+            for rule in [r for o in (sc.expect, *sc.expect.by_version) for r in o.counters]:
+                if rule.instance not in ("prefill", "decode", *names):
+                    raise ValueError(f"scenarios[{i}] ({sc.name}).expect.counters instance {rule.instance!r}: "
+                                     f"give prefill, decode or an instance name ({names})")
             lease = self.nixl.lease_s
             symptom = sc.known_issue.symptom if sc.known_issue else None
             if isinstance(symptom, StaleKvSignature) and symptom.cause == "shared-params":

@@ -34,7 +34,7 @@ from typing import Any
 
 from packaging.version import InvalidVersion, Version
 
-from rig.config import KnownIssue, ScenarioConfig
+from rig.config import KnownIssue, Outcome, ScenarioConfig
 from rig.judge.checks import (
     KV_PULLED_METRICS,
     RISING_COUNTERS,
@@ -48,6 +48,7 @@ from rig.judge.checks import (
     not_checked_for_metrics,
     parity_check,
 )
+from rig.judge.counter_rules import HEALTHY_NAME, HEALTHY_RULE, counter_rules_check
 from rig.judge.counters import counters_monotonic_check
 from rig.judge.signatures import BlockFacts, Match, RequestFacts, facts_of_records, match
 from rig.observe.observations import ScenarioObservation
@@ -85,12 +86,15 @@ REFUSAL_REQUIRED = ("completed", "alive", "no-fatal-log", "idle-after")
 def required_checks(sc: ScenarioConfig, refusal: bool = False) -> tuple[str, ...]:
     """The checks scenario ``sc`` requires (:data:`REQUIRED` of its kind; parity only with
     ``sc.parity``; ``preempted`` / ``spec-drafted`` with ``expect.min_preemptions`` /
-    ``min_spec_drafts``; :data:`REFUSAL_REQUIRED` when its expected outcome is an HTTP refusal) plus
-    the ones it asks for in ``sc.require`` (BUGS R12 / R15)."""
+    ``min_spec_drafts``; ``counters`` with ``expect.counters``, BUGS R19; :data:`REFUSAL_REQUIRED`
+    when its expected outcome is an HTTP refusal) plus the ones it asks for in ``sc.require``
+    (BUGS R12 / R15)."""
     names = REFUSAL_REQUIRED if refusal else REQUIRED[sc.kind]
     if not refusal:
         names = names + tuple(check for f, (check, _, _) in RISING_COUNTERS.items()
                               if getattr(sc.expect, f) is not None)
+    if sc.expect.counters:
+        names = names + ("counters",)
     names = names + tuple(sc.require)
     return tuple(dict.fromkeys(n for n in names if sc.parity or n != "parity"))
 
@@ -341,6 +345,11 @@ def judge(sc: ScenarioConfig, obs: ScenarioObservation, blocks: BlockFacts | Non
     # within a process life (BUGS R12); "not checked" without a timeline, and not required.
     checks = list(checks) + list(extra or []) + [counters_monotonic_check(obs.timeline)]
     exp = expectation_of(sc, obs, refusal)
+    checks += counter_checks(sc, obs, outcome or sc.expect, exp, refusal)
+    if outcome is not None and bool(outcome.counters) != ("counters" in exp.required):
+        # a ``by_version`` outcome adds or drops counter rules: the version's outcome decides
+        exp = replace(exp, required=tuple(n for n in exp.required if n != "counters")
+                      + (("counters",) if outcome.counters else ()))
     if required is not None:
         exp = replace(exp, required=required)
     reqs = facts_of_records(obs) if reqs is None else reqs
@@ -350,6 +359,30 @@ def judge(sc: ScenarioConfig, obs: ScenarioObservation, blocks: BlockFacts | Non
     elif sc.known_issue is not None:
         m = match(sc.known_issue.symptom, obs, reqs, blocks)
     return decide(sc.name, checks, exp, m, obs.error, bool(obs.dead))
+
+
+def healthy_run(sc: ScenarioConfig, exp: Expectation, refusal: bool) -> bool:
+    """True when ``sc`` is a healthy P/D run on this version: its kind pulls over NIXL and injects
+    no fault (``kv-pulled`` in its :data:`REQUIRED`, so not ``fault`` nor the store kinds), and it
+    is expected to pass (no known issue that applies, no canary, no expected refusal). The rule
+    :data:`rig.judge.counter_rules.HEALTHY_RULE` holds on those (BUGS R19)."""
+    return ("kv-pulled" in REQUIRED[sc.kind] and exp.known_issue is None and exp.tamper is None
+            and not refusal)
+
+
+def counter_checks(sc: ScenarioConfig, obs: ScenarioObservation, outcome: Outcome, exp: Expectation,
+                   refusal: bool) -> list[Check]:
+    """``counters`` over ``outcome.counters`` (required when the scenario has rules), and the
+    healthy-run rule ``nixl-failed-transfers`` (not required: an older vLLM without the counter
+    shows it "not checked") when :func:`healthy_run` and the scenario has no rule of its own on
+    D's failed-transfer counter. Both read ``obs.timeline`` (rig/judge/counter_rules.py)."""
+    out = []
+    if outcome.counters:
+        out.append(counter_rules_check(obs.timeline, outcome.counters, obs.prefill, obs.decode))
+    own = any(r.metric == HEALTHY_RULE.metric and r.instance in ("decode", obs.decode) for r in outcome.counters)
+    if healthy_run(sc, exp, refusal) and not own:
+        out.append(counter_rules_check(obs.timeline, [HEALTHY_RULE], obs.prefill, obs.decode, HEALTHY_NAME))
+    return out
 
 
 def run_passed(verdicts: list[ScenarioVerdict]) -> bool:

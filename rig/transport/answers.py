@@ -5,6 +5,10 @@ The shapes are vLLM 0.32.0's (vllm/entrypoints/openai/completion/protocol.py
 ``ChatCompletionResponse``/``ChatCompletionStreamResponse``): a choice carries ``token_ids``
 (the request sets ``return_token_ids``) and ``text`` (completions), ``message.content`` (chat) or
 ``delta.content`` (chat stream). Choices are ordered by ``index`` (prompt index * ``n`` + sample).
+The token-in generate endpoint's answer (entrypoints/scale_out/token_in_token_out/protocol.py
+``GenerateTokensResponse``) has the same ``choices[].token_ids`` / ``finish_reason``, ``usage`` and
+top-level ``kv_transfer_params``, and no text (``output_mode: tokens``): it is read by the same code
+(tests/data/vllm-0.32.0-generate-*.json are recorded answers).
 """
 
 from __future__ import annotations

@@ -102,7 +102,11 @@ def prefill_failure(hop: Hop) -> tuple[Outcome, str] | None:
     if outcome == "ok" and hop.kv_transfer_params:
         return None
     if outcome == "ok":
-        return "http_error", "prefill answered without kv_transfer_params (is P a kv_producer?)"
+        # The R21 symptom (vllm PR #42644): an endpoint that drops P's kv_transfer_params answers 200
+        # with them null, so D would re-prefill; a P without a kv_producer role answers the same.
+        return "http_error", ("prefill answered HTTP 200 without kv_transfer_params (null): no KV handle for D to pull "
+                              "(P's endpoint dropped them, as the token-in generate endpoint did before vllm PR "
+                              "#42644, BUGS R21; or P is not a kv_producer)")
     return outcome, f"prefill: {hop.error or 'empty answer'}"
 
 
@@ -143,7 +147,7 @@ class PDRecord(RequestRecord):
     """Everything the rig saw of one P/D request: both hops in full.
 
     ``prompt``: token IDs, or several token-ID lists in one completions request (then
-    ``prompt_len`` is the tokens of the first). ``endpoint``: ``completions`` or ``chat``.
+    ``prompt_len`` is the tokens of the first). ``endpoint``: ``completions``, ``chat`` or ``generate``.
     ``decode_sent_at`` is monotonic seconds; ``verdict_after_s`` the time from sending to D
     until the rig decided (a stall diagnosis or the answer).
     """
