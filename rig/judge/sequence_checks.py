@@ -41,6 +41,7 @@ from rig.observe.observations import ScenarioObservation
 from rig.transport.records import PDRecord
 from rig.workload.sequence import ABANDONED, SequenceResult
 
+
 def _step_of(result: SequenceResult) -> dict[str, tuple[str, str]]:
     return {e.request_id: (e.step, e.route) for e in result.entries}
 
@@ -74,7 +75,8 @@ def token_counts_check(spec: SequenceConfig, obs: ScenarioObservation, result: S
     answered = [r for r in obs.records if r.outcome == "ok" and r.decode is not None]
     if not answered:
         return Check("token-counts", None, "not checked: no answered request")
-    bad, per_step = [], {}
+    bad: list[str] = []
+    per_step: dict[str, int] = {}
     for r in answered:
         s = by[steps[r.request_id][0]]
         usage = r.decode.usage or {} if r.decode else {}
@@ -152,6 +154,6 @@ def sequence_required(sc: ScenarioConfig) -> tuple[str, ...]:
     ``kv-pulled`` when a step goes P->D and ``lease-reaped`` when a step abandons its decode hop."""
     base = required_checks(sc)
     spec = sc.sequence
-    extra = ("kv-pulled",) if spec is not None and any(s.route == "pd" for s in spec.steps) else ()
+    extra: tuple[str, ...] = ("kv-pulled",) if spec is not None and any(s.route == "pd" for s in spec.steps) else ()
     extra += ("lease-reaped",) if spec is not None and spec.abandons else ()
     return tuple(dict.fromkeys(base + extra))
