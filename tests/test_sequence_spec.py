@@ -140,5 +140,19 @@ def test_no_stall_and_lease_reaped_are_tri_state():
                          outstanding_then=["head (1 of 1, route pd)"])
     c = lease_reaped_check(res, 5, 5)
     assert c.ok is True and "5.3 s after" in c.detail and "outstanding: head" in c.detail
+    # reap_while: the timely reap counts only with that step still outstanding then
+    assert lease_reaped_check(res, 5, 5, reap_while="head").ok is True
+    res.reap.outstanding_then = []
+    c = lease_reaped_check(res, 5, 5, reap_while="head")
+    assert c.ok is None and "step 'head' had ended before P reaped" in c.detail
     res.reap.reaped_ms = 12000
     assert lease_reaped_check(res, 5, 5).ok is False  # later than the lease + margin
+
+
+def test_reap_while_names_a_step_and_needs_an_abandon():
+    gone = {"id": "gone", "route": "pd-abandon", "prompt_tokens": 8, "max_tokens": 8}
+    assert SequenceConfig.model_validate({**steps(LOAD, gone), "reap_while": "load"}).reap_while == "load"
+    with pytest.raises(ValidationError, match="sequence.reap_while: no step 'x'"):
+        SequenceConfig.model_validate({**steps(LOAD, gone), "reap_while": "x"})
+    with pytest.raises(ValidationError, match="needs a step with route pd-abandon"):
+        SequenceConfig.model_validate({**steps(LOAD), "reap_while": "load"})

@@ -107,8 +107,12 @@ def no_stall_check(result: SequenceResult) -> Check:
     return Check("no-stall", True, "D never froze with requests waiting while requests were outstanding")
 
 
-def lease_reaped_check(result: SequenceResult, lease_s: float, margin_s: float) -> Check:
-    """``lease-reaped``: P reaped every abandoned lease within the bound (module docstring)."""
+def lease_reaped_check(result: SequenceResult, lease_s: float, margin_s: float,
+                       reap_while: str | None = None) -> Check:
+    """``lease-reaped``: P reaped every abandoned lease within the bound (module docstring). With
+    ``reap_while`` (``sequence.reap_while``) a timely reap counts only when that step was still
+    outstanding then; "not checked" when it had ended first (nothing stood in front of the
+    expired leases, so the scenario did not test BUGS R06's case)."""
     reap = result.reap
     if reap is None:
         return Check("lease-reaped", None, "not checked: no step abandons its decode hop")
@@ -125,6 +129,11 @@ def lease_reaped_check(result: SequenceResult, lease_s: float, margin_s: float) 
     then = ", ".join(reap.outstanding_then) or "no request"
     text = (f"P's expired counter rose by {reap.rose:g} (>= {reap.want} abandoned) {after:.1f} s after the last "
             f"abandoned prefill answer (bound {bound:g} s), while outstanding: {then}")
+    if after <= bound and reap_while is not None and not any(o.split(" ", 1)[0] == reap_while
+                                                             for o in reap.outstanding_then):
+        return Check("lease-reaped", None, f"not checked: step {reap_while!r} had ended before P reaped the "
+                                           f"abandoned leases, so no live entry stood in front of them ({text}); "
+                                           "keep that step outstanding longer (e.g. saturate D longer)")
     return Check("lease-reaped", after <= bound, text)
 
 
@@ -140,7 +149,7 @@ def sequence_checks(sc: ScenarioConfig, obs: ScenarioObservation, result: Sequen
         out.append(parity_check(obs.records, obs.parity))
     out.append(no_stall_check(result))
     if spec.abandons:
-        out.append(lease_reaped_check(result, result.lease_s, spec.idle_margin_s))
+        out.append(lease_reaped_check(result, result.lease_s, spec.idle_margin_s, spec.reap_while))
     bound = f"within {result.idle_bound_s:g} s" + (" = kv_lease_duration + idle_margin_s" if spec.abandons else "")
     out.append(idle_check(obs, drains=result.drains, describe=lambda d: f"{d.describe()} ({bound})")
                if result.drains else Check("idle-after", None, "not checked: no drain was observed"))
