@@ -98,7 +98,8 @@ class SequenceConfig(StrictModel):
         if self.reap_while is None:
             return self
         if self.reap_while not in {s.id for s in self.steps}:
-            raise ValueError(f"sequence.reap_while: no step {self.reap_while!r}; name one of {[s.id for s in self.steps]}")
+            raise ValueError(f"sequence.reap_while: no step {self.reap_while!r}; "
+                             f"name one of {[s.id for s in self.steps]}")
         if not self.abandons:
             raise ValueError("sequence.reap_while: needs a step with route pd-abandon (whose leases P reaps); "
                              "add one or remove reap_while")
