@@ -40,6 +40,9 @@ SCENARIOS = [
          "start": {"after": "head", "event": "answered"}},
         {"id": "last", "route": "pd", "prompt_tokens": 20, "max_tokens": 4,
          "start": {"after": "load", "event": "answered", "after_ms": 50}},
+        # a one-hop step on the chat endpoint (request fields reach the step's hop and its reference)
+        {"id": "chat", "route": "prefill", "prompt_tokens": 24, "max_tokens": 3, "request": {"endpoint": "chat"},
+         "start": {"after": "load", "event": "sent"}},
     ]),
     seq("seq-stall", "decode-stall", [
         {"id": "big", "route": "pd", "prompt_tokens": 64, "max_tokens": 4},
@@ -118,6 +121,7 @@ def test_steps_fire_at_their_event_not_before(suite):
     for k in (0, 1):
         assert e[f"seq-order-tail-{k}"]["events_ms"]["sent"] >= head["events_ms"]["answered"]
     assert e["seq-order-last-0"]["events_ms"]["sent"] >= load["events_ms"]["answered"] + 50
+    assert e["seq-order-chat-0"]["events_ms"]["sent"] >= load["events_ms"]["sent"]
     v = verdict(suite, "seq-order")
     assert v.verdict == "PASS", v.reason
     c = checks(v)
@@ -130,6 +134,8 @@ def test_straight_to_d_request_carries_no_kv_transfer_params(suite):
     head, tail = recs["seq-order-head-0"], recs["seq-order-tail-0"]
     assert head.prefill is None and head.decode is not None and head.decode.instance == "decode-slow"
     assert tail.prefill is None and tail.decode is not None and tail.decode.instance == "prefill"
+    chat = recs["seq-order-chat-0"]
+    assert chat.endpoint == "chat" and chat.outcome == "ok" and chat.decode.instance == "prefill"
     # D's log: one "completion fields" line per request D got, in arrival order (the fake logs the
     # body's field names). The scenarios' four D requests come last: seq-order's load (pd), head
     # (straight to D), last (pd), then seq-abandon's straight-to-D request.

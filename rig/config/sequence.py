@@ -72,6 +72,16 @@ class Step(StrictModel):
         fields = (self.request or RequestFields()).for_hop(hop)
         return {**fields, "ignore_eos": True} if self.ignore_eos else fields
 
+    @property
+    def endpoint(self) -> str:
+        """``completions`` or ``chat`` (``request.endpoint``), for every hop of the step."""
+        return self.request.endpoint if self.request else "completions"
+
+    @property
+    def prompts(self) -> int:
+        """Prompts in one completions request (``request.prompts``)."""
+        return self.request.prompts if self.request else 1
+
     def describe(self) -> str:
         """'head: decode 120+8 x1 after load decode-sent+0ms' style label."""
         when = (f" after {self.start.after} {self.start.event}+{self.start.after_ms:g}ms"

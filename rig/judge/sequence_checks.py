@@ -6,7 +6,8 @@ what could not be looked at is "not checked", never ok.
   request (route pd-abandon) counts when P answered its prefill hop. Failed per request, named
   with its step, outcome and diagnosis.
 - ``token-counts``: per step, every answered request has ``max_tokens`` completion tokens and
-  ``prompt_tokens`` prompt tokens in its usage.
+  ``prompt_tokens`` prompt tokens in its usage (times ``request.prompts``, completion also times
+  ``n``; a chat step's prompt count is the template's, not checked), and as many token IDs.
 - ``kv-pulled``: only the ``pd`` steps' answered requests: their prompts came over NIXL (or D's
   own prefix cache), as many transfers as requests (rig.judge.verdict's rule; straight-to-D
   requests compute their prompt on D and are left out).
@@ -82,9 +83,16 @@ def token_counts_check(spec: SequenceConfig, obs: ScenarioObservation, result: S
         usage = r.decode.usage or {} if r.decode else {}
         got = (usage.get("prompt_tokens"), usage.get("completion_tokens"))
         per_step[s.id] = per_step.get(s.id, 0) + 1
-        if got != (s.prompt_tokens, s.max_tokens):
-            bad.append(f"{r.request_id}: usage prompt/completion {got[0]}/{got[1]}, expected "
-                       f"{s.prompt_tokens}/{s.max_tokens}")
+        # several prompts in one request (request.prompts) and n choices: usage sums them
+        n = int(s.fields_for("decode").get("n") or 1)
+        want: tuple[int | None, int] = (s.prompt_tokens * s.prompts, s.max_tokens * s.prompts * n)
+        if s.endpoint == "chat":  # the chat template wraps the prompt: only the completion is known
+            got, want = (None, got[1]), (None, want[1])
+        why = [f"usage prompt/completion {got[0]}/{got[1]}, expected {want[0]}/{want[1]}"] if got != want else []
+        if r.decode and r.decode.token_ids is not None and len(r.decode.token_ids) != got[1]:
+            why.append(f"{len(r.decode.token_ids)} token_ids but usage says {got[1]}")
+        if why:
+            bad.append(f"{r.request_id}: " + ", ".join(why))
     if bad:
         return Check("token-counts", False, "; ".join(bad[:6]),
                      tuple(b.split(":", 1)[0] for b in bad))

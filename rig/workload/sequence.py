@@ -43,7 +43,7 @@ from rig.observe.parity import record_parity
 from rig.observe.stall import StallWatcher, watch
 from rig.transport.client import cancel_task
 from rig.transport.records import PDRecord, classify, prefill_failure
-from rig.workload.prompts import make_prompt, seed_of
+from rig.workload.prompts import request_prompt, seed_of
 
 ABANDONED = "abandoned by the scenario: the decode hop is never sent (P holds the blocks until its lease)"
 
@@ -155,7 +155,8 @@ class _Sequence:
             for k in range(s.count):
                 rid = f"{self.sc.name}-{s.id}-{k}"
                 rec = PDRecord(request_id=rid, prompt_len=s.prompt_tokens, max_tokens=s.max_tokens,
-                               prompt=make_prompt(s.prompt_tokens, seed_of(f"{seed}/{s.id}/{k}")))
+                               prompt=request_prompt(s.prompt_tokens, seed_of(f"{seed}/{s.id}/{k}"), s.prompts),
+                               endpoint=s.endpoint)
                 self.entries[rid] = SequenceEntry(rid, s.id, s.route)
                 out.append((s, rec))
         return out
@@ -190,12 +191,13 @@ class _Sequence:
         if s.route in ("decode", "prefill"):
             ep = d if s.route == "decode" else p
             rec.decode_sent_at = time.monotonic()
-            rec.decode = await client.direct(ep, rec.prompt, rec.max_tokens, fields=s.fields_for("decode"))
+            rec.decode = await client.direct(ep, rec.prompt, rec.max_tokens, fields=s.fields_for("decode"),
+                                             endpoint=s.endpoint)
             self._finish(rec)
             if rec.outcome == "ok":
                 await self._reach(s, rec, "answered")
             return
-        rec.prefill = await client.prefill(p, rec.prompt, fields=s.fields_for("prefill"))
+        rec.prefill = await client.prefill(p, rec.prompt, fields=s.fields_for("prefill"), endpoint=s.endpoint)
         failure = prefill_failure(rec.prefill)
         if failure:
             rec.outcome, rec.diagnosis = failure
@@ -206,7 +208,7 @@ class _Sequence:
             return
         rec.decode_sent_at = time.monotonic()
         task = asyncio.create_task(client.decode(d, rec.prompt, rec.max_tokens, rec.prefill.kv_transfer_params or {},
-                                                 fields=s.fields_for("decode")))
+                                                 fields=s.fields_for("decode"), endpoint=s.endpoint))
         await self._reach(s, rec, "decode-sent")
         rec.decode = await task
         self._finish(rec)
@@ -373,7 +375,8 @@ class _Sequence:
 
         async def reference(rec: PDRecord):
             s = by_step[steps[rec.request_id]]
-            return await ctx.client.direct(ctx.prefill, rec.prompt, rec.max_tokens, fields=s.fields_for("reference"))
+            return await ctx.client.direct(ctx.prefill, rec.prompt, rec.max_tokens, fields=s.fields_for("reference"),
+                                           endpoint=s.endpoint)
         self.obs.parity = await record_parity(self.obs.records, reference)
 
 
