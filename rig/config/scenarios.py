@@ -1,7 +1,8 @@
 """One crafted workload and its expectation (:class:`ScenarioConfig`) with the settings of each
 kind: edge (the fields of the scenario itself), waves (:class:`WaveConfig`, issue #4), store
 kinds (:class:`StoreScenarioConfig`, issue #3), retrieval (:class:`RetrievalConfig`, issue #5)
-and fault (rig/config/faults.py, issue #12). :data:`KIND_FIELDS` says which fields each kind
+fault (rig/config/faults.py, issue #12) and sequence (rig/config/sequence.py: requests over
+several routes in a given order, BUGS R02/R06). :data:`KIND_FIELDS` says which fields each kind
 takes. Checks that need the topology (instance names, max_model_len) are in rig.config.topology.
 """
 
@@ -15,6 +16,7 @@ from rig.config.base import NAME_PATTERN, StrictModel
 from rig.config.expectations import Expectation, KnownIssue, OptionalCheck
 from rig.config.faults import FaultScenarioConfig
 from rig.config.request_fields import RequestFields
+from rig.config.sequence import SequenceConfig
 
 # --- issue #4: prefix and pressure waves (rig/workload/waves.py) -------------------------------
 WAVE_KINDS = ("prefix-wave", "pressure-wave")
@@ -134,7 +136,7 @@ class ScenarioConfig(StrictModel):
     name: str = Field(pattern=NAME_PATTERN)
     kind: Literal["edge", "prefix-wave", "pressure-wave",
                   "store-roundtrip", "prefix-wave-store", "long-generation",  # store kinds: issue #3
-                  "retrieval", "fault"] = "edge"
+                  "retrieval", "fault", "sequence"] = "edge"
     description: str = ""
     prefill: str | None = Field(None, description="instance name; None = the first prefill")
     decode: str | None = Field(None, description="instance name; None = the first decode")
@@ -161,6 +163,9 @@ class ScenarioConfig(StrictModel):
     retrieval: RetrievalConfig | None = Field(None, description="kind retrieval's settings (issue #5)")
     fault: FaultScenarioConfig | None = Field(
         None, description="kind fault's settings (issue #12, rig/config/faults.py)")
+    sequence: SequenceConfig | None = Field(
+        None, description="kind sequence's steps: requests over pd / decode / prefill / pd-abandon routes "
+                          "in a given order (BUGS R02, R06; rig/config/sequence.py)")
     request: RequestFields | None = Field(
         None, description="extra completions fields per hop: all / prefill / decode / reference, passed "
                           "through unchanged (issue #12, rig/config/request_fields.py)")
@@ -234,6 +239,26 @@ class ScenarioConfig(StrictModel):
                              f"(kind is {self.kind!r}; fault is {'set' if self.fault else 'missing'})")
         return self
 
+    @model_validator(mode="after")
+    def _sequence_consistent(self) -> ScenarioConfig:  # BUGS R02, R06
+        if (self.kind == "sequence") != (self.sequence is not None):
+            raise ValueError("sequence: give it exactly when kind is 'sequence' "
+                             f"(kind is {self.kind!r}; sequence is {'set' if self.sequence else 'missing'})")
+        return self
+
+    @model_validator(mode="before")
+    @classmethod
+    def _sequence_defaults(cls, data: Any) -> Any:
+        """A sequence's prompt_tokens / max_tokens default to its longest step's (the steps carry
+        their own; these two only feed the checks every kind shares, e.g. the mml rule)."""
+        if isinstance(data, dict) and data.get("kind") == "sequence":
+            steps = [s for s in ((data.get("sequence") or {}).get("steps") or []) if isinstance(s, dict)]
+            if steps:
+                data = dict(data)
+                data.setdefault("prompt_tokens", max(int(s.get("prompt_tokens") or 1) for s in steps))
+                data.setdefault("max_tokens", max(int(s.get("max_tokens") or 1) for s in steps))
+        return data
+
     @model_validator(mode="before")
     @classmethod
     def _wave_defaults(cls, data: Any) -> Any:  # issue #4
@@ -275,5 +300,6 @@ KIND_FIELDS: dict[str, frozenset[str]] = {
     **{k: COMMON_FIELDS | {"store"} for k in STORE_KINDS},
     "retrieval": COMMON_FIELDS | {"retrieval"},
     "fault": COMMON_FIELDS | {"fault", "request"},
+    "sequence": COMMON_FIELDS | {"sequence"},  # per-step request fields live in the steps
 }
 SCENARIO_FIELDS = frozenset(ScenarioConfig.model_fields)

@@ -78,6 +78,10 @@ REQUIRED: dict[str, tuple[str, ...]] = {
               "kv-integrity"),  # rig/workload/faults.py (issue #12)
     "retrieval": ("completed", "token-counts", "kv-pulled", "parity", "alive", "no-fatal-log", "kv-integrity",
                   "idle-after", "retrieval"),
+    # rig/workload/sequence.py (BUGS R02, R06); + kv-pulled with pd steps, + lease-reaped with pd-abandon
+    # steps (rig.judge.sequence_checks.sequence_required)
+    "sequence": ("completed", "token-counts", "parity", "no-stall", "idle-after", "alive", "no-fatal-log",
+                 "kv-integrity"),
 }
 # An expected refusal (Expectation.http_status) has no answer to count, pull or compare.
 REFUSAL_REQUIRED = ("completed", "alive", "no-fatal-log", "idle-after")

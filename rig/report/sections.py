@@ -16,10 +16,12 @@ from rig.judge.verdict import ScenarioVerdict
 from rig.observe.observations import ScenarioObservation
 from rig.observe.store_metrics import StoreObservation
 from rig.report.fault_section import fault_section
+from rig.report.sequence_section import sequence_section
 from rig.report.store_section import store_section
 from rig.report.wave_section import wave_section
 from rig.workload.faults import FaultResult
 from rig.workload.retrieval import RetrievalResult
+from rig.workload.sequence import SequenceResult
 from rig.workload.wave_result import WaveResult
 
 Section = Callable[[ScenarioConfig, ScenarioObservation, Any, ScenarioVerdict], "str | None"]
@@ -48,6 +50,11 @@ def _fault(sc: ScenarioConfig, obs: ScenarioObservation, result: FaultResult | N
     return fault_section(sc.name, result) if result is not None else None
 
 
+def _sequence(sc: ScenarioConfig, obs: ScenarioObservation, result: SequenceResult | None,
+              v: ScenarioVerdict) -> str | None:
+    return sequence_section(sc.name, result) if result is not None else None
+
+
 SECTIONS: dict[str, Section] = {
     "prefix-wave": _wave,
     "pressure-wave": _wave,
@@ -56,6 +63,7 @@ SECTIONS: dict[str, Section] = {
     "long-generation": _store,
     "retrieval": retrieval_section,
     "fault": _fault,
+    "sequence": _sequence,
 }
 
 

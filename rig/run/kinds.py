@@ -24,6 +24,7 @@ from rig.judge.cached_tokens import cached_tokens_check
 from rig.judge.checks import lease_release_check, retrieval_check, stream_check
 from rig.judge.early_verdict import AdmissionReasoning
 from rig.judge.fault_checks import fault_checks
+from rig.judge.sequence_checks import sequence_checks, sequence_required
 from rig.judge.signatures import BlockFacts
 from rig.judge.store_checks import judge_store
 from rig.judge.verdict import ScenarioVerdict, judge
@@ -40,6 +41,7 @@ from rig.workload.edge import flush_prefill_pool, run_edge
 from rig.workload.faults import FaultResult, run_fault_scenario
 from rig.workload.prompts import seed_of
 from rig.workload.retrieval import RetrievalResult, run_retrieval
+from rig.workload.sequence import SequenceResult, run_sequence_scenario
 from rig.workload.store import StoreContext, run_store_scenario
 from rig.workload.wave_result import WaveResult
 from rig.workload.waves import run_wave_scenario, usable_blocks_of
@@ -175,6 +177,18 @@ def _judge_fault(sc: ScenarioConfig, obs: ScenarioObservation, result: FaultResu
     return _with_section(sc, obs, result, judge(sc, obs, checks=fault_checks(sc, obs, result)), sections)
 
 
+async def _run_sequence(sc: ScenarioConfig, ctx: ScenarioContext, obs: ScenarioObservation) -> Any:
+    return await run_sequence_scenario(sc, ctx, obs)
+
+
+def _judge_sequence(sc: ScenarioConfig, obs: ScenarioObservation, result: SequenceResult | None,
+                    sections: list[str]) -> ScenarioVerdict:
+    """Sequence scenarios (BUGS R02, R06): rig.judge.sequence_checks through the one engine, with the
+    required checks of its steps' routes."""
+    return _with_section(sc, obs, result, judge(sc, obs, checks=sequence_checks(sc, obs, result),
+                                                required=sequence_required(sc)), sections)
+
+
 def _with_section(sc: ScenarioConfig, obs: ScenarioObservation, result: Any, verdict: ScenarioVerdict,
                   sections: list[str]) -> ScenarioVerdict:
     """Append the kind's summary.md section (rig.report.sections) to ``sections``; return ``verdict``."""
@@ -195,4 +209,5 @@ KINDS: dict[str, Kind] = {
     "long-generation": _STORE,
     "retrieval": Kind(_run_retrieval, _judge_retrieval),
     "fault": Kind(_run_fault, _judge_fault),
+    "sequence": Kind(_run_sequence, _judge_sequence),
 }

@@ -1,0 +1,399 @@
+"""Requests over several routes in a given order: the executor of ``kind: sequence`` (BUGS R02, R06).
+
+Every step of the scenario (:mod:`rig.config.sequence`) becomes ``count`` requests sent together
+when the step's start rule fires: at the scenario's start, or ``after_ms`` after an earlier step
+reached an event (``sent``, ``prefill-answered``, ``decode-sent``, ``answered``; a step reaches an
+event when every one of its requests has). A step whose event can no longer come (a request of
+the referenced step ended before reaching it) is never sent; its requests end ``cancelled`` with
+the diagnosis naming the event that did not come. Nothing fires before its event: the start
+waits on the event itself, then sleeps the rest of ``after_ms`` on the monotonic clock.
+
+Routes: ``pd`` (P hop with ``do_remote_decode``, then D hop with P's ``kv_transfer_params``),
+``decode`` (one request straight to D, never any ``kv_transfer_params``), ``prefill`` (one plain
+request to P), ``pd-abandon`` (P hop only; outcome ``cancelled``, "abandoned by the scenario").
+A one-hop request keeps its hop in ``PDRecord.decode`` (the hop that answered; its ``instance``
+says where it went) so the checks every kind shares read it unchanged.
+
+While any request is outstanding, D is watched by the one stall watcher
+(:func:`rig.observe.stall.watch`); on a stall every outstanding request is cancelled and ends
+``stalled`` with the diagnosis, which names the steps whose requests were outstanding. P's
+``vllm:nixl_num_kv_expired_reqs_total`` is sampled too when a step abandons its decode hop, so the
+``lease-reaped`` check can say when P reaped the abandoned leases and which steps were still
+outstanding then (BUGS R06: a heartbeated entry must not shield expired ones).
+
+Each request's step, route and event times (ms from the scenario's start) go to
+``sequence-<scenario>.json`` in the run directory, also when the scenario fails or is interrupted.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import httpx
+
+from rig.config import ScenarioConfig
+from rig.config.sequence import SequenceConfig, Step
+from rig.observe import metrics as m
+from rig.observe.observations import DrainResult, ScenarioObservation, wait_idle
+from rig.observe.parity import record_parity
+from rig.observe.stall import StallWatcher, watch
+from rig.transport.client import cancel_task
+from rig.transport.records import PDRecord, classify, prefill_failure
+from rig.workload.prompts import request_prompt, seed_of
+
+ABANDONED = "abandoned by the scenario: the decode hop is never sent (P holds the blocks until its lease)"
+
+
+@dataclass
+class SequenceEntry:
+    """One request of a sequence: its step and route, and the milliseconds from the scenario's
+    start at which it reached each event (``sent``, ``prefill-answered``, ``decode-sent``,
+    ``answered``) and ``ended``; None = never."""
+
+    request_id: str
+    step: str
+    route: str
+    events_ms: dict[str, float] = field(default_factory=dict)
+    ended_ms: float | None = None
+    outcome: str = "pending"
+    diagnosis: str = ""
+
+    @property
+    def sent_ms(self) -> float | None:
+        """Milliseconds from the scenario's start to sending the request's first hop."""
+        return self.events_ms.get("sent")
+
+
+@dataclass
+class LeaseReap:
+    """P's reaping of abandoned leases (BUGS R06): ``expired_before`` P's
+    ``nixl_num_kv_expired_reqs_total`` at the start; ``want`` the abandoned requests;
+    ``last_abandoned_ms`` when the last of them was answered by P; ``reaped_ms`` when the counter
+    had risen by ``want`` (None = not seen), ``rose`` by how much at the end, ``outstanding_then``
+    the steps with requests outstanding at ``reaped_ms``; ``samples`` how many scrapes answered."""
+
+    expired_before: float | None = None
+    want: int = 0
+    last_abandoned_ms: float | None = None
+    reaped_ms: float | None = None
+    rose: float = 0.0
+    outstanding_then: list[str] = field(default_factory=list)
+    samples: int = 0
+
+
+@dataclass
+class SequenceResult:
+    """The kind's result: the requests' entries, the stall (its diagnosis and the steps it froze),
+    the lease-reap observation, the drains with their bound and the lease (seconds)."""
+
+    entries: list[SequenceEntry] = field(default_factory=list)
+    stall: str = ""
+    stalled_steps: list[str] = field(default_factory=list)
+    reap: LeaseReap | None = None
+    drains: list[DrainResult] = field(default_factory=list)
+    idle_bound_s: float = 0.0
+    lease_s: float = 0.0  # nixl.kv_lease_duration of the run (the lease-reaped bound)
+
+    def to_json(self) -> dict[str, Any]:
+        """JSON-able dict."""
+        return asdict(self)
+
+
+class _StepState:
+    """How far the requests of one step got: per event, how many reached it; how many ended."""
+
+    def __init__(self, step: Step):
+        self.step = step
+        self.reached: dict[str, int] = {}
+        self.ended = 0
+        self.changed = asyncio.Condition()
+
+    async def mark(self, event: str) -> None:
+        self.reached[event] = self.reached.get(event, 0) + 1
+        async with self.changed:
+            self.changed.notify_all()
+
+    async def end(self) -> None:
+        self.ended += 1
+        async with self.changed:
+            self.changed.notify_all()
+
+    async def wait(self, event: str) -> bool:
+        """True once every request reached ``event``; False once that can no longer happen."""
+        n = self.step.count
+        async with self.changed:
+            await self.changed.wait_for(lambda: self.reached.get(event, 0) >= n or self.ended >= n)
+        return self.reached.get(event, 0) >= n
+
+
+class _Sequence:
+    """One sequence scenario's run."""
+
+    def __init__(self, sc: ScenarioConfig, ctx: Any, obs: ScenarioObservation):
+        assert sc.sequence is not None  # the config validator guarantees it for kind sequence
+        self.sc, self.ctx, self.obs, self.spec = sc, ctx, obs, sc.sequence
+        self.result = SequenceResult()
+        self.t0 = time.monotonic()
+        self.states = {s.id: _StepState(s) for s in self.spec.steps}
+        self.entries: dict[str, SequenceEntry] = {}
+        self.tasks: dict[str, asyncio.Task] = {}
+        self.deadline_s = sc.deadline_s or ctx.cfg.timeouts.request_s
+
+    def ms(self) -> float:
+        return round(1000 * (time.monotonic() - self.t0), 1)
+
+    # -- records --------------------------------------------------------------------------
+
+    def _records(self) -> list[tuple[Step, PDRecord]]:
+        seed = self.sc.seed if self.sc.seed is not None else seed_of(self.sc.name)
+        out = []
+        for s in self.spec.steps:
+            for k in range(s.count):
+                rid = f"{self.sc.name}-{s.id}-{k}"
+                rec = PDRecord(request_id=rid, prompt_len=s.prompt_tokens, max_tokens=s.max_tokens,
+                               prompt=request_prompt(s.prompt_tokens, seed_of(f"{seed}/{s.id}/{k}"), s.prompts),
+                               endpoint=s.endpoint)
+                self.entries[rid] = SequenceEntry(rid, s.id, s.route)
+                out.append((s, rec))
+        return out
+
+    async def _reach(self, s: Step, rec: PDRecord, event: str) -> None:
+        self.entries[rec.request_id].events_ms[event] = self.ms()
+        await self.states[s.id].mark(event)
+
+    # -- one request ----------------------------------------------------------------------
+
+    async def _one(self, s: Step, rec: PDRecord) -> None:
+        """Send ``rec`` over ``s.route``, bounded by the scenario's deadline."""
+        try:
+            async with asyncio.timeout(self.deadline_s):
+                await self._route(s, rec)
+        except TimeoutError:
+            rec.outcome, rec.diagnosis = "timeout", f"no answer within the {self.deadline_s:.0f} s deadline"
+        except asyncio.CancelledError:
+            if rec.outcome == "pending":
+                rec.outcome, rec.diagnosis = "cancelled", "cancelled by the rig (the run was interrupted)"
+            raise
+        finally:
+            e = self.entries[rec.request_id]
+            e.ended_ms, e.outcome, e.diagnosis = self.ms(), rec.outcome, rec.diagnosis
+            if rec.decode_sent_at is not None and rec.verdict_after_s is None:
+                rec.verdict_after_s = time.monotonic() - rec.decode_sent_at
+            await self.states[s.id].end()
+
+    async def _route(self, s: Step, rec: PDRecord) -> None:
+        client, p, d = self.ctx.client, self.ctx.prefill, self.ctx.decode
+        await self._reach(s, rec, "sent")
+        if s.route in ("decode", "prefill"):
+            ep = d if s.route == "decode" else p
+            rec.decode_sent_at = time.monotonic()
+            rec.decode = await client.direct(ep, rec.prompt, rec.max_tokens, fields=s.fields_for("decode"),
+                                             endpoint=s.endpoint)
+            self._finish(rec)
+            if rec.outcome == "ok":
+                await self._reach(s, rec, "answered")
+            return
+        rec.prefill = await client.prefill(p, rec.prompt, fields=s.fields_for("prefill"), endpoint=s.endpoint)
+        failure = prefill_failure(rec.prefill)
+        if failure:
+            rec.outcome, rec.diagnosis = failure
+            return
+        await self._reach(s, rec, "prefill-answered")
+        if s.route == "pd-abandon":
+            rec.outcome, rec.diagnosis = "cancelled", ABANDONED
+            return
+        rec.decode_sent_at = time.monotonic()
+        task = asyncio.create_task(client.decode(d, rec.prompt, rec.max_tokens, rec.prefill.kv_transfer_params or {},
+                                                 fields=s.fields_for("decode"), endpoint=s.endpoint))
+        await self._reach(s, rec, "decode-sent")
+        rec.decode = await task
+        self._finish(rec)
+        if rec.outcome == "ok":
+            await self._reach(s, rec, "answered")
+
+    @staticmethod
+    def _finish(rec: PDRecord) -> None:
+        rec.verdict_after_s = time.monotonic() - (rec.decode_sent_at or time.monotonic())
+        rec.outcome = classify(rec.decode)
+        if rec.outcome != "ok":
+            rec.diagnosis = f"{rec.decode.instance if rec.decode else 'decode'}: " \
+                            f"{(rec.decode.error if rec.decode else None) or 'empty answer'}"
+
+    # -- one step -------------------------------------------------------------------------
+
+    async def _step(self, s: Step, recs: list[PDRecord]) -> None:
+        """Wait for ``s``'s start rule, then send its requests together."""
+        if s.start is not None:
+            came = await self.states[s.start.after].wait(s.start.event)
+            if not came:
+                why = (f"not sent: step {s.start.after!r} never reached {s.start.event} "
+                       f"(a request of it ended before)")
+                for rec in recs:
+                    rec.outcome, rec.diagnosis = "cancelled", why
+                    e = self.entries[rec.request_id]
+                    e.outcome, e.diagnosis, e.ended_ms = rec.outcome, why, self.ms()
+                    await self.states[s.id].end()
+                return
+            target = time.monotonic() + s.start.after_ms / 1000
+            # asyncio may wake a timer up to its clock resolution early: sleep until really due.
+            while (now := time.monotonic()) < target:
+                await asyncio.sleep(target - now)
+        for rec in recs:
+            self.tasks[rec.request_id] = asyncio.create_task(self._one(s, rec))
+        await asyncio.gather(*(self.tasks[r.request_id] for r in recs), return_exceptions=True)
+
+    def _outstanding(self) -> list[str]:
+        """Steps with a request sent and not ended, as 'id (k of n)'."""
+        out = []
+        for sid, st in self.states.items():
+            busy = [e for e in self.entries.values() if e.step == sid and e.sent_ms is not None and e.ended_ms is None]
+            if busy:
+                out.append(f"{sid} ({len(busy)} of {st.step.count}, route {st.step.route})")
+        return out
+
+    # -- watchers -------------------------------------------------------------------------
+
+    async def _watch_d(self, done: asyncio.Event) -> None:
+        """The stall watcher on D while requests are outstanding; on a stall, cancel every
+        outstanding request with the diagnosis naming the steps they belong to."""
+        t = self.ctx.cfg.timeouts
+        d, http = self.ctx.decode, self.ctx.http
+        stall = await watch(StallWatcher(t.stall_window_s, transfer_window_s=t.kv_transfer_s),
+                            lambda: m.scrape(http, d.url, d.name), done.is_set, t.metrics_interval_s,
+                            on_sample=lambda snap: self.ctx.store.sample(self.sc.name, snap))
+        if stall is None:
+            return
+        outstanding = self._outstanding()
+        self.result.stall = f"{stall.diagnosis}; outstanding: {', '.join(outstanding) or 'none'}"
+        self.result.stalled_steps = [o.split(" ", 1)[0] for o in outstanding]
+        for rid, task in self.tasks.items():
+            e = self.entries[rid]
+            if e.ended_ms is None and not task.done():
+                rec = self._by_id[rid]
+                rec.outcome, rec.diagnosis, rec.stall = "stalled", self.result.stall, stall.facts
+                task.cancel()
+
+    async def _watch_p_expired(self, done: asyncio.Event) -> None:
+        """Sample P's expired-lease counter until every abandoned lease was reaped, or until every
+        request ended and ``nixl.kv_lease_duration + sequence.idle_margin_s`` passed since the last
+        abandoned request's prefill answer (the bound the ``lease-reaped`` check applies)."""
+        reap = self.result.reap
+        assert reap is not None
+        p, http = self.ctx.prefill, self.ctx.http
+        interval = self.ctx.cfg.timeouts.metrics_interval_s
+        bound_ms = 1000 * (self.ctx.cfg.nixl.lease_s + self.spec.idle_margin_s)
+        while True:
+            try:
+                snap = await m.scrape(http, p.url, p.name, timeout_s=2.0)
+                self.ctx.store.sample(self.sc.name, snap)
+                reap.samples += 1
+                if reap.expired_before is not None and snap.has(m.NIXL_EXPIRED):
+                    reap.rose = snap.value(m.NIXL_EXPIRED) - reap.expired_before
+                    if reap.rose >= reap.want and reap.reaped_ms is None:
+                        reap.reaped_ms = self.ms()
+                        reap.outstanding_then = self._outstanding()
+                        return
+            except (httpx.HTTPError, ValueError):
+                pass
+            if done.is_set() and (reap.last_abandoned_ms is None or self.ms() > reap.last_abandoned_ms + bound_ms):
+                return  # every request ended and the lease (+ margin) of the last abandoned one is over
+            await asyncio.sleep(interval)
+
+    # -- the scenario ---------------------------------------------------------------------
+
+    async def run(self) -> SequenceResult:
+        ctx, spec = self.ctx, self.spec
+        self.result.lease_s = ctx.cfg.nixl.lease_s
+        pairs = self._records()
+        self.obs.records = [rec for _, rec in pairs]
+        self.result.entries = list(self.entries.values())
+        self._by_id = {rec.request_id: rec for rec in self.obs.records}
+        before = {e.name: await self._scrape(e) for e in (ctx.decode, ctx.prefill)}
+        if spec.abandons:
+            p_snap = before[ctx.prefill.name]
+            self.result.reap = LeaseReap(
+                expired_before=p_snap.value(m.NIXL_EXPIRED) if p_snap is not None and
+                p_snap.has(m.NIXL_EXPIRED) else None,
+                want=sum(s.count for s in spec.steps if s.route == "pd-abandon"))
+        self.t0 = time.monotonic()
+        done = asyncio.Event()
+        watchers = [asyncio.create_task(self._watch_d(done))]
+        if self.result.reap is not None:
+            watchers.append(asyncio.create_task(self._watch_p_expired(done)))
+        steps = [asyncio.create_task(self._step(s, [r for st, r in pairs if st is s])) for s in spec.steps]
+        try:
+            await asyncio.gather(*steps)
+            if self.result.reap is not None:
+                abandoned = [e.events_ms.get("prefill-answered") for e in self.entries.values()
+                             if e.route == "pd-abandon"]
+                self.result.reap.last_abandoned_ms = max((a for a in abandoned if a is not None), default=None)
+            done.set()
+            if self.result.reap is not None:
+                # The watcher stops at its next sample now that ``done`` is set unless the leases
+                # were reaped already; the drain below waits for what P still holds.
+                await watchers[1]
+        finally:
+            done.set()
+            for t in steps + watchers:
+                await cancel_task(t)
+        await self._drain(before)
+        await self._parity()
+        return self.result
+
+    async def _scrape(self, e: Any) -> m.MetricSnapshot | None:
+        try:
+            return await m.scrape(self.ctx.http, e.url, e.name)
+        except (httpx.HTTPError, ValueError):
+            return None
+
+    async def _drain(self, before: dict[str, m.MetricSnapshot | None]) -> None:
+        """P and D back to their pre-scenario KV usage within the bound: ``timeouts.drain_s``, or
+        with abandoned requests ``nixl.kv_lease_duration + sequence.idle_margin_s`` (P frees an
+        abandoned request's blocks when its lease expires, vllm/.../nixl/base_worker.py
+        ``_reap_expired_send_leases``)."""
+        ctx = self.ctx
+        self.result.idle_bound_s = (ctx.cfg.nixl.lease_s + self.spec.idle_margin_s if self.spec.abandons
+                                    else ctx.cfg.timeouts.drain_s)
+        for e in (ctx.decode, ctx.prefill):
+            snap = before[e.name]
+            base = snap.value(m.KV_USAGE) if snap is not None else 0.0
+            self.result.drains.append(await wait_idle(ctx.http, e.name, e.url, base, self.result.idle_bound_s))
+
+    async def _parity(self) -> None:
+        """Every answered request against the same prompt served directly by P (the reference
+        instance of every kind; a straight-to-D request's reference is the same as a P/D one's)."""
+        ctx = self.ctx
+        self.obs.parity = [None] * len(self.obs.records)
+        if not self.sc.parity:
+            return
+        steps = {e.request_id: e.step for e in self.entries.values()}
+        by_step = {s.id: s for s in self.spec.steps}
+
+        async def reference(rec: PDRecord):
+            s = by_step[steps[rec.request_id]]
+            return await ctx.client.direct(ctx.prefill, rec.prompt, rec.max_tokens, fields=s.fields_for("reference"),
+                                           endpoint=s.endpoint)
+        self.obs.parity = await record_parity(self.obs.records, reference)
+
+
+async def run_sequence_scenario(sc: ScenarioConfig, ctx: Any, obs: ScenarioObservation) -> SequenceResult:
+    """Run a ``kind: sequence`` scenario on ``ctx`` (a :class:`rig.run.kinds.ScenarioContext`),
+    filling ``obs.records`` (one PDRecord per request, in step order) and ``obs.parity``; returns
+    the :class:`SequenceResult`. ``sequence-<scenario>.json`` is written also on failure."""
+    seq = _Sequence(sc, ctx, obs)
+    try:
+        return await seq.run()
+    finally:
+        (ctx.run_dir / f"sequence-{sc.name}.json").write_text(json.dumps(seq.result.to_json(), indent=1))
+
+
+def step_of(spec: SequenceConfig, request_id: str, scenario: str) -> Step | None:
+    """The step request ``request_id`` (``<scenario>-<step id>-<k>``) belongs to, or None."""
+    for s in spec.steps:
+        if request_id.startswith(f"{scenario}-{s.id}-") and request_id[len(scenario) + len(s.id) + 2:].isdigit():
+            return s
+    return None
