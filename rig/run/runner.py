@@ -30,7 +30,7 @@ from pathlib import Path
 import httpx
 import yaml
 
-from rig.cluster.builds import installed_vllm_version
+from rig.cluster.builds import launch_vllm_version
 from rig.cluster.logs import LogSource
 from rig.cluster.mooncake import master_binary
 from rig.cluster.ports import PortReservation
@@ -167,7 +167,7 @@ class SuiteRunner:
             # Attached: nothing is launched, so no model is built; endpoints as attach.endpoints says.
             model_path = "(attached: served by the deployment)" if self.attach else resolve_model(self.cfg)
             plan = build_plan(self.cfg, self.run_dir, model_path, sys.executable, master_binary(self.cfg),
-                              installed_vllm_version())
+                              launch_vllm_version(self.cfg.launch.command))
             if self.attach:
                 plan = with_endpoints(plan, self.cfg.attach.endpoints)
             self.result.plan = plan.to_json()
