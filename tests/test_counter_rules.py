@@ -204,3 +204,29 @@ def test_by_version_counters_are_required_on_that_version_only():
     assert "counters" in {c.name for c in v.checks} and f"; counters prefill {m.NIXL_EXPIRED} not checked" in v.reason
     v = judge(sc, _obs([]), checks=[])  # 0.32.0: the base outcome, no rule
     assert "counters" not in {c.name for c in v.checks} and "counters" not in v.reason
+
+
+def test_if_present_leaves_an_absent_counter_out_but_still_judges_a_present_one():
+    """A supporting counter an older vLLM lacks (0.27.1: no notifications-after-expiry) is left out,
+    named in the check; the same rule on an instance that has the counter must still hold."""
+    from rig.config.expectations import CounterRule
+    from rig.judge.counter_rules import counter_rules_check
+
+    def rows(**counters):
+        return [{"instance": "prefill", "life": 1, "counters": {k: v0 for k, (v0, _) in counters.items()}},
+                {"instance": "prefill", "life": 1, "counters": {k: v1 for k, (_, v1) in counters.items()}}]
+
+    split = CounterRule(instance="prefill", metric="vllm:nixl_num_kv_expired_reqs_total", delta=1)
+    extra = CounterRule(instance="prefill", metric="vllm:nixl_num_notifications_after_expiry_total", min=1,
+                        if_present=True)
+    old = rows(**{"vllm:nixl_num_kv_expired_reqs_total": (0.0, 1.0)})
+    c = counter_rules_check(old, [split, extra], "prefill", "decode")
+    assert c.ok is True and "if_present: left out" in c.detail, c.detail
+    strict = extra.model_copy(update={"if_present": False})
+    assert counter_rules_check(old, [split, strict], "prefill", "decode").ok is None
+    new = rows(**{"vllm:nixl_num_kv_expired_reqs_total": (0.0, 1.0),
+                  "vllm:nixl_num_notifications_after_expiry_total": (0.0, 0.0)})
+    c = counter_rules_check(new, [split, extra], "prefill", "decode")
+    assert c.ok is False and "notifications_after_expiry" in c.detail, c.detail
+    # every rule absent: nothing was looked at -> not checked, never ok
+    assert counter_rules_check(old[:0] + rows(), [extra], "prefill", "decode").ok is None

@@ -227,6 +227,11 @@ class CounterRule(StrictModel):
     min: int | None = Field(None, ge=0, description="the counter must rise by at least this much")
     max: int | None = Field(None, ge=0, description="the counter may rise by at most this much")
     why: str = Field("", description="what the rule stands for (shown in the check), e.g. 'BUGS R19'")
+    if_present: bool = Field(
+        False, description="true: an instance without the metric leaves this rule out (named in the check) "
+                           "instead of making the check not checked; for a supporting counter an older vLLM "
+                           "lacks (0.27.1 has no vllm:nixl_num_notifications_after_expiry_total). A rule "
+                           "whose counter IS there must still hold")
 
     @model_validator(mode="before")
     @classmethod

@@ -102,12 +102,20 @@ def counter_rules_check(rows: list[dict[str, Any]], rules: list[CounterRule], pr
     """The check ``name`` over every rule of ``rules`` on timeline ``rows``: failed when a rule
     failed (the others are still named), else not checked when one could not look, else ok.
     Run-level: a counter belongs to an instance, not to one request."""
-    states = [rule_state(rows, r, prefill, decode) for r in rules]
-    if not states:
+    if not rules:
         return Check(name, None, "not checked: no counter rule")
+    states, absent = [], []
+    for r in rules:
+        ok, detail = rule_state(rows, r, prefill, decode)
+        if ok is None and r.if_present and " lacks " in detail:  # if_present: an absent counter is no gap
+            absent.append(f"{detail} (if_present: left out)")
+        else:
+            states.append((ok, detail))
     failed = [d for ok, d in states if ok is False]
     blind = [d for ok, d in states if ok is None]
-    held = [d for ok, d in states if ok]
+    held = [d for ok, d in states if ok] + absent
+    if not states:
+        return Check(name, None, "not checked: " + "; ".join(absent))
     if failed:
         return Check(name, False, "; ".join(failed + [f"{d} ok" for d in held] + blind))
     if blind:

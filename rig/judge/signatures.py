@@ -67,11 +67,15 @@ def facts_of_records(obs: ScenarioObservation) -> list[RequestFacts]:
             if h is not None and h.error:
                 hop = name
                 break
+        # P answered 200 without kv_transfer_params (rig.transport.records: outcome http_error,
+        # no decode hop): the prefill hop is the one that failed (BUGS R21's symptom).
+        if hop is None and r.outcome == "http_error" and r.prefill is not None and r.decode is None:
+            hop = "prefill"
         h = r.decode if hop == "decode" else r.prefill if hop == "prefill" else None
         prompts = r.prompt_count
         out.append(RequestFacts(
             request_id=r.request_id, outcome=r.outcome, prompt_len=r.prompt_len, hop=hop,
-            status=h.status if h else None, error=(h.error or "") if h else r.diagnosis,
+            status=h.status if h else None, error=(h.error or r.diagnosis) if h else r.diagnosis,
             remote_request_id=(r.prefill.kv_transfer_params or {}).get("remote_request_id") if r.prefill else None,
             parity=p.status if p else None, stall=r.stall, prompts=prompts,
             diverged_prompt=_diverged_prompt(r, p, prompts)))
