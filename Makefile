@@ -62,8 +62,10 @@ MOONCAKE_ARGS ?=
 R14_ROUNDS ?=
 R14_SET := $(if $(R14_ROUNDS),--set scenarios.r14-cancel-wave-store.store.rounds=$(R14_ROUNDS))
 
+# A first profile ended by a signal (Ctrl-C: pdrig exits 130) ends the recipe: nothing more starts.
 regressions: check-venv  ## one scenario per CPU-runnable public P/D bug report, nixl then Mooncake profile; exit 1 if either fails (R14_ROUNDS=N: more R14 rounds)
 	$(PDRIG) e2e --config configs/cpu-regressions.yaml $(ARGS); rc=$$?; \
+	if [ $$rc -ge 128 ]; then exit $$rc; fi; \
 	$(PDRIG) e2e --config configs/cpu-regressions-mooncake.yaml $(R14_SET) $(MOONCAKE_ARGS); rc2=$$?; \
 	exit $$(( rc > rc2 ? rc : rc2 ))
 
@@ -90,8 +92,10 @@ build: check-venv  ## create (or find) one vLLM build's env from configs/builds.
 matrix: check-venv  ## SUITES (edge,lease) on every build of BUILDS, one at a time; grid in MATRIX_OUT/matrix.md (ARGS=--resume reuses finished builds)
 	$(PDRIG) matrix --builds $(BUILDS) --suite $(SUITES) --out $(MATRIX_OUT) $(ARGS)
 
+# As in regressions: a Ctrl-C in the first matrix starts no second one.
 matrix-regressions: check-venv  ## the regression suite (both profiles) on every build of REGRESS_BUILDS; grids in runs/matrix-regressions{,-mooncake}/matrix.md
 	$(PDRIG) matrix --builds $(REGRESS_BUILDS) --suite regressions --config configs/cpu-regressions.yaml --out runs/matrix-regressions $(ARGS); rc=$$?; \
+	if [ $$rc -ge 128 ]; then exit $$rc; fi; \
 	$(PDRIG) matrix --builds $(REGRESS_BUILDS) --suite regressions-mooncake --config configs/cpu-regressions-mooncake.yaml --out runs/matrix-regressions-mooncake $(ARGS); rc2=$$?; \
 	exit $$(( rc > rc2 ? rc : rc2 ))
 

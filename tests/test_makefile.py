@@ -27,3 +27,22 @@ def test_make_help_lists_every_target_with_a_description():
 
 def test_help_is_the_default_goal():
     assert targets()[0] == "help"
+
+
+@pytest.mark.skipif(shutil.which("make") is None, reason="no make on this host")
+@pytest.mark.parametrize("target", ["regressions", "matrix-regressions"])
+def test_ctrl_c_in_the_first_profile_starts_no_second_one(tmp_path, target):
+    """A fresh-clone review pressed Ctrl-C during `make regressions`: the nixl profile stopped
+    (pdrig exits 130) but the recipe went on to start the Mooncake profile. A first run that
+    ended by a signal (exit >= 128) must end the recipe with its code; a plain failure (1) must not."""
+    log = tmp_path / "calls"
+    for rc, second in ((130, False), (1, True)):
+        log.write_text("")
+        fake = tmp_path / f"pdrig-{rc}"
+        fake.write_text(f"#!/bin/sh\necho \"$*\" >> {log}\nexit {rc}\n")
+        fake.chmod(0o755)
+        p = subprocess.run(["make", "-s", "-C", str(ROOT), target, f"PDRIG={fake}"], capture_output=True, text=True)
+        calls = log.read_text().splitlines()
+        assert len(calls) == (2 if second else 1), calls
+        assert "mooncake" not in calls[0] and (not second or "mooncake" in calls[1])
+        assert p.returncode != 0
