@@ -100,7 +100,7 @@ def test_junit(result):
     assert all(c.get("classname") == "pdrig.cpu-tiny" for n, c in cases.items() if n != "no-fatal-log")
     nc = cases["no-fatal-log"]
     assert nc.get("classname") == "pdrig.cpu-tiny.edge-broken"
-    assert nc.find("skipped").get("message") == "not checked: not checked: decode: log file missing"
+    assert nc.find("skipped").get("message") == "not checked: decode: log file missing"  # said once
     assert cases["edge-126"].get("time") == "11.000"
 
     def outcome(case):
@@ -200,3 +200,40 @@ def test_rewritten_report_reflects_latest_state(result):
     root = ET.parse(d / "junit.xml").getroot()
     assert root.get("tests") == "3"  # two scenarios + the interrupted run itself
     assert [c.get("name") for c in root.findall("testcase")][-1] == "pdrig-run"
+
+
+def test_reference_of_reads_the_bug_record_reference_of_a_description():
+    from rig.report.render import reference_of
+
+    assert reference_of("R11 (vllm PRs #50297, #48245): 3 concurrent prompts") == "R11 (vllm PRs #50297, #48245)"
+    assert reference_of("BUGS R14 (vllm #46240,\n  #43226; PRs #46304): cancel waves") == \
+        "R14 (vllm #46240, #43226; PRs #46304)"
+    assert reference_of("R11 P side (vllm PR #50297): 3 prompts") == "R11 P side (vllm PR #50297)"
+    assert reference_of("issue #12 item 1: the chat endpoint") == "issue #12 item 1"
+    assert reference_of("P computes 2 fresh prompts: then D loads") == ""
+    assert reference_of(None) == ""
+
+
+def test_the_run_table_carries_each_regression_scenarios_reference():
+    """Issue #12: `make regressions` gives a verdict for every entry WITH its upstream reference in
+    the table (summary.md, terminal, junit); a suite without references keeps its columns."""
+    from rig.config import ScenarioConfig
+    from rig.judge.verdict import judge
+    from rig.report.render import RunResult, render_junit, render_summary_md, scenario_rows
+    from tests.test_verdict import obs_of, ok_record
+
+    sc = ScenarioConfig(name="edge-126", decode="decode", prompt_tokens=126, max_tokens=2,
+                        description="R05 (vllm PR #32255): cancel the decode hop",
+                        expect={"completion_tokens": 2, "total_tokens": 128})
+    obs = obs_of([ok_record(0), ok_record(1)])
+    v = judge(sc, obs)
+    res = RunResult(name="r", run_dir="/tmp/x", config={"scenarios": [sc.model_dump(mode="json")]},
+                    observations=[obs], verdicts=[v])
+    (row,) = scenario_rows(res)
+    assert list(row)[:2] == ["scenario", "reference"] and row["reference"] == "R05 (vllm PR #32255)"
+    assert row["tokens (completion/total)"] == "2/128 x2"  # equal values once, with their count
+    assert "| R05 (vllm PR #32255) |" in render_summary_md(res)
+    assert "reference: R05 (vllm PR #32255)" in render_junit(res)
+    plain = RunResult(name="r", run_dir="/tmp/x", config={"scenarios": [{"name": "edge-126"}]},
+                      observations=[obs], verdicts=[v])
+    assert "reference" not in scenario_rows(plain)[0]

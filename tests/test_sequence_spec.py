@@ -70,7 +70,7 @@ def test_bad_orders_are_refused_with_the_field_and_the_fix(spec, words):
 
 
 def test_kind_and_field_must_agree():
-    with pytest.raises(ValidationError, match="sequence: give it exactly when kind is 'sequence'"):
+    with pytest.raises(ValidationError, match="kind sequence needs a `sequence:` block"):
         ScenarioConfig.model_validate({"name": "s", "kind": "sequence", "prompt_tokens": 8, "max_tokens": 8})
     with pytest.raises(ValidationError, match="sequence: not used by kind 'edge'"):
         ScenarioConfig.model_validate({"name": "s", "prompt_tokens": 8, "max_tokens": 8,
@@ -156,3 +156,18 @@ def test_reap_while_names_a_step_and_needs_an_abandon():
         SequenceConfig.model_validate({**steps(LOAD, gone), "reap_while": "x"})
     with pytest.raises(ValidationError, match="needs a step with route pd-abandon"):
         SequenceConfig.model_validate({**steps(LOAD), "reap_while": "load"})
+
+
+def test_review_findings_are_one_clear_error_each():
+    """Fresh-clone review (2026-12-01): kind sequence without its block, a counter rule on an
+    instance outside the scenario's pair, and --set of an env value given as a number."""
+    from rig.config import load_config
+    from rig.config.base import ConfigError
+
+    with pytest.raises(Exception, match="kind sequence needs a `sequence:` block"):
+        ScenarioConfig.model_validate({"name": "s", "kind": "sequence", "decode": "decode"})
+    with pytest.raises(ConfigError, match=r"expect.counters instance 'decode-draft'.*this scenario's pair"):
+        load_config("configs/cpu-regressions.yaml", [
+            "scenarios.r19-expiry-not-transfer-failure.expect.counters.0.instance=decode-draft"])
+    cfg = load_config("configs/cpu-regressions.yaml", ["launch.env.VLLM_SERVER_DEV_MODE=1"])
+    assert cfg.launch.env["VLLM_SERVER_DEV_MODE"] == "1"

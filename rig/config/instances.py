@@ -14,6 +14,15 @@ from pydantic import Field, field_validator, model_validator
 from rig.config.base import NAME_PATTERN, ConnectorMode, StrictModel
 
 
+def _env_strings(v: Any) -> Any:
+    """Environment values as strings: ``--set launch.env.VLLM_SERVER_DEV_MODE=1`` reads 1 as a YAML
+    int, and an env var is text anyway (a fresh-clone review hit "valid string (got 1)")."""
+    if isinstance(v, dict):
+        return {k: str(x).lower() if isinstance(x, bool) else str(x) if isinstance(x, (int, float)) else x
+                for k, x in v.items()}
+    return v
+
+
 class SpeculativeConfig(StrictModel):
     """vLLM's ``--speculative-config`` (see vllm/config/speculative.py).
 
@@ -62,6 +71,11 @@ class InstanceConfig(StrictModel):
     extra_args: list[str] = Field(default_factory=list, description="appended to the vLLM argv")
     env: dict[str, str] = Field(default_factory=dict)
 
+    @field_validator("env", mode="before")
+    @classmethod
+    def _env_text(cls, v: Any) -> Any:
+        return _env_strings(v)
+
     @model_validator(mode="after")
     def _tp_matches_gpus(self) -> InstanceConfig:
         if self.gpu_ids and len(self.gpu_ids) != self.tensor_parallel_size:
@@ -88,6 +102,11 @@ class LaunchConfig(StrictModel):
         min_length=1)
     host: str = Field("127.0.0.1", description="bind address; loopback unless you mean otherwise")
     env: dict[str, str] = Field(default_factory=dict, description="added to every instance")
+
+    @field_validator("env", mode="before")
+    @classmethod
+    def _env_text(cls, v: Any) -> Any:
+        return _env_strings(v)
     nice: int = Field(
         0, ge=0, le=19,
         description="niceness of servers; on small CPU hosts keeps the rig's observer responsive")

@@ -190,6 +190,11 @@ class ScenarioConfig(StrictModel):
                     f"{', '.join(unused)}: not used by kind {kind!r}; remove "
                     f"{'it' if len(unused) == 1 else 'them'} (kind {kind!r} takes "
                     f"{', '.join(sorted(allowed - COMMON_FIELDS)) or 'only the common fields'})")
+            if kind == "sequence" and not data.get("sequence"):
+                # Said first: otherwise the missing prompt_tokens/max_tokens of the scenario would be
+                # reported, which a sequence gives per step (a fresh-clone review was misled by it).
+                raise ValueError("kind sequence needs a `sequence:` block with its `steps` (each with id, route, "
+                                 "prompt_tokens, max_tokens); see README 'kind: sequence'")
         return data
 
     @model_validator(mode="after")

@@ -301,9 +301,13 @@ class RigConfig(StrictModel):
                     raise ValueError(f"scenarios[{i}] ({sc.name}).fault target {f.target!r}: give prefill, decode, "
                                      f"request or an instance name ({names})")
             for rule in [r for o in (sc.expect, *sc.expect.by_version) for r in o.counters]:
-                if rule.instance not in ("prefill", "decode", *names):
+                # Only the scenario's own pair is sampled over it (rig.judge.counter_rules.rule_state):
+                # another instance's rule could never be judged, so the run would end ERROR.
+                pair = (sc.prefill or self.prefill[0].name, sc.decode or self.decode[0].name)
+                if rule.instance not in ("prefill", "decode", *pair):
                     raise ValueError(f"scenarios[{i}] ({sc.name}).expect.counters instance {rule.instance!r}: "
-                                     f"give prefill, decode or an instance name ({names})")
+                                     f"give prefill, decode or this scenario's pair {list(pair)} (only they are "
+                                     "sampled over the scenario)")
             lease = self.nixl.lease_s
             symptom = sc.known_issue.symptom if sc.known_issue else None
             if isinstance(symptom, StaleKvSignature) and symptom.cause == "shared-params":

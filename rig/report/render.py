@@ -13,6 +13,7 @@ interrupted run, with whatever was observed so far.
 from __future__ import annotations
 
 import json
+import re
 import xml.etree.ElementTree as ET
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -61,21 +62,56 @@ def _ms(v: float | None) -> str:
     return "-" if v is None else f"{v * 1000:.0f}"
 
 
+# The bug-record reference a regression scenario's description starts with (configs/suites/
+# regressions*.yaml): "R11 (vllm PRs #50297, #48245): ...", "BUGS R14 (vllm #46240, ...): ...",
+# "issue #12 item 1: ...". Issue #12 asks the run's table to carry it.
+_REFERENCE = re.compile(r"^\s*(?:BUGS\s+)?((?:R\d{2}\b[^:()]*|issue #\d+[^:()]*)(?:\([^)]*\))?[^:()]*?)\s*:")
+
+
+def reference_of(description: str | None) -> str:
+    """The leading bug-record reference of a scenario ``description`` (see ``_REFERENCE``), '' if none."""
+    m = _REFERENCE.match(" ".join((description or "").split()))
+    return m.group(1).strip() if m else ""
+
+
+def scenario_references(result: RunResult) -> dict[str, str]:
+    """Scenario name -> its reference (:func:`reference_of`), from the run's config."""
+    return {sc.get("name", ""): reference_of(sc.get("description")) for sc in result.config.get("scenarios", [])
+            if isinstance(sc, dict)}
+
+
+def _tokens(records: list[Any]) -> str:
+    """'8/72' per answered request; a run of equal values is shown once with its count ('8/136 x138')."""
+    vals = [f"{r.completion_tokens}/{r.total_tokens}" for r in records]
+    if not vals:
+        return "-"
+    out: list[str] = []
+    for v in dict.fromkeys(vals):
+        n = vals.count(v)
+        out.append(v if n == 1 else f"{v} x{n}")
+    return ", ".join(out)
+
+
 def scenario_rows(result: RunResult) -> list[dict[str, str]]:
-    """The summary table's rows (one per scenario) as display strings."""
+    """The summary table's rows (one per scenario) as display strings. A ``reference`` column (the
+    scenario's bug-record reference, :func:`reference_of`) follows ``scenario`` when any scenario of
+    the run has one (the regression suite)."""
     rows = []
     obs_by = {o.scenario: o for o in result.observations}
+    refs = scenario_references(result)
+    with_refs = any(refs.get(v.scenario) for v in result.verdicts)
     for v in result.verdicts:
         o = obs_by.get(v.scenario)
         recs = o.records if o else []
         ok = [r for r in recs if r.outcome == "ok"]
-        toks = ", ".join(f"{r.completion_tokens}/{r.total_tokens}" for r in ok) or "-"
+        toks = _tokens(ok)
         p_lat = max((r.prefill.latency_s for r in recs if r.prefill and r.prefill.latency_s), default=None)
         d_lat = max((r.decode.latency_s for r in recs if r.decode and r.decode.latency_s), default=None)
         ttv = max((r.verdict_after_s for r in recs if r.verdict_after_s is not None), default=None)
         ps = summarize(o.parity) if o else {"compared": 0, "equal": 0}
         rows.append({
             "scenario": v.scenario,
+            **({"reference": refs.get(v.scenario) or "-"} if with_refs else {}),
             "decode": o.decode if o else "-",
             "expectation": v.expectation,
             "verdict": v.verdict,
@@ -188,13 +224,15 @@ def render_junit(result: RunResult) -> str:
         elif v.verdict == "ERROR":
             n_err += 1
             ET.SubElement(case, "error", message=v.reason[:1000]).text = "\n".join(filter(None, [v.reason, detail]))
-        ET.SubElement(case, "system-out").text = v.expectation
+        ref = scenario_references(result).get(v.scenario)
+        ET.SubElement(case, "system-out").text = v.expectation + (f"\nreference: {ref}" if ref else "")
         for c in v.checks:
             if c.ok is None:  # a check that could not look: a skipped case with the reason, never a pass
                 n_skip += 1
                 sub = ET.SubElement(suite, "testcase", classname=f"pdrig.{result.name}.{v.scenario}", name=c.name,
                                     time="0")
-                ET.SubElement(sub, "skipped", message=f"not checked: {c.detail}"[:1000])
+                why = c.detail if c.detail.startswith("not checked") else f"not checked: {c.detail}"
+                ET.SubElement(sub, "skipped", message=why[:1000])
                 n_extra += 1
     for name in result.not_run:  # never started: skipped with the reason, never a pass
         case = ET.SubElement(suite, "testcase", classname=f"pdrig.{result.name}", name=name, time="0")
@@ -249,7 +287,7 @@ def print_summary(result: RunResult, console: Console | None = None) -> None:
     rows = scenario_rows(result)
     table = Table(title=f"pdrig {result.name}: {result.status.upper()}", show_lines=False)
     for col in (rows[0] if rows else {"scenario": ""}):
-        table.add_column(col, overflow="fold", max_width=70 if col == "diagnosis" else None)
+        table.add_column(col, overflow="fold", max_width={"diagnosis": 70, "reference": 36}.get(col))
     for r in rows:
         # Cell text comes from servers and logs: escape it, "[/dev/shm]" must not be markup.
         table.add_row(*[f"[{_STYLE.get(v, '')}]{v}[/]" if k == "verdict" else escape(str(v)) for k, v in r.items()])
