@@ -68,7 +68,8 @@ def test_rule_on_an_unknown_instance_names_the_choices(tmp_path):
                          "expect": {"counters": [{"instance": "decode-9", "metric": "vllm:x_total", "delta": 0}]}}]
     p = tmp_path / "c.yaml"
     p.write_text(yaml.safe_dump(cfg))
-    with pytest.raises(ConfigError, match=r"expect.counters instance 'decode-9': give prefill, decode or this scenario's pair"):
+    with pytest.raises(ConfigError,
+                       match=r"expect.counters instance 'decode-9': give prefill, decode or this scenario's pair"):
         load_config(p)
 
 

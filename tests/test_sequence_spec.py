@@ -171,3 +171,20 @@ def test_review_findings_are_one_clear_error_each():
             "scenarios.r19-expiry-not-transfer-failure.expect.counters.0.instance=decode-draft"])
     cfg = load_config("configs/cpu-regressions.yaml", ["launch.env.VLLM_SERVER_DEV_MODE=1"])
     assert cfg.launch.env["VLLM_SERVER_DEV_MODE"] == "1"
+
+
+def test_more_review_findings_are_refused_with_the_fix():
+    """Accepted before, then silently ignored or inconclusive at run time (fresh-clone review)."""
+    from rig.config.scenarios import StoreScenarioConfig
+
+    with pytest.raises(ValidationError, match="request.prefill fields are never sent on a one-hop route"):
+        SequenceConfig.model_validate({"steps": [{"id": "a", "route": "decode", "prompt_tokens": 8, "max_tokens": 2,
+                                                  "request": {"prefill": {"temperature": 0.5}}}]})
+    with pytest.raises(ValidationError, match="is an abandoning step itself"):
+        SequenceConfig.model_validate({"reap_while": "gone", "steps": [
+            {"id": "gone", "route": "pd-abandon", "prompt_tokens": 8, "max_tokens": 2}]})
+    with pytest.raises(ValidationError, match="finite"):
+        StoreScenarioConfig.model_validate({"cancel_fraction": 0.3, "cancel_after_ms": [0, float("inf")]})
+    with pytest.raises(ValidationError, match="without store.cancel_fraction"):
+        StoreScenarioConfig.model_validate({"cancel_after_ms": [0, 300], "cancel_hop": "decode"})
+    StoreScenarioConfig.model_validate({"cancel_fraction": 0.3, "cancel_after_ms": [0, 300]})  # the right form

@@ -51,7 +51,7 @@ def _scenario(**store) -> dict:
     ({"cancel_after_ms": [-5, 100]}, "0 <= lo <= hi"),
     ({"cancel_fraction": 1.5}, "cancel_fraction"),
     ({"reset_prefix_cache": True}, "store.reset_prefix_cache resets between rounds: set store.rounds >= 2"),
-    ({"cancel_hop": "prefill", "route": "store"}, "a store-routed request has no prefill hop"),
+    ({"cancel_hop": "prefill", "route": "store", "cancel_fraction": 0.3}, "a store-routed request has no prefill hop"),
     ({"cancel_hop": "both"}, "cancel_hop"),
     ({"rounds": 0}, "rounds"),
 ])

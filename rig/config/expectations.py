@@ -245,8 +245,9 @@ class CounterRule(StrictModel):
     @classmethod
     def _sample_name(cls, v: str) -> str:
         if not v.endswith(COUNTER_SUFFIXES):
-            raise ValueError(f"metric {v!r}: give the sample name of a counter ({v}_total) or of a histogram "
-                             "(_count / _sum) as /metrics exposes it")
+            raise ValueError(f"metric {v!r}: give the sample name of a counter ({v}_total, if it is one) or of a "
+                             "histogram (_count / _sum) as /metrics exposes it; a gauge (e.g. "
+                             "vllm:kv_cache_usage_perc) has no rise to bound and cannot be a counter rule")
         return v
 
     @model_validator(mode="after")

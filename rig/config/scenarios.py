@@ -8,6 +8,7 @@ takes. Checks that need the topology (instance names, max_model_len) are in rig.
 
 from __future__ import annotations
 
+import math
 from typing import Any, Literal, get_args
 
 from pydantic import Field, model_validator
@@ -113,8 +114,12 @@ class StoreScenarioConfig(StrictModel):
     @model_validator(mode="after")
     def _cancel_window(self) -> StoreScenarioConfig:
         lo, hi = self.cancel_after_ms
-        if not 0 <= lo <= hi:
-            raise ValueError(f"store.cancel_after_ms [{lo:g}, {hi:g}]: give [lo, hi] ms with 0 <= lo <= hi")
+        if not (0 <= lo <= hi and math.isfinite(hi)):
+            raise ValueError(f"store.cancel_after_ms [{lo:g}, {hi:g}]: give [lo, hi] ms with 0 <= lo <= hi, finite")
+        given = self.model_fields_set & {"cancel_after_ms", "cancel_hop"}
+        if given and self.cancel_fraction == 0:
+            raise ValueError(f"store.{', store.'.join(sorted(given))} without store.cancel_fraction: nothing is "
+                             "cancelled; set cancel_fraction (0..1) or remove them")
         if self.reset_prefix_cache and self.rounds < 2:
             raise ValueError("store.reset_prefix_cache resets between rounds: set store.rounds >= 2 "
                              "(or drop reset_prefix_cache)")

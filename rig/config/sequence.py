@@ -63,6 +63,14 @@ class Step(StrictModel):
                           "(decode, prefill) sends its hop with the decode fields (the hop that answers)")
     start: StartRule | None = Field(None, description="None = at the scenario's start")
 
+    @model_validator(mode="after")
+    def _prefill_fields_need_a_prefill_hop(self) -> Step:
+        # A one-hop route sends its hop with the decode fields: prefill fields there would never be sent.
+        if self.route in ("decode", "prefill") and self.request is not None and self.request.prefill:
+            raise ValueError(f"step {self.id!r} (route {self.route}): request.prefill fields are never sent on a "
+                             "one-hop route (its hop takes request.decode); move them to request.decode or all")
+        return self
+
     def events(self) -> tuple[str, ...]:
         """The events this step's route produces (:data:`ROUTE_EVENTS`)."""
         return ROUTE_EVENTS[self.route]
@@ -113,6 +121,9 @@ class SequenceConfig(StrictModel):
         if not self.abandons:
             raise ValueError("sequence.reap_while: needs a step with route pd-abandon (whose leases P reaps); "
                              "add one or remove reap_while")
+        if any(s.id == self.reap_while and s.route == "pd-abandon" for s in self.steps):
+            raise ValueError(f"sequence.reap_while: {self.reap_while!r} is an abandoning step itself; name the "
+                             "step that must still be outstanding while P reaps (e.g. a heartbeated head)")
         return self
 
     @model_validator(mode="after")
