@@ -75,3 +75,15 @@ def test_launch_version_reads_the_named_interpreter(tmp_path, monkeypatch):
     # not an interpreter (vllm serve from PATH), or one that cannot run: unknown
     assert launch_vllm_version(["vllm", "serve"]) is None
     assert launch_vllm_version([str(tmp_path / "python-missing")]) is None
+
+
+def test_generate_without_scale_out_is_warned_at_load():
+    """A profile whose scenarios use the generate endpoint but give no --enable-scale-out would get
+    403 on vLLM >= 0.30: said before the run (pdrig plan / config / e2e print the wait warnings)."""
+    from rig.config import load_config
+
+    ok = load_config("configs/cpu-regressions.yaml")
+    assert not any("--enable-scale-out" in w for w in ok.wait_warnings())
+    bare = load_config("configs/cpu-regressions.yaml", ["launch.extra_args_by_vllm={}"])
+    (w,) = [w for w in bare.wait_warnings() if "--enable-scale-out" in w]
+    assert "r21-generate-endpoint-pd" in w and "extra_args_by_vllm" in w

@@ -232,14 +232,24 @@ class RigConfig(StrictModel):
         decode hop never pulled (cancelled, abandoned) until ``kv_lease_duration`` expires
         (vllm/distributed/kv_transfer/kv_connector/v1/nixl), so idle-after can fail on a healthy
         deployment whenever a scenario cancels."""
+        out = []
         lease = self.nixl.lease_s
         nixl = any("nixl" in self.connector_of(i) for _, i in self.instances())
         if nixl and self.timeouts.drain_s < lease:
-            return [f"timeouts.drain_s {self.timeouts.drain_s:g} s is below the NIXL lease {lease:g} s "
-                    "(nixl.kv_lease_duration): a cancelled or abandoned request's blocks stay on prefill until "
-                    "the lease expires, so idle-after may fail on a healthy deployment; raise drain_s to "
-                    f"{lease:g} or more, or lower the lease"]
-        return []
+            out.append(f"timeouts.drain_s {self.timeouts.drain_s:g} s is below the NIXL lease {lease:g} s "
+                       "(nixl.kv_lease_duration): a cancelled or abandoned request's blocks stay on prefill until "
+                       "the lease expires, so idle-after may fail on a healthy deployment; raise drain_s to "
+                       f"{lease:g} or more, or lower the lease")
+        # vLLM >= 0.30 serves /inference/v1/generate only with --enable-scale-out (403 without it);
+        # 0.27.1-0.29.0 serve it without and refuse the flag, so it cannot be a load-time error.
+        gen = [sc.name for sc in self.scenarios if sc.request is not None and sc.request.endpoint == "generate"]
+        args = [*self.launch.extra_args, *(a for v in self.launch.extra_args_by_vllm.values() for a in v),
+                *(a for _, i in self.instances() for a in i.extra_args)]
+        if gen and "--enable-scale-out" not in args:
+            out.append(f"scenario(s) {', '.join(gen)} use request.endpoint generate, but no instance gets "
+                       "--enable-scale-out: vLLM >= 0.30 answers /inference/v1/generate with 403 without it; "
+                       "add it to launch.extra_args_by_vllm, e.g. {'>=0.30': ['--enable-scale-out']}")
+        return out
 
     @model_validator(mode="after")
     def _consistent(self) -> RigConfig:
