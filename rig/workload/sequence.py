@@ -244,7 +244,12 @@ class _Sequence:
                 await asyncio.sleep(target - now)
         for rec in recs:
             self.tasks[rec.request_id] = asyncio.create_task(self._one(s, rec))
-        await asyncio.gather(*(self.tasks[r.request_id] for r in recs), return_exceptions=True)
+        # Cancelled requests (a stall, the deadline) end as CancelledError; anything else is a rig bug
+        # and must surface (the runner reports ERROR with rig-traceback.txt), never a quiet outcome.
+        results = await asyncio.gather(*(self.tasks[r.request_id] for r in recs), return_exceptions=True)
+        for res in results:
+            if isinstance(res, BaseException) and not isinstance(res, asyncio.CancelledError):
+                raise res
 
     def _outstanding(self) -> list[str]:
         """Steps with a request sent and not ended, as 'id (k of n)'."""
