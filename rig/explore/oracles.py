@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from rig.judge.verdict import ScenarioVerdict
 from rig.observe.observations import ScenarioObservation
+from rig.transport.records import PDRecord
 
 # Known-issue symptom kind (rig/config/expectations.py) -> a part its violation's signature shows.
 SYMPTOM_EVIDENCE: dict[str, tuple[str, ...]] = {
@@ -29,13 +30,49 @@ SYMPTOM_EVIDENCE: dict[str, tuple[str, ...]] = {
 }
 
 
+# Checks that fail as a consequence of a request that got no answer (no tokens to count or
+# compare, nothing pulled): left out of a signature whose requests show why (stalled, refused...).
+CONSEQUENCES = frozenset({"completed", "token-counts", "kv-pulled", "parity"})
+
+
+def failed_hop(r: PDRecord) -> tuple[str, int | None]:
+    """``(hop, HTTP status)`` of the hop that ended ``r``: the prefill hop when D was never
+    reached (a P/D request refused by P, an abandoned one), else the decode hop (also the one hop
+    of a straight-to-D or straight-to-P request)."""
+    if r.decode is None and r.prefill is not None:
+        return "prefill", r.prefill.status
+    return "decode", r.decode.status if r.decode is not None else None
+
+
+def consistent_refusal(obs: ScenarioObservation) -> bool:
+    """True when every request that did not answer was refused with a 4xx on its first hop (P's
+    prefill hop, or the one hop of a one-hop route): the non-disaggregated reference is that same
+    request served by P (or the same engine settings), so it gets the same refusal. A 4xx from D
+    after P accepted the prompt is not consistent (P/D refuses what the reference serves)."""
+    bad = [r for r in obs.records if r.outcome != "ok"]
+    if not bad:
+        return False
+    for r in bad:
+        hop, status = failed_hop(r)
+        one_hop = r.prefill is None
+        if r.outcome != "http_error" or status is None or not 400 <= status < 500 or not (hop == "prefill" or one_hop):
+            return False
+    return True
+
+
 def signature_of(verdict: ScenarioVerdict, obs: ScenarioObservation, roles: dict[str, str]) -> str | None:
     """``"<VERDICT> <failed checks joined by +> [<symptoms>]"`` for a violation, None for PASS
-    (and XFAIL: not produced, the explorer's scenarios declare no known issue). ``roles`` maps
-    instance names to prefill/decode (a death is named by role: the same bug on another
-    instance name is the same signature). An ERROR without failed checks is named by its reason's
-    first clause."""
+    (and XFAIL: not produced, the explorer's scenarios declare no known issue) and for an action
+    whose only failures are refusals the reference gives too (:func:`consistent_refusal`).
+    Symptoms are the outcomes of the requests the failed checks name (``http_error:<hop>:<status>``),
+    and ``died:<role>``; ``roles`` maps instance names to prefill/decode (the same bug on another
+    instance name is the same signature). Checks that only follow from a missing answer
+    (:data:`CONSEQUENCES`) are left out when a request shows why it has none. An ERROR without
+    failed checks is named by its reason's first clause."""
     if verdict.verdict in ("PASS", "XFAIL"):
+        return None
+    if not obs.dead and consistent_refusal(obs) and all(
+            c.name in CONSEQUENCES for c in verdict.checks if c.ok is False):
         return None
     failed = sorted({c.name for c in verdict.checks if c.ok is False})
     blamed = {rid for c in verdict.checks if c.ok is False for rid in c.requests}
@@ -43,10 +80,12 @@ def signature_of(verdict: ScenarioVerdict, obs: ScenarioObservation, roles: dict
     for r in obs.records:
         if r.outcome == "ok" or (blamed and r.request_id not in blamed):
             continue
-        status = r.decode.status if r.decode is not None else None
-        symptoms.add(f"{r.outcome}:{status}" if r.outcome == "http_error" and status else r.outcome)
+        hop, status = failed_hop(r)
+        symptoms.add(f"{r.outcome}:{hop}:{status}" if r.outcome == "http_error" else r.outcome)
     symptoms |= {f"died:{roles.get(n, n)}" for n in obs.dead}
-    what = "+".join(failed) or verdict.reason.split(":")[0][:60]
+    if symptoms - {"cancelled"}:
+        failed = [c for c in failed if c not in CONSEQUENCES] or failed[:0]
+    what = "+".join(failed) or ("-" if symptoms else verdict.reason.split(":")[0][:60])
     return f"{verdict.verdict} {what} [{' '.join(sorted(symptoms))}]"
 
 
