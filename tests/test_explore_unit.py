@@ -20,7 +20,7 @@ from rig.explore.shrink import Budget, ddmin, shrink
 from rig.judge.checks import Check
 from rig.judge.verdict import ScenarioVerdict
 from rig.observe.observations import ScenarioObservation
-from rig.transport.records import PDRecord
+from rig.transport.records import Hop, PDRecord
 
 TOPO = Topology(prefill="prefill", decode="decode", block_size=32, max_model_len=128, usable_blocks=4, spec_tokens=1)
 SCHEMA = {"properties": {
@@ -124,11 +124,31 @@ def test_signature_ignores_ids_and_names_the_role_that_died():
     obs = ScenarioObservation(scenario="x00001", decode="decode-9", prefill="prefill", records=[rec],
                               dead={"decode-9": 1})
     v = ScenarioVerdict("x00001", "FAIL", "pass", "stalled", [Check("no-stall", False, "d", ("x00001-0",)),
+                                                              Check("completed", False, "d", ("x00001-0",)),
+                                                              Check("no-fatal-log", False, "EngineCore died"),
                                                               Check("parity", True, "ok")])
     sig = signature_of(v, obs, {"decode-9": "decode", "prefill": "prefill"})
-    assert sig == "FAIL no-stall [died:decode stalled]"
+    # the stall and the missing answer restate the symptom; the fatal line does not
+    assert sig == "FAIL no-fatal-log [died:decode stalled]"
     assert signature_of(ScenarioVerdict("x", "PASS", "pass", "", []), obs, {}) is None
     assert plausible("stall", sig) and not plausible("wrong-output", sig)
+
+
+def _refused(status: int, by: str) -> ScenarioObservation:
+    rec = PDRecord(request_id="x2-0", prompt_len=33, max_tokens=1)
+    rec.outcome = "http_error"
+    rec.prefill = Hop(instance="prefill", status=200 if by == "decode" else status)
+    rec.decode = Hop(instance="decode", status=status) if by == "decode" else None
+    return ScenarioObservation(scenario="x2", decode="decode", prefill="prefill", records=[rec])
+
+
+def test_a_refusal_the_reference_gives_too_is_not_a_violation():
+    v = ScenarioVerdict("x2", "FAIL", "pass", "refused", [Check("completed", False, "400", ("x2-0",)),
+                                                          Check("parity", False, "no answer", ("x2-0",))])
+    roles = {"decode": "decode", "prefill": "prefill"}
+    assert signature_of(v, _refused(400, "prefill"), roles) is None  # P refused: the reference is P
+    assert signature_of(v, _refused(400, "decode"), roles) == "FAIL - [http_error:decode:400]"  # D refused P's prompt
+    assert signature_of(v, _refused(500, "prefill"), roles) == "FAIL - [http_error:prefill:500]"
 
 
 def _step(i: int, n: int = 40, **kw) -> Step:

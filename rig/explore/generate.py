@@ -100,7 +100,7 @@ class Generator:
     compare with the reference)."""
 
     def __init__(self, seed: int, topo: Topology, fields: dict[str, dict[str, dict]] | None = None,
-                 field_share: float = 0.35, bias: float = 0.5, routes: list[str] | None = None):
+                 field_share: float = 0.5, bias: float = 0.5, routes: list[str] | None = None):
         self.seed, self.topo, self.fields = seed, topo, fields or {}
         self.field_share, self.bias = field_share, bias
         unknown = [r for r in routes or [] if r not in ROUTE_WEIGHTS]
@@ -118,6 +118,8 @@ class Generator:
         if unreached and rng.random() < self.bias:
             why = rng.choice(unreached)
             hint = (hints or {}).get(why, {})
+            if hint.get("route") not in (None, *self.routes):  # a route this generator does not draw
+                why, hint = "", {}
         n_steps = (2 if hint.get("route") == "pd-abandon" else 1) if hint else rng.choices((1, 2, 3), (6, 3, 1))[0]
         steps: list[Step] = []
         for i in range(min(n_steps, MAX_STEPS)):

@@ -84,7 +84,9 @@ def signature_of(verdict: ScenarioVerdict, obs: ScenarioObservation, roles: dict
         symptoms.add(f"{r.outcome}:{hop}:{status}" if r.outcome == "http_error" else r.outcome)
     symptoms |= {f"died:{roles.get(n, n)}" for n in obs.dead}
     if symptoms - {"cancelled"}:
-        failed = [c for c in failed if c not in CONSEQUENCES] or failed[:0]
+        failed = [c for c in failed if c not in CONSEQUENCES]
+    if "stalled" in symptoms:  # the stall check restates the symptom
+        failed = [c for c in failed if c != "no-stall"]
     what = "+".join(failed) or ("-" if symptoms else verdict.reason.split(":")[0][:60])
     return f"{verdict.verdict} {what} [{' '.join(sorted(symptoms))}]"
 
