@@ -70,8 +70,8 @@ def explored(base):
     return report, run_dir
 
 
-def finding(report, decode: str) -> dict:
-    got = [f for f in report.findings if f["topology"]["decode"] == decode]
+def finding(report, decode: str, shows: str = "") -> dict:
+    got = [f for f in report.findings if f["topology"]["decode"] == decode and shows in f["signature"]]
     assert got, f"no failure found on {decode} within {BUDGET} actions: {[f['signature'] for f in report.findings]}"
     return got[0]
 
@@ -98,7 +98,7 @@ def test_history_and_report_written_and_nothing_left_running(explored):
 
 
 def test_finds_and_shrinks_wrong_tokens_at_k_block_plus_one_with_a_field(explored, base):
-    f = finding(explored[0], "decode-edge")
+    f = finding(explored[0], "decode-edge", "parity")
     assert "parity" in f["signature"] and f["stability"] == "stable"
     assert f["minimal_requests"] <= 3
     steps = f["minimal"]["steps"]
@@ -109,7 +109,7 @@ def test_finds_and_shrinks_wrong_tokens_at_k_block_plus_one_with_a_field(explore
 
 
 def test_finds_the_admission_stall_and_matches_the_declared_known_issue(explored, base):
-    f = finding(explored[0], "decode-stall")
+    f = finding(explored[0], "decode-stall", "stalled")
     assert "stalled" in f["signature"] and f["minimal_requests"] <= 3
     assert any(s["prompt_tokens"] >= 97 for s in f["minimal"]["steps"] if s["route"] == "pd"), f
     assert f["known_issue"] == "spec-admission-livelock"
@@ -121,7 +121,7 @@ def test_finds_the_admission_stall_and_matches_the_declared_known_issue(explored
 
 
 def test_finds_and_shrinks_the_leak_with_two_prompts(explored, base):
-    f = finding(explored[0], "decode-leak")
+    f = finding(explored[0], "decode-leak", "idle-after")
     assert "idle-after" in f["signature"] and f["minimal_requests"] <= 3
     assert any((s.get("request") or {}).get("prompts", 1) > 1 for s in f["minimal"]["steps"])
     run = e2e(base, f["yaml"])

@@ -44,27 +44,28 @@ def failed_hop(r: PDRecord) -> tuple[str, int | None]:
     return "decode", r.decode.status if r.decode is not None else None
 
 
+def refused_first(r: PDRecord) -> bool:
+    """True when ``r`` was refused with a 4xx on its first hop (P's prefill hop, or the one hop of
+    a one-hop route): the non-disaggregated reference is that same request served by P (or by an
+    engine with the same settings), so it gets the same refusal. A 4xx from D after P accepted the
+    prompt is not that (P/D refuses what the reference serves)."""
+    hop, status = failed_hop(r)
+    return (r.outcome == "http_error" and status is not None and 400 <= status < 500
+            and (hop == "prefill" or r.prefill is None))
+
+
 def consistent_refusal(obs: ScenarioObservation) -> bool:
-    """True when every request that did not answer was refused with a 4xx on its first hop (P's
-    prefill hop, or the one hop of a one-hop route): the non-disaggregated reference is that same
-    request served by P (or the same engine settings), so it gets the same refusal. A 4xx from D
-    after P accepted the prompt is not consistent (P/D refuses what the reference serves)."""
+    """True when every request that did not answer was :func:`refused_first`."""
     bad = [r for r in obs.records if r.outcome != "ok"]
-    if not bad:
-        return False
-    for r in bad:
-        hop, status = failed_hop(r)
-        one_hop = r.prefill is None
-        if r.outcome != "http_error" or status is None or not 400 <= status < 500 or not (hop == "prefill" or one_hop):
-            return False
-    return True
+    return bool(bad) and all(refused_first(r) for r in bad)
 
 
 def signature_of(verdict: ScenarioVerdict, obs: ScenarioObservation, roles: dict[str, str]) -> str | None:
     """``"<VERDICT> <failed checks joined by +> [<symptoms>]"`` for a violation, None for PASS
     (and XFAIL: not produced, the explorer's scenarios declare no known issue) and for an action
     whose only failures are refusals the reference gives too (:func:`consistent_refusal`).
-    Symptoms are the outcomes of the requests the failed checks name (``http_error:<hop>:<status>``),
+    Symptoms are the outcomes of the requests the failed checks name (``http_error:<hop>:<status>``;
+    a refusal the reference gives too is no symptom),
     and ``died:<role>``; ``roles`` maps instance names to prefill/decode (the same bug on another
     instance name is the same signature). Checks that only follow from a missing answer
     (:data:`CONSEQUENCES`) are left out when a request shows why it has none. An ERROR without
@@ -78,7 +79,7 @@ def signature_of(verdict: ScenarioVerdict, obs: ScenarioObservation, roles: dict
     blamed = {rid for c in verdict.checks if c.ok is False for rid in c.requests}
     symptoms: set[str] = set()
     for r in obs.records:
-        if r.outcome == "ok" or (blamed and r.request_id not in blamed):
+        if r.outcome == "ok" or (blamed and r.request_id not in blamed) or refused_first(r):
             continue
         hop, status = failed_hop(r)
         symptoms.add(f"{r.outcome}:{hop}:{status}" if r.outcome == "http_error" else r.outcome)
