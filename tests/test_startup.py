@@ -5,12 +5,14 @@ crash-mid-request)."""
 
 from __future__ import annotations
 
+import asyncio
 import io
 import json
 import sys
 import time
 from pathlib import Path
 
+import httpx
 import pytest
 
 from conftest import fake_config, scenario, write_config
@@ -19,6 +21,9 @@ from rig.cluster.startup import PHASE_NAMES, StartupDisplay, StartupWatch, phase
 from rig.config import load_config
 from rig.plan.processes import build_plan
 from rig.run.runner import SuiteRunner, new_run_dir
+from rig.transport.endpoint import Endpoint
+from rig.transport.records import Hop
+from rig.workload.warmup import WarmupWatch, warm_up
 
 
 def _cluster_cfg(tmp: Path, env: dict[str, str], **timeouts: float):
@@ -163,3 +168,61 @@ def test_a_decode_that_dies_at_its_warm_up_fails_every_scenario_that_needs_it_in
         assert "EngineCore encountered a fatal error" in v[name].reason
     assert v["ok"].verdict == "PASS"
     assert result.status == "failed"
+
+
+class _Transport:
+    """A stand-in Transport: each instance's direct requests answer from a list of Hops in turn."""
+
+    def __init__(self, answers: dict[str, list[Hop]]):
+        self.answers = answers
+        self.sent: list[str] = []
+
+    async def direct(self, ep, _prompt, _max_tokens):
+        self.sent.append(ep.name)
+        return self.answers[ep.name].pop(0)
+
+    async def prefill(self, ep, _prompt):
+        self.sent.append(f"{ep.name}/prefill")
+        return Hop(ep.name, status=200)  # no kv_transfer_params: no decode hop
+
+
+def _warm(answers: dict[str, list[Hop]], cpu: dict[str, list[float | None]], exits: dict[str, int | None],
+          bound_s: float = 60) -> tuple[list[str], WarmupWatch, _Transport, list[str]]:
+    client, logged = _Transport(answers), []
+    watch = WarmupWatch(lambda n: cpu[n].pop(0) if len(cpu[n]) > 1 else cpu[n][0], exits.get, bound_s)
+
+    async def go():
+        async with httpx.AsyncClient(transport=httpx.MockTransport(lambda r: httpx.Response(404))) as http:
+            return await warm_up(client, http, Endpoint("prefill", "http://p"), Endpoint("decode", "http://d"),
+                                 logged.append, watch)
+
+    _, failed = asyncio.run(go())
+    return failed, watch, client, logged
+
+
+def test_a_warm_up_timeout_while_the_engine_works_is_sent_again_not_called_a_failure():
+    timeout = Hop("decode", error="timeout: SocketTimeoutError")
+    failed, watch, client, logged = _warm({"prefill": [Hop("prefill", status=200)],
+                                           "decode": [timeout, timeout, Hop("decode", status=200)]},
+                                          {"prefill": [1.0], "decode": [10.0, 14.0, 14.0, 20.0, 20.0]}, {})
+    assert failed == [] and watch.retries == {"decode": 2} and client.sent.count("decode") == 3
+    assert "warm-up request to decode timed out after 0 s while its processes used 4.0 CPU-s" in logged[0]
+
+
+def test_a_warm_up_timeout_without_cpu_use_or_past_the_bound_is_a_failure():
+    timeout = Hop("decode", error="timeout: SocketTimeoutError")
+    idle, _, client, logged = _warm({"prefill": [Hop("prefill", status=200)], "decode": [timeout]},
+                                    {"prefill": [1.0], "decode": [10.0, 10.1]}, {})
+    assert idle == ["decode"] and client.sent.count("decode") == 1 and "failed: timeout" in logged[-1]
+    spent, _, client, _ = _warm({"prefill": [Hop("prefill", status=200)], "decode": [timeout]},
+                                {"prefill": [1.0], "decode": [10.0, 30.0]}, {}, bound_s=0)
+    assert spent == ["decode"] and client.sent.count("decode") == 1
+
+
+def test_a_decode_that_exits_at_its_warm_up_is_named_a_death_and_sent_nothing_more():
+    err = Hop("decode", error="connection_error: ServerDisconnectedError")
+    failed, watch, client, logged = _warm({"prefill": [Hop("prefill", status=200)], "decode": [err]},
+                                          {"prefill": [1.0], "decode": [10.0, None]}, {"decode": 1})
+    assert failed == ["decode"] and watch.died == {"decode": 1}
+    assert "warm-up request to decode died (exit 1)" in logged[-1]
+    assert "prefill/prefill" not in client.sent  # no P/D round trip towards a dead decode

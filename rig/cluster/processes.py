@@ -266,8 +266,9 @@ class Cluster:
     def _spawn(self, spec: ProcessSpec, startup_cpus: tuple[int, ...] | None = None) -> None:
         if self.attach:
             self.procs[spec.name] = Running(spec=spec, popen=None, started_at=time.monotonic())
+            # no log nor processes of ours to read: no phases, only the wait itself
             self.startups[spec.name] = StartupWatch(spec.name, None, None, self.procs[spec.name].started_at,
-                                                    vllm=spec.role != MASTER_ROLE)
+                                                    vllm=False)
             return
         for d in spec.dirs:
             Path(d).mkdir(parents=True, exist_ok=True)

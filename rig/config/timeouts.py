@@ -20,7 +20,7 @@ class TimeoutsConfig(StrictModel):
                     "stood still this long is stuck: its start fails at once, naming the phase")
     warmup_s: float = Field(
         600, gt=0,
-        description="per phase: how long a warm-up request that timed out is retried while its instance "
+        description="per phase: how long a direct warm-up request that timed out is retried while its instance "
                     "is alive and its processes use CPU (a busy host, not a hung engine)")
     request_s: float = Field(60, gt=0, description="default deadline of one request (both hops)")
     stall_window_s: float = Field(8, gt=0, description="frozen metrics this long = a stall")

@@ -5,10 +5,11 @@ and the first P->D round trip pays the NIXL handshake and D's first UCX transfer
 2-core CPU host: docs/measurements.md). Sent here, outside any deadline, stall window or wave
 statistics.
 
-On a busy host a warm-up request can outlast its deadline (``timeouts.request_s``) while the
-engine is still working on it. Such a timeout is not a failure: while the instance is alive and
-its processes use CPU, the request is sent again, within ``timeouts.warmup_s`` for the whole
-warm-up (:class:`WarmupWatch`). An instance that exits is reported as such, at once.
+On a busy host an instance's first (direct) request can outlast its deadline
+(``timeouts.request_s``) while the engine is still working on it. Such a timeout is not a failure:
+while the instance is alive and its processes use CPU, the request is sent again, within
+``timeouts.warmup_s`` for the whole warm-up (:class:`WarmupWatch`). An instance that exits is
+reported as such, at once.
 """
 
 from __future__ import annotations
@@ -77,9 +78,10 @@ async def warm_up(client: Transport, http: httpx.AsyncClient, prefill: Endpoint,
     """One short direct request (8-token prompt, 2 tokens) to each instance, then one throw-away
     P/D round trip. Returns ``(vLLM version from decode's /version or "", names of instances
     whose direct request failed)``. Failures are logged, never raised: the measured traffic meets
-    the same failure and is judged on it. With ``watch``, a request that timed out while its
-    instance kept using CPU is sent again (module docstring), and an instance that exited is
-    logged as a death (``watch.died``) and sent nothing more."""
+    the same failure and is judged on it. With ``watch``, a direct request that timed out while
+    its instance kept using CPU is sent again (module docstring; the first request of an instance
+    pays its JIT and first-request costs), and an instance that exited is logged as a death
+    (``watch.died``) and sent nothing more."""
     failed = []
     def direct(ep: Endpoint) -> Callable[[], Awaitable[Hop]]:
         return lambda: client.direct(ep, make_prompt(8, 7), 2)
@@ -92,10 +94,12 @@ async def warm_up(client: Transport, http: httpx.AsyncClient, prefill: Endpoint,
             failed.append(ep.name)
     if watch is not None and watch.died:
         return "", failed
-    p_hop = await _send(lambda: client.prefill(prefill, make_prompt(8, 11)), prefill.name, watch, log)
-    ktp = p_hop.kv_transfer_params
-    if ktp:
-        d_hop = await _send(lambda: client.decode(decode, make_prompt(8, 11), 2, ktp), decode.name, watch, log)
+    # The P/D round trip is sent once: an idle vLLM CPU instance with NIXL spins anyway, and a
+    # decode whose request waits forever (an admission livelock) keeps its EngineCore stepping, so
+    # CPU use is no sign that a P/D request progresses; its failure is for the scenarios to meet.
+    p_hop = await client.prefill(prefill, make_prompt(8, 11))
+    if p_hop.kv_transfer_params:
+        d_hop = await client.decode(decode, make_prompt(8, 11), 2, p_hop.kv_transfer_params)
         if d_hop.error:
             log(f"warm-up P/D request to {decode.name} failed: {d_hop.error}")
     try:
