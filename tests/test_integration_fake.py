@@ -264,7 +264,7 @@ def test_exit_before_ready_fails_its_scenarios_as_a_death_with_the_log_tail_kept
     assert "--- last lines of decode's log ---" in errors
     report = json.loads((run_dir / "report.json").read_text())
     assert report["status"] == "error" and report["startup"]["decode"]["outcome"] == "exited"
-    assert "- did not start: decode: decode exited with code 1" in (run_dir / "summary.md").read_text()
+    assert "- did not start: decode exited with code 1" in (run_dir / "summary.md").read_text()
 
 
 def test_http500_does_not_pass_and_names_it(base_dir):

@@ -131,6 +131,7 @@ def test_one_instance_that_never_starts_leaves_the_others_scenarios_judged(tmp_p
     assert "KV cache" in report["startup"]["decode-hang"]["phases_s"]  # the phase it hung in
     summary = (run_dir / "summary.md").read_text()
     assert "## Start-up" in summary and "| decode-hang | stuck |" in summary
+    assert "- did not start: decode-hang made no progress for " in summary
     assert "decode-hang made no progress" in (run_dir / "startup-errors.txt").read_text()
     from rig import cli
     code = cli.main(["e2e", "--config", str(write_config(tmp_path, data, "again.yaml")),

@@ -196,7 +196,7 @@ def render_summary_md(result: RunResult) -> str:
         lines.append(f"- NOT RUN ({len(result.not_run)}, the run stopped first): " + ", ".join(result.not_run))
     for n, f in result.startup.items():
         if f.get("outcome") not in ("ready", "starting"):
-            lines.append(f"- did not start: {n}: {f.get('reason') or f.get('outcome')}")
+            lines.append(f"- did not start: {f.get('reason') or n + ': ' + str(f.get('outcome'))}")
     lines.append("")
     lines += startup_table_md(result.startup)
     if rows:
