@@ -5,7 +5,10 @@ the servers, and teardown can kill a server together with its EngineCore and wor
 with stdout+stderr in its own log file under the run directory. An instance is *ready* when its
 process is alive, ``/health`` answers 200, ``/v1/models`` lists the served model and its NIXL
 side-channel port accepts connections. A process that exits before it is ready fails the start
-at once with the tail of its log.
+at once with the tail of its log; one that shows no progress (log, CPU, start-up phase:
+:mod:`rig.cluster.startup`) for ``startup_stall_s`` fails naming the phase it is stuck in, and
+``startup_timeout_s`` is the hard ceiling. :meth:`Cluster.start_each` gives each instance's
+outcome on its own, so one that does not start leaves the others running.
 
 Teardown (SIGTERM to the group, SIGKILL after a grace period) runs on every exit path: the
 context manager, ``atexit``, and the signal handlers the CLI installs; a :class:`~rig.cluster.reaper.Reaper`
