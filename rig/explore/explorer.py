@@ -178,7 +178,9 @@ class Explorer:
         (self.run_dir / "plan.json").write_text(json.dumps(plan.to_json(), indent=1))
         (self.run_dir / "config.yaml").write_text(yaml.safe_dump(self.cfg_json, sort_keys=False))
         self.runner.result.plan = plan.to_json()
-        self.cluster = Cluster(plan, self.cfg.timeouts.startup_s, self.cfg.timeouts.shutdown_grace_s)
+        self.cluster = Cluster(plan, self.cfg.timeouts.startup_s, self.cfg.timeouts.shutdown_grace_s,
+                               startup_stall_s=self.cfg.timeouts.startup_stall_s,
+                               display="off" if self.quiet else "auto")
         return ports
 
     def run_action(self, action: Action, topo: Topology, name: str, seed: int,
