@@ -14,12 +14,13 @@ from rig.config.sequence import Step
 from rig.explore.emit import scenario_of, suite_yaml
 from rig.explore.generate import EXCLUDED, Generator, draw_value, drawable_fields
 from rig.explore.grammar import Action, Topology, check_fits
-from rig.explore.oracles import plausible, signature_of
+from rig.explore.oracles import crossed_answers, plausible, signature_of
 from rig.explore.schemas import field_types
 from rig.explore.shrink import Budget, ddmin, shrink
 from rig.judge.checks import Check
 from rig.judge.verdict import ScenarioVerdict
 from rig.observe.observations import ScenarioObservation
+from rig.observe.parity import ParityResult
 from rig.transport.records import Hop, PDRecord
 
 TOPO = Topology(prefill="prefill", decode="decode", block_size=32, max_model_len=128, usable_blocks=4, spec_tokens=1)
@@ -149,6 +150,20 @@ def test_a_refusal_the_reference_gives_too_is_not_a_violation():
     assert signature_of(v, _refused(400, "prefill"), roles) is None  # P refused: the reference is P
     assert signature_of(v, _refused(400, "decode"), roles) == "FAIL - [http_error:decode:400]"  # D refused P's prompt
     assert signature_of(v, _refused(500, "prefill"), roles) == "FAIL - [http_error:prefill:500]"
+
+
+def test_kv_isolation_names_an_answer_that_belongs_to_another_prompt():
+    recs = []
+    for i, (prompt, toks) in enumerate((([1, 2], [7, 8]), ([3, 4], [7, 8]), ([5, 6], [9, 9]))):
+        r = PDRecord(request_id=f"x3-{i}", prompt_len=2, max_tokens=2, prompt=prompt)
+        r.outcome, r.decode = "ok", Hop(instance="decode", status=200, token_ids=toks)
+        recs.append(r)
+    par = [ParityResult("equal"), ParityResult("diverged", 0, 7, 1), ParityResult("diverged", 0, 9, 2)]
+    obs = ScenarioObservation(scenario="x3", decode="decode", prefill="prefill", records=recs, parity=par)
+    v = ScenarioVerdict("x3", "FAIL", "pass", "parity", [Check("parity", False, "2 diverged", ("x3-1", "x3-2"))])
+    # x3-1 got x3-0's answer (another prompt's KV); x3-2 diverged on its own
+    assert crossed_answers(obs) == ["x3-1"]
+    assert signature_of(v, obs, {}) == "FAIL - [answer-of-another-prompt]"
 
 
 def _step(i: int, n: int = 40, **kw) -> Step:

@@ -14,6 +14,8 @@ failed on (outcome, HTTP status, which role died), never request ids, timings or
 
 from __future__ import annotations
 
+from typing import Any
+
 from rig.judge.verdict import ScenarioVerdict
 from rig.observe.observations import ScenarioObservation
 from rig.transport.records import PDRecord
@@ -60,14 +62,33 @@ def consistent_refusal(obs: ScenarioObservation) -> bool:
     return bool(bad) and all(refused_first(r) for r in bad)
 
 
+def crossed_answers(obs: ScenarioObservation) -> list[str]:
+    """KV isolation: ids of requests whose diverged answer (parity) equals, token for token, the
+    answer of another request of the action with a different prompt that matched its own
+    reference: the request was served from that prompt's KV. ``obs.parity`` is aligned with
+    ``obs.records`` (rig.observe.parity); [] when they are not."""
+    if len(obs.parity) != len(obs.records):
+        return []
+    good: dict[tuple, Any] = {}
+    for r, p in zip(obs.records, obs.parity, strict=True):
+        if p is not None and p.status == "equal" and r.decode is not None and r.decode.token_ids:
+            good[tuple(r.decode.token_ids)] = r.prompt
+    out = []
+    for r, p in zip(obs.records, obs.parity, strict=True):
+        toks = tuple(r.decode.token_ids or ()) if r.decode is not None else ()
+        if p is not None and p.status == "diverged" and toks in good and good[toks] != r.prompt:
+            out.append(r.request_id)
+    return out
+
+
 def signature_of(verdict: ScenarioVerdict, obs: ScenarioObservation, roles: dict[str, str]) -> str | None:
     """``"<VERDICT> <failed checks joined by +> [<symptoms>]"`` for a violation, None for PASS
     (and XFAIL: not produced, the explorer's scenarios declare no known issue) and for an action
     whose only failures are refusals the reference gives too (:func:`consistent_refusal`).
     Symptoms are the outcomes of the requests the failed checks name (``http_error:<hop>:<status>``;
-    a refusal the reference gives too is no symptom),
-    and ``died:<role>``; ``roles`` maps instance names to prefill/decode (the same bug on another
-    instance name is the same signature). Checks that only follow from a missing answer
+    a refusal the reference gives too is no symptom), ``answer-of-another-prompt``
+    (:func:`crossed_answers`) and ``died:<role>``; ``roles`` maps instance names to prefill/decode
+    (the same bug on another instance name is the same signature). Checks that only follow from a missing answer
     (:data:`CONSEQUENCES`) are left out when a request shows why it has none. An ERROR without
     failed checks is named by its reason's first clause."""
     if verdict.verdict in ("PASS", "XFAIL"):
@@ -84,6 +105,8 @@ def signature_of(verdict: ScenarioVerdict, obs: ScenarioObservation, roles: dict
         hop, status = failed_hop(r)
         symptoms.add(f"{r.outcome}:{hop}:{status}" if r.outcome == "http_error" else r.outcome)
     symptoms |= {f"died:{roles.get(n, n)}" for n in obs.dead}
+    if crossed_answers(obs):
+        symptoms.add("answer-of-another-prompt")
     if symptoms - {"cancelled"}:
         failed = [c for c in failed if c not in CONSEQUENCES]
     if "stalled" in symptoms:  # the stall check restates the symptom
