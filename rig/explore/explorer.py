@@ -255,7 +255,8 @@ class Explorer:
     def _budget_left(self, t0: float, done: int) -> bool:
         if done >= self.s.actions:
             return False
-        return not (self.s.minutes and time.monotonic() - t0 > self.s.minutes * 60)
+        # The bound counts time spent in actions, not in start-ups (minutes on a loaded host).
+        return not (self.s.minutes and self.report.action_s > self.s.minutes * 60)
 
     def _explore(self, fields: dict[str, dict[str, dict]], t0: float) -> None:
         decodes = self.s.decodes or [d.name for d in self.cfg.decode]
@@ -265,9 +266,9 @@ class Explorer:
             gen = Generator(self.s.seed, topo, fields, routes=self.s.routes or None)
             share = (self.s.actions - done) // (len(decodes) - k)
             mine = 0
-            t_topo = time.monotonic()
+            spent_before = self.report.action_s
             while mine < share and self._budget_left(t0, done):
-                if self.s.minutes and time.monotonic() - t_topo > self.s.minutes * 60 / len(decodes):
+                if self.s.minutes and self.report.action_s - spent_before > self.s.minutes * 60 / len(decodes):
                     break
                 hints = {g.name: g.hint for g in self.coverage.goals}
                 action = gen.action(done, self.coverage.unreached(), hints)
