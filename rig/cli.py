@@ -436,7 +436,8 @@ def build_parser() -> argparse.ArgumentParser:
     _config_args(p)
     p.add_argument("--seed", type=int, default=0, help="everything the explorer draws derives from it")
     p.add_argument("--actions", type=int, default=40, help="actions to explore, over all topologies")
-    p.add_argument("--minutes", type=float, default=0, help="bound on the time spent in actions, start-ups excluded (0: none)")
+    p.add_argument("--minutes", type=float, default=0,
+                   help="bound on the time spent in actions, start-ups excluded (0: none)")
     p.add_argument("--topologies", metavar="D1,D2", help="decode instances to explore (each with the first "
                                                          "prefill); default: every decode of the config")
     p.add_argument("--replays", type=int, default=3, help="replays of each distinct failure (stable/flaky)")
