@@ -150,6 +150,11 @@ def test_a_refusal_the_reference_gives_too_is_not_a_violation():
     assert signature_of(v, _refused(400, "prefill"), roles) is None  # P refused: the reference is P
     assert signature_of(v, _refused(400, "decode"), roles) == "FAIL - [http_error:decode:400]"  # D refused P's prompt
     assert signature_of(v, _refused(500, "prefill"), roles) == "FAIL - [http_error:prefill:500]"
+    behind = _refused(400, "prefill")  # a later step waited for the refused step's answer: never sent
+    later = PDRecord(request_id="x2-s1-0", prompt_len=33, max_tokens=1, outcome="cancelled",
+                     diagnosis="not sent: step 's0' never reached answered (a request of it ended before)")
+    behind.records.append(later)
+    assert signature_of(v, behind, roles) is None
 
 
 def test_kv_isolation_names_an_answer_that_belongs_to_another_prompt():

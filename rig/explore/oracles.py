@@ -56,10 +56,18 @@ def refused_first(r: PDRecord) -> bool:
             and (hop == "prefill" or r.prefill is None))
 
 
+def never_sent(r: PDRecord) -> bool:
+    """True for a sequence request that was never sent because the event its step waited for
+    never came (rig/workload/sequence.py: "not sent: step ... never reached ..."): a consequence
+    of what ended the earlier step, not a symptom of its own."""
+    return r.outcome == "cancelled" and r.diagnosis.startswith("not sent:")
+
+
 def consistent_refusal(obs: ScenarioObservation) -> bool:
-    """True when every request that did not answer was :func:`refused_first`."""
+    """True when every request that did not answer was :func:`refused_first` or
+    :func:`never_sent` (behind such a refusal), and at least one was refused."""
     bad = [r for r in obs.records if r.outcome != "ok"]
-    return bool(bad) and all(refused_first(r) for r in bad)
+    return any(refused_first(r) for r in bad) and all(refused_first(r) or never_sent(r) for r in bad)
 
 
 def crossed_answers(obs: ScenarioObservation) -> list[str]:
@@ -100,7 +108,7 @@ def signature_of(verdict: ScenarioVerdict, obs: ScenarioObservation, roles: dict
     blamed = {rid for c in verdict.checks if c.ok is False for rid in c.requests}
     symptoms: set[str] = set()
     for r in obs.records:
-        if r.outcome == "ok" or (blamed and r.request_id not in blamed) or refused_first(r):
+        if r.outcome == "ok" or (blamed and r.request_id not in blamed) or refused_first(r) or never_sent(r):
             continue
         hop, status = failed_hop(r)
         symptoms.add(f"{r.outcome}:{hop}:{status}" if r.outcome == "http_error" else r.outcome)
