@@ -37,6 +37,7 @@ from rig.cluster.ports import reserve as reserve_ports
 from rig.cluster.processes import Cluster, ClusterError
 from rig.config import ConfigError, RigConfig
 from rig.config.expectations import KnownIssue
+from rig.connectors.mooncake import MASTER_ROLE
 from rig.explore.coverage import Coverage
 from rig.explore.emit import scenario_of, suite_yaml
 from rig.explore.generate import Generator, drawable_fields
@@ -202,6 +203,18 @@ class Explorer:
         self._runs += 1
         return verdict, obs, sc
 
+    def _deploy(self, topo: Topology) -> None:
+        """Start ``topo``'s pair (and a Mooncake master) before its first action, stopping the
+        instances it does not use, as the runner's phases do; the time goes to
+        ``report.startup_s``, not to the actions' throughput."""
+        assert self.cluster is not None
+        t = time.monotonic()
+        extra = [p.name for p in self.cluster.plan.processes if p.role == MASTER_ROLE]
+        self.cluster.stop([n for n in self.cluster.procs if n not in {topo.prefill, topo.decode, *extra}])
+        self.log(f"starting {topo.prefill} and {topo.decode}")
+        self.cluster.start([*extra, topo.prefill, topo.decode])
+        self.report.startup_s += time.monotonic() - t
+
     def _roles(self, topo: Topology) -> dict[str, str]:
         return {topo.prefill: "prefill", topo.decode: "decode"}
 
@@ -264,6 +277,7 @@ class Explorer:
         for k, decode in enumerate(decodes):
             topo = topology_of(self.cfg, decode)
             gen = Generator(self.s.seed, topo, fields, routes=self.s.routes or None)
+            self._deploy(topo)
             share = (self.s.actions - done) // (len(decodes) - k)
             mine = 0
             spent_before = self.report.action_s
@@ -308,6 +322,8 @@ class Explorer:
     def _replay(self, path: Path, t0: float) -> None:
         for entry in read_history(path):
             topo = Topology(**entry["topology"])
+            if self.cluster is not None and not {topo.prefill, topo.decode} <= set(self.cluster.procs):
+                self._deploy(topo)
             self._explore_one(action_of(entry), topo)
             self._progress(self.report.actions, t0)
 

@@ -14,7 +14,8 @@ from xml.sax.saxutils import escape, quoteattr
 @dataclass
 class ExploreReport:
     """What an exploration produced. ``actions``: actions run while exploring; ``runs``: every
-    live scenario run (actions, replays, shrink candidates, emitted checks); ``action_s``: wall
+    live scenario run (actions, replays, shrink candidates, emitted checks); ``startup_s``: seconds
+    spent starting each topology's pair before its first action; ``action_s``: wall
     seconds spent in exploring actions; ``first_failure_s``: seconds from the start (deployment
     start-up included) to the first violation, ``first_failure_actions`` the actions run by then."""
 
@@ -26,6 +27,7 @@ class ExploreReport:
     vllm_version: str = ""
     actions: int = 0
     runs: int = 0
+    startup_s: float = 0.0
     action_s: float = 0.0
     wall_s: float = 0.0
     first_failure_s: float | None = None
@@ -46,7 +48,7 @@ def render_md(r: ExploreReport) -> str:
     out = [f"# pdrig explore: {r.config}, seed {r.seed}", "",
            f"status {r.status}{': ' + r.error if r.error else ''}; vLLM {r.vllm_version or 'unknown'}; "
            f"{r.actions} actions ({r.actions_per_min:.1f}/min on the deployment), {r.runs} live runs in all, "
-           f"{r.wall_s:.0f} s wall; first failure after {ff}", "",
+           f"{r.wall_s:.0f} s wall of which {r.startup_s:.0f} s start-up; first failure after {ff}", "",
            "## Coverage (sometimes goals)", "", "| goal | reached | count | what | note |", "|---|---|---|---|---|"]
     out += [f"| {c['goal']} | {'yes' if c['reached'] else 'no'} | {c['count']} | {c['description']} | {c['note']} |"
             for c in r.coverage]
