@@ -41,7 +41,7 @@ EXCLUDED: dict[str, str] = {
     **{k: "random sampling: the reference comparison needs greedy decoding" for k in
        ("temperature", "top_p", "min_p", "seed", "best_of", "use_beam_search", "length_penalty")},
     **{k: "ends or shortens the completion: the sequence kind counts max_tokens completion tokens" for k in
-       ("stop", "stop_token_ids", "include_stop_str_in_output", "truncate_prompt_tokens")},
+       ("stop", "stop_token_ids", "include_stop_str_in_output", "truncate_prompt_tokens", "ignore_eos")},
     **{k: "needs a structured value the explorer does not build" for k in
        ("logit_bias", "response_format", "structured_outputs", "logits_processors", "vllm_xargs", "tools",
         "tool_choice", "documents", "chat_template", "chat_template_kwargs", "suffix", "bad_words")},
