@@ -11,6 +11,7 @@
     pdrig proxy [--endpoints F | --prefill URL ... --decode URL ...] [--port 8000]  OpenAI-compatible P/D front
     pdrig build NAME [--builds-dir D]                               create a vLLM build's env (configs/builds.yaml)
     pdrig matrix --builds a,b [--suite edge,lease] [--resume]       the suites on each build; matrix.md
+    pdrig explore [--config F] [--seed N] [--actions N] [--replay H] seeded exploration, findings as YAML
 
 One module (~460 lines) on purpose: each subcommand is its parser and a short handler that calls
 the layer doing the work, so the whole command line reads in one place.
