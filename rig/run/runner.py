@@ -31,6 +31,7 @@ import httpx
 import yaml
 
 from rig.cluster.builds import launch_vllm_version
+from rig.cluster.containers import ComposeContainers
 from rig.cluster.logs import LogSource
 from rig.cluster.mooncake import master_binary
 from rig.cluster.ports import PortReservation
@@ -127,9 +128,13 @@ class SuiteRunner:
     """Runs the selected scenarios of a config against a cluster it starts and stops."""
 
     def __init__(self, cfg: RigConfig, scenarios: list[ScenarioConfig], run_dir: Path, quiet: bool = False,
-                 attach: bool = False, log_sources: dict[str, LogSource] | None = None):
+                 attach: bool = False, log_sources: dict[str, LogSource] | None = None,
+                 containers: ComposeContainers | None = None):
         self.cfg = cfg
         self.attach = attach  # judge endpoints started elsewhere (Compose); start/stop nothing
+        # attach mode on Compose containers the rig may pause, kill and restart (pdrig e2e
+        # --docker): phases, holds and faults work as on launched processes (rig/cluster/containers.py).
+        self.containers = containers
         # Instance -> where its log is read (attach mode: Compose, Kubernetes, a declared path);
         # launched instances default to their log file (Cluster.log_source).
         self.log_sources = dict(log_sources or {})
@@ -174,8 +179,9 @@ class SuiteRunner:
             (self.run_dir / "plan.json").write_text(json.dumps(plan.to_json(), indent=1))
             (self.run_dir / "config.yaml").write_text(yaml.safe_dump(self.result.config, sort_keys=False))
             cluster = Cluster(plan, self.cfg.timeouts.startup_s, self.cfg.timeouts.shutdown_grace_s,
-                              attach=self.attach, log_sources=self.log_sources)
-            aio.run(self._run_phases(cluster, plan, upfront=self.cfg.launch.start_all_at_once and not self.attach))
+                              attach=self.attach, log_sources=self.log_sources, containers=self.containers)
+            upfront = self.cfg.launch.start_all_at_once and (not self.attach or self.containers is not None)
+            aio.run(self._run_phases(cluster, plan, upfront=upfront))
         except KeyboardInterrupt as e:
             self.result.status, self.result.error = "interrupted", f"interrupted ({e or 'SIGINT'})"
             interrupted = e
