@@ -9,9 +9,9 @@
 # 3. image   scripts/docker-image.sh: pdrig:cpu (layers cached: seconds when nothing changed);
 # 4. suite   pdrig e2e --docker: P and D in separate containers on one Compose network; the rig
 #            removes its containers, network and volumes itself, whatever happens;
-# then, on every exit path (Ctrl-C, a failed build): containers labelled by the rig that survived
-# are reported (and fail the run), and the dockerd started in step 1 is stopped by its PID
-# (DOCKER_KEEP_ENGINE=1 keeps it for the next run). Each step's seconds are printed at the end and
+# then, on every exit path (Ctrl-C, a failed build): containers and networks of the rig that
+# appeared during this run and survived it are reported (and fail the run), then removed; the
+# dockerd started in step 1 is stopped by its PID (DOCKER_KEEP_ENGINE=1 keeps it for the next run). Each step's seconds are printed at the end and
 # written to .cache/docker/timings.txt. Exit code: the suite's, else the first failing step's.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -26,13 +26,14 @@ end() { timings+=("$1 $(( $(date +%s) - step_start )) s"); }
 finish() {
   rc=$?
   trap - EXIT INT TERM
-  survivors=$(docker ps -aq --filter label=pdrig.role 2>/dev/null || true)
+  # Only what appeared during this run: another run's containers on a shared engine are not ours.
+  survivors=$(comm -13 <(echo "$before_c") <(docker ps -aq --no-trunc --filter label=pdrig.role 2>/dev/null | sort) || true)
   if [ -n "$survivors" ]; then
     printf '[e2e-docker] FAIL: containers of the rig survived the run: %s\n' "$(echo $survivors)" >&2
     docker rm -f $survivors >/dev/null 2>&1 || true
     [ "$rc" = 0 ] && rc=1
   fi
-  networks=$(docker network ls -q --filter label=com.docker.compose.network=pdrig 2>/dev/null || true)
+  networks=$(comm -13 <(echo "$before_n") <(docker network ls -q --no-trunc --filter label=com.docker.compose.network=pdrig 2>/dev/null | sort) || true)
   if [ -n "$networks" ]; then
     printf '[e2e-docker] FAIL: networks of the rig survived the run: %s\n' "$(echo $networks)" >&2
     docker network rm $networks >/dev/null 2>&1 || true
@@ -47,7 +48,10 @@ trap finish EXIT
 trap 'exit 130' INT
 trap 'exit 143' TERM
 
+before_c="" before_n=""
 begin engine; scripts/docker-engine.sh up "$STATE"; end engine
+before_c=$(docker ps -aq --no-trunc --filter label=pdrig.role | sort)
+before_n=$(docker network ls -q --no-trunc --filter label=com.docker.compose.network=pdrig | sort)
 begin "base image"; base=$(BASE_PULL_TIMEOUT_S=${BASE_PULL_TIMEOUT_S:-60} scripts/docker-base.sh | tail -1); end "base image ($base)"
 begin "pdrig image"; BASE=$base scripts/docker-image.sh cpu; end "pdrig image"
 begin suite; rc=0; "$PDRIG" e2e --docker --config "$CONFIG" "$@" || rc=$?; end "suite (exit $rc)"

