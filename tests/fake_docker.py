@@ -21,6 +21,12 @@ def main(argv: list[str]) -> int:
     st["calls"].append(argv)
     cs = st["containers"]
     fail = os.environ.get("FAKE_DOCKER_FAIL", "")
+    # FAKE_DOCKER_FAIL_TIMES=N: the sub-command in FAKE_DOCKER_FAIL fails its first N calls only
+    times = int(os.environ.get("FAKE_DOCKER_FAIL_TIMES", "0"))
+    if times and fail:
+        st["failed"] = st.get("failed", 0) + (argv[0] == fail)
+        if st["failed"] > times:
+            fail = ""
     out, rc = "", 0
 
     def save() -> None:

@@ -175,3 +175,22 @@ def test_restart_unpins_the_container_before_restarting_it(docker):
     acts = [a for a in calls(docker[1]) if a[0] in ("update", "restart")]
     every = ",".join(map(str, sorted(os.sched_getaffinity(0))))
     assert acts[0][:3] == ["update", "--cpuset-cpus", every] and acts[1][0] == "restart"
+
+
+def test_a_pause_the_freezer_refuses_is_retried(docker, monkeypatch):
+    """runc's freezer refused a pause once at load ~70-100 ('unable to freeze'): tried again."""
+    monkeypatch.setenv("FAKE_DOCKER_FAIL", "pause")
+    monkeypatch.setenv("FAKE_DOCKER_FAIL_TIMES", "2")
+    ctl(docker).signal("decode", signal.SIGSTOP)
+    assert status(docker[1], "decode") == "paused"
+    assert [a[0] for a in calls(docker[1])].count("pause") == 3
+
+
+def test_a_container_that_cannot_be_held_keeps_running(docker, monkeypatch, capsys):
+    monkeypatch.setenv("FAKE_DOCKER_FAIL", "pause")
+    monkeypatch.setattr("rig.cluster.containers.PAUSE_ATTEMPTS", 1)
+    cl = cluster(docker)
+    cl._spawn(cl.plan.by_name("decode-6blk"))
+    cl.freeze(["decode-6blk"])
+    assert "decode-6blk" not in cl.frozen and status(docker[1], "decode-6blk") == "running"
+    assert "not held" in capsys.readouterr().err

@@ -29,8 +29,10 @@ from __future__ import annotations
 import json
 import signal as _signal
 import subprocess
+import time
 from dataclasses import dataclass, field
 
+PAUSE_ATTEMPTS = 5  # docker pause tries (rig/cluster/containers.py ComposeContainers.signal)
 SIGNAL_NAMES: dict[int, str] = {_signal.SIGKILL: "KILL", _signal.SIGTERM: "TERM", _signal.SIGINT: "INT"}
 
 
@@ -106,10 +108,18 @@ class ComposeContainers:
         for a signal without a container action."""
         cid = self.container(service)
         if sig == _signal.SIGSTOP:
-            if self.state(service).status != "running":  # paused already, or gone: nothing to hold
-                return f"(not paused: {service} is not running)"
-            self._run("pause", cid)
-            return f"docker pause {cid[:12]}"
+            for attempt in range(1, PAUSE_ATTEMPTS + 1):
+                if self.state(service).status != "running":  # paused already, or gone: nothing to hold
+                    return f"(not paused: {service} is not running)" if attempt == 1 else f"docker pause {cid[:12]}"
+                try:
+                    self._run("pause", cid)
+                    return f"docker pause {cid[:12]}"
+                except ContainerError:
+                    # runc's cgroup freezer gives up ("unable to freeze") when the container's
+                    # processes do not all stop in its short window, seen on a host at load ~70-100
+                    if attempt == PAUSE_ATTEMPTS:
+                        raise
+                    time.sleep(0.5 * attempt)
         if sig == _signal.SIGCONT:
             if self.state(service).status == "paused":
                 self._run("unpause", cid)

@@ -29,6 +29,7 @@ import os
 import signal
 import socket
 import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable, Collection, Iterable, Mapping
@@ -503,9 +504,18 @@ class Cluster:
         teardown (:func:`~rig.cluster.reaper.kill_groups` sends SIGCONT after SIGTERM).
         vLLM 0.32.0 survives a stop of the whole group: docs/faults.md
         (``fault-sigstop-d-past-lease``) and docs/performance.md. Raises ClusterError in attach
-        mode or for an instance this cluster did not start (:meth:`signal`)."""
+        mode or for an instance this cluster did not start (:meth:`signal`). A container the engine
+        cannot pause (after the retries of rig.cluster.containers) is left running, with a
+        warning on stderr: holding is a saving of CPU, not something a verdict rests on."""
         for n in names:
-            self.signal(n, signal.SIGSTOP)
+            try:
+                self.signal(n, signal.SIGSTOP)
+            except ClusterError as e:
+                if self.containers is None:
+                    raise
+                print(f"[pdrig] warning: {n} not held (it keeps running): {str(e).splitlines()[0]}",
+                      file=sys.stderr, flush=True)
+                continue
             self.frozen.add(n)
 
     def thaw(self, names: list[str]) -> None:
