@@ -51,6 +51,7 @@ import asyncio
 import contextlib
 import itertools
 import json
+import socket
 import threading
 import time
 import uuid
@@ -63,6 +64,7 @@ import aiohttp
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
+from rig.cluster.ports import PortConflict, PortReservation
 from rig.transport import aio
 from rig.transport.bodies import decode_body, prefill_body
 
@@ -432,3 +434,31 @@ class ProxyThread:
 
     def __exit__(self, *exc) -> None:
         self.stop()
+
+
+@contextlib.contextmanager
+def reserved_proxy(prefills: Sequence[tuple[str, str]], decodes: Sequence[tuple[str, str]], lock_dir: str | Path,
+                   holder: str, host: str = "127.0.0.1", timeout_s: float = 600.0) -> Iterator[ProxyThread]:
+    """A :class:`ProxyThread` over ``prefills`` / ``decodes`` on a free port of ``host`` that this
+    run reserves (the rig's port locks in ``lock_dir``, written with ``holder``), for a scenario
+    whose requests go through ``pdrig proxy``; stopped and unlocked on exit. Raises
+    rig.cluster.ports.PortConflict when no free port could be locked in 20 tries."""
+    res = PortReservation(lock_dir, holder)
+    for _ in range(20):
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            sock.bind((host, 0))
+            port = sock.getsockname()[1]
+        try:
+            res.acquire({port: "pdrig proxy of a router scenario"})
+            break
+        except PortConflict:  # another run took it between bind and lock: try another
+            continue
+    else:
+        raise PortConflict("pdrig proxy: no free port could be reserved in 20 tries", 0, "")
+    thread = ProxyThread(PDProxy(prefills, decodes, timeout_s=timeout_s), host, port)
+    try:
+        thread.start()
+        yield thread
+    finally:
+        thread.stop()
+        res.release()

@@ -60,6 +60,7 @@ class ScenarioContext:
     store: SnapshotStore
     run_dir: Path
     quiet: bool
+    router_url: str | None = None  # pdrig proxy the runner started for a scenario's router steps
 
 
 @dataclass(frozen=True)
