@@ -10,6 +10,8 @@ vLLM servers (tests/fake_vllm.py).
   one (the fake's ``append-mismatch``, modelled on vLLM 0.32.0): XFAIL under the
   ``appended-token`` known issue, which names both symptoms; the same scenario without the known
   issue FAILs naming the divergence and the death.
+- ``rt-edge-via-proxy``: an edge scenario with ``router: {}``: every request through the proxy,
+  judged on the client's stream and D's pulls. PASS.
 - ``rt-bad-router``: a router the user runs that answers 200 where D refused: FAIL, and the
   ``refusal-relayed`` check names both statuses.
 """
@@ -66,6 +68,8 @@ SCENARIOS = [
         {"id": "refused", "route": "router", "prompt_tokens": 40, "max_tokens": 5, "expect_status": 400,
          "request": {"decode": {"stream": True, "prompt_logprobs": 1}}, "start": {"after": "via", "event": "answered"}},
     ]),
+    {"name": "rt-edge-via-proxy", "decode": "decode", "prompt_tokens": 40, "max_tokens": 4, "concurrent": 2,
+     "router": {}, "request": {"decode": {"stream": True}}},
     seq("rt-r26", "decode-r26", r26_steps(), known_issue=KNOWN),
     seq("rt-r26-unexpected", "decode-r26b", r26_steps()),
 ]
@@ -159,6 +163,16 @@ def test_router_route_goes_through_the_rigs_proxy(suite):
     assert seq_json["router_url"].startswith("http://127.0.0.1:")
     metrics = (run_dir / "proxy-rt-transforms.metrics.txt").read_text()
     assert 'status="400"' in metrics and 'failed_hop="decode"' in metrics
+
+
+def test_an_edge_scenario_goes_through_the_rigs_proxy(suite):
+    v = verdict(suite, "rt-edge-via-proxy")
+    assert v.verdict == "PASS", (v.reason, checks(v))
+    c = checks(v)
+    assert c["kv-pulled"][0] is True and c["stream-complete"][0] is True  # D's metrics, the client's stream
+    recs = records(suite, "rt-edge-via-proxy")
+    assert all(r.prefill is None and r.decode.instance == "router" for r in recs.values())
+    assert (suite[1] / "proxy-rt-edge-via-proxy.metrics.txt").exists()
 
 
 def test_r26_known_issue_names_wrong_tokens_then_the_death(suite):

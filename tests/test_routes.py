@@ -180,3 +180,15 @@ def test_appended_token_excuses_only_the_appended_divergence():
     other = _obs(dead=True, fatal="EngineCore encountered a fatal error. -> RuntimeError: something else")
     m = match(sig, other, facts_of_records(other))
     assert m.instances == frozenset() and m.requests == {"s-a-0"}  # another death is not this symptom
+
+
+def test_an_edge_router_refuses_what_needs_the_rigs_own_hops():
+    with pytest.raises(ValidationError, match="the router drives both hops, so the rig cannot apply tamper"):
+        ScenarioConfig.model_validate({"name": "e", "prompt_tokens": 8, "max_tokens": 2, "router": {},
+                                       "tamper": "swap-prompt"})
+    sc = ScenarioConfig.model_validate({"name": "e", "prompt_tokens": 8, "max_tokens": 2,
+                                        "router": {"url": "http://127.0.0.1:9000"}})
+    assert sc.via_router and sc.router_url == "http://127.0.0.1:9000"
+    with pytest.raises(ValidationError, match="router: not used by kind 'fault'"):
+        ScenarioConfig.model_validate({"name": "f", "kind": "fault", "prompt_tokens": 8, "max_tokens": 2,
+                                       "router": {}, "fault": {"faults": []}})

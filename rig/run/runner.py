@@ -420,7 +420,7 @@ class SuiteRunner:
             store.sample(sc.name, s)  # the timeline's first row per instance (counters-monotonic)
         with contextlib.ExitStack() as stack:
             router_url = None
-            if sc.sequence is not None and sc.sequence.routes_through_router and sc.sequence.router_url is None:
+            if sc.via_router and sc.router_url is None:
                 proxy = stack.enter_context(reserved_proxy([(p.name, p.url)], [(d.name, d.url)],
                                                            self.cfg.ports.lock_dir, str(self.run_dir),
                                                            self.cfg.launch.host, timeouts.request_s))
