@@ -192,3 +192,14 @@ def test_an_edge_router_refuses_what_needs_the_rigs_own_hops():
     with pytest.raises(ValidationError, match="router: not used by kind 'fault'"):
         ScenarioConfig.model_validate({"name": "f", "kind": "fault", "prompt_tokens": 8, "max_tokens": 2,
                                        "router": {}, "fault": {"faults": []}})
+
+
+def test_cache_corrupted_also_excuses_the_repeat_of_the_appended_prompt():
+    from rig.config import AppendedTokenSignature
+    from rig.judge.signatures import facts_of_records
+    obs = _obs(dead=False)
+    obs.records[1].prompt = list(obs.records[0].decode_prompt or [])  # s-r-0 repeats the prompt D got
+    plain = match(AppendedTokenSignature(kind="appended-token"), obs, facts_of_records(obs))
+    assert plain.requests == {"s-a-0"}
+    m = match(AppendedTokenSignature(kind="appended-token", cache_corrupted=True), obs, facts_of_records(obs))
+    assert m.requests == {"s-a-0", "s-r-0"} and "repeat-equal" in m.explains and "prefix cache" in m.shown

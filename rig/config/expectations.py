@@ -164,12 +164,17 @@ class AppendedTokenSignature(SignatureBase):
     ``_apply_prefix_caching``: ``assert num_decode_blocks <= len(prefill_group)``; vllm PR #50558,
     #51505). Explains ``parity`` only on answered requests whose prompt was appended; the death
     explains, as a crash signature, the requests that failed with it and ``alive`` /
-    ``no-fatal-log`` of D (named with its fatal line). A divergence on any other request (e.g. a
-    later direct request for the same prompt) is not explained."""
+    ``no-fatal-log`` of D (named with its fatal line). A divergence on any other request is not
+    explained, unless ``cache_corrupted``: then a later request whose prompt is the one D got on an
+    appended request (a sequence step's ``repeat_of``) may diverge too (D's prefix cache kept the
+    blocks the wrong transfer wrote), which explains ``parity`` and ``repeat-equal`` on it."""
 
     kind: Literal["appended-token"]
     fatal_log: str = Field(r"assert num_decode_blocks <= len\(prefill_group\)",
                            description="regex D's fatal line must match when D dies")
+    cache_corrupted: bool = Field(
+        False, description="also explains a divergence of a later request for the prompt D got (D's prefix cache "
+                           "kept the wrongly written blocks); false: such a divergence fails the scenario")
 
     @field_validator("fatal_log")
     @classmethod

@@ -330,6 +330,11 @@ def _wrong(sig: WrongOutputSignature, reqs: list[RequestFacts]) -> Match:
 def _appended(sig: AppendedTokenSignature, obs: ScenarioObservation, reqs: list[RequestFacts]) -> Match:
     """Wrong tokens on the appended requests and/or D's death with the assert (the signature's docstring)."""
     wrong = [r.request_id for r in reqs if r.appended and r.outcome == "ok" and r.parity == "diverged"]
+    d_prompts = {tuple(dp) for r in obs.records if (dp := getattr(r, "decode_prompt", None)) is not None}
+    repeats = {r.request_id for r in obs.records if getattr(r, "decode_prompt", None) is None
+               and tuple(r.prompt) in d_prompts}
+    corrupted = [r.request_id for r in reqs if r.request_id in repeats and r.outcome == "ok"
+                 and r.parity == "diverged"] if sig.cache_corrupted else []
     # The assert fires in D's worker: vLLM logs the worker's traceback (quoting the assert's source
     # line) before EngineCore's fatal line, so the regex is searched in every fatal line of D, and
     # the death is still named with D's first fatal line (the exception that ended it).
@@ -346,16 +351,19 @@ def _appended(sig: AppendedTokenSignature, obs: ScenarioObservation, reqs: list[
     expected = ("an answered request with P's first token appended whose tokens differ from the reference of the "
                 f"prompt D got, and/or {crash.expected}")
     shown = ([f"{', '.join(wrong)}: HTTP 200, tokens differ from the reference of the appended prompt"] if wrong
-             else []) + ([crash.shown] if crash.matched else [])
-    other = [r.request_id for r in reqs if r.outcome == "ok" and r.parity == "diverged" and not r.appended]
+             else []) + ([f"{', '.join(corrupted)}: a later request for the prompt D got diverges too (D's prefix "
+                          "cache)"] if corrupted else []) + ([crash.shown] if crash.matched else [])
+    other = [r.request_id for r in reqs if r.outcome == "ok" and r.parity == "diverged" and not r.appended
+             and r.request_id not in corrupted]
     seen = "; ".join(([f"{', '.join(other)} diverged without an appended token"] if other else [])
                      + [crash.seen]) or "no divergence on an appended request"
     if not wrong and not crash.matched:
         return Match(seen=seen, expected=expected)
     # A dead D has no /metrics after the scenario: its pulls cannot be read ("not checked"); the
     # death explains that gap, never a kv-pulled failure on a request (those carry request ids).
-    return Match(frozenset(wrong) | crash.requests,
-                 crash.explains if crash.matched else frozenset({"parity"}),
+    return Match(frozenset(wrong) | frozenset(corrupted) | crash.requests,
+                 (crash.explains if crash.matched else frozenset({"parity"}))
+                 | ({"parity", "repeat-equal"} if sig.cache_corrupted else {"parity"}),
                  frozenset(sig.excuses) | crash.run_checks | ({"kv-pulled"} if crash.matched else set()),
                  seen=seen, expected=expected, shown="; ".join(shown),
                  instances=crash.instances)
