@@ -25,6 +25,7 @@ from pathlib import Path
 
 import aiohttp
 import pytest
+import yaml
 from aiohttp import web
 
 from conftest import assert_no_survivors, fake_config, free_ports, write_config
@@ -74,7 +75,12 @@ SCENARIOS = [
     seq("rt-r26-unexpected", "decode-r26b", r26_steps()),
 ]
 R26_ENV = {"env": {"FAKE_VLLM_FAULT": "append-mismatch", "FAKE_VLLM_FAULT_ARG": "2"}}
-DECODES = {"decode": {}, "decode-r26": R26_ENV, "decode-r26b": R26_ENV}
+SUITE = Path(__file__).resolve().parents[1] / "configs" / "suites" / "regressions.yaml"
+# The regression suite's own R27 scenario, on a fake D with the profile's smaller max_model_len.
+R27 = next(s for s in yaml.safe_load(SUITE.read_text()) if s["name"] == "r27-router-relays-refusal")
+SCENARIOS.append(R27)
+DECODES = {"decode": {}, "decode-r26": R26_ENV, "decode-r26b": R26_ENV,
+           "decode-short": {"extra_args": ["--max-model-len", "112"]}}
 
 
 @pytest.fixture(scope="module")
@@ -173,6 +179,15 @@ def test_an_edge_scenario_goes_through_the_rigs_proxy(suite):
     recs = records(suite, "rt-edge-via-proxy")
     assert all(r.prefill is None and r.decode.instance == "router" for r in recs.values())
     assert (suite[1] / "proxy-rt-edge-via-proxy.metrics.txt").exists()
+
+
+def test_the_suites_r27_passes_on_a_relaying_router(suite):
+    v = verdict(suite, "r27-router-relays-refusal")
+    assert v.verdict == "PASS", (v.reason, checks(v))
+    c = checks(v)
+    assert c["refusal-relayed"][0] is True and "The decoder prompt (length 112)" in c["refusal-relayed"][1]
+    recs = records(suite, "r27-router-relays-refusal")
+    assert {r.decode.status for k, r in recs.items() if "-refused" in k} == {400}
 
 
 def test_r26_known_issue_names_wrong_tokens_then_the_death(suite):
