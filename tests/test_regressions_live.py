@@ -92,16 +92,20 @@ def test_counter_rules_and_generate_endpoint_looked(slice_run):
     assert r15["cached-tokens"]["ok"] is True, r15["cached-tokens"]["detail"]
 
 
-def test_r26_names_the_wrong_tokens_and_the_corrupted_prefix_cache(slice_run):
+def test_r26_names_the_wrong_tokens_the_corrupted_cache_and_the_death(slice_run):
     """R26 on 0.32.0: the appended requests answered 200 with tokens that differ from the reference
-    of the prompt D got, and the later direct requests for those prompts diverged too (D's prefix
-    cache kept the wrong blocks): both named in the XFAIL reason, the repeat check failed."""
+    of the prompt D got, the later direct requests for those prompts diverged too (D's prefix cache
+    kept the wrong blocks), and the last one (P 64 tokens, D 65) killed D's worker on nixl
+    base_worker.py's assert: all three named in the XFAIL reason, the death with its exception."""
     _, _, report = slice_run
-    v, _ = _by_name(report)["r26-append-first-token"]
+    v, scenario = _by_name(report)["r26-append-first-token"]
     assert "tokens differ from the reference of the appended prompt" in v["reason"], v["reason"]
-    assert "prefix cache" in v["reason"], v["reason"]
+    assert "prefix cache" in v["reason"] and "assert num_decode_blocks <= len(prefill_group)" in v["reason"]
     checks = {c["name"]: c for c in v["checks"]}
-    assert checks["repeat-equal"]["ok"] is False and checks["kv-pulled"]["ok"] is True, checks
+    assert checks["repeat-equal"]["ok"] is False and checks["alive"]["ok"] is False, checks
+    assert "AssertionError" in checks["alive"]["detail"], checks["alive"]
+    outcomes = {r["request_id"].rsplit("-", 2)[1]: r["outcome"] for r in scenario["observation"]["records"]}
+    assert outcomes["a64"] == outcomes["again64"] == "ok" and outcomes["a65"] != "ok", outcomes
 
 
 def test_no_process_survives_the_slice(slice_run):
