@@ -372,11 +372,9 @@ class Server:
                 f"{n} input tokens, which exceeds this limit even without any output tokens. Please "
                 f"reduce the length of the input prompt. (parameter=input_tokens, value={n})",
                 param="input_tokens")
-        if n == mml:  # vllm/v1/engine/input_processor.py
-            return error_response(
-                f"The decoder prompt (length {n}) plus the number of requested output tokens (at least "
-                f"1) is longer than the maximum model length of {mml}. Make sure that `max_model_len` "
-                f"is no smaller than the number of text tokens (prompt + requested output tokens).")
+        if n == mml:  # get_max_tokens() clamps max_tokens to 0, which is refused (measured on 0.32.0)
+            return error_response("max_tokens must be at least 1, got 0. (parameter=max_tokens, value=0)",
+                                  param="max_tokens")
         if body.get("stream") and body.get("prompt_logprobs") is not None:  # completion/protocol.py
             return error_response("`prompt_logprobs` are not available when `stream=True`.", param="prompt_logprobs")
         max_tokens = body.get("max_tokens", 16)

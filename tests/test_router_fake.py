@@ -185,7 +185,7 @@ def test_the_suites_r27_passes_on_a_relaying_router(suite):
     v = verdict(suite, "r27-router-relays-refusal")
     assert v.verdict == "PASS", (v.reason, checks(v))
     c = checks(v)
-    assert c["refusal-relayed"][0] is True and "The decoder prompt (length 112)" in c["refusal-relayed"][1]
+    assert c["refusal-relayed"][0] is True and "max_tokens must be at least 1, got 0" in c["refusal-relayed"][1]
     recs = records(suite, "r27-router-relays-refusal")
     assert {r.decode.status for k, r in recs.items() if "-refused" in k} == {400}
 
