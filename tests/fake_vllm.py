@@ -25,6 +25,9 @@ Environment:
   FAKE_VLLM_FAULT_ONCE         a file path: the crash fault fires only while the file does not
                                exist and creates it when it fires (a restarted server is healthy)
   FAKE_VLLM_STARTUP_DELAY      seconds before /health answers 200 (503 before; default 0.5)
+  FAKE_VLLM_PHASE_S            before it listens, go through vLLM 0.32.0's start-up phases, logging
+                               each phase's first line (as vLLM does), then spinning the CPU this
+                               many seconds per phase without a log line (default 0: no phases)
   FAKE_VLLM_TOKEN_LATENCY      seconds per generated token (default 0.002)
   FAKE_VLLM_PULL_S             seconds a decode-side request spends pulling its KV (kv fetch stage
                                in_progress; default: FAKE_VLLM_TOKEN_LATENCY)
@@ -51,6 +54,10 @@ Faults (FAKE_VLLM_FAULT):
                      (tok+1) % 1024 at every position; the ARG-th such request (default 2) kills
                      the server with "AssertionError: assert num_decode_blocks <= len(prefill_group)"
                      (vLLM 0.32.0 nixl/base_worker.py _apply_prefix_caching); with ARG 0 never
+  hang-in-startup    stop in start-up phase ARG (0-based index into STARTUP_LINES, default 3:
+                     model load) after logging its line: no more output, no CPU use, never ready
+  exit-in-startup    exit with code 3 in start-up phase ARG (default 2) after a traceback ending
+                     "RuntimeError: fake engine died in start-up"
   teardown-traceback on SIGTERM logs what a real vLLM 0.32.0 decode logs when stopped: an
                      "EngineDeadError" traceback (then exits 0)
 """
@@ -81,13 +88,25 @@ from aiohttp.abc import AbstractAccessLogger
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 FAULTS = ("exit-before-ready", "crash-mid-request", "stall", "http500", "diverge-at",
-          "leak-kv", "empty-stream", "fatal-log", "teardown-traceback", "append-mismatch")
+          "leak-kv", "empty-stream", "fatal-log", "teardown-traceback", "hang-in-startup", "exit-in-startup",
+          "append-mismatch")
 FAULT = os.environ.get("FAKE_VLLM_FAULT") or None
 FAULT_ARG = os.environ.get("FAKE_VLLM_FAULT_ARG") or ""
 VERSION = os.environ.get("FAKE_VLLM_VERSION", "0.32.0")
 OMIT_METRICS = {n for n in os.environ.get("FAKE_VLLM_OMIT_METRICS", "").split(",") if n}
 FAULT_ONCE = os.environ.get("FAKE_VLLM_FAULT_ONCE") or None
 STARTUP_DELAY = float(os.environ.get("FAKE_VLLM_STARTUP_DELAY", "0.5"))
+PHASE_S = float(os.environ.get("FAKE_VLLM_PHASE_S") or 0)
+# The first line vLLM 0.32.0 logs in each start-up phase (process, file, text), in order: from a
+# real `pdrig up` of the tiny model with NIXL.
+STARTUP_LINES = (
+    ("APIServer", "api_utils.py:286", "non-default args: {'port': 0}"),
+    ("EngineCore", "core.py:133", "Initializing a V1 LLM engine (v0.32.0) with config: model='fake'"),
+    ("Worker", "cpu_model_runner.py:68", "Starting to load model fake..."),
+    ("Worker", "cpu_model_runner.py:80", "Model loading took 0.0 GiB memory and 0.01 seconds"),
+    ("EngineCore", "core.py:403", "init engine (profile, create kv cache, warmup model) took 1.00 s"),
+    ("APIServer", "entry.py:140", "Starting vLLM server on http://127.0.0.1:0"),
+)
 TOKEN_LATENCY = float(os.environ.get("FAKE_VLLM_TOKEN_LATENCY", "0.002"))
 PULL_S = float(os.environ.get("FAKE_VLLM_PULL_S") or TOKEN_LATENCY)
 VOCAB = 1024
@@ -375,7 +394,8 @@ class Server:
         if n == mml:  # get_max_tokens() clamps max_tokens to 0, which is refused (measured on 0.32.0)
             return error_response("max_tokens must be at least 1, got 0. (parameter=max_tokens, value=0)",
                                   param="max_tokens")
-        if body.get("stream") and body.get("prompt_logprobs") is not None:  # completion/protocol.py
+        pl = body.get("prompt_logprobs")
+        if body.get("stream") and isinstance(pl, int) and (pl > 0 or pl == -1):  # completion/protocol.py
             return error_response("`prompt_logprobs` are not available when `stream=True`.", param="prompt_logprobs")
         max_tokens = body.get("max_tokens", 16)
         if max_tokens is not None and (type(max_tokens) is not int or max_tokens < 1):
@@ -695,7 +715,30 @@ def main(argv: list[str] | None = None) -> int:
         log_exception("EngineCore failed to start.", RuntimeError("fake engine failed to start"),
                       "core.py:1")
         return 1
+    if PHASE_S or FAULT in ("hang-in-startup", "exit-in-startup"):
+        code = start_up_phases()
+        if code:
+            return code
     return asyncio.run(serve(args))
+
+
+def start_up_phases() -> int:
+    """Go through :data:`STARTUP_LINES`: log each, then spin ``PHASE_S`` seconds (CPU, no log);
+    apply the start-up faults. Returns an exit code (0: go on serving)."""
+    default = {"hang-in-startup": 3, "exit-in-startup": 2}.get(FAULT or "", -1)
+    at = int(FAULT_ARG) if FAULT_ARG else default
+    for i, (proc, where, line) in enumerate(STARTUP_LINES):
+        log("INFO", line, where, proc)
+        if i == at and FAULT == "exit-in-startup":
+            log_exception("EngineCore failed to start.", RuntimeError("fake engine died in start-up"), "core.py:1")
+            return 3
+        if i == at and FAULT == "hang-in-startup":
+            while True:  # blocked: no output, no CPU (SIGTERM still ends it)
+                time.sleep(3600)
+        end = time.monotonic() + PHASE_S
+        while time.monotonic() < end:
+            pass
+    return 0
 
 
 if __name__ == "__main__":
