@@ -9,9 +9,10 @@ pair through it. For each ``POST /v1/completions`` or ``POST /v1/chat/completion
    ``kv_transfer_params`` (:func:`rig.transport.bodies.decode_body`) to a decode instance; D's answer is
    relayed byte for byte (status, content type, body or SSE stream).
 
-One module (~430 lines): the request path (hops, statuses, streaming relay, cancellation) and the
-server around it (routing policy, /metrics, the thread the pytest plugin runs it in) are one
-small program; the hop bodies and answer parsing it shares with the rig are in rig/transport.
+One module (~460 lines): the request path (hops, statuses, streaming relay, cancellation) and the
+server around it (routing policy, /metrics, the thread the pytest plugin runs it in, and
+:func:`reserved_proxy`, the same thread on a port the rig locks for a scenario whose requests go
+through a router) are one small program; the hop bodies and answer parsing it shares with the rig are in rig/transport.
 
 Contracts:
 
@@ -41,7 +42,7 @@ Contracts:
 
 The proxy is deliberately thin: it never parses D's answer. Its speed is measured by
 scripts/bench_proxy.py against vLLM's toy proxy design (docs/proxy.md). (A little over 400
-lines: the hops, their failure mapping, the metrics and the in-thread server of ``pdrig up
+lines of code: the hops, their failure mapping, the metrics and the in-thread server of ``pdrig up
 --proxy`` share one contract, stated here.)
 """
 
