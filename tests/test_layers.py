@@ -94,7 +94,8 @@ LAZY: dict[tuple[str, str], str] = {
         "rig.observe.observations", "rig.observe.stall", "rig.report.render", "rig.report.wave_section",
         "rig.transport.endpoint", "rig.workload.waves")},
     **{("rig.pytest_plugin", m): _PLUGIN for m in (
-        "rig.cluster.builds", "rig.cluster.mooncake", "rig.cluster.preflight", "rig.cluster.processes", "rig.config",
+        "rig.cluster.builds", "rig.cluster.mooncake", "rig.cluster.ports", "rig.cluster.preflight",
+        "rig.cluster.processes", "rig.config",
         "rig.plan.processes",
         "rig.proxy", "rig.report.render", "rig.run.runner", "rig.transport.aio", "rig.transport.client",
         "rig.transport.endpoint", "rig.transport.records")},

@@ -145,3 +145,56 @@ def test_reserve_exact_ports_when_free_is_off(tmp_path):
     same, res = reserve(cfg, "runs/me")
     with res:
         assert same is cfg and res.ports == sorted(config_ports(cfg))
+
+
+CHOOSE = """
+import json, os, sys, time
+from rig.config import load_config
+from rig.cluster.ports import config_ports, reserve
+cfg = load_config(sys.argv[1])
+while not os.path.exists(sys.argv[2]):  # a start line: every chooser searches at the same moment
+    time.sleep(0.001)
+moved, res = reserve(cfg, sys.argv[3])
+print(json.dumps(sorted(config_ports(moved))), flush=True)
+sys.stdin.read()  # hold the ports until the test closes stdin (a run that binds late binds nothing yet)
+"""
+
+
+def test_concurrent_free_port_choosers_never_pick_the_same_ports(tmp_path):
+    data = fake_config(tmp_path)
+    data["ports"] = {"lock_dir": str(tmp_path / "locks"), "free": True}
+    path = write_config(tmp_path, data)
+    go = tmp_path / "go"
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    procs = [subprocess.Popen([sys.executable, "-c", CHOOSE, str(path), str(go), f"runs/chooser-{i}"],
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env) for i in range(4)]
+    try:
+        time.sleep(1.0)  # all four imported and waiting at the start line (a late one still races the others)
+        go.touch()
+        chosen = [set(json.loads(p.stdout.readline())) for p in procs]
+    finally:
+        for p in procs:
+            p.stdin.close()
+            p.wait(timeout=30)
+    assert all(chosen)
+    for i, a in enumerate(chosen):
+        for b in chosen[i + 1:]:
+            assert not a & b, f"two runs chose the same ports: {sorted(a & b)}"
+
+
+def test_free_ports_skip_a_port_bound_without_a_lock_and_leave_it_unlocked(tmp_path):
+    import socket
+
+    data = fake_config(tmp_path)
+    data["ports"] = {"lock_dir": str(tmp_path / "locks"), "free": True}
+    cfg = load_config(write_config(tmp_path, data))
+    first = min(config_ports(cfg))
+    with socket.socket() as squatter:  # a server of no run: bound, holds no lock
+        squatter.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        squatter.bind(("127.0.0.1", first))
+        squatter.listen()
+        moved, res = reserve(cfg, "runs/me")
+        with res:
+            assert first not in config_ports(moved)
+            with PortReservation(tmp_path / "locks", "runs/other") as other:
+                other.acquire({first: "probe"})  # the chooser dropped the lock of the port it could not bind

@@ -15,9 +15,13 @@ store-client ports) before it starts anything, for its whole life:
   inherit the lock files (Python opens files non-inheritable; ``subprocess`` closes them), so a
   lock never outlives the run that took it;
 - with ``ports.free: true`` the run takes free ports instead: every port of the config shifted
-  by the smallest offset at which all of them can be bound and locked (the layout, e.g.
+  by the smallest offset at which all of them can be locked and then bound (the layout, e.g.
   Mooncake's client ranges derived from ``mooncake.rpc_port``, is kept); the plan then records
-  the ports really used.
+  the ports really used. The locks are taken *before* the bind test and held while it runs: a
+  port is chosen only while this run already holds it, so two choosers can never both take it,
+  even when the first one's servers bind minutes later (vLLM listens only after loading the
+  model). Testing bindability first and locking afterwards left a window in which both saw the
+  port free.
 
 Lock files stay in the directory after release (an unlocked file is free); only the lock counts.
 """
@@ -157,8 +161,8 @@ def reserve(cfg: RigConfig, holder: str) -> tuple[RigConfig, PortReservation]:
     """Reserve the ports of a run of ``cfg`` (:func:`config_ports`) for ``holder`` (its run dir).
 
     ``ports.free`` false: exactly the config's ports, else PortConflict at once. True: the
-    config with every port moved by the smallest offset >= 0 whose ports are all bindable on
-    ``launch.host`` and lockable; returns that config (the caller plans with it). Raises PortConflict
+    config with every port moved by the smallest offset >= 0 whose ports are all lockable and,
+    once locked, bindable on ``launch.host``; returns that config (the caller plans with it). Raises PortConflict
     when no offset within :data:`FREE_SEARCH_STEPS` works.
     """
     res = PortReservation(cfg.ports.lock_dir, holder)
@@ -171,12 +175,12 @@ def reserve(cfg: RigConfig, holder: str) -> tuple[RigConfig, PortReservation]:
         except ConfigError:
             break  # past the top of the port range
         ports = config_ports(moved)
-        if not all(bindable(p, cfg.launch.host) for p in ports):
-            continue
         try:
-            res.acquire(ports)
+            res.acquire(ports)  # locked first: no other chooser can take them from here on
         except PortConflict:
             continue
-        return moved, res
+        if all(bindable(p, cfg.launch.host) for p in ports):
+            return moved, res
+        res.release()  # bound by a process that holds no lock (another tool, a stray server)
     raise PortConflict(f"ports.free: no free set of {len(config_ports(cfg))} ports found by moving the "
                        f"config's ports up to {FREE_SEARCH_STEPS - 1} up", 0, "")
