@@ -150,3 +150,24 @@ def test_fake_engine_idle_on_an_idle_host_is_a_real_stall(base, monkeypatch):  #
     assert "engine not stepping on an idle host" in v["hung"].reason
     (rec,) = obs["hung"].records
     assert rec.stall.evidence.finding == "hung" and rec.stall.duration_s < 4  # decided at the window
+
+
+def test_a_wave_episode_keeps_the_inconclusive_mark_and_no_stall_is_not_checked(monkeypatch):
+    from rig.judge.wave_checks import _stall_check
+    from rig.observe.stall import StallWatcher
+    from rig.workload.wave_result import WaveResult
+
+    monkeypatch.setattr(proctree, "host_load", lambda: LOADED)
+    watcher = StallWatcher(8.0, max_gap_s=2, probe=lambda name: ProcSample(5.0))  # an engine that never runs
+    for i in range(10):
+        watcher.feed(snap(100.0 + i))
+    (ep,) = watcher.episodes
+    assert ep.inconclusive and "inconclusive: engine starved by the host" in ep.diagnosis
+
+    wave = WaveResult(scenario="w", kind="pressure-wave", client="fast", params={}, instances={"decode": "decode"})
+    wave.stalls = [{"instance": "decode", "start_s": 1.0, "duration_s": 9.0, "diagnosis": ep.diagnosis,
+                    "explained": "", "inconclusive": True}]
+    c = _stall_check(wave)
+    assert c.ok is None and c.detail.startswith("not checked: every unexplained freeze was inconclusive")
+    wave.stalls.append({**wave.stalls[0], "inconclusive": False})  # one real freeze decides
+    assert _stall_check(wave).ok is False

@@ -287,6 +287,7 @@ class StallEpisode:
     since: float
     duration_s: float
     diagnosis: str
+    inconclusive: bool = False  # its evidence says the host may be what froze it (StallEvidence)
 
 
 class StallWatcher:
@@ -332,10 +333,11 @@ class StallWatcher:
             self._open.pop(s.instance, None)
             return None
         ep = self._open.get(s.instance)
+        unsure = bool(stall.facts and stall.facts.evidence and stall.facts.evidence.inconclusive)
         if ep is not None and ep.since == stall.since:
-            ep.duration_s, ep.diagnosis = stall.duration_s, stall.diagnosis
+            ep.duration_s, ep.diagnosis, ep.inconclusive = stall.duration_s, stall.diagnosis, unsure
         else:
-            ep = StallEpisode(stall.instance, stall.since, stall.duration_s, stall.diagnosis)
+            ep = StallEpisode(stall.instance, stall.since, stall.duration_s, stall.diagnosis, unsure)
             self.episodes.append(ep)
             self._open[s.instance] = ep
         return stall

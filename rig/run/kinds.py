@@ -133,7 +133,7 @@ def _judge_edge(sc: ScenarioConfig, obs: ScenarioObservation, result: Any, _sect
 
 async def _run_wave(sc: ScenarioConfig, ctx: ScenarioContext, obs: ScenarioObservation) -> Any:
     return await run_wave_scenario(sc, ctx.cfg, ctx.prefill, ctx.decode, ctx.http, ctx.store, ctx.run_dir, ctx.quiet,
-                                   explain=explain_stall)
+                                   explain=explain_stall, probe=ctx.cluster.proc_sample)
 
 
 def _judge_wave(sc: ScenarioConfig, obs: ScenarioObservation, result: WaveResult | None,
