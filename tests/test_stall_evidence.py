@@ -29,6 +29,10 @@ IDLE = (0.0, 0.0, 0.0)
 @pytest.mark.parametrize("start, now, load, finding", [
     (ProcSample(10.0), ProcSample(11.0), LOADED, "stepping"),  # 1 CPU-s in 8 s: iterating, load or not
     (ProcSample(10.0), ProcSample(10.0), LOADED, "starved"),
+    (ProcSample(10.0), ProcSample(10.04), LOADED, "starved"),  # a few iterations at most
+    # live, 2026-12-01, host load 148 on 2 CPUs: D's EngineCore got 0.18 CPU-s in 34.5 s frozen:
+    # a rate below an idle engine's, yet many scheduler iterations, so vLLM had its chance
+    (ProcSample(10.0), ProcSample(10.18), (148.0, 111.5, 73.2), "stepping"),
     (ProcSample(10.0), ProcSample(10.01), IDLE, "hung"),  # no CPU although the host had plenty
     (ProcSample(10.0), ProcSample(10.0, compilers=("cc1plus (pid 7)",), compiler_cpu_s=3.0), IDLE, "compiling"),
     (ProcSample(10.0), ProcSample(12.0, compilers=("g++ (pid 8)",)), IDLE, "compiling"),

@@ -90,12 +90,14 @@ def facts_of(s: m.MetricSnapshot, duration_s: float, evidence: StallEvidence | N
                       block_size=info.get("block_size"), evidence=evidence)
 
 
-# EngineCore CPU seconds per second of frozen span from which the engine counts as stepping. A
-# waiting request keeps vLLM's EngineCore in its busy loop (``EngineCore.run_busy_loop``,
-# vllm/v1/engine/core.py 0.32.0); frozen in the 0.32.0 admission livelock it used 0.27 CPU-s over
-# 3.3 s on a host at load 14 (0.08 CPU-s/s, docs/performance.md). An engine not scheduled at all
-# uses none; a quarter of that measured rate separates them.
-STEPPING_CPU_PER_S = 0.02
+# EngineCore CPU seconds over the frozen span from which the engine counts as stepping: it had
+# the CPU to run many scheduler iterations, and a request it could admit leaves the frozen state
+# in one (the same bound as rig.judge.early_verdict.AdmissionReasoning.min_engine_cpu_s). A waiting
+# request keeps vLLM's EngineCore in its busy loop (``EngineCore.run_busy_loop``,
+# vllm/v1/engine/core.py 0.32.0); an amount, not a rate: on a host at load 148 on 2 CPUs a frozen
+# D's EngineCore got 0.18 CPU-s in 34.5 s (2026-12-01), a rate below an idle one's yet many
+# iterations. An engine the host does not schedule gets none.
+STEPPING_CPU_S = 0.05
 
 
 def delta(now: float | None, then: float | None) -> float | None:
@@ -109,7 +111,7 @@ def evidence_of(start: ProcSample | None, now: ProcSample | None, frozen_s: floa
     from the process samples at its start and now, the host's load average and CPU count.
 
     Finding (first that applies): a compiler runs under the instance now -> ``compiling``; the
-    EngineCore's CPU is unknown -> ``unknown``; it used >= :data:`STEPPING_CPU_PER_S` per second
+    EngineCore's CPU is unknown -> ``unknown``; it used >= :data:`STEPPING_CPU_S` over the span
     -> ``stepping``; the 1-min load average >= ``cpus`` -> ``starved``; the load is known ->
     ``hung``; else ``unknown``."""
     engine = delta(now.engine_cpu_s if now else None, start.engine_cpu_s if start else None)
@@ -119,7 +121,7 @@ def evidence_of(start: ProcSample | None, now: ProcSample | None, frozen_s: floa
         finding = "compiling"
     elif engine is None:
         finding = "unknown"
-    elif engine >= STEPPING_CPU_PER_S * frozen_s:
+    elif engine >= STEPPING_CPU_S:
         finding = "stepping"
     elif load is not None and load[0] >= cpus:
         finding = "starved"
