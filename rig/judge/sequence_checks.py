@@ -43,6 +43,7 @@ from rig.judge.checks import (
     alive_check,
     fatal_log_check,
     idle_check,
+    inconclusive_stall,
     kv_integrity_check,
     parity_check,
     stream_check,
@@ -168,9 +169,13 @@ def repeat_equal_check(spec: SequenceConfig, obs: ScenarioObservation, result: S
                                        "reference")
 
 
-def no_stall_check(result: SequenceResult) -> Check:
-    """``no-stall``: the stall watcher on D saw no freeze while requests were outstanding."""
+def no_stall_check(result: SequenceResult, records: list[PDRecord] | None = None) -> Check:
+    """``no-stall``: the stall watcher on D saw no freeze while requests were outstanding. Not
+    checked (None) when the freeze's evidence in ``records`` is inconclusive (the engine starved
+    by a loaded host, or compiling: rig.observe.stall)."""
     if result.stall:
+        if records and any(inconclusive_stall(r) for r in records):
+            return Check("no-stall", None, f"not checked: D froze, inconclusively: {result.stall}")
         return Check("no-stall", False, result.stall)
     return Check("no-stall", True, "D never froze with requests waiting while requests were outstanding")
 
@@ -219,7 +224,7 @@ def sequence_checks(sc: ScenarioConfig, obs: ScenarioObservation, result: Sequen
             out.append(repeat_equal_check(spec, obs, result))
     if spec.routes_through_router:
         out.append(refusal_relayed_check(result))
-    out.append(no_stall_check(result))
+    out.append(no_stall_check(result, obs.records))
     if spec.abandons:
         out.append(lease_reaped_check(result, result.lease_s, spec.idle_margin_s, spec.reap_while))
     bound = f"within {result.idle_bound_s:g} s" + (" = kv_lease_duration + idle_margin_s" if spec.abandons else "")
