@@ -44,6 +44,7 @@ import psutil
 from rig.cluster.containers import ComposeContainers, ContainerError
 from rig.cluster.logs import FileLog, LogSource, start_marker, stop_marker
 from rig.cluster.probes import busy_ports
+from rig.cluster.proctree import ProcSample, sample_tree
 from rig.cluster.reaper import Reaper, kill_groups
 from rig.cluster.scheduling import lower_engine_priority, lower_group_priority, pin_cpus, unavailable_cpus
 from rig.cluster.startup import READY, StartupDisplay, StartupWatch, group_cpu_s, load_text
@@ -71,6 +72,9 @@ FATAL_PATTERNS = (
     # 0.32.0) and EngineCore dies; the traceback quotes the assert's source line.
     "assert req_id in self.requests",
     "assert RequestStatus.is_finished(req.status)",
+    # BUGS R26 (vllm PR #50558, #51505): D's prompt one token longer than P exported (a router
+    # appended P's first token) trips nixl/base_worker.py _apply_prefix_caching's assert (0.32.0).
+    "assert num_decode_blocks <= len(prefill_group)",
 )
 
 
@@ -98,8 +102,6 @@ class ClusterError(RuntimeError):
 
 
 RUN_MARKER = "PDRIG_RUN_DIR"
-# The process title vLLM gives its engine process (Linux truncates /proc/PID/comm to 15 bytes).
-ENGINE_CORE_TITLE = "VLLM::EngineCore"
 
 
 def processes_of_run(run_dir: str | Path) -> list[int]:
@@ -598,8 +600,11 @@ class Cluster:
         return group_cpu_s(run.popen.pid)
 
     def exit_code(self, name: str) -> int | None:
-        """Instance ``name``'s exit code, None while it runs (or is attached, or not started)."""
+        """Instance ``name``'s exit code, None while it runs (or is attached without container
+        control, or not started); a container's from ``docker inspect``."""
         run = self.procs.get(name)
+        if run is not None and run.popen is None and self.containers is not None:
+            return self._container_exit(name)
         return None if run is None or run.popen is None else run.popen.poll()
 
     def engine_cpu_s(self, name: str) -> float | None:
@@ -609,22 +614,19 @@ class Cluster:
 
         EngineCore steps in a busy loop while a request waits, so this grows with scheduler
         iterations (rig.judge.early_verdict). The worker is not counted: it spins while idle."""
+        sample = self.proc_sample(name)
+        return None if sample is None else sample.engine_cpu_s
+
+    def proc_sample(self, name: str) -> ProcSample | None:
+        """What instance ``name``'s process tree is doing (:func:`rig.cluster.proctree.sample_tree`:
+        EngineCore and worker CPU seconds, compilers running); None when the rig did not launch
+        it or /proc is unreadable. The stall watcher's evidence (rig.observe.stall)."""
         run = self.procs.get(name)
         root = run.popen.pid if run is not None and run.popen is not None else \
             self._container_pid(name) if run is not None and self.containers is not None else 0
         if not root:
             return None
-        try:
-            for child in psutil.Process(root).children(recursive=True):
-                try:
-                    if child.name().startswith(ENGINE_CORE_TITLE[:15]):
-                        t = child.cpu_times()
-                        return t.user + t.system
-                except psutil.Error:
-                    continue
-        except psutil.Error:
-            return None
-        return None
+        return sample_tree(root)
 
     def _container_pid(self, name: str) -> int:
         """Host PID of the init of ``name``'s container (0 when unknown or not running)."""

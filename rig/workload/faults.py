@@ -33,6 +33,7 @@ from typing import Any, Protocol
 import httpx
 
 from rig.cluster.processes import ClusterError
+from rig.cluster.proctree import ProcSample
 from rig.config import RigConfig, ScenarioConfig
 from rig.config.faults import Fault
 from rig.config.request_fields import RequestFields
@@ -104,6 +105,10 @@ class FaultCluster(Protocol):
 
     def how(self, name: str) -> str:
         """What ``signal`` acts on, for the report: 'process group N' or 'container <id>'."""
+        ...
+
+    def proc_sample(self, name: str) -> ProcSample | None:
+        """What instance ``name``'s process tree is doing (the stall evidence); None if unknown."""
         ...
 
 
@@ -298,7 +303,9 @@ class _Exchange:
         the hop is cancelled and the record carries the diagnosis and the frozen facts."""
         t = self.ctx.cfg.timeouts
         d, http = self.ctx.decode, self.ctx.http
-        stall = await watch(StallWatcher(t.stall_window_s, transfer_window_s=t.kv_transfer_s),
+        stall = await watch(StallWatcher(t.stall_window_s, transfer_window_s=t.kv_transfer_s,
+                                         inconclusive_s=t.stall_inconclusive_wait(self.sc.deadline_s),
+                                         probe=self.ctx.cluster.proc_sample),
                             lambda: m.scrape(http, d.url, d.name), task.done, t.metrics_interval_s,
                             on_sample=lambda snap: self.ctx.store.sample(self.sc.name, snap))
         if stall is not None:
