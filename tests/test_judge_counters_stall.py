@@ -1,0 +1,130 @@
+"""A counter rule or a stall watcher that saw nothing never reads ok (rig/judge/counter_rules.py,
+rig/observe/stall.py's watch loop). Written against `make mutation` survivors (docs/mutation.md)."""
+
+from __future__ import annotations
+
+import asyncio
+
+import httpx
+import pytest
+
+from rig.config import CounterRule
+from rig.judge.counter_rules import counter_rules_check, movement, rule_state
+from rig.observe.stall import StallWatcher, watch
+from test_stall import IDLE, snap
+
+FAILED = "vllm:nixl_num_failed_transfers_total"
+
+
+def row(inst: str, counters: dict[str, float] | None, life: float | None = 1.0) -> dict:
+    return {"instance": inst, "life": life, "counters": counters}
+
+
+def rule(**kw) -> CounterRule:
+    return CounterRule(instance=kw.pop("instance", "decode"), metric=kw.pop("metric", FAILED), **kw)
+
+
+@pytest.mark.parametrize("rows", [
+    [],
+    [row("decode", {FAILED: 0.0})],  # sampled once
+    [row("decode", {FAILED: 0.0}), row("decode", {"vllm:other_total": 1.0})],  # the metric in one sample only
+    [row("decode", {FAILED: 0.0}), row("decode", None)],  # a sample without counters does not count
+    [row("decode", {FAILED: 0.0}, life=1.0), row("decode", {FAILED: 0.0}, life=2.0)],  # one sample per life
+    [row("prefill", {FAILED: 0.0}), row("prefill", {FAILED: 0.0})],  # the other instance's samples
+], ids=["none", "once", "one-with-metric", "no-counters", "one-per-life", "other-instance"])
+def test_a_delta_0_rule_measured_on_fewer_than_two_samples_is_not_checked(rows):
+    ok, detail = rule_state(rows, rule(delta=0), "prefill", "decode")
+    assert ok is None and "not checked" in detail, detail
+    c = counter_rules_check(rows, [rule(delta=0)], "prefill", "decode")
+    assert c.ok is None
+
+
+def test_the_rise_is_last_minus_first_of_each_life_summed():
+    rows = [row("decode", {FAILED: 1.0}, 1.0), row("decode", {FAILED: 2.0}, 1.0), row("decode", {FAILED: 4.0}, 1.0),
+            row("decode", {FAILED: 10.0}, 2.0), row("decode", {FAILED: 13.0}, 2.0)]
+    assert movement(rows, "decode", rule(min=1)) == (6.0, 2, "")
+    assert movement(rows[:3], "decode", rule(delta=3)) == (3.0, 1, "")
+    assert rule_state(rows[:3], rule(delta=3), "prefill", "decode")[0] is True
+    assert rule_state(rows[:3], rule(delta=2), "prefill", "decode")[0] is False
+
+
+def test_over_several_lives_only_a_lower_bound_holds():
+    rows = [row("decode", {FAILED: 0.0}, 1.0), row("decode", {FAILED: 2.0}, 1.0),
+            row("decode", {FAILED: 0.0}, 2.0), row("decode", {FAILED: 1.0}, 2.0)]
+    ok, detail = rule_state(rows, rule(min=3), "prefill", "decode")
+    assert ok is True and "a lower bound" in detail
+    assert rule_state(rows, rule(min=4), "prefill", "decode")[0] is False  # below the bound: failed
+    for r in (rule(delta=3), rule(max=5), rule(min=1, max=5)):
+        ok, detail = rule_state(rows, r, "prefill", "decode")
+        assert ok is None and "restarted (2 process lives)" in detail, r
+
+
+def test_a_failure_is_named_with_the_rules_that_held_and_a_gap_is_never_ok():
+    rows = [row("decode", {FAILED: 0.0}), row("decode", {FAILED: 1.0})]
+    c = counter_rules_check(rows, [rule(delta=0), rule(max=5)], "prefill", "decode")
+    assert c.ok is False and c.detail.startswith("decode " + FAILED + " +1 (expected +0)")
+    c = counter_rules_check(rows, [rule(max=5), rule(metric="vllm:absent_total", delta=0)], "prefill", "decode")
+    assert c.ok is None and c.detail.startswith("decode vllm:absent_total not checked")
+    c = counter_rules_check(rows, [rule(metric="vllm:absent_total", delta=0, if_present=True)], "prefill", "decode")
+    assert c.ok is None and "(if_present: left out)" in c.detail
+    c = counter_rules_check(rows, [], "prefill", "decode")
+    assert c.ok is None
+
+
+# ------------------------------------------------------------------------- stall.watch
+
+def run(coro):
+    return asyncio.run(coro)
+
+
+def scraper(snaps):
+    it = iter(snaps)
+
+    async def scrape():
+        s = next(it)
+        if isinstance(s, Exception):
+            raise s
+        return s
+    return scrape
+
+
+def until(n: int):
+    calls = {"n": 0}
+
+    def done() -> bool:
+        calls["n"] += 1
+        return calls["n"] > n
+    return done
+
+
+def test_watch_feeds_every_sample_and_returns_the_stall():
+    seen = []
+    snaps = [snap(float(t)) for t in range(10)]
+    stall = run(watch(StallWatcher(3.0), scraper(snaps), until(10), 0, on_sample=seen.append))
+    assert stall is not None and stall.since == 0.0 and stall.duration_s == 3.0
+    assert [s.t for s in seen] == [0.0, 1.0, 2.0, 3.0]  # stops at the stall
+
+
+def test_watch_skips_a_failed_scrape_without_feeding_it():
+    seen = []
+    snaps = [httpx.ConnectError("refused"), ValueError("bad exposition"), snap(0.0), snap(1.0), snap(2.0)]
+    w = StallWatcher(2.0)
+    stall = run(watch(w, scraper(snaps), until(5), 0, on_sample=seen.append))
+    assert stall is not None and [s.t for s in seen] == [0.0, 1.0, 2.0]
+    assert len(w.episodes) == 1
+
+
+def test_watch_returns_none_once_done_and_passes_engine_cpu():
+    cpu = []
+    w = StallWatcher(5.0)
+    stall = run(watch(w, scraper([snap(0.0, **IDLE), snap(1.0, **IDLE)]), until(2), 0,
+                      engine_cpu=lambda: cpu.append(1) or 1.0))
+    assert stall is None and cpu == [1, 1] and w.episodes == []
+
+
+def test_watch_waits_on_wake():
+    async def go():
+        wake = asyncio.Event()
+        wake.set()
+        return await watch(StallWatcher(2.0), scraper([snap(0.0), snap(1.0), snap(2.0)]), until(3), 30.0, wake=wake)
+    assert run(asyncio.wait_for(go(), 10)) is not None
