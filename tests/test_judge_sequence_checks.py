@@ -1,0 +1,117 @@
+"""Sequence checks on hand-built results (rig/judge/sequence_checks.py): a miscounted answer of any
+step fails naming it, an unanswered request is not counted as answered, the required list grows
+with pd and pd-abandon steps. Written against `make mutation` survivors (docs/mutation.md)."""
+
+from __future__ import annotations
+
+import pytest
+
+from rig.config import ScenarioConfig
+from rig.judge.sequence_checks import completed_check, sequence_required, token_counts_check
+from rig.observe.observations import ScenarioObservation
+from rig.transport.records import Hop, PDRecord
+from rig.workload.sequence import ABANDONED, SequenceEntry, SequenceResult
+
+LOAD = {"id": "load", "route": "pd", "prompt_tokens": 64, "max_tokens": 8}
+HEAD = {"id": "head", "route": "decode", "prompt_tokens": 32, "max_tokens": 4}
+
+
+def scen(*steps: dict) -> ScenarioConfig:
+    return ScenarioConfig.model_validate({"name": "s", "kind": "sequence", "sequence": {"steps": list(steps)}})
+
+
+def answered(rid: str, prompt: int, completion: int, ids: int | None = None) -> PDRecord:
+    r = PDRecord(rid, prompt, completion, outcome="ok")
+    r.decode = Hop("decode", status=200, token_ids=[1] * (completion if ids is None else ids),
+                   usage={"prompt_tokens": prompt, "completion_tokens": completion})
+    return r
+
+
+def run(records: list[PDRecord], steps: dict[str, tuple[str, str]]):
+    obs = ScenarioObservation(scenario="s", decode="decode", prefill="prefill", records=records)
+    res = SequenceResult(entries=[SequenceEntry(rid, st, route) for rid, (st, route) in steps.items()])
+    return obs, res
+
+
+STEPS = {"l0": ("load", "pd"), "l1": ("load", "pd"), "h0": ("head", "decode")}
+
+
+def test_token_counts_hold_per_step_and_name_the_counts():
+    sc = scen(LOAD, HEAD)
+    obs, res = run([answered("l0", 64, 8), answered("l1", 64, 8), answered("h0", 32, 4)], STEPS)
+    c = token_counts_check(sc.sequence, obs, res)
+    assert c.ok is True and c.detail == "load: 2 x 64+8, head: 1 x 32+4"
+
+
+@pytest.mark.parametrize("rec,why", [
+    (answered("h0", 31, 4), "h0: usage prompt/completion 31/4, expected 32/4"),
+    (answered("h0", 32, 3), "h0: usage prompt/completion 32/3, expected 32/4"),
+    (answered("h0", 32, 3, ids=4), "h0: usage prompt/completion 32/3, expected 32/4, 4 token_ids but usage says 3"),
+    (answered("h0", 32, 4, ids=5), "h0: 5 token_ids but usage says 4"),
+])
+def test_a_miscounted_answer_fails_naming_only_itself(rec, why):
+    sc = scen(LOAD, HEAD)
+    obs, res = run([answered("l0", 64, 8), answered("l1", 64, 8), rec], STEPS)
+    c = token_counts_check(sc.sequence, obs, res)
+    assert c.ok is False and c.detail == why and c.requests == ("h0",)
+
+
+def test_unanswered_requests_are_not_counted_and_none_answered_is_not_checked():
+    sc = scen(LOAD, HEAD)
+    t = PDRecord("h0", 32, 4, outcome="timeout")
+    t.decode = Hop("decode", status=200, usage={"prompt_tokens": 1, "completion_tokens": 1})  # a partial hop
+    obs, res = run([answered("l0", 64, 8), answered("l1", 64, 8), t], STEPS)
+    assert token_counts_check(sc.sequence, obs, res).ok is True
+    no_hop = PDRecord("h0", 32, 4, outcome="ok")  # ok without a decode hop: nothing to count
+    obs, res = run([no_hop], {"h0": ("head", "decode")})
+    c = token_counts_check(sc.sequence, obs, res)
+    assert c.ok is None and c.detail == "not checked: no answered request"
+
+
+def test_several_prompts_and_n_multiply_the_usage():
+    step = {**HEAD, "request": {"prompts": 2, "decode": {"n": 3}}}
+    sc = scen(step)
+    obs, res = run([answered("h0", 64, 24)], {"h0": ("head", "decode")})
+    assert token_counts_check(sc.sequence, obs, res).ok is True
+    obs, res = run([answered("h0", 64, 8)], {"h0": ("head", "decode")})
+    assert token_counts_check(sc.sequence, obs, res).ok is False
+
+
+def test_many_failures_are_all_named_and_the_detail_shows_six():
+    sc = scen(HEAD)
+    recs = [answered(f"h{i}", 31, 4) for i in range(8)]
+    obs, res = run(recs, {f"h{i}": ("head", "decode") for i in range(8)})
+    c = token_counts_check(sc.sequence, obs, res)
+    assert c.ok is False and c.requests == tuple(f"h{i}" for i in range(8)) and c.detail.count("h") == 6
+
+
+def test_completed():
+    obs, res = run([], {})
+    assert completed_check(obs, res).ok is None
+    ab = PDRecord("a0", 8, 8, outcome="cancelled", diagnosis=ABANDONED)
+    steps = {**STEPS, "a0": ("gone", "pd-abandon")}
+    obs, res = run([answered("l0", 64, 8), answered("l1", 64, 8), answered("h0", 32, 4), ab], steps)
+    c = completed_check(obs, res)
+    assert c.ok is True and c.detail == "3 answered, 1 abandoned after P answered"
+    obs, res = run([answered("l0", 64, 8)], {"l0": ("load", "pd")})
+    assert completed_check(obs, res).detail == "1 answered"
+    # a cancel that was not the planned abandon, and an abandoned-route request that was answered
+    other = PDRecord("a0", 8, 8, outcome="cancelled", diagnosis="cancelled by the stall watcher")
+    obs, res = run([other, answered("a1", 8, 8)], {"a0": ("gone", "pd-abandon"), "a1": ("gone", "pd-abandon")})
+    c = completed_check(obs, res)
+    assert c.ok is False and c.requests == ("a0", "a1")
+    assert c.detail.startswith("a0 (step gone): cancelled (cancelled by the stall watcher); a1 (step gone): ok")
+    many = [PDRecord(f"h{i}", 8, 8, outcome="timeout") for i in range(8)]
+    obs, res = run(many, {f"h{i}": ("head", "decode") for i in range(8)})
+    c = completed_check(obs, res)
+    assert c.ok is False and c.detail.endswith("h5 (step head): timeout; and 2 more") and len(c.requests) == 8
+    obs, res = run(many[:6], {f"h{i}": ("head", "decode") for i in range(6)})
+    assert "more" not in completed_check(obs, res).detail
+
+
+def test_sequence_required_grows_with_pd_and_abandon_steps():
+    base = set(sequence_required(scen(HEAD)))
+    assert "kv-pulled" not in base and "lease-reaped" not in base
+    assert set(sequence_required(scen(LOAD, HEAD))) - base == {"kv-pulled"}
+    gone = {"id": "gone", "route": "pd-abandon", "prompt_tokens": 8, "max_tokens": 8}
+    assert set(sequence_required(scen(HEAD, gone))) - base == {"lease-reaped"}
