@@ -188,3 +188,53 @@ def test_an_http_signature_on_decode_does_not_excuse_a_prefill_error():
     assert judge(sc(ki), obs_of([error_record(status=503)])).verdict == "FAIL"
 
 
+
+
+# ------------------------------------------------------------------------- leak, http, wave outcomes
+
+def test_a_leak_matches_only_answered_requests():
+    from rig.config import KnownIssue
+    from test_leak_signature import NAMED, R16_LINE, leak_ki, r16_record
+    sig = KnownIssue.model_validate(leak_ki()).symptom
+    rec = r16_record()
+    obs = obs_of([rec])
+    obs.kv_integrity_lines["prefill"] = [R16_LINE]
+    assert match(sig, obs, facts_of_records(obs)).requests == frozenset({"edge-126-0"})
+    rec.outcome, rec.diagnosis = "timeout", "no answer"
+    m = match(sig, obs, facts_of_records(obs))
+    assert not m.matched, m
+    rec.outcome = "ok"
+    rec.prefill.kv_transfer_params = {}  # no params: nothing to tie the line to
+    assert not match(sig, obs, facts_of_records(obs)).matched
+    assert NAMED  # the params' child id
+
+
+def test_an_http_signature_looks_past_answered_requests():
+    from test_verdict import error_record
+    ki = {"id": "x", "title": "t", "affects": ">=0.32.0,<0.33",
+          "symptom": {"kind": "http-error", "hop": "decode", "status": 500}}
+    v = judge(sc(ki), obs_of([ok_record(0), error_record(1, status=500)]))
+    assert v.verdict == "XFAIL", v.reason
+    m = match(sc(ki).known_issue.symptom, obs_of([error_record(0, status=503)]), [])
+    assert not m.matched and m.seen == "no HTTP error"
+
+
+def test_wave_facts_keep_every_outcome_but_a_parity_mismatch():
+    for outcome in ("timeout", "http_error", "empty", "cancelled", "ok"):
+        assert facts_of_wave([wave(outcome, 200, 200)])[0].outcome == outcome
+    (f,) = facts_of_wave([wave("http_error", 200, 500)])
+    assert (f.prompt_len, f.error, f.remote_request_id) == (10, "boom", "cmpl-p-0")
+
+
+def test_wrong_metrics_needs_the_share_at_its_boundary():
+    from rig.config import KnownIssue
+    from test_cached_tokens import obs96, with_cached
+    ki = KnownIssue.model_validate({"id": "r15", "title": "t", "affects": ">=0.32.0,<0.33", "symptom": {
+        "kind": "wrong-metrics", "check": "cached-tokens", "min_cached_share": 0.5}})
+    rec = with_cached(ok_record(0, n=96), 0, 48)
+    rec.decode.usage["prompt_tokens"] = 96
+    obs = obs96(rec)
+    assert match(ki.symptom, obs, facts_of_records(obs)).requests == frozenset({"edge-126-0"})  # 48 >= 0.5 x 96
+    rec.decode.usage["prompt_tokens_details"] = {"cached_tokens": 47}
+    m = match(ki.symptom, obs, facts_of_records(obs))
+    assert not m.matched and m.seen == "edge-126-0: P 0, D 47 of 96"
