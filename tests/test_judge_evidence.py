@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pytest
 
-from rig.config import CounterRule, Outcome
+from rig.config import CounterRule, Outcome, ScenarioConfig
 from rig.judge import checks as ck
 from rig.judge import verdict as engine
 from rig.judge.verdict import canary_match, decide, judge, required_checks
@@ -398,3 +398,33 @@ def test_counter_rules_check_names_the_rule():
                               engine.expectation_of(sc(), obs_of([ok_record()])), False)
     assert [x.name for x in c] == ["nixl-failed-transfers"] and c[0].ok is True
     assert rule.holds(0) and not rule.holds(1)
+
+
+def test_a_fault_scenario_is_not_a_healthy_run():
+    f = ScenarioConfig(name="f", kind="fault", prompt_tokens=4, max_tokens=2, fault={"faults": [
+        {"trigger": {"event": "prefill-answered"}, "target": "prefill", "action": "sigkill"}]})
+    obs = obs_of([ok_record()])
+    assert not engine.healthy_run(f, engine.expectation_of(f, obs), False)
+    assert engine.counter_checks(f, obs, f.expect, engine.expectation_of(f, obs), False) == []
+
+
+def test_a_run_passes_only_when_every_scenario_passes():
+    ok = judge(sc(), obs_of([ok_record()]))
+    bad = judge(sc(), obs_of([ok_record()], drains=[]))
+    xfail = judge(sc(LIVELOCK), obs_of([stalled_record()]), BLOCKS)
+    assert (ok.verdict, bad.verdict, xfail.verdict) == ("PASS", "ERROR", "XFAIL")
+    assert engine.run_passed([ok, xfail]) and not engine.run_passed([ok, bad]) and not engine.run_passed([bad, ok])
+    assert not engine.run_passed([])
+
+
+def test_different_versions_on_p_and_d_are_error_for_a_known_issue_and_a_death_still_fails():
+    obs = obs_of([stalled_record()], versions={"prefill": "0.31.0", "decode": "0.32.0"})
+    v = judge(sc(LIVELOCK), obs, BLOCKS)
+    assert v.verdict == "ERROR" and "prefill runs 0.31.0 and decode 0.32.0" in v.reason
+    obs = obs_of([stalled_record()], versions={"prefill": "0.32.0+cpu", "decode": "0.32.0"})
+    assert judge(sc(LIVELOCK), obs, BLOCKS).verdict == "XFAIL"  # a local part is the same version
+    obs = obs_of([stalled_record()], versions={"prefill": "unknown", "decode": "0.32.0"})
+    v = judge(sc(LIVELOCK), obs, BLOCKS)
+    assert v.verdict == "ERROR" and "the version of prefill is unknown" in v.reason
+    obs.dead = {"decode": 1}
+    assert judge(sc(LIVELOCK), obs, BLOCKS).verdict == "FAIL"

@@ -238,3 +238,15 @@ def test_wrong_metrics_needs_the_share_at_its_boundary():
     rec.decode.usage["prompt_tokens_details"] = {"cached_tokens": 47}
     m = match(ki.symptom, obs, facts_of_records(obs))
     assert not m.matched and m.seen == "edge-126-0: P 0, D 47 of 96"
+
+
+def test_shared_params_without_parity_still_needs_several_prompts():
+    from rig.config import KnownIssue
+    from test_shared_params_signature import SHARED, two_prompt_obs
+    sig = KnownIssue.model_validate({**KI, "symptom": {**KI["symptom"], "parity": False}}).symptom
+    same = [SHARED[0], [314, 81, 856, 203, 677, 791, 472, 597]]
+    rec = two_prompt_record(choices=same)
+    obs = two_prompt_obs([rec], lines=[INVALID])
+    assert match(sig, obs, facts_of_records(obs)).matched  # two prompts, no divergence: parity: false
+    rec.prompt = [rec.prompt[0]]  # one prompt: the params cannot name "one prompt of several"
+    assert not match(sig, obs, facts_of_records(obs)).matched
