@@ -185,7 +185,7 @@ def main(argv: list[str] | None = None) -> int:
     (args.out / "report.md").write_text(text)
     print(text)
     if new:
-        print(f"{len(new)} survivor(s) not in {args.baseline.relative_to(ROOT)}: kill each with a test that "
+        print(f"{len(new)} survivor(s) not in {args.baseline}: kill each with a test that "
               "asserts the behaviour, or add it there with the reason it is equivalent", file=sys.stderr)
         return 1
     return 0

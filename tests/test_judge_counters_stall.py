@@ -128,3 +128,19 @@ def test_watch_waits_on_wake():
         wake.set()
         return await watch(StallWatcher(2.0), scraper([snap(0.0), snap(1.0), snap(2.0)]), until(3), 30.0, wake=wake)
     assert run(asyncio.wait_for(go(), 10)) is not None
+
+
+def test_the_details_say_what_was_measured_and_why_not():
+    rows = [row("decode", {FAILED: 0.0}), row("decode", {FAILED: 0.0})]
+    assert rule_state(rows, rule(delta=0, why="healthy run"), "prefill", "decode") == (
+        True, f"decode {FAILED} +0 (expected +0: healthy run)")
+    assert rule_state(rows, rule(delta=0), "prefill", "decode") == (True, f"decode {FAILED} +0 (expected +0)")
+    assert rule_state(rows, rule(metric="vllm:x_total", delta=0), "prefill", "decode") == (
+        None, "decode vllm:x_total not checked: decode lacks vllm:x_total")
+    assert rule_state(rows, rule(labels={"engine": "0"}, delta=0), "prefill", "decode") == (
+        None, f"decode {FAILED}{{'engine': '0'}} not checked: decode lacks {FAILED} with labels {{'engine': '0'}}")
+    two = [row("decode", {FAILED: 0.0}, 1.0), row("decode", {FAILED: 0.0}, 1.0),
+           row("decode", {FAILED: 0.0}, 2.0), row("decode", {FAILED: 0.0}, 2.0)]
+    assert rule_state(two, rule(delta=0), "prefill", "decode") == (
+        None, f"decode {FAILED} +0 (expected +0) not checked: decode restarted (2 process lives), so increments "
+              "between a life's last sample and its end are not seen")
