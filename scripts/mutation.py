@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import shutil
 import subprocess
 import sys
@@ -147,6 +148,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"mutmut exited {rc}", file=sys.stderr)
             return 2
     took = time.monotonic() - t0
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)  # mutmut and the forks it waited for
+    cpu = usage.ru_utime + usage.ru_stime
     results = read_results(paths)
     baseline = load_baseline(args.baseline)
     known = {key(e): e for e in baseline}
@@ -171,7 +174,7 @@ def main(argv: list[str] | None = None) -> int:
     new = [s for s in survivors if not s["reason"]]
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "report.json").write_text(json.dumps({"modules": rows, "survivors": survivors,
-                                                      "seconds": round(took)}, indent=1))
+                                                      "seconds": round(took), "cpu_seconds": round(cpu)}, indent=1))
     lines = ["| module | mutants | killed | survived | score |", "|---|---:|---:|---:|---:|"]
     lines += [f"| {r['module']} | {r['mutants']} | {r['killed']} | {r['survived']} | {r['score']} % |" for r in rows]
     tot_k, tot_s = sum(r["killed"] for r in rows), sum(r["survived"] for r in rows)
@@ -179,7 +182,7 @@ def main(argv: list[str] | None = None) -> int:
                  f"{round(100 * tot_k / max(1, tot_k + tot_s), 1)} % |")
     unrun = sum(r["not_run"] for r in rows)
     text = "\n".join(lines) + f"\n\n{len(survivors) - len(new)} survivor(s) in the baseline (equivalent), " \
-        f"{len(new)} new; {unrun} mutant(s) not run; {took:.0f} s\n"
+        f"{len(new)} new; {unrun} mutant(s) not run; {took:.0f} s wall, {cpu:.0f} s CPU\n"
     for s in new:
         text += f"\nNEW SURVIVOR {s['mutant']} ({s['status']}):\n{s['diff']}\n"
     (args.out / "report.md").write_text(text)

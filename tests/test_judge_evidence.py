@@ -428,3 +428,61 @@ def test_different_versions_on_p_and_d_are_error_for_a_known_issue_and_a_death_s
     assert v.verdict == "ERROR" and "the version of prefill is unknown" in v.reason
     obs.dead = {"decode": 1}
     assert judge(sc(LIVELOCK), obs, BLOCKS).verdict == "FAIL"
+
+
+def test_retrieval_check_names_and_boundaries():
+    recs = [ok_record(0)]
+    c = ck.retrieval_check(None)
+    assert (c.name, c.detail) == ("retrieval", "not checked: the retrieval workload did not run")
+    c = ck.retrieval_check(RetrievalResult(records=recs, compared=1, pd_hits=0, ref_hits=1))
+    assert (c.name, c.ok) == ("retrieval", False)  # one compared request is enough to judge
+    c = ck.retrieval_check(RetrievalResult(records=recs, compared=2, pd_hits=0, ref_hits=0))
+    assert c.name == "retrieval" and c.detail == ("not checked: the reference retrieved nothing to compare with; "
+                                                  "P/D 0/2 (0%), reference 0/2 (0%)")
+
+
+RELEASE = "Releasing expired KV blocks for request {rid} which were retrieved by 0 remote worker(s)"
+
+
+def test_a_lease_release_line_is_found_wherever_the_phrase_starts():
+    assert ck.lease_released_ids([RELEASE.format(rid="cmpl-p-0")]) == [("cmpl-p-0", RELEASE.format(rid="cmpl-p-0"))]
+    assert ck.lease_released_ids(["W 12-01 " + RELEASE.format(rid="x")])[0][0] == "x"
+    assert ck.lease_released_ids(["unrelated", "Releasing expired KV blocks for request "]) == []
+
+
+def test_released_by_d_fails_on_an_answered_request_and_skips_a_record_without_prefill_hop():
+    obs = obs_of([ok_record(0)])
+    obs.kv_integrity_lines["prefill"] = [RELEASE.format(rid="cmpl-p-0")]
+    c = ck.lease_release_check(obs)
+    assert (c.name, c.ok, c.requests) == ("released-by-d", False, ("edge-126-0",))
+    assert c.detail.startswith("1 block set(s) of answered requests held until the lease expired: edge-126-0: "
+                               "Releasing expired KV blocks for request cmpl-p-0")
+    no_hop = PDRecord("edge-126-1", 126, 2, outcome="ok")
+    obs = obs_of([no_hop, ok_record(0)])
+    obs.kv_integrity_lines["prefill"] = []
+    c = ck.lease_release_check(obs)
+    assert (c.name, c.ok) == ("released-by-d", True)
+    assert c.detail == "no answered request's blocks (or a sibling's) waited for the lease"
+    obs.unscanned_logs["prefill"] = "gone"
+    c = ck.lease_release_check(obs)
+    assert (c.name, c.ok, c.detail) == ("released-by-d", None, "not checked: prefill's log was not scanned")
+
+
+@pytest.mark.parametrize("rid,parent,index", [
+    ("0_cmpl-aa07-1-9dd92fdc", "cmpl-aa07", 1),
+    ("cmpl-aa07-0-9dd92fdc", "cmpl-aa07", 0),
+    ("req_with_underscores", "req_with_underscores", None),  # not a parallel-sampling child
+    ("0_req_x", "req_x", None),
+    ("12_", "12_", None),
+    ("chatcmpl-aa07-0-9dd92fdc", "chatcmpl-aa07-0-9dd92fdc", None),  # only completions ids carry the suffix
+])
+def test_parent_request_id_and_prompt_index(rid, parent, index):
+    assert ck.parent_request_id(rid) == parent
+    assert ck.prompt_index(rid) == index
+
+
+def test_preemption_check_is_the_min_preemptions_counter():
+    obs = obs_of([ok_record()], evidence=_ev(preemptions=2))
+    c = ck.preemption_check(obs, 2)
+    assert (c.name, c.ok) == ("preempted", True) and c.detail.startswith("decode: vllm:num_preemptions_total +2")
+    assert ck.preemption_check(obs, 3).ok is False
