@@ -160,7 +160,8 @@ def main(argv: list[str] | None = None) -> int:
         undetected = sum(s in UNDETECTED for s in statuses)
         unrun = sum(s == "not checked" for s in statuses)
         rows.append({"module": p, "mutants": len(codes), "killed": killed, "survived": undetected,
-                     "not_run": unrun, "score": round(100 * killed / max(1, killed + undetected), 1)})
+                     "not_run": unrun, "timeouts": sum(s == "timeout" for s in statuses),
+                     "score": round(100 * killed / max(1, killed + undetected), 1)})
         for name, code in sorted(codes.items()):
             if STATUS.get(code, "suspicious") not in UNDETECTED:
                 continue
@@ -175,10 +176,13 @@ def main(argv: list[str] | None = None) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "report.json").write_text(json.dumps({"modules": rows, "survivors": survivors,
                                                       "seconds": round(took), "cpu_seconds": round(cpu)}, indent=1))
-    lines = ["| module | mutants | killed | survived | score |", "|---|---:|---:|---:|---:|"]
-    lines += [f"| {r['module']} | {r['mutants']} | {r['killed']} | {r['survived']} | {r['score']} % |" for r in rows]
+    lines = ["| module | mutants | killed (of which timeouts) | survived | not run | score |",
+             "|---|---:|---:|---:|---:|---:|"]
+    lines += [f"| {r['module']} | {r['mutants']} | {r['killed']} ({r['timeouts']}) | {r['survived']} | "
+              f"{r['not_run']} | {r['score']} % |" for r in rows]
     tot_k, tot_s = sum(r["killed"] for r in rows), sum(r["survived"] for r in rows)
-    lines.append(f"| total | {sum(r['mutants'] for r in rows)} | {tot_k} | {tot_s} | "
+    lines.append(f"| total | {sum(r['mutants'] for r in rows)} | {tot_k} ({sum(r['timeouts'] for r in rows)}) | "
+                 f"{tot_s} | {sum(r['not_run'] for r in rows)} | "
                  f"{round(100 * tot_k / max(1, tot_k + tot_s), 1)} % |")
     unrun = sum(r["not_run"] for r in rows)
     text = "\n".join(lines) + f"\n\n{len(survivors) - len(new)} survivor(s) in the baseline (equivalent), " \

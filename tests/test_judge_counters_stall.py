@@ -144,3 +144,13 @@ def test_the_details_say_what_was_measured_and_why_not():
     assert rule_state(two, rule(delta=0), "prefill", "decode") == (
         None, f"decode {FAILED} +0 (expected +0) not checked: decode restarted (2 process lives), so increments "
               "between a life's last sample and its end are not seen")
+
+
+def test_a_rule_names_a_role_or_an_instance():
+    rows = [row("d-1", {FAILED: 0.0}), row("d-1", {FAILED: 1.0}), row("p-1", {FAILED: 0.0}), row("p-1", {FAILED: 0.0})]
+    assert rule_state(rows, rule(instance="decode", delta=1), "p-1", "d-1") == (True, f"d-1 {FAILED} +1 (expected +1)")
+    assert rule_state(rows, rule(instance="prefill", delta=0), "p-1", "d-1")[0] is True
+    assert rule_state(rows, rule(instance="d-1", delta=1), "p-1", "d-1")[0] is True
+    ok, detail = rule_state(rows, rule(instance="d-2", delta=0), "p-1", "d-1")
+    assert ok is None and detail == (f"d-2 {FAILED} not checked: d-2 is not this scenario's prefill (p-1) or "
+                                     "decode (d-1)")

@@ -72,6 +72,7 @@ def test_counter_rules_has_no_survivor_outside_the_baseline(tmp_path):
     text = (ROOT / "pyproject.toml").read_text()
     block = ('[tool.mutmut]\nsource_paths = ["rig"]\nonly_mutate = ["rig/judge/counter_rules.py"]\n'
              'also_copy = ["configs", "tests"]\npytest_add_cli_args = ["-p", "no:cacheprovider", "-q"]\n'
+             "timeout_constant = 10.0\n"
              f"pytest_add_cli_args_test_selection = {SLICE_TESTS!r}\n".replace("'", '"'))
     text = re.sub(r"\[tool\.mutmut\].*?\n\]\n", block, text, flags=re.S)
     assert block in text
@@ -81,3 +82,4 @@ def test_counter_rules_has_no_survivor_outside_the_baseline(tmp_path):
                        capture_output=True, text=True, cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(tmp_path)})
     assert p.returncode == 0, p.stdout[-4000:] + p.stderr[-2000:]
     assert "| rig/judge/counter_rules.py | " in p.stdout
+    assert "0 new" in p.stdout
