@@ -486,3 +486,24 @@ def test_preemption_check_is_the_min_preemptions_counter():
     c = ck.preemption_check(obs, 2)
     assert (c.name, c.ok) == ("preempted", True) and c.detail.startswith("decode: vllm:num_preemptions_total +2")
     assert ck.preemption_check(obs, 3).ok is False
+
+
+def test_canary_match_without_a_kv_pulled_check_and_with_given_requests():
+    from rig.judge.signatures import RequestFacts
+    obs = obs_of([ok_record()], parity=[DIVERGED])
+    m = canary_match(obs, [])  # no kv-pulled check at all: nothing is known unpulled
+    assert m.matched and m.seen == "parity"
+    given = [RequestFacts("other-0", "http_error", 126, hop="decode", status=400, error="HTTP 400: bad")]
+    m = canary_match(obs, [], given)
+    assert m.requests == frozenset({"other-0"}) and m.seen == "decode HTTP 400: HTTP 400: bad"
+    m = canary_match(obs_of([stalled_record()], parity=[DIVERGED]), [])
+    assert not m.matched and m.seen == "edge-126-0: stalled, parity diverged"
+    assert m.expected == "a divergence on an answered request whose KV was pulled, or an HTTP error from D"
+
+
+def test_a_canary_catch_explains_the_kv_integrity_line_of_the_caught_request():
+    from test_verdict import EXPIRED
+    obs = obs_of([ok_record()], parity=[DIVERGED])
+    obs.kv_integrity_lines["prefill"] = [EXPIRED.format(rid="cmpl-p-0")]
+    v = canary(obs)
+    assert checks_of(v)["kv-integrity"] is False and v.verdict == "PASS", v.reason
