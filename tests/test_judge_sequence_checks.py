@@ -115,3 +115,68 @@ def test_sequence_required_grows_with_pd_and_abandon_steps():
     assert set(sequence_required(scen(LOAD, HEAD))) - base == {"kv-pulled"}
     gone = {"id": "gone", "route": "pd-abandon", "prompt_tokens": 8, "max_tokens": 8}
     assert set(sequence_required(scen(HEAD, gone))) - base == {"lease-reaped"}
+
+
+# ------------------------------------------------------------------------- lease-reaped, kv-pulled, the list
+
+def test_lease_reaped_at_its_bound_and_its_gaps():
+    from rig.judge.sequence_checks import lease_reaped_check
+    from rig.workload.sequence import LeaseReap
+    res = SequenceResult(reap=LeaseReap(expired_before=2, want=3, last_abandoned_ms=500, reaped_ms=10500, rose=3,
+                                        outstanding_then=["head (1 of 1, route pd)"]))
+    c = lease_reaped_check(res, 5, 5)  # exactly lease + margin = 10 s after: in time
+    assert c.ok is True and c.detail == ("P's expired counter rose by 3 (>= 3 abandoned) 10.0 s after the last "
+                                         "abandoned prefill answer (bound 10 s), while outstanding: head (1 of 1, "
+                                         "route pd)")
+    res.reap.reaped_ms = 10600
+    assert lease_reaped_check(res, 5, 5).ok is False
+    res.reap.reaped_ms, res.reap.outstanding_then = 10600, []
+    c = lease_reaped_check(res, 5, 5, reap_while="head")  # late: failed even though the step had ended
+    assert c.ok is False and "while outstanding: no request" in c.detail
+    assert lease_reaped_check(SequenceResult(), 5, 5).ok is None
+    res.reap.last_abandoned_ms = None
+    c = lease_reaped_check(res, 5, 5)
+    assert c.ok is None and c.detail == "not checked: no abandoned request was answered by P"
+
+
+def test_kv_pulled_counts_the_pd_steps_only():
+    from rig.judge.sequence_checks import kv_pulled_pd_check
+    from rig.observe.observations import TransferEvidence
+    obs, res = run([answered("l0", 64, 8), answered("h0", 32, 4)], {"l0": ("load", "pd"), "h0": ("head", "decode")})
+    obs.evidence = TransferEvidence(nixl_bytes=1.0, nixl_transfers=1, external_prompt_tokens=64)
+    c = kv_pulled_pd_check(obs, res)
+    assert c.ok is True and c.detail.startswith("pd steps only: nixl 1 B in 1 transfers")
+    obs.evidence = TransferEvidence(nixl_bytes=1.0, nixl_transfers=1, external_prompt_tokens=63)
+    c = kv_pulled_pd_check(obs, res)
+    assert c.ok is False and c.requests == ("l0",)
+
+
+def test_sequence_checks_list_and_gaps():
+    from rig.judge.sequence_checks import sequence_checks
+    from rig.observe.observations import DrainResult
+    gone = {"id": "gone", "route": "pd-abandon", "prompt_tokens": 8, "max_tokens": 8}
+    sc = scen(LOAD, HEAD, gone)
+    obs, res = run([answered("l0", 64, 8)], {"l0": ("load", "pd")})
+    assert [c.name for c in sequence_checks(sc, obs, None)] == ["completed"]
+    assert sequence_checks(sc, obs, None)[0].ok is None
+    names = [c.name for c in sequence_checks(sc, obs, res)]
+    assert names == ["completed", "token-counts", "kv-pulled", "parity", "no-stall", "lease-reaped", "idle-after",
+                     "alive", "no-fatal-log", "kv-integrity"]
+    idle = next(c for c in sequence_checks(sc, obs, res) if c.name == "idle-after")
+    assert idle.ok is None and idle.detail == "not checked: no drain was observed"
+    res.drains, res.idle_bound_s = [DrainResult("decode", True, 0.2, 0.0, {"waiting": 0, "running": 0,
+                                                                           "kv_usage": 0})], 12.0
+    idle = next(c for c in sequence_checks(sc, obs, res) if c.name == "idle-after")
+    assert idle.ok is True and idle.detail == ("decode idle after 0.2 s (within 12 s = kv_lease_duration + "
+                                               "idle_margin_s)")
+    plain = scen(HEAD)
+    obs, res2 = run([answered("h0", 32, 4)], {"h0": ("head", "decode")})
+    res2.drains, res2.idle_bound_s = res.drains, 12.0
+    res = res2
+    names = [c.name for c in sequence_checks(plain, obs, res)]
+    assert "kv-pulled" not in names and "lease-reaped" not in names
+    idle = next(c for c in sequence_checks(plain, obs, res) if c.name == "idle-after")
+    assert idle.detail == "decode idle after 0.2 s (within 12 s)"
+    no_parity = ScenarioConfig.model_validate({"name": "s", "kind": "sequence", "parity": False,
+                                               "sequence": {"steps": [HEAD]}})
+    assert "parity" not in [c.name for c in sequence_checks(no_parity, obs, res)]
