@@ -27,7 +27,8 @@ def test_records_without_a_hop_are_skipped():
     good = with_cached(ok_record(2, n=96), 10, 10)
     assert [c.record.request_id for c in cached_tokens_seen(obs96(no_p, no_d, good))] == ["edge-126-2"]
     c = cached_tokens_check(obs96(no_p, no_d, good))
-    assert c.ok is True and c.detail == "D's cached_tokens within P's hits + D's 0 local hit(s): edge-126-2: P 10, D 10 of 96"
+    assert c.ok is True
+    assert c.detail == "D's cached_tokens within P's hits + D's 0 local hit(s): edge-126-2: P 10, D 10 of 96"
 
 
 def test_the_prompt_is_ds_usage_prompt_tokens_else_the_prompt_length():
