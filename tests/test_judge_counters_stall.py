@@ -154,3 +154,23 @@ def test_a_rule_names_a_role_or_an_instance():
     ok, detail = rule_state(rows, rule(instance="d-2", delta=0), "p-1", "d-1")
     assert ok is None and detail == (f"d-2 {FAILED} not checked: d-2 is not this scenario's prefill (p-1) or "
                                      "decode (d-1)")
+
+
+def test_counter_rules_check_details_in_every_state():
+    rows = [row("decode", {FAILED: 0.0}), row("decode", {FAILED: 1.0})]
+    held = f"decode {FAILED} +1 (expected <= +5)"
+    c = counter_rules_check(rows, [rule(max=5), rule(max=6)], "prefill", "decode")
+    assert (c.ok, c.detail) == (True, f"{held}; decode {FAILED} +1 (expected <= +6)")
+    c = counter_rules_check(rows, [rule(delta=0), rule(max=5), rule(metric="vllm:gone_total", delta=0)],
+                            "prefill", "decode")
+    assert (c.ok, c.detail) == (False, f"decode {FAILED} +1 (expected +0); {held} ok; decode vllm:gone_total not "
+                                       "checked: decode lacks vllm:gone_total")
+    c = counter_rules_check(rows, [rule(metric="vllm:gone_total", delta=0), rule(max=5)], "prefill", "decode")
+    assert (c.ok, c.detail) == (None, f"decode vllm:gone_total not checked: decode lacks vllm:gone_total; {held} ok")
+    gone = [rule(metric="vllm:a_total", delta=0, if_present=True), rule(metric="vllm:b_total", delta=0,
+                                                                           if_present=True)]
+    c = counter_rules_check(rows, gone, "prefill", "decode")
+    assert (c.ok, c.detail) == (None, "not checked: decode vllm:a_total not checked: decode lacks vllm:a_total "
+                                      "(if_present: left out); decode vllm:b_total not checked: decode lacks "
+                                      "vllm:b_total (if_present: left out)")
+    assert counter_rules_check(rows, [], "prefill", "decode").detail == "not checked: no counter rule"
