@@ -174,3 +174,48 @@ def test_counter_rules_check_details_in_every_state():
                                       "(if_present: left out); decode vllm:b_total not checked: decode lacks "
                                       "vllm:b_total (if_present: left out)")
     assert counter_rules_check(rows, [], "prefill", "decode").detail == "not checked: no counter rule"
+
+
+# ------------------------------------------------------------------------- StallWatcher passes its settings on
+
+def test_the_watcher_refuses_bad_windows_at_construction():
+    with pytest.raises(ValueError, match="stall windows must be > 0 s"):
+        StallWatcher(8.0, transfer_window_s=0)
+
+
+def test_the_watcher_gives_each_detector_its_transfer_window_gap_and_early_rule():
+    reading = dict(wts=0, inprog=1, kv=0.8, capacity=0)
+    w = StallWatcher(4.0, transfer_window_s=10.0)
+    fired = [s.t for s in (snap(float(t), **reading) for t in range(12)) if w.feed(s) is not None]
+    assert fired[0] == 10.0  # a read in flight waits the transfer window, not the 4 s window
+    w = StallWatcher(4.0, max_gap_s=1.0)
+    assert [w.feed(s) for s in (snap(0.0), snap(1.5), snap(3.0), snap(4.5), snap(6.0))] == [None] * 5
+    w = StallWatcher(4.0, max_gap_s=2.0)
+    assert w.feed(snap(0.0)) is None and w.feed(snap(1.5)) is None and w.feed(snap(3.0)) is None
+    assert w.feed(snap(4.5)) is not None
+
+    calls = []
+
+    def early(facts, frozen_s, samples, cpu):
+        calls.append(cpu)
+        return "decided" if cpu is not None and cpu >= 1.0 else None
+    w = StallWatcher(100.0, early=early)
+    assert w.feed(snap(0.0), 10.0) is None
+    st = w.feed(snap(1.0), 11.0)
+    assert st is not None and st.decided_by == "decided" and calls == [1.0]
+
+
+def test_an_episode_carries_the_stalls_duration_and_diagnosis_from_its_first_firing():
+    w = StallWatcher(2.0)
+    for t in (0.0, 1.0, 2.0):
+        st = w.feed(snap(t))
+    assert st is not None
+    (ep,) = w.episodes
+    assert (ep.instance, ep.since, ep.duration_s, ep.diagnosis) == ("decode", 0.0, 2.0, st.diagnosis)
+
+
+def test_watch_waits_interval_when_wake_is_not_set():
+    async def go():
+        return await watch(StallWatcher(50.0), scraper([snap(0.0, **IDLE), snap(1.0, **IDLE)]), until(2), 0.01,
+                           wake=asyncio.Event())
+    assert run(asyncio.wait_for(go(), 10)) is None
