@@ -180,3 +180,28 @@ def test_sequence_checks_list_and_gaps():
     no_parity = ScenarioConfig.model_validate({"name": "s", "kind": "sequence", "parity": False,
                                                "sequence": {"steps": [HEAD]}})
     assert "parity" not in [c.name for c in sequence_checks(no_parity, obs, res)]
+
+
+def test_every_sequence_check_carries_its_name_in_every_state():
+    from rig.judge.sequence_checks import lease_reaped_check, no_stall_check
+    from rig.workload.sequence import LeaseReap
+    assert [c.name for c in (no_stall_check(SequenceResult()), no_stall_check(SequenceResult(stall="x")))] == [
+        "no-stall", "no-stall"]
+    assert no_stall_check(SequenceResult()).detail == "D never froze with requests waiting while requests were outstanding"
+    states = [LeaseReap(expired_before=None), LeaseReap(expired_before=1), LeaseReap(expired_before=1,
+              last_abandoned_ms=0), LeaseReap(expired_before=1, last_abandoned_ms=0, reaped_ms=100)]
+    got = [lease_reaped_check(SequenceResult(reap=r), 5, 5, reap_while="x") for r in states]
+    got.append(lease_reaped_check(SequenceResult(), 5, 5))
+    assert {c.name for c in got} == {"lease-reaped"}
+    assert [c.ok for c in got] == [None, None, False, None, None]
+    assert got[0].detail == "not checked: P has no vllm:nixl_num_kv_expired_reqs_total"
+    assert got[4].detail == "not checked: no step abandons its decode hop"
+    assert got[2].detail == ("P's nixl_num_kv_expired_reqs_total rose by 0 of 0 within kv_lease_duration + "
+                             "idle_margin_s = 10 s of the last abandoned prefill answer: expired leases not reaped")
+    obs, res = run([], {})
+    c = completed_check(obs, res)
+    assert (c.name, c.detail) == ("completed", "not checked: no request was sent")
+    obs, res = run([answered("h0", 32, 4)], {"h0": ("head", "decode")})
+    assert completed_check(obs, res).name == "completed"
+    obs, res = run([PDRecord("h0", 32, 4, outcome="timeout")], {"h0": ("head", "decode")})
+    assert completed_check(obs, res).name == "completed"
