@@ -187,7 +187,8 @@ def test_every_sequence_check_carries_its_name_in_every_state():
     from rig.workload.sequence import LeaseReap
     assert [c.name for c in (no_stall_check(SequenceResult()), no_stall_check(SequenceResult(stall="x")))] == [
         "no-stall", "no-stall"]
-    assert no_stall_check(SequenceResult()).detail == "D never froze with requests waiting while requests were outstanding"
+    c = no_stall_check(SequenceResult())
+    assert c.detail == "D never froze with requests waiting while requests were outstanding"
     states = [LeaseReap(expired_before=None), LeaseReap(expired_before=1), LeaseReap(expired_before=1,
               last_abandoned_ms=0), LeaseReap(expired_before=1, last_abandoned_ms=0, reaped_ms=100)]
     got = [lease_reaped_check(SequenceResult(reap=r), 5, 5, reap_while="x") for r in states]
