@@ -173,7 +173,9 @@ def test_counter_rules_check_details_in_every_state():
     assert (c.ok, c.detail) == (None, "not checked: decode vllm:a_total not checked: decode lacks vllm:a_total "
                                       "(if_present: left out); decode vllm:b_total not checked: decode lacks "
                                       "vllm:b_total (if_present: left out)")
-    assert counter_rules_check(rows, [], "prefill", "decode").detail == "not checked: no counter rule"
+    c = counter_rules_check(rows, [], "prefill", "decode", name="nixl-failed-transfers")
+    assert (c.name, c.detail) == ("nixl-failed-transfers", "not checked: no counter rule")
+    assert counter_rules_check(rows, gone, "prefill", "decode", name="x").name == "x"
 
 
 # ------------------------------------------------------------------------- StallWatcher passes its settings on
