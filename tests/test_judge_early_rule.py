@@ -35,6 +35,7 @@ def test_one_short_of_a_threshold_never_decides(frozen, samples, cpu):
     {"running": 1.0},
     {"kv_usage": 0.051},
     {"kv_fetch_stages": {"waiting_to_start": 0.0}},
+    {"kv_fetch_stages": {}},  # no fetch stage reported at all
     {"kv_fetch_stages": {"waiting_to_start": 1.0, "in_progress": 1.0}},
     {"waiting_reasons": {}},  # not waiting for capacity: not fits-but-waits
 ])
