@@ -221,3 +221,13 @@ def test_watch_waits_interval_when_wake_is_not_set():
         return await watch(StallWatcher(50.0), scraper([snap(0.0, **IDLE), snap(1.0, **IDLE)]), until(2), 0.01,
                            wake=asyncio.Event())
     assert run(asyncio.wait_for(go(), 10)) is None
+
+
+def test_one_request_in_a_fetch_stage_is_held_back_and_the_diagnosis_names_the_kind():
+    from rig.observe.stall import FULL_POOL, describe, is_blocked
+    assert is_blocked(snap(0.0, waiting=0, capacity=0, wts=0, inprog=1, kv=0.2))
+    assert not is_blocked(snap(0.0, waiting=0, capacity=0, wts=0, inprog=0, kv=0.2))
+    assert describe(snap(0.0, kv=0.49), 3.0).startswith("admission livelock on decode")
+    assert describe(snap(0.0, kv=0.5), 3.0).startswith("stall on decode")
+    assert describe(snap(0.0, capacity=0, kv=FULL_POOL), 3.0).startswith("pool deadlock on decode")
+    assert describe(snap(0.0, capacity=0, kv=FULL_POOL, running=1), 3.0).startswith("stall on decode")
