@@ -250,3 +250,14 @@ def test_shared_params_without_parity_still_needs_several_prompts():
     assert match(sig, obs, facts_of_records(obs)).matched  # two prompts, no divergence: parity: false
     rec.prompt = [rec.prompt[0]]  # one prompt: the params cannot name "one prompt of several"
     assert not match(sig, obs, facts_of_records(obs)).matched
+
+
+def test_shared_params_with_ps_log_unscanned_matches_nothing_and_does_not_crash():
+    rec = two_prompt_record()
+    from rig.config import KnownIssue
+    from test_shared_params_signature import two_prompt_obs
+    obs = two_prompt_obs([rec], lines=[INVALID])
+    del obs.kv_integrity_lines["prefill"]
+    obs.unscanned_logs["prefill"] = "log file missing"
+    sig = KnownIssue.model_validate(KI).symptom
+    assert not match(sig, obs, facts_of_records(obs)).matched
