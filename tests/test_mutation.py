@@ -80,6 +80,7 @@ def test_counter_rules_has_no_survivor_outside_the_baseline(tmp_path):
     p = subprocess.run([sys.executable, str(tmp_path / "scripts" / "mutation.py"), "--modules", "judge.counter_rules",
                         "--baseline", str(mutation.BASELINE), "--out", str(tmp_path / "out")],
                        capture_output=True, text=True, cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(tmp_path)})
+    print(p.stdout)  # the table (pytest -s shows it)
     assert p.returncode == 0, p.stdout[-4000:] + p.stderr[-2000:]
     assert "| rig/judge/counter_rules.py | " in p.stdout
     assert "0 new" in p.stdout
