@@ -21,7 +21,8 @@ def rec(i: int = 0, outcome: str = "ok", prompt_len: int = 31, tokens: int | Non
 
 def wave(records: list[WaveRecord] | None = None, kind: str = "prefix-wave", **kw) -> WaveResult:
     base = dict(scenario="w", kind=kind, client="fast", params={"prompt_tokens": 31, "concurrency": 2},
-                instances={"prefill": "prefill", "decode": "decode"}, records=records or [rec()],
+                instances={"prefill": "prefill", "decode": "decode"},
+                records=records if records is not None else [rec()],
                 expected_prefix_hits=64, prefix_fits=True, deltas={"prefill": {"prefix_hits": 64.0}},
                 usable_blocks={"prefill": 8}, block_size=16, kv_lease_s=30.0)
     base.update(kw)
@@ -218,3 +219,51 @@ def test_wave_parity_sample():
     w = wave([rec(0)], kind="pressure-wave", params={"parity_fraction": 0.5}, parity={"compared": 1, "equal": 1})
     assert states(wave_checks(sc(), obs(), w))["parity"] is True
     assert "parity" not in states(wave_checks(sc(parity=False), obs(), w))
+
+
+# ------------------------------------------------------------------------- judge_wave
+
+def full_obs(**kw) -> ScenarioObservation:
+    from rig.observe.observations import DrainResult
+    o = obs(fatal_lines={"prefill": [], "decode": []}, kv_integrity_lines={"prefill": [], "decode": []},
+            drains=[DrainResult("decode", True, 0.1, 0.0, {"waiting": 0, "running": 0, "kv_usage": 0}),
+                    DrainResult("prefill", True, 0.1, 0.0, {"waiting": 0, "running": 0, "kv_usage": 0})],
+            vllm_version="0.32.0", versions={"prefill": "0.32.0", "decode": "0.32.0"})
+    for k, v in kw.items():
+        setattr(o, k, v)
+    return o
+
+
+def healthy_wave(**kw) -> WaveResult:
+    kw.setdefault("params", {"prompt_tokens": 31, "concurrency": 2, "parity_fraction": 1.0})
+    kw.setdefault("parity", {"compared": 1, "equal": 1})
+    return wave(kw.pop("records", [rec(0)]), kind="pressure-wave", **kw)
+
+
+def test_judge_wave_passes_a_healthy_wave_and_never_a_broken_one():
+    from rig.judge.wave_checks import judge_wave
+    v = judge_wave(sc(), full_obs(), healthy_wave())
+    assert v.verdict == "PASS", v.reason
+    # the wave's own error (a metrics scrape failed) is a failed check, also with records
+    v = judge_wave(sc(), full_obs(), healthy_wave(error="metrics unavailable: ConnectError"))
+    assert v.verdict == "FAIL" and "metrics: metrics unavailable: ConnectError" in v.reason
+    # no records and an error: the wave did not run
+    v = judge_wave(sc(), full_obs(), wave([], kind="pressure-wave", error="boom"))
+    assert (v.verdict, v.reason, v.scenario) == ("ERROR", "boom", "w")
+    v = judge_wave(sc(), full_obs(error="rig: lost the decode"), healthy_wave())
+    assert (v.verdict, v.reason) == ("ERROR", "rig: lost the decode")
+    v = judge_wave(sc(), full_obs(), None)
+    assert (v.verdict, v.reason) == ("ERROR", "the wave did not run")
+
+
+def test_judge_wave_explains_recorded_stalls_and_fails_the_unexplained():
+    from rig.judge.wave_checks import judge_wave
+    w = healthy_wave(stalls=[stall(instance="decode")])
+    v = judge_wave(sc(), full_obs(), w)
+    assert v.verdict == "FAIL" and "UNEXPLAINED" in v.reason and w.stalls[0]["explained"] == ""
+    w = healthy_wave(records=HELD + [rec(9)], usable_blocks={"prefill": 16}, stalls=[stall()])
+    judge_wave(sc(), full_obs(), w)
+    assert w.stalls[0]["explained"].startswith("6 requests abandoned between the hops")
+    w = healthy_wave(stalls=[{**stall(instance="decode"), "explained": "given by the wave"}])
+    judge_wave(sc(), full_obs(), w)
+    assert w.stalls[0]["explained"] == "given by the wave"  # an explanation the wave gave is kept
