@@ -315,3 +315,39 @@ def test_check_drains_waits_on_every_endpoint(text, idle):
                                       {"decode": 0.0}, drain_s=0.3, interval_s=0.05)
     out = run(go())
     assert [d.instance for d in out] == ["decode", "prefill"] and all(d.idle is idle for d in out)
+
+
+def test_a_frozen_or_sourceless_instance_does_not_stop_the_scan_of_the_next():
+    d = Log()
+    c = Cluster({"held": Log(), "router": None, "decode": d}, frozen=["held"])
+    sc = LogScanner()
+    sc.phase_started(c)
+    d.write(FATAL + "\n")
+    o = obs()
+    sc.scan(c, o)
+    assert len(o.fatal_lines["decode"]) == 1 and o.unscanned_logs == {"router": NO_LOG_SOURCE}
+    assert "held" not in o.fatal_lines
+
+
+def test_an_unreachable_instance_does_not_stop_the_presence_check_of_the_next():
+    text = TEMPLATE.format(**LIVELOCK)
+
+    def handler(r):
+        if r.url.host == "gone":
+            raise httpx.ConnectError("refused")
+        return httpx.Response(200, text=text)
+
+    async def go():
+        async with client(handler) as h:
+            return await metric_presence(h, Cluster({}), {"gone": "prefill", "decode": "decode"}, {})
+    pres = run(go())
+    assert "gone" in pres.unreachable and "decode" in pres.required and "decode" in pres.diagnostic
+    # without NIXL the decode is not asked for the NIXL metrics
+    snap = m.parse_metrics(text, "decode", t=0)
+    assert pres.required["decode"] == m.missing_metrics(snap, m.required_metrics("decode", False))
+    assert pres.diagnostic["decode"] == m.missing_metrics(snap, m.DIAGNOSTIC_METRICS.get("decode", ()))
+
+
+def test_a_fresh_scanner_reads_the_death_line_from_the_logs_first_byte():
+    d = Log(FATAL + "\n")
+    assert LogScanner().death_line(Cluster({"decode": d}), "decode") == FATAL
