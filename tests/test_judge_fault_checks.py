@@ -174,3 +174,11 @@ def test_a_killed_instances_log_is_not_judged_but_a_survivors_is():
     # the killed instance's unreadable log does not make the survivors' check blind
     o = obs(recovery(), unscanned_logs={"prefill": "gone"})
     assert names(fault_checks(sc(), o, result()))["no-fatal-log"] is True
+
+
+def test_a_survivors_unscanned_log_is_not_checked_when_another_instance_was_killed():
+    o = obs(recovery(), unscanned_logs={"decode": "log file missing"}, fatal_lines={"prefill": ["ERROR boom"]})
+    c = next(c for c in fault_checks(sc(), o, result()) if c.name == "no-fatal-log")
+    assert c.ok is None and c.detail == ("not checked: decode: log file missing (survivors; prefill killed by the "
+                                         "fault: its log not judged)")
+    assert c.requests == ()
