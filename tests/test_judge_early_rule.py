@@ -49,7 +49,9 @@ def test_kv_usage_at_its_bound_still_decides_when_the_blocks_fit():
 
 
 def test_every_outstanding_prompt_must_fit_but_wait():
-    assert replace(RULE, prompt_lens=(126, 30))(FACTS, 2.0, 8, 1.0) is not None
+    text = replace(RULE, prompt_lens=(126, 30))(FACTS, 2.0, 8, 1.0)
+    assert text is not None and text.startswith("block arithmetic (n=30 k=1 block_size=32: needs 1 blocks, 4 of 4 "
+                                                "usable free; n=126 k=1")
     assert replace(RULE, prompt_lens=(126, 127))(FACTS, 2.0, 8, 1.0) is not None  # 127+2 clamps to 128
     never = replace(RULE, blocks=replace(BLOCKS, usable_blocks=3))
     assert never(FACTS, 2.0, 8, 1.0) is None
@@ -58,7 +60,7 @@ def test_every_outstanding_prompt_must_fit_but_wait():
 
 @pytest.mark.parametrize("kw", [{"min_frozen_s": 0}, {"min_samples": 1}, {"min_engine_cpu_s": 0}])
 def test_settings_at_their_bounds_are_refused(kw):
-    with pytest.raises(ValueError, match="AdmissionReasoning: min_frozen_s and min_engine_cpu_s must be > 0"):
+    with pytest.raises(ValueError, match="^AdmissionReasoning: min_frozen_s and min_engine_cpu_s must be > 0"):
         AdmissionReasoning(BLOCKS, (126,), **kw)
     ok = {"min_frozen_s": 0.01, "min_samples": 2, "min_engine_cpu_s": 0.01}
     AdmissionReasoning(BLOCKS, (126,), **{k: ok[k] for k in kw})

@@ -114,3 +114,32 @@ def test_compare_length_and_cap():
     assert compare([], [], 2, 2).status == "equal"
     assert ParityResult("refused", reason="x").describe() == "refused: x"
     assert ParityResult("equal").describe() == "equal"
+
+
+def test_one_at_a_time_a_failed_reference_does_not_end_the_others():
+    cases = [ParityCase(hop([1]), 1, ref_of(hop(error="boom"))), ParityCase(hop([1]), 1, ref_of(hop(None))),
+             ParityCase(hop([1]), 1, ref_of(hop([1]), delay=1.0)), ParityCase(hop([1]), 1, ref_of(hop([1])))]
+    out = asyncio.run(run_parity(cases, concurrency=1, timeout_s=0.2))
+    assert [o.failure if o else None for o in out] == ["boom", "no token_ids", "timeout: deadline", ""]
+    assert out[0] is not None and out[0].hop is not None and out[0].hop.error == "boom"
+    assert out[3] is not None and out[3].result == ParityResult("equal")
+
+
+def test_record_parity_asks_one_reference_at_a_time():
+    running, peak = 0, 0
+
+    async def reference(rec: PDRecord) -> Hop:
+        nonlocal running, peak
+        running += 1
+        peak = max(peak, running)
+        await asyncio.sleep(0.01)
+        running -= 1
+        return hop([1, 2])
+    recs = [PDRecord(f"r{i}", 4, 2, outcome="ok", decode=Hop("decode", status=200, token_ids=[1, 2]))
+            for i in range(4)]
+    assert asyncio.run(record_parity(recs, reference)) == [ParityResult("equal")] * 4 and peak == 1
+
+
+def test_a_token_answer_against_one_reference_choice_is_compared():
+    assert compare_hops(hop([1, 2]), hop(choices=[[1, 2]]), 2, 2).status == "equal"
+    assert compare_hops(hop(choices=[[1, 2]]), hop([1, 3]), 2, 2).status == "diverged"
