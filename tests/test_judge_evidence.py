@@ -507,3 +507,22 @@ def test_a_canary_catch_explains_the_kv_integrity_line_of_the_caught_request():
     obs.kv_integrity_lines["prefill"] = [EXPIRED.format(rid="cmpl-p-0")]
     v = canary(obs)
     assert checks_of(v)["kv-integrity"] is False and v.verdict == "PASS", v.reason
+
+
+def test_spec_drafted_reads_decode_even_when_preemptions_are_read_on_prefill():
+    s = sc(expect={"completion_tokens": 2, "total_tokens": 128, "min_preemptions": 1, "min_preemptions_on": "prefill",
+                   "min_spec_drafts": 1})
+    obs = obs_of([ok_record()], evidence=_ev(spec_drafts=3), prefill_evidence=_ev(preemptions=2))
+    got = {c.name: c for c in engine.edge_checks(s, obs)}
+    assert got["spec-drafted"].ok is True and got["spec-drafted"].detail.startswith("decode:")
+    assert got["preempted"].ok is True and got["preempted"].detail.startswith("prefill:")
+
+
+def test_an_uncaught_canary_says_what_each_request_showed():
+    obs = obs_of([ok_record(0), stalled_record(1)], parity=[ParityResult("equal"), None],
+                 evidence=TransferEvidence(nixl_bytes=0, nixl_transfers=0, external_prompt_tokens=0))
+    m = canary_match(obs, engine.edge_checks(sc(tamper="swap-prompt"), obs))
+    assert m.seen == "edge-126-0: ok, KV not pulled, parity equal; edge-126-1: stalled"
+    v = judge(sc(), obs_of([], evidence=_ev(nixl_bytes=0)))
+    assert v.reason.startswith("completed: 0/0 completed; token-counts: no answer to count; kv-pulled: no answered "
+                               "request to show a transfer for")
