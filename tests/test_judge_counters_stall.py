@@ -231,3 +231,13 @@ def test_one_request_in_a_fetch_stage_is_held_back_and_the_diagnosis_names_the_k
     assert describe(snap(0.0, kv=0.5), 3.0).startswith("stall on decode")
     assert describe(snap(0.0, capacity=0, kv=FULL_POOL), 3.0).startswith("pool deadlock on decode")
     assert describe(snap(0.0, capacity=0, kv=FULL_POOL, running=1), 3.0).startswith("stall on decode")
+
+
+def test_a_state_that_moves_only_between_fetch_stages_or_reasons_is_not_frozen():
+    from rig.observe.stall import StallDetector
+    det = StallDetector(2.0)
+    stages = [dict(wts=1, inprog=0), dict(wts=0, inprog=1, capacity=0)]
+    assert all(det.feed(snap(float(t), **stages[t % 2])) is None for t in range(8))
+    det = StallDetector(2.0)
+    reasons = [dict(capacity=1, deferred=0), dict(capacity=0, deferred=1)]
+    assert all(det.feed(snap(float(t), **reasons[t % 2])) is None for t in range(8))

@@ -526,3 +526,17 @@ def test_an_uncaught_canary_says_what_each_request_showed():
     v = judge(sc(), obs_of([], evidence=_ev(nixl_bytes=0)))
     assert v.reason.startswith("completed: 0/0 completed; token-counts: no answer to count; kv-pulled: no answered "
                                "request to show a transfer for")
+
+
+def test_a_versioned_outcome_with_ds_version_unknown_is_error_and_a_death_still_fails():
+    s = sc(expect={"completion_tokens": 1, "total_tokens": 128, "by_version": [
+        {"vllm": "<0.31", "http_status": 400, "note": "older decodes refuse"}]})
+    obs = obs_of([ok_record()], versions={"prefill": "0.32.0"}, vllm_version="unknown")
+    v = judge(s, obs)
+    assert (v.verdict, v.scenario) == ("ERROR", "edge-126")
+    assert v.reason == ("the expected outcome depends on the vLLM version (<0.31) and decode's version is unknown")
+    assert v.expectation == "pass" and v.checks == []
+    obs.error = "rig: metrics unavailable"
+    assert judge(s, obs).reason == "rig: metrics unavailable"
+    obs.error, obs.dead = "", {"decode": 1}
+    assert judge(s, obs).verdict == "FAIL"
