@@ -379,7 +379,7 @@ class Explorer:
         header = (f"pdrig explore finding {i} (seed {self.s.seed}, action {f.action.index}, config {self.cfg.name})\n"
                   f"signature: {f.signature}\nstability: {f.stability}; known issue: {f.known_issue}\n"
                   f"as written it gave: {f.emitted_verdict}\n"
-                  f"reproduce: pdrig e2e --config <this profile> --set suite=<this file>")
+                  f"reproduce: pdrig e2e --config <this profile> --set suite=<this file>{_lease_set(self.cfg)}")
         path = self.run_dir / "findings" / f"{name}.yaml"
         path.parent.mkdir(exist_ok=True)
         path.write_text(suite_yaml([sc], header))
@@ -400,6 +400,13 @@ class Explorer:
         self.report.vllm_version = self.runner.result.vllm_version
         write_explore_report(self.report, self.run_dir)
 
+
+
+def _lease_set(cfg: RigConfig) -> str:
+    """The ``--set`` of the lease the exploration ran with ('' for vLLM's default): a finding
+    whose decode hop was held past the lease reproduces only with the same lease."""
+    lease = cfg.nixl.kv_lease_duration
+    return "" if lease is None else f" --set nixl.kv_lease_duration={lease}"
 
 
 def _python_of(cfg: RigConfig) -> str:
