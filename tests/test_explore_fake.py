@@ -111,7 +111,9 @@ def test_finds_and_shrinks_wrong_tokens_at_k_block_plus_one_with_a_field(explore
 def test_finds_the_admission_stall_and_matches_the_declared_known_issue(explored, base):
     f = finding(explored[0], "decode-stall", "stalled")
     assert "stalled" in f["signature"] and f["minimal_requests"] <= 3
-    assert any(s["prompt_tokens"] >= 97 for s in f["minimal"]["steps"] if s["route"] == "pd"), f
+    # D's prompt is >= 97 tokens: the step's own, or with P's first token appended by the motif's router
+    assert any(s["prompt_tokens"] + bool((s.get("transform") or {}).get("append_first_token")) >= 97
+               for s in f["minimal"]["steps"] if s["route"] == "pd"), f
     assert f["known_issue"] == "spec-admission-livelock"
     emitted = yaml.safe_load(Path(f["yaml"]).read_text())
     assert emitted[0]["known_issue"]["id"] == "spec-admission-livelock"
