@@ -19,7 +19,7 @@ from rig.config.instances import InstanceConfig, LaunchConfig, MooncakeConfig, N
 from rig.config.model import ModelConfig
 from rig.config.scenarios import STORE_KINDS, ScenarioConfig
 from rig.config.timeouts import TimeoutsConfig
-from rig.connectors.kv_transfer import MOONCAKE_P2P_CPU_REFUSAL, STORE_MODES
+from rig.connectors.kv_transfer import MODE_CHILDREN, MOONCAKE_P2P_CPU_REFUSAL, STORE_MODES
 from rig.connectors.mooncake import CLIENT_PORT_OFFSET, CLIENT_PORT_STRIDE, client_port_ranges
 
 
@@ -81,6 +81,12 @@ class RigConfig(StrictModel):
         """The connector mode of ``inst`` (one of rig.connectors.kv_transfer.MODES): its own
         ``connector``, else the config's top-level ``connector``."""
         return inst.connector or self.connector
+
+    def max_model_len_of(self, inst: InstanceConfig | str) -> int:
+        """The ``--max-model-len`` of ``inst`` (an instance or its name) in tokens: its own
+        ``max_model_len``, else the top-level one. Raises KeyError for an unknown name."""
+        i = self.instance(inst) if isinstance(inst, str) else inst
+        return i.max_model_len or self.max_model_len
 
     def uses_store(self) -> bool:
         """True when any instance runs a Mooncake store mode (the topology then has a master)."""
@@ -204,6 +210,23 @@ class RigConfig(StrictModel):
         return self
 
     @model_validator(mode="after")
+    def _extra_config_children(self) -> RigConfig:
+        """An instance's ``kv_connector_extra_config`` names only children its connector runs."""
+        for _, inst in self.instances():
+            extra = inst.kv_connector_extra_config
+            if extra is None:
+                continue
+            mode = self.connector_of(inst)
+            runs = MODE_CHILDREN[mode]
+            for child in ("nixl", "store"):
+                if getattr(extra, child) and child not in runs:
+                    raise ValueError(
+                        f"{inst.name}.kv_connector_extra_config.{child}: connector {mode!r} has no {child} child "
+                        f"(it runs {', '.join(runs) or 'no configurable child'}); remove it or set {inst.name}."
+                        f"connector to {'nixl+store' if mode != 'nixl+store' else mode!r}")
+        return self
+
+    @model_validator(mode="after")
     def _attach_names(self) -> RigConfig:  # issue #15
         names = [i.name for _, i in self.instances()]
         for section in ("endpoints", "logs"):
@@ -296,16 +319,24 @@ class RigConfig(StrictModel):
                     raise ValueError(
                         f"scenarios[{i}] ({sc.name}).{role} names {ref!r}, which is not a {role} "
                         f"instance; choose one of {[x.name for x in pool]}")
-            if sc.prompt_tokens >= self.max_model_len:
+            p_mml = self.max_model_len_of(sc.prefill or self.prefill[0].name)
+            d_mml = self.max_model_len_of(sc.decode or self.decode[0].name)
+            if sc.prompt_tokens >= p_mml:
                 raise ValueError(
                     f"scenarios[{i}] ({sc.name}).prompt_tokens {sc.prompt_tokens} must be below "
-                    f"max_model_len {self.max_model_len} (vLLM rejects it otherwise)")
+                    f"max_model_len {p_mml} (prefill's; vLLM rejects it otherwise)")
+            if sc.prompt_tokens >= d_mml and sc.expect.http_status is None:
+                raise ValueError(
+                    f"scenarios[{i}] ({sc.name}).prompt_tokens {sc.prompt_tokens} is not below decode's "
+                    f"max_model_len {d_mml}: decode refuses the decode hop with HTTP 400; if that is the point, "
+                    "set expect.http_status: 400, else shorten the prompt")
+            mml = min(p_mml, d_mml)
             for j, st in enumerate(sc.sequence.steps if sc.sequence else []):  # kind sequence (BUGS R02, R06)
-                if st.prompt_tokens + st.max_tokens > self.max_model_len:
+                if st.prompt_tokens + st.max_tokens > mml:
                     raise ValueError(
                         f"scenarios[{i}] ({sc.name}).sequence.steps[{j}] ({st.id}): prompt_tokens {st.prompt_tokens} "
                         f"+ max_tokens {st.max_tokens} = {st.prompt_tokens + st.max_tokens} exceeds max_model_len "
-                        f"{self.max_model_len}; shorten the prompt or lower max_tokens")
+                        f"{mml}; shorten the prompt or lower max_tokens")
             for f in (sc.fault.faults if sc.fault else []):
                 if f.target not in ("prefill", "decode", "request", *names):
                     raise ValueError(f"scenarios[{i}] ({sc.name}).fault target {f.target!r}: give prefill, decode, "

@@ -79,7 +79,7 @@ def block_facts(cfg: RigConfig, decode: str) -> BlockFacts:
     return BlockFacts(block_size=cfg.instance(decode).block_size or cfg.block_size,
                       usable_blocks=usable_blocks_of(cfg, [decode])[decode],
                       num_speculative_tokens=spec.num_speculative_tokens if spec else 0,
-                      max_model_len=cfg.max_model_len)
+                      max_model_len=cfg.max_model_len_of(decode))
 
 
 async def _run_edge(sc: ScenarioConfig, ctx: ScenarioContext, obs: ScenarioObservation) -> BlockFacts:
@@ -96,7 +96,7 @@ async def _run_edge(sc: ScenarioConfig, ctx: ScenarioContext, obs: ScenarioObser
             await asyncio.sleep(hold_s)
             if usable:
                 await flush_prefill_pool(ctx.client, ctx.prefill, usable, ctx.cfg.block_size,
-                                         ctx.cfg.max_model_len, seed_of(sc.name))
+                                         ctx.cfg.max_model_len_of(ctx.prefill.name), seed_of(sc.name))
         between = hold
     blocks = block_facts(ctx.cfg, ctx.decode.name)
     # Reasoning instead of waiting (issue #13): an admission stall is decided once the block
