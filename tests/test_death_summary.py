@@ -1,0 +1,47 @@
+"""A death diagnosis quotes the exception that ended the traceback as well as the first fatal
+line: "EngineCore encountered a fatal error." alone reads like a vLLM crash whatever ended it."""
+
+from __future__ import annotations
+
+from conftest import DATA
+from rig.cluster.logs import death_summary, final_exception
+from rig.cluster.processes import FATAL_PATTERNS
+
+CRASH_0_30 = (DATA / "vllm-0.30.0-decode-ngram-crash.log").read_text().splitlines()
+ENGINE_FATAL = "EngineCore encountered a fatal error."
+
+
+def test_engine_core_fatal_error_is_quoted_with_the_exception_that_ended_its_traceback():
+    # The real 0.30.0 log from EngineCore's "fatal error" line on (the worker's own traceback,
+    # logged before it, left out): the first fatal line names no exception.
+    at = next(i for i, ln in enumerate(CRASH_0_30) if ENGINE_FATAL in ln)
+    text = "\n".join(CRASH_0_30[at:])
+    summary = death_summary(text, FATAL_PATTERNS)
+    assert summary.startswith("RuntimeError: Worker failed with error 'Cannot inspect kernel parameters for "
+                              "function', please check the stack trace above for the root cause (first fatal line: ")
+    assert summary.endswith("[core.py:1368] EngineCore encountered a fatal error.)")
+
+
+def test_a_first_fatal_line_that_already_quotes_its_exception_is_kept_as_it_is():
+    summary = death_summary("\n".join(CRASH_0_30), FATAL_PATTERNS)
+    assert summary.startswith("(Worker pid=11739) ERROR 11-30 20:00:07 [multiproc_executor.py:1055]")
+    assert summary.endswith("TypeError: Cannot inspect kernel parameters for function")
+    assert death_summary("INFO all good\n", FATAL_PATTERNS) is None
+    assert death_summary("x ERROR Cannot get 3 free blocks from the pool\n", FATAL_PATTERNS) == \
+        "x ERROR Cannot get 3 free blocks from the pool"
+
+
+def test_a_chained_traceback_ends_with_its_last_exception():
+    p = "(EngineCore pid=7) ERROR 12-01 10:00:00 [core.py:1368] "
+    lines = [p + ENGINE_FATAL, p + "Traceback (most recent call last):", p + '  File "x.py", line 1, in f',
+             p + "    call()", p + "KeyError: 'req-1'", p, p + "During handling of the above exception, "
+             "another exception occurred:", p, p + "Traceback (most recent call last):",
+             p + '  File "y.py", line 2, in g', p + "    raise TimeoutError(...)",
+             p + "TimeoutError: RPC call to sample_tokens timed out.",
+             "(APIServer pid=5) ERROR 12-01 10:00:00 [async_llm.py:843] AsyncLLM output_handler failed."]
+    assert final_exception(lines, 0) == "TimeoutError: RPC call to sample_tokens timed out."
+    assert death_summary("\n".join(lines), FATAL_PATTERNS) == (
+        f"TimeoutError: RPC call to sample_tokens timed out. (first fatal line: {p}{ENGINE_FATAL})")
+    # No traceback below the line, or the log ends inside it: nothing to quote.
+    assert final_exception(lines[:1], 0) is None
+    assert final_exception(lines[:4], 0) is None
