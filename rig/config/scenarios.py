@@ -9,6 +9,7 @@ takes. Checks that need the topology (instance names, max_model_len) are in rig.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from typing import Any, Literal, get_args
 
 from pydantic import Field, model_validator
@@ -17,7 +18,7 @@ from rig.config.base import NAME_PATTERN, StrictModel
 from rig.config.expectations import Expectation, KnownIssue, OptionalCheck
 from rig.config.faults import FaultScenarioConfig
 from rig.config.request_fields import RequestFields
-from rig.config.sequence import SequenceConfig
+from rig.config.sequence import SequenceConfig, Step
 
 # --- issue #4: prefix and pressure waves (rig/workload/waves.py) -------------------------------
 WAVE_KINDS = ("prefix-wave", "pressure-wave")
@@ -148,6 +149,13 @@ class ScenarioConfig(StrictModel):
     prompt_tokens: int = Field(ge=1, description="exact prompt length (token IDs)")
     max_tokens: int = Field(ge=1)
     concurrent: int = Field(1, ge=1, description="copies (distinct prompts) sent together")
+    same_as: str | None = Field(
+        None, description="edge: every copy sends this request's prompt (rig/workload/prompts.py): "
+                          "<scenario> (an edge or fault scenario's request 0) or <scenario>/<step>; "
+                          "prompt_tokens must equal its length")
+    prefix_of: str | None = Field(
+        None, description="edge: every copy sends the first prompt_tokens tokens of this request's prompt "
+                          "(named as in same_as)")
     expect: Expectation = Field(default_factory=Expectation)
     known_issue: KnownIssue | None = None
     deadline_s: float | None = Field(None, gt=0, description="None = timeouts.request_s")
@@ -201,6 +209,17 @@ class ScenarioConfig(StrictModel):
                 raise ValueError("kind sequence needs a `sequence:` block with its `steps` (each with id, route, "
                                  "prompt_tokens, max_tokens); see README 'kind: sequence'")
         return data
+
+    @model_validator(mode="after")
+    def _one_prompt_source(self) -> ScenarioConfig:
+        if self.same_as and self.prefix_of:
+            raise ValueError("same_as and prefix_of: give one (same_as = the whole prompt, prefix_of = its first "
+                             "prompt_tokens tokens)")
+        if (self.same_as or self.prefix_of) and self.request is not None and self.request.prompts > 1:
+            raise ValueError("same_as / prefix_of send one reused prompt per request; set request.prompts: 1")
+        if (self.same_as or self.prefix_of) and self.tamper:
+            raise ValueError("same_as / prefix_of with tamper: the canary draws its own prompts; remove one")
+        return self
 
     @model_validator(mode="after")
     def _require_fits_kind(self) -> ScenarioConfig:
@@ -305,7 +324,8 @@ class ScenarioConfig(StrictModel):
 COMMON_FIELDS = frozenset({"name", "kind", "description", "prefill", "decode", "prompt_tokens", "max_tokens",
                            "expect", "known_issue", "deadline_s", "parity", "seed", "require"})
 KIND_FIELDS: dict[str, frozenset[str]] = {
-    "edge": COMMON_FIELDS | {"concurrent", "tamper", "hold_between_s", "flush_prefill", "request"},
+    "edge": COMMON_FIELDS | {"concurrent", "tamper", "hold_between_s", "flush_prefill", "request", "same_as",
+                             "prefix_of"},
     **{k: COMMON_FIELDS | {"wave"} for k in WAVE_KINDS},
     **{k: COMMON_FIELDS | {"store"} for k in STORE_KINDS},
     "retrieval": COMMON_FIELDS | {"retrieval"},
@@ -313,3 +333,31 @@ KIND_FIELDS: dict[str, frozenset[str]] = {
     "sequence": COMMON_FIELDS | {"sequence"},  # per-step request fields live in the steps
 }
 SCENARIO_FIELDS = frozenset(ScenarioConfig.model_fields)
+
+
+def find_source(scenarios: Sequence[ScenarioConfig], owner: ScenarioConfig,
+                name: str) -> tuple[ScenarioConfig, Step | None]:
+    """The request a prompt-resource ``name`` points to, as ``(scenario, step or None)``: a step
+    of ``owner`` (a sequence), ``<scenario>/<step>``, or an edge / fault ``<scenario>``. Raises
+    KeyError naming what is missing (RigConfig refuses such configs at load time;
+    rig.workload.prompts.resolve follows the names)."""
+    by_name = {sc.name: sc for sc in scenarios}
+    by_name.setdefault(owner.name, owner)
+    if "/" in name:
+        scn, _, step = name.partition("/")
+    elif owner.sequence is not None and any(st.id == name for st in owner.sequence.steps):
+        scn, step = owner.name, name
+    else:
+        scn, step = name, ""
+    sc = by_name.get(scn)
+    if sc is None:
+        raise KeyError(f"no scenario {scn!r}")
+    if not step:
+        if sc.kind not in ("edge", "fault"):
+            raise KeyError(f"scenario {scn!r} is of kind {sc.kind}; name an edge or fault scenario, or "
+                           "<scenario>/<step> of a sequence")
+        return sc, None
+    steps = {st.id: st for st in (sc.sequence.steps if sc.sequence else [])}
+    if step not in steps:
+        raise KeyError(f"scenario {scn!r} has no step {step!r}")
+    return sc, steps[step]

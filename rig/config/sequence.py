@@ -56,12 +56,29 @@ class Step(StrictModel):
                                            "pd-abandon (P hop only, the decode hop never sent)")
     prompt_tokens: int = Field(ge=1, description="exact prompt length (token IDs)")
     max_tokens: int = Field(ge=1, description="completion tokens asked for")
-    count: int = Field(1, ge=1, description="distinct prompts of this shape, sent together")
+    count: int = Field(1, ge=1, description="prompts of this shape sent together: distinct, or count identical "
+                                            "copies with same_as / prefix_of")
+    same_as: str | None = Field(
+        None, description="send this request's prompt (rig/workload/prompts.py): <step> of this scenario, "
+                          "<scenario>/<step>, or <scenario> (an edge or fault scenario's request 0); "
+                          "prompt_tokens must equal its length")
+    prefix_of: str | None = Field(
+        None, description="send the first prompt_tokens tokens of this request's prompt (named as in same_as)")
     ignore_eos: bool = Field(False, description="ask every hop for ignore_eos (the full max_tokens)")
     request: RequestFields | None = Field(
         None, description="extra completions fields per hop (rig/config/request_fields.py); a one-hop route "
                           "(decode, prefill) sends its hop with the decode fields (the hop that answers)")
     start: StartRule | None = Field(None, description="None = at the scenario's start")
+
+    @model_validator(mode="after")
+    def _one_prompt_source(self) -> Step:
+        if self.same_as and self.prefix_of:
+            raise ValueError(f"step {self.id!r}: same_as and prefix_of: give one (same_as = the whole prompt, "
+                             "prefix_of = its first prompt_tokens tokens)")
+        if (self.same_as or self.prefix_of) and self.prompts > 1:
+            raise ValueError(f"step {self.id!r}: same_as / prefix_of send one reused prompt per request; "
+                             "set request.prompts: 1")
+        return self
 
     @model_validator(mode="after")
     def _prefill_fields_need_a_prefill_hop(self) -> Step:

@@ -17,7 +17,8 @@ from rig.config.deployment import AttachConfig, KubernetesConfig, PortsConfig
 from rig.config.expectations import StaleKvSignature
 from rig.config.instances import InstanceConfig, LaunchConfig, MooncakeConfig, NixlConfig
 from rig.config.model import ModelConfig
-from rig.config.scenarios import STORE_KINDS, ScenarioConfig
+from rig.config.scenarios import STORE_KINDS, ScenarioConfig, find_source
+from rig.config.sequence import Step
 from rig.config.timeouts import TimeoutsConfig
 from rig.connectors.kv_transfer import MODE_CHILDREN, MOONCAKE_P2P_CPU_REFUSAL, STORE_MODES
 from rig.connectors.mooncake import CLIENT_PORT_OFFSET, CLIENT_PORT_STRIDE, client_port_ranges
@@ -207,6 +208,51 @@ class RigConfig(StrictModel):
         problems = self._mooncake_problems()
         if problems:
             raise ValueError("; ".join(problems))
+        return self
+
+    @model_validator(mode="after")
+    def _prompt_sources(self) -> RigConfig:
+        """Every ``same_as`` / ``prefix_of`` names a request with one prompt of a fitting length, and
+        the names form no cycle (rig/workload/prompts.py follows them)."""
+        holders: list[tuple[ScenarioConfig, Step | None]] = []
+        for sc in self.scenarios:
+            holders.append((sc, None))
+            holders += [(sc, st) for st in (sc.sequence.steps if sc.sequence else [])]
+        for sc, st in holders:
+            holder = st if st is not None else sc
+            ref = holder.same_as or holder.prefix_of
+            if ref is None:
+                continue
+            field = "same_as" if holder.same_as else "prefix_of"
+            where = f"{sc.name}" + (f".sequence.steps[{st.id}]" if st is not None else "") + f".{field}"
+            seen = [f"{sc.name}/{st.id}" if st else sc.name]
+            cur_sc, cur_st = sc, st
+            cur_ref: str | None = ref
+            while cur_ref is not None:
+                try:
+                    cur_sc, cur_st = find_source(self.scenarios, cur_sc, cur_ref)
+                except KeyError as e:
+                    raise ValueError(f"{where} {ref!r}: {e.args[0]}; name <step>, <scenario>/<step> or an edge "
+                                     "or fault <scenario>") from None
+                key = f"{cur_sc.name}/{cur_st.id}" if cur_st else cur_sc.name
+                if key in seen:
+                    raise ValueError(f"{where} {ref!r}: the names form a cycle ({' -> '.join(seen + [key])}); "
+                                     "let one of them draw its own prompt")
+                seen.append(key)
+                src = cur_st if cur_st is not None else cur_sc
+                cur_ref = src.same_as or src.prefix_of
+                if cur_st is None and cur_sc.request is not None and cur_sc.request.prompts > 1 or \
+                        cur_st is not None and cur_st.prompts > 1:
+                    raise ValueError(f"{where} {ref!r}: {key} sends several prompts per request; name a request "
+                                     "with one prompt")
+            src_sc, src_st = find_source(self.scenarios, sc, ref)
+            length = (src_st or src_sc).prompt_tokens
+            if holder.same_as and holder.prompt_tokens != length:
+                raise ValueError(f"{where} {ref!r}: that prompt has {length} tokens, prompt_tokens is "
+                                 f"{holder.prompt_tokens}; set prompt_tokens: {length}, or use prefix_of")
+            if holder.prefix_of and holder.prompt_tokens > length:
+                raise ValueError(f"{where} {ref!r}: prompt_tokens {holder.prompt_tokens} is longer than that "
+                                 f"prompt ({length} tokens); give at most {length}")
         return self
 
     @model_validator(mode="after")

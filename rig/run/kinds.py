@@ -105,7 +105,8 @@ async def _run_edge(sc: ScenarioConfig, ctx: ScenarioContext, obs: ScenarioObser
     name = ctx.decode.name
     await run_edge(sc, ctx.client, ctx.http, ctx.prefill, ctx.decode, sc.deadline_s or t.request_s,
                    t.stall_window_s, t.metrics_interval_s, ctx.store, obs, transfer_window_s=t.kv_transfer_s,
-                   between=between, early=early, engine_cpu=lambda: ctx.cluster.engine_cpu_s(name))
+                   between=between, early=early, engine_cpu=lambda: ctx.cluster.engine_cpu_s(name),
+                   scenarios=ctx.cfg.scenarios)
     return blocks
 
 

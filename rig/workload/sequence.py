@@ -43,7 +43,7 @@ from rig.observe.parity import record_parity
 from rig.observe.stall import StallWatcher, watch
 from rig.transport.client import cancel_task
 from rig.transport.records import PDRecord, classify, prefill_failure
-from rig.workload.prompts import request_prompt, seed_of
+from rig.workload.prompts import resolve
 
 ABANDONED = "abandoned by the scenario: the decode hop is never sent (P holds the blocks until its lease)"
 
@@ -149,13 +149,12 @@ class _Sequence:
     # -- records --------------------------------------------------------------------------
 
     def _records(self) -> list[tuple[Step, PDRecord]]:
-        seed = self.sc.seed if self.sc.seed is not None else seed_of(self.sc.name)
         out = []
         for s in self.spec.steps:
             for k in range(s.count):
                 rid = f"{self.sc.name}-{s.id}-{k}"
                 rec = PDRecord(request_id=rid, prompt_len=s.prompt_tokens, max_tokens=s.max_tokens,
-                               prompt=request_prompt(s.prompt_tokens, seed_of(f"{seed}/{s.id}/{k}"), s.prompts),
+                               prompt=resolve(self.ctx.cfg.scenarios, self.sc, s, k),
                                endpoint=s.endpoint)
                 self.entries[rid] = SequenceEntry(rid, s.id, s.route)
                 out.append((s, rec))
