@@ -10,13 +10,16 @@ import pytest
 from conftest import fake_config, kill_pids, wait_no_survivors, write_config
 from rig.cli import fresh_prompt_seeds
 from rig.config import ConfigError, load_config
+from rig.judge.sequence_checks import gauges_account_check
+from rig.observe.metrics import MetricSnapshot, parse_metrics
 from rig.run.runner import SuiteRunner, new_run_dir
 from rig.workload.prompts import make_prompt, resolve
+from rig.workload.sequence import SequenceResult
 
 SCENARIOS = [
     {"name": "x-edge", "prompt_tokens": 40, "max_tokens": 4},
     {"name": "x-copies", "prompt_tokens": 40, "max_tokens": 4, "concurrent": 3, "same_as": "x-edge"},
-    {"name": "reuse", "kind": "sequence", "sequence": {"steps": [
+    {"name": "reuse", "kind": "sequence", "require": ["gauges-account"], "sequence": {"steps": [
         {"id": "x", "route": "pd", "prompt_tokens": 64, "max_tokens": 4},
         {"id": "again", "route": "pd", "prompt_tokens": 64, "max_tokens": 4, "same_as": "x",
          "start": {"after": "x", "event": "answered"}},
@@ -63,6 +66,9 @@ def test_reused_prompts_are_the_same_token_ids_and_reach_the_servers(suite):
             if "prompt ids: " in ln]
     assert sent.count(",".join(map(str, own))) == 7
     assert sent.count(",".join(map(str, x[:32]))) == 1  # head: straight to D
+    reuse = next(v for v in result.verdicts if v.scenario == "reuse")
+    gauges = next(c for c in reuse.checks if c.name == "gauges-account")
+    assert gauges.ok is True and "counted every outstanding request" in gauges.detail, gauges.detail
     for v in result.verdicts:
         assert v.verdict in ("PASS", "FAIL"), (v.scenario, v.reason)
         # Every request answered; what D's prefix cache makes of the repeats is the scenario's to judge.
@@ -107,3 +113,28 @@ def test_a_cycle_of_names_is_refused(tmp_path):
                  {"name": "b", "prompt_tokens": 8, "max_tokens": 2, "same_as": "a"}]
     with pytest.raises(ConfigError, match=r"a.same_as 'b': the names form a cycle \(a -> b -> a\)"):
         load_config(write_config(tmp_path, fake_config(tmp_path, scenarios=scenarios)))
+
+
+def _d(running: int, waiting: int, fetch: int | None) -> MetricSnapshot:
+    text = f"vllm:num_requests_running {running}\nvllm:num_requests_waiting {waiting}\n"
+    if fetch is not None:
+        text += f'vllm:num_requests_kv_fetch_by_stage{{stage="waiting_to_start"}} {fetch}\n'
+    return parse_metrics(text, "decode")
+
+
+def test_gauges_account_fails_on_a_request_d_counts_nowhere_for_the_window():
+    """vLLM PR #56640's symptom: a request parked in WAITING_FOR_REMOTE_KVS on a build that counts
+    it in no gauge; a short gap (a request on its way into the engine) is not a failure."""
+    seen = SequenceResult(gauge_window_s=2.0)
+    seen.gauges.feed(_d(0, 0, 0), 1, 0.0, 0.0)  # just sent: not yet in D's engine
+    seen.gauges.feed(_d(0, 1, 1), 1, 0.5, 500.0)  # waiting and fetching: counted once
+    seen.gauges.feed(_d(1, 0, None), 1, 1.0, 1000.0)
+    seen.gauges.feed(_d(0, 0, 0), 0, 1.5, 1500.0)  # nothing outstanding: no sample
+    assert seen.gauges.samples == 3
+    assert gauges_account_check(seen).ok is True
+    hidden = SequenceResult(gauge_window_s=2.0)
+    for i in range(6):
+        hidden.gauges.feed(_d(1, 0, 0), 2, 0.5 * i, 500.0 * i)  # one of two requests invisible for 2.5 s
+    check = gauges_account_check(hidden)
+    assert check.ok is False and "D's gauges showed 1 of 2 outstanding requests for 2.5 s" in check.detail
+    assert gauges_account_check(SequenceResult(gauge_window_s=2.0)).ok is None

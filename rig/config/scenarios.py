@@ -185,7 +185,9 @@ class ScenarioConfig(StrictModel):
     require: list[OptionalCheck] = Field(
         default_factory=list,
         description="checks required beyond the kind's (not checked -> ERROR): counters-monotonic (BUGS R12, "
-                    "any kind), cached-tokens (BUGS R15, kind edge, instances with --enable-prompt-tokens-details)")
+                    "any kind), cached-tokens (BUGS R15, kind edge, instances with --enable-prompt-tokens-details), "
+                    "gauges-account (kind sequence: D's running/waiting/kv-fetch gauges count every request "
+                    "outstanding at D, vLLM PR #56640)")
 
     @model_validator(mode="before")
     @classmethod
@@ -223,6 +225,9 @@ class ScenarioConfig(StrictModel):
 
     @model_validator(mode="after")
     def _require_fits_kind(self) -> ScenarioConfig:
+        if "gauges-account" in self.require and self.kind != "sequence":
+            raise ValueError(f"require: gauges-account is judged by kind sequence only (kind is {self.kind!r}); "
+                             "remove it or make the scenario a sequence")
         if "cached-tokens" in self.require and self.kind != "edge":
             raise ValueError(f"require: cached-tokens is judged by kind edge only (kind is {self.kind!r}); "
                              "remove it or make the scenario an edge")

@@ -19,6 +19,9 @@ what could not be looked at is "not checked", never ok.
   abandoned prefill answer; the detail names the steps still outstanding then (BUGS R06: a
   heartbeated head must not shield expired leases; vllm/.../nixl/base_worker.py
   ``_reap_expired_send_leases``, PR #50789).
+- ``gauges-account`` (``require: [gauges-account]``): D's gauges counted every request outstanding
+  at D, but for gaps shorter than ``timeouts.stall_window_s`` (vLLM PR #56640: a full prefix-cache
+  hit parked in WAITING_FOR_REMOTE_KVS and counted nowhere).
 - ``idle-after`` over the kind's own drains, with the bound it applied.
 """
 
@@ -115,6 +118,23 @@ def no_stall_check(result: SequenceResult) -> Check:
     return Check("no-stall", True, "D never froze with requests waiting while requests were outstanding")
 
 
+def gauges_account_check(result: SequenceResult) -> Check:
+    """``gauges-account`` (``require: [gauges-account]``; vLLM PR #56640: a request parked in
+    WAITING_FOR_REMOTE_KVS that D reports in no gauge): D's running + waiting / kv-fetch gauges
+    counted every request outstanding at D, but for gaps shorter than ``timeouts.stall_window_s``
+    (a request between D's HTTP server and its engine, an answer on its way back). Not checked
+    when D was never sampled with a request outstanding at it."""
+    g, window = result.gauges, result.gauge_window_s
+    if g.samples == 0:
+        return Check("gauges-account", None, "not checked: D was never sampled with a request outstanding at it")
+    if g.longest_s < window:
+        return Check("gauges-account", True, f"D's gauges counted every outstanding request in {g.samples} samples "
+                                             f"(longest shortfall {g.longest_s:g} s, bound {window:g} s)")
+    return Check("gauges-account", False, f"D's gauges showed {g.visible:g} of {g.outstanding} outstanding requests "
+                                          f"for {g.longest_s:g} s (until {g.at_ms:g} ms): requests D holds but "
+                                          "counts in no gauge (running, waiting, kv_fetch)")
+
+
 def lease_reaped_check(result: SequenceResult, lease_s: float, margin_s: float,
                        reap_while: str | None = None) -> Check:
     """``lease-reaped``: P reaped every abandoned lease within the bound (module docstring). With
@@ -156,6 +176,8 @@ def sequence_checks(sc: ScenarioConfig, obs: ScenarioObservation, result: Sequen
     if sc.parity:
         out.append(parity_check(obs.records, obs.parity))
     out.append(no_stall_check(result))
+    if "gauges-account" in sc.require:
+        out.append(gauges_account_check(result))
     if spec.abandons:
         out.append(lease_reaped_check(result, result.lease_s, spec.idle_margin_s, spec.reap_while))
     bound = f"within {result.idle_bound_s:g} s" + (" = kv_lease_duration + idle_margin_s" if spec.abandons else "")

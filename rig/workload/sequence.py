@@ -86,6 +86,40 @@ class LeaseReap:
 
 
 @dataclass
+class GaugeGap:
+    """Whether D's gauges counted the requests the rig had outstanding at D (a decode hop, or a
+    straight-to-D request, sent and not ended). ``visible`` per sample = ``num_requests_running`` +
+    the larger of ``num_requests_waiting`` and the sum of ``num_requests_kv_fetch_by_stage`` (a
+    request in WAITING_FOR_REMOTE_KVS that a build counts in neither is invisible: vLLM PR #56640).
+    ``samples``: scrapes taken with a request outstanding at D; ``longest_s`` the longest run of
+    consecutive such scrapes in which ``visible`` stayed below the outstanding count, seconds from
+    its first to its last scrape; ``outstanding`` / ``visible`` / ``at_ms`` at that run's last scrape."""
+
+    samples: int = 0
+    longest_s: float = 0.0
+    outstanding: int = 0
+    visible: float = 0.0
+    at_ms: float | None = None
+    _since: float | None = None
+
+    def feed(self, snap: m.MetricSnapshot, outstanding: int, now_s: float, now_ms: float) -> None:
+        """Account one scrape of D taken at monotonic ``now_s`` with ``outstanding`` requests at D."""
+        if outstanding == 0:
+            self._since = None
+            return
+        self.samples += 1
+        fetch = sum(snap.by_label(m.KV_FETCH_BY_STAGE, "stage").values())
+        visible = snap.value(m.RUNNING) + max(snap.value(m.WAITING), fetch)
+        if visible >= outstanding:
+            self._since = None
+            return
+        self._since = now_s if self._since is None else self._since
+        if now_s - self._since >= self.longest_s:
+            self.longest_s = round(now_s - self._since, 3)
+            self.outstanding, self.visible, self.at_ms = outstanding, visible, now_ms
+
+
+@dataclass
 class SequenceResult:
     """The kind's result: the requests' entries, the stall (its diagnosis and the steps it froze),
     the lease-reap observation, the drains with their bound and the lease (seconds)."""
@@ -97,6 +131,8 @@ class SequenceResult:
     drains: list[DrainResult] = field(default_factory=list)
     idle_bound_s: float = 0.0
     lease_s: float = 0.0  # nixl.kv_lease_duration of the run (the lease-reaped bound)
+    gauges: GaugeGap = field(default_factory=GaugeGap)
+    gauge_window_s: float = 0.0  # timeouts.stall_window_s: a gap this long fails gauges-account
 
     def to_json(self) -> dict[str, Any]:
         """JSON-able dict."""
@@ -259,6 +295,11 @@ class _Sequence:
                 out.append(f"{sid} ({len(busy)} of {st.step.count}, route {st.step.route})")
         return out
 
+    def _at_d(self) -> int:
+        """Requests outstanding at D: a decode hop sent (``pd``) or a straight-to-D request sent, not ended."""
+        return sum(1 for e in self.entries.values() if e.ended_ms is None and (
+            (e.route == "pd" and "decode-sent" in e.events_ms) or (e.route == "decode" and "sent" in e.events_ms)))
+
     # -- watchers -------------------------------------------------------------------------
 
     async def _watch_d(self, done: asyncio.Event) -> None:
@@ -266,9 +307,15 @@ class _Sequence:
         outstanding request with the diagnosis naming the steps they belong to."""
         t = self.ctx.cfg.timeouts
         d, http = self.ctx.decode, self.ctx.http
+        self.result.gauge_window_s = t.stall_window_s
+
+        def sampled(snap: m.MetricSnapshot) -> None:
+            self.ctx.store.sample(self.sc.name, snap)
+            self.result.gauges.feed(snap, self._at_d(), time.monotonic(), self.ms())
+
         stall = await watch(StallWatcher(t.stall_window_s, transfer_window_s=t.kv_transfer_s),
                             lambda: m.scrape(http, d.url, d.name), done.is_set, t.metrics_interval_s,
-                            on_sample=lambda snap: self.ctx.store.sample(self.sc.name, snap))
+                            on_sample=sampled)
         if stall is None:
             return
         outstanding = self._outstanding()
