@@ -83,9 +83,12 @@ def cmd_e2e(args: argparse.Namespace) -> int:
     if unknown:
         suite_dirs = {Path(args.config).parent / "suites", REPO_CONFIGS / "suites"}
         raise ConfigError(unknown_scenarios_message(unknown, known, sorted(suite_dirs)))
+    scenarios = select_scenarios(cfg, args.scenario)
     if not args.attach:
         preflight(cfg)
-    scenarios = select_scenarios(cfg, args.scenario)
+        from rig.run.request_check import check_request_fields
+
+        check_request_fields(cfg, scenarios)
     if args.instances:
         from rig.run.topology import parse_instances, scenarios_on
 
