@@ -56,7 +56,7 @@ from rig.run.kinds import KINDS, ScenarioContext
 from rig.transport import aio
 from rig.transport.client import AiohttpTransport, Transport
 from rig.transport.endpoint import Endpoint
-from rig.workload.warmup import warm_up
+from rig.workload.warmup import warm_paths, warm_up
 
 
 def new_run_dir(cfg: RigConfig, label: str | None = None) -> Path:
@@ -347,7 +347,7 @@ class SuiteRunner:
         warm-up request that fails is not fatal here: a dead instance is found by
         :func:`rig.observe.evidence.settle_deaths` before each scenario, anything else by the scenarios."""
         _, failed = await warm_up(client, http, Endpoint(ph.prefill, cluster.url(ph.prefill)),
-                                  Endpoint(ph.decode, cluster.url(ph.decode)), self.log)
+                                  Endpoint(ph.decode, cluster.url(ph.decode)), self.log, warm_paths(ph.scenarios))
         for name in failed:
             self.result.timings.setdefault(f"warm-up failed {name}", 0.0)
         versions = await read_versions(http, cluster, [ph.prefill, ph.decode])
