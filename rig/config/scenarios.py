@@ -160,7 +160,12 @@ class ScenarioConfig(StrictModel):
     known_issue: KnownIssue | None = None
     deadline_s: float | None = Field(None, gt=0, description="None = timeouts.request_s")
     parity: bool = Field(True, description="compare tokens with a non-disaggregated reference")
-    seed: int | None = Field(None, description="prompt seed; None = derived from the name")
+    seed: int | None = Field(
+        None, description="prompt seed; None = derived from the name. A prompt is a pure function of seed and "
+                          "length (a shorter prompt of a seed is a prefix of a longer one): request i of an edge "
+                          "or fault scenario uses seed + i, step s's request k of a sequence "
+                          "seed_of('<seed>/<s>/<k>'); attach mode salts unset seeds per run. To share a prompt "
+                          "say so by name: same_as / prefix_of (rig/workload/prompts.py)")
     tamper: Literal["swap-prompt"] | None = Field(
         None, description="negative control: 'swap-prompt' sends D a different prompt of the same "
                           "length with P's kv_transfer_params; PASS means the rig caught it")

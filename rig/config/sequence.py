@@ -69,6 +69,30 @@ class Step(StrictModel):
         None, description="extra completions fields per hop (rig/config/request_fields.py); a one-hop route "
                           "(decode, prefill) sends its hop with the decode fields (the hop that answers)")
     start: StartRule | None = Field(None, description="None = at the scenario's start")
+    cancel_after_ms: tuple[float, float] | None = Field(
+        None, description="route pd: [lo, hi] ms; request k of the step is closed lo + k (hi - lo) / (count - 1) ms "
+                          "after it was sent (a sweep over count requests): the hop in flight then is closed, no "
+                          "later hop is sent, the request ends cancelled on purpose; one that finished first counts "
+                          "as answered. P and D must be idle within kv_lease_duration + idle_margin_s")
+
+    @model_validator(mode="after")
+    def _cancel_sweep(self) -> Step:
+        if self.cancel_after_ms is None:
+            return self
+        lo, hi = self.cancel_after_ms
+        if not (0 <= lo <= hi < float("inf")):
+            raise ValueError(f"step {self.id!r}: cancel_after_ms [{lo:g}, {hi:g}]: give [lo, hi] ms with 0 <= lo <= hi")
+        if self.route != "pd":
+            raise ValueError(f"step {self.id!r}: cancel_after_ms cancels a P/D request; set route: pd (route "
+                             f"{self.route} has no hop to cut in between)")
+        return self
+
+    def cancel_at_ms(self, k: int) -> float | None:
+        """When request ``k`` of the step is cancelled (ms after it was sent); None = never."""
+        if self.cancel_after_ms is None:
+            return None
+        lo, hi = self.cancel_after_ms
+        return lo if self.count == 1 else lo + k * (hi - lo) / (self.count - 1)
 
     @model_validator(mode="after")
     def _one_prompt_source(self) -> Step:
@@ -183,3 +207,9 @@ class SequenceConfig(StrictModel):
     def abandons(self) -> bool:
         """True when some step never sends its decode hop (P's lease bounds the idle check)."""
         return any(s.route == "pd-abandon" for s in self.steps)
+
+    @property
+    def cancels(self) -> bool:
+        """True when some step cancels its requests on purpose (``cancel_after_ms``): a request cut
+        after P answered leaves P's blocks to its lease, which then bounds the idle check."""
+        return any(s.cancel_after_ms is not None for s in self.steps)

@@ -3,7 +3,8 @@
 what could not be looked at is "not checked", never ok.
 
 - ``completed``: every request ended with D's (or, route prefill, P's) answer; an abandoned
-  request (route pd-abandon) counts when P answered its prefill hop. Failed per request, named
+  request (route pd-abandon) counts when P answered its prefill hop, a request cancelled on purpose
+  (``cancel_after_ms``) when it was cut or answered first. Failed per request, named
   with its step, outcome and diagnosis.
 - ``token-counts``: per step, every answered request has ``max_tokens`` completion tokens and
   ``prompt_tokens`` prompt tokens in its usage (times ``request.prompts``, completion also times
@@ -43,7 +44,7 @@ from rig.judge.checks import (
 from rig.judge.verdict import _kv_pulled, required_checks  # the one kv-pulled rule, over the pd steps only
 from rig.observe.observations import ScenarioObservation
 from rig.transport.records import PDRecord
-from rig.workload.sequence import ABANDONED, SequenceResult
+from rig.workload.sequence import ABANDONED, CANCELLED, SequenceResult
 
 
 def _step_of(result: SequenceResult) -> dict[str, tuple[str, str]]:
@@ -53,7 +54,7 @@ def _step_of(result: SequenceResult) -> dict[str, tuple[str, str]]:
 def _ended_well(rec: PDRecord, route: str) -> bool:
     if route == "pd-abandon":
         return rec.outcome == "cancelled" and rec.diagnosis == ABANDONED
-    return rec.outcome == "ok"
+    return rec.outcome == "ok" or (rec.outcome == "cancelled" and rec.diagnosis.startswith(CANCELLED))
 
 
 def completed_check(obs: ScenarioObservation, result: SequenceResult) -> Check:
@@ -64,8 +65,10 @@ def completed_check(obs: ScenarioObservation, result: SequenceResult) -> Check:
     bad = [r for r in obs.records if not _ended_well(r, steps[r.request_id][1])]
     if not bad:
         n_ab = sum(1 for r in obs.records if steps[r.request_id][1] == "pd-abandon")
-        return Check("completed", True, f"{len(obs.records) - n_ab} answered"
-                     + (f", {n_ab} abandoned after P answered" if n_ab else ""))
+        n_cut = sum(1 for r in obs.records if r.outcome == "cancelled" and r.diagnosis.startswith(CANCELLED))
+        return Check("completed", True, f"{len(obs.records) - n_ab - n_cut} answered"
+                     + (f", {n_ab} abandoned after P answered" if n_ab else "")
+                     + (f", {n_cut} cancelled on purpose (cancel_after_ms)" if n_cut else ""))
     text = "; ".join(f"{r.request_id} (step {steps[r.request_id][0]}): {r.outcome}"
                      + (f" ({r.diagnosis[:200]})" if r.diagnosis else "") for r in bad[:6])
     more = f"; and {len(bad) - 6} more" if len(bad) > 6 else ""
@@ -180,7 +183,8 @@ def sequence_checks(sc: ScenarioConfig, obs: ScenarioObservation, result: Sequen
         out.append(gauges_account_check(result))
     if spec.abandons:
         out.append(lease_reaped_check(result, result.lease_s, spec.idle_margin_s, spec.reap_while))
-    bound = f"within {result.idle_bound_s:g} s" + (" = kv_lease_duration + idle_margin_s" if spec.abandons else "")
+    bound = f"within {result.idle_bound_s:g} s" + (" = kv_lease_duration + idle_margin_s"
+                                                    if spec.abandons or spec.cancels else "")
     out.append(idle_check(obs, drains=result.drains, describe=lambda d: f"{d.describe()} ({bound})")
                if result.drains else Check("idle-after", None, "not checked: no drain was observed"))
     out += [alive_check(obs), fatal_log_check(obs), kv_integrity_check(obs)]

@@ -11,6 +11,8 @@ waits on the event itself, then sleeps the rest of ``after_ms`` on the monotonic
 Routes: ``pd`` (P hop with ``do_remote_decode``, then D hop with P's ``kv_transfer_params``),
 ``decode`` (one request straight to D, never any ``kv_transfer_params``), ``prefill`` (one plain
 request to P), ``pd-abandon`` (P hop only; outcome ``cancelled``, "abandoned by the scenario").
+A ``pd`` step with ``cancel_after_ms`` closes request k's hop in flight at its point of the sweep
+(outcome ``cancelled``, :data:`CANCELLED`; event ``cut``), and no later hop is sent.
 A one-hop request keeps its hop in ``PDRecord.decode`` (the hop that answered; its ``instance``
 says where it went) so the checks every kind shares read it unchanged.
 
@@ -46,6 +48,7 @@ from rig.transport.records import PDRecord, classify, prefill_failure
 from rig.workload.prompts import resolve
 
 ABANDONED = "abandoned by the scenario: the decode hop is never sent (P holds the blocks until its lease)"
+CANCELLED = "cancelled by the scenario (cancel_after_ms)"
 
 
 @dataclass
@@ -206,7 +209,11 @@ class _Sequence:
         """Send ``rec`` over ``s.route``, bounded by the scenario's deadline."""
         try:
             async with asyncio.timeout(self.deadline_s):
-                await self._route(s, rec)
+                at_ms = s.cancel_at_ms(int(rec.request_id.rsplit("-", 1)[1]))
+                if at_ms is None:
+                    await self._route(s, rec)
+                else:
+                    await self._cut(s, rec, at_ms)
         except TimeoutError:
             rec.outcome, rec.diagnosis = "timeout", f"no answer within the {self.deadline_s:.0f} s deadline"
         except asyncio.CancelledError:
@@ -219,6 +226,20 @@ class _Sequence:
             if rec.decode_sent_at is not None and rec.verdict_after_s is None:
                 rec.verdict_after_s = time.monotonic() - rec.decode_sent_at
             await self.states[s.id].end()
+
+    async def _cut(self, s: Step, rec: PDRecord, at_ms: float) -> None:
+        """Send ``rec`` over ``s.route`` and close whatever hop is in flight ``at_ms`` after it was
+        sent (no later hop is sent); a request answered first keeps its answer."""
+        inner = asyncio.create_task(self._route(s, rec))
+        done, _ = await asyncio.wait({inner}, timeout=at_ms / 1000)
+        if inner in done:
+            inner.result()
+            return
+        await cancel_task(inner)
+        e = self.entries[rec.request_id]
+        e.events_ms["cut"] = self.ms()
+        hop = "decode" if "decode-sent" in e.events_ms else "prefill"
+        rec.outcome, rec.diagnosis = "cancelled", f"{CANCELLED}: {hop} hop closed {at_ms:g} ms after it was sent"
 
     async def _route(self, s: Step, rec: PDRecord) -> None:
         client, p, d = self.ctx.client, self.ctx.prefill, self.ctx.decode
@@ -407,8 +428,8 @@ class _Sequence:
         abandoned request's blocks when its lease expires, vllm/.../nixl/base_worker.py
         ``_reap_expired_send_leases``)."""
         ctx = self.ctx
-        self.result.idle_bound_s = (ctx.cfg.nixl.lease_s + self.spec.idle_margin_s if self.spec.abandons
-                                    else ctx.cfg.timeouts.drain_s)
+        self.result.idle_bound_s = (ctx.cfg.nixl.lease_s + self.spec.idle_margin_s
+                                    if self.spec.abandons or self.spec.cancels else ctx.cfg.timeouts.drain_s)
         for e in (ctx.decode, ctx.prefill):
             snap = before[e.name]
             base = snap.value(m.KV_USAGE) if snap is not None else 0.0
