@@ -31,12 +31,13 @@ from datetime import UTC
 from pathlib import Path
 
 from rig.cluster import mooncake
-from rig.cluster.builds import launch_vllm_version
+from rig.cluster.builds import BuildsFile, launch_vllm_version
 from rig.cluster.preflight import cpu_problem, preflight
 from rig.cluster.probes import busy_ports
 from rig.cluster.processes import Cluster, ClusterError, install_signal_handlers
 from rig.config import ConfigError, RigConfig, load_config
 from rig.config.help import DEFAULT_CONFIG, REPO_CONFIGS, config_path, unknown_scenarios_message
+from rig.config.schema import schemas
 from rig.connectors.mooncake import MASTER_ROLE
 from rig.plan.processes import build_plan
 from rig.transport import aio
@@ -423,6 +424,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--port", type=int, default=8000)
     p.add_argument("--timeout", type=float, default=600.0, help="seconds an upstream may stay silent (504 after)")
     p.set_defaults(func=cmd_proxy)
+    p = sub.add_parser("schema", help="write the JSON Schema of profiles and suites (for editors and CI)")
+    p.add_argument("--out", default="schema", help="directory for profile.schema.json and suite.schema.json "
+                                                   "(default ./schema)")
+    p.set_defaults(func=cmd_schema)
     p = sub.add_parser("compose", help="render a docker-compose.yml from the config")
     _config_args(p)
     p.add_argument("--image", help="container image (default by device)")
@@ -448,6 +453,29 @@ def build_parser() -> argparse.ArgumentParser:
     add_build_parser(sub)
     add_matrix_parser(sub)
     return ap
+
+
+def all_schemas() -> dict[str, dict]:
+    """File name -> JSON Schema of every YAML the rig reads: profiles and suites
+    (rig/config/schema.py) and the builds file (``rig.cluster.builds.BuildsFile``)."""
+    builds = BuildsFile.model_json_schema()
+    spec = builds.get("$defs", {}).get("BuildSpec", {})
+    # A build's name is its key in the file (BuildsFile fills it in), never written in the entry.
+    spec["required"] = [f for f in spec.get("required", []) if f != "name"]
+    return {**schemas(), "builds.schema.json": {"$schema": "https://json-schema.org/draft/2020-12/schema",
+                                                "title": "pdrig builds", **builds}}
+
+
+def cmd_schema(args: argparse.Namespace) -> int:
+    """``pdrig schema``: write ``profile.schema.json`` and ``suite.schema.json`` to ``--out``
+    (rig/config/schema.py: made from the pydantic models). The shipped YAML files name these files
+    in their ``# yaml-language-server: $schema=...`` line. Returns 0."""
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    for name, schema in all_schemas().items():
+        (out / name).write_text(json.dumps(schema, indent=2, sort_keys=True) + "\n")
+        print(out / name)
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:
