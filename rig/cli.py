@@ -58,6 +58,8 @@ def fresh_prompt_seeds(cfg: RigConfig, salt: str) -> RigConfig:
     run on, and ``kv-pulled`` (every prompt token must come from external_kv_transfer) fails
     although nothing is wrong (a second ``pdrig e2e --attach`` against the same ``pdrig up`` pulled
     only part of the prompt: docs/kubernetes.md). The seeds used are in the run's config.yaml / report.
+    A request that reuses another's prompt by name (``same_as`` / ``prefix_of``) is resolved against
+    these seeds (rig.workload.prompts.resolve), so reuse holds within the run.
     """
     from rig.workload.prompts import seed_of
 
