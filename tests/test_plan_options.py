@@ -93,3 +93,10 @@ def test_explain_lists_the_new_fields():
     text = "\n".join(explain(RigConfig))
     for field in ("max_model_len", "kv_connector_extra_config.store", "kv_connector_extra_config.nixl"):
         assert field in text, field
+
+
+def test_an_instances_own_lease_is_the_one_its_bounds_use():
+    cfg = load_config(CPU_TINY, ["nixl.kv_lease_duration=5",
+                                 "prefill.prefill.kv_connector_extra_config={nixl: {kv_lease_duration: 9}}"])
+    assert cfg.lease_s_of("prefill") == 9 and cfg.lease_s_of("decode") == 5
+    assert load_config(CPU_TINY).lease_s_of("prefill") == 30  # vLLM's default

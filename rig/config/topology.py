@@ -89,6 +89,14 @@ class RigConfig(StrictModel):
         i = self.instance(inst) if isinstance(inst, str) else inst
         return i.max_model_len or self.max_model_len
 
+    def lease_s_of(self, name: str) -> float:
+        """The NIXL lease (s) instance ``name`` applies as a prefill: its own
+        ``kv_connector_extra_config.nixl.kv_lease_duration``, else ``nixl.lease_s``. Raises KeyError
+        for an unknown instance."""
+        extra = self.instance(name).kv_connector_extra_config
+        own = extra.nixl.get("kv_lease_duration") if extra is not None else None
+        return float(own) if own is not None else self.nixl.lease_s
+
     def uses_store(self) -> bool:
         """True when any instance runs a Mooncake store mode (the topology then has a master)."""
         return any(self.connector_of(i) in STORE_MODES for _, i in self.instances())
@@ -395,7 +403,7 @@ class RigConfig(StrictModel):
                     raise ValueError(f"scenarios[{i}] ({sc.name}).expect.counters instance {rule.instance!r}: "
                                      f"give prefill, decode or this scenario's pair {list(pair)} (only they are "
                                      "sampled over the scenario)")
-            lease = self.nixl.lease_s
+            lease = self.lease_s_of(sc.prefill or self.prefill[0].name)
             symptom = sc.known_issue.symptom if sc.known_issue else None
             if isinstance(symptom, StaleKvSignature) and symptom.cause == "shared-params":
                 # The second read of one prompt's blocks, not a lease expiry: no hold needed, but

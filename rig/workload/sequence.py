@@ -357,7 +357,7 @@ class _Sequence:
         assert reap is not None
         p, http = self.ctx.prefill, self.ctx.http
         interval = self.ctx.cfg.timeouts.metrics_interval_s
-        bound_ms = 1000 * (self.ctx.cfg.nixl.lease_s + self.spec.idle_margin_s)
+        bound_ms = 1000 * (self.ctx.cfg.lease_s_of(self.ctx.prefill.name) + self.spec.idle_margin_s)
         while True:
             try:
                 snap = await m.scrape(http, p.url, p.name, timeout_s=2.0)
@@ -379,7 +379,7 @@ class _Sequence:
 
     async def run(self) -> SequenceResult:
         ctx, spec = self.ctx, self.spec
-        self.result.lease_s = ctx.cfg.nixl.lease_s
+        self.result.lease_s = ctx.cfg.lease_s_of(ctx.prefill.name)
         pairs = self._records()
         self.obs.records = [rec for _, rec in pairs]
         self.result.entries = list(self.entries.values())
@@ -428,7 +428,7 @@ class _Sequence:
         abandoned request's blocks when its lease expires, vllm/.../nixl/base_worker.py
         ``_reap_expired_send_leases``)."""
         ctx = self.ctx
-        self.result.idle_bound_s = (ctx.cfg.nixl.lease_s + self.spec.idle_margin_s
+        self.result.idle_bound_s = (ctx.cfg.lease_s_of(ctx.prefill.name) + self.spec.idle_margin_s
                                     if self.spec.abandons or self.spec.cancels else ctx.cfg.timeouts.drain_s)
         for e in (ctx.decode, ctx.prefill):
             snap = before[e.name]
