@@ -22,10 +22,10 @@ def test_engine_core_fatal_error_is_quoted_with_the_exception_that_ended_its_tra
     assert summary.endswith("[core.py:1368] EngineCore encountered a fatal error.)")
 
 
-def test_a_first_fatal_line_that_already_quotes_its_exception_is_kept_as_it_is():
+def test_a_first_fatal_line_that_is_the_exception_leads_with_it_and_names_the_process():
     summary = death_summary("\n".join(CRASH_0_30), FATAL_PATTERNS)
-    assert summary.startswith("(Worker pid=11739) ERROR 11-30 20:00:07 [multiproc_executor.py:1055]")
-    assert summary.endswith("TypeError: Cannot inspect kernel parameters for function")
+    assert summary == ("TypeError: Cannot inspect kernel parameters for function (logged by (Worker pid=11739) "
+                       "ERROR 11-30 20:00:07 [multiproc_executor.py:1055])")
     assert death_summary("INFO all good\n", FATAL_PATTERNS) is None
     assert death_summary("x ERROR Cannot get 3 free blocks from the pool\n", FATAL_PATTERNS) == \
         "x ERROR Cannot get 3 free blocks from the pool"

@@ -333,8 +333,9 @@ def final_exception(lines: list[str], start: int) -> str | None:
 def death_summary(text: str, patterns: tuple[str, ...]) -> str | None:
     """What ended an instance, from its log ``text``: the exception that ended the traceback of its
     first fatal line (:func:`final_exception`) followed by that line, ``"<exception> (first fatal
-    line: <line>)"``; just the line (:func:`first_fatal_line`) when it already quotes that exception
-    or no traceback follows it; None when no line matches ``patterns``. "EngineCore encountered a
+    line: <line>)"``; ``"<exception> (logged by <vLLM's log prefix>)"`` when the first fatal line is
+    that exception (a traceback header's, :func:`first_fatal_line`); the line alone when no
+    traceback follows it; None when no line matches ``patterns``. "EngineCore encountered a
     fatal error" alone reads like a vLLM crash whatever the cause (an RPC timeout on a busy host, an
     assert of the connector), so the exception comes first."""
     lines = until_stop_marker(text).splitlines()
@@ -343,7 +344,12 @@ def death_summary(text: str, patterns: tuple[str, ...]) -> str | None:
         return None
     i, line = found
     exc = final_exception(lines, i)
-    return line if exc is None or exc in line else f"{exc} (first fatal line: {line})"
+    if exc is None:
+        return line
+    if line.endswith(exc):  # the first fatal line is that exception (a traceback header's)
+        where = line[:len(line) - len(exc)].strip()
+        return f"{exc} (logged by {where})" if where else exc
+    return f"{exc} (first fatal line: {line})"
 
 
 def first_fatal_line(text: str, patterns: tuple[str, ...]) -> str | None:
