@@ -70,3 +70,16 @@ def test_a_store_scenario_whose_decode_died_before_it_ran_fails_naming_the_excep
     assert v.reason.startswith("alive: decode-syncload died (exit 1): AssertionError: load_async must be True")
     alive = ScenarioObservation(scenario=sc.name, decode="decode-syncload", prefill="prefill")
     assert judge_store(sc, alive, None).verdict == "ERROR"  # not run, nobody died: the rig could not judge
+
+
+def test_the_recorded_r28_death_quotes_the_store_workers_assert():
+    """The real 0.32.0 log of a load_async: false decode: the whole log leads with the worker's
+    assert; from EngineCore's fatal line on, with the RuntimeError that quotes it."""
+    lines = (DATA / "vllm-0.32.0-decode-syncload-first-request.log").read_text().splitlines()
+    summary = death_summary("\n".join(lines), FATAL_PATTERNS)
+    assert summary.startswith("AssertionError: load_async must be True for better performance. (logged by (Worker ")
+    at = next(i for i, ln in enumerate(lines) if ENGINE_FATAL in ln)
+    engine = death_summary("\n".join(lines[at:]), FATAL_PATTERNS)
+    assert engine.startswith("RuntimeError: Worker failed with error 'load_async must be True for better "
+                             "performance.', please check the stack trace above for the root cause (first fatal "
+                             "line: (EngineCore pid=")
