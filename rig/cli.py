@@ -194,7 +194,8 @@ def cmd_up(args: argparse.Namespace) -> int:
                           launch_vllm_version(cfg.launch.command))
         names = [p.name for p in plan.processes if p.role == MASTER_ROLE] + engines
         print(f"starting {', '.join(names)}: {why}", flush=True)
-        with Cluster(plan, cfg.timeouts.startup_s, cfg.timeouts.shutdown_grace_s) as cluster:
+        with Cluster(plan, cfg.timeouts.startup_s, cfg.timeouts.shutdown_grace_s,
+                     startup_stall_s=cfg.timeouts.startup_stall_s, display="auto") as cluster:
             ready = cluster.start(names)
             t = time.monotonic()
             aio.run(_warm_up_pairs(cfg, cluster, [n for n in names if plan.by_name(n).role in ("prefill", "decode")]))
@@ -203,7 +204,11 @@ def cmd_up(args: argparse.Namespace) -> int:
             (run_dir / "endpoints.json").write_text(json.dumps(
                 {n: {"url": cluster.url(n), "role": plan.by_name(n).role} for n in names}, indent=1))
             for n in names:
-                print(f"{n:16s} {plan.by_name(n).role:16s} {cluster.url(n)}  ready after {ready.get(n, 0):.0f} s")
+                w = cluster.startups[n]
+                cpu = "" if w.cpu_s is None else f", {w.cpu_s:.0f} CPU-s"
+                print(f"{n:16s} {plan.by_name(n).role:16s} {cluster.url(n)}  ready after {ready.get(n, 0):.0f} s{cpu} "
+                      f"(host load {w.load_at_start[0]:.1f} at start, {(w.load_at_ready or w.load_at_start)[0]:.1f} "
+                      "at ready)")
             print(f"warmed up in {warm_s:.1f} s (a direct request to each instance, one P/D round trip per decode)")
             _up_proxy(args, plan, names, cluster)  # --proxy: a daemon thread of this process
             print(f"endpoints: {run_dir / 'endpoints.json'}; Ctrl-C stops everything", flush=True)
@@ -219,7 +224,7 @@ async def _warm_up_pairs(cfg: RigConfig, cluster: Cluster, engines: list[str]) -
 
     from rig.transport.client import AiohttpTransport
     from rig.transport.endpoint import Endpoint
-    from rig.workload.warmup import warm_up
+    from rig.workload.warmup import WarmupWatch, warm_up
 
     prefills = [n for n in engines if n in {p.name for p in cfg.prefill}]
     decodes = [n for n in engines if n in {d.name for d in cfg.decode}]
@@ -228,7 +233,8 @@ async def _warm_up_pairs(cfg: RigConfig, cluster: Cluster, engines: list[str]) -
         try:
             for d in decodes:
                 await warm_up(client, http, Endpoint(prefills[0], cluster.url(prefills[0])),
-                              Endpoint(d, cluster.url(d)), lambda msg: print(msg, file=sys.stderr))
+                              Endpoint(d, cluster.url(d)), lambda msg: print(msg, file=sys.stderr),
+                              WarmupWatch(cluster.cpu_s, cluster.exit_code, cfg.timeouts.warmup_s))
         finally:
             await client.aclose()
 
