@@ -1,5 +1,5 @@
 """Prompt resources against fake vLLM servers: a request reuses another request's prompt by name
-(``same_as``: the same token IDs, N identical copies at once; ``prefix_of``: its first tokens),
+(``same_as``: the same token IDs, N identical copies at once; ``head_of``: its first tokens),
 within a sequence and across scenarios of one topology, and the token IDs that reach the servers
 are those. Bad names are refused at load time with the fix."""
 
@@ -25,7 +25,7 @@ SCENARIOS = [
          "start": {"after": "x", "event": "answered"}},
         {"id": "burst", "route": "pd", "prompt_tokens": 64, "max_tokens": 4, "count": 4, "same_as": "x",
          "start": {"after": "again", "event": "answered"}},
-        {"id": "head", "route": "decode", "prompt_tokens": 32, "max_tokens": 4, "prefix_of": "x-edge"},
+        {"id": "head", "route": "decode", "prompt_tokens": 32, "max_tokens": 4, "head_of": "x-edge"},
     ]}},
     {"name": "other", "kind": "sequence", "sequence": {"steps": [
         {"id": "y", "route": "pd", "prompt_tokens": 64, "max_tokens": 4, "same_as": "reuse/burst"}]}},
@@ -95,16 +95,44 @@ def test_the_seed_rule_a_shorter_prompt_is_a_prefix_of_a_longer_one():
 @pytest.mark.parametrize(("change", "message"), [
     ({"same_as": "nowhere"}, r"x-copies.same_as 'nowhere': no scenario 'nowhere'"),
     ({"prompt_tokens": 39}, r"that prompt has 40 tokens, prompt_tokens is 39; set prompt_tokens: 40, or use "
-                            "prefix_of"),
-    ({"same_as": None, "prefix_of": "x-edge", "prompt_tokens": 41}, r"prompt_tokens 41 is longer than that prompt"),
+                            "head_of"),
+    ({"same_as": None, "head_of": "x-edge", "prompt_tokens": 41}, r"prompt_tokens 41 is longer than that prompt"),
     ({"same_as": "reuse"}, r"scenario 'reuse' is of kind sequence; name an edge or fault scenario"),
     ({"same_as": "reuse/nope"}, r"scenario 'reuse' has no step 'nope'"),
-    ({"prefix_of": "x-edge"}, r"same_as and prefix_of: give one"),
+    ({"head_of": "x-edge"}, r"same_as and head_of: give one"),
 ])
 def test_bad_prompt_names_are_refused_with_the_fix(tmp_path, change, message):
     scenarios = [dict(s) for s in SCENARIOS]
     scenarios[1].update(change)
     with pytest.raises(ConfigError, match=message):
+        load_config(write_config(tmp_path, fake_config(tmp_path, scenarios=scenarios)))
+
+
+@pytest.mark.parametrize("built", [{"prefix_of": "w"}, {"repeat_of": "w"},
+                                   {"transform": {"append_first_token": True}}])
+def test_a_step_whose_prompt_is_built_during_the_run_cannot_be_named(tmp_path, built):
+    # prefix_of / repeat_of / transform: the step's prompt (or the one D got) is not its seed's,
+    # so same_as / head_of could not rebuild it.
+    steps = [{"id": "w", "route": "decode", "prompt_tokens": 32, "max_tokens": 2},
+             {"id": "b", "route": "pd" if "transform" in built else "decode", "prompt_tokens": 64,
+              "max_tokens": 2, **built, "start": {"after": "w", "event": "answered"}},
+             {"id": "c", "route": "pd", "prompt_tokens": 64, "max_tokens": 2, "same_as": "b",
+              "start": {"after": "b", "event": "answered"}}]
+    if "repeat_of" in built:
+        steps[1]["prompt_tokens"] = steps[2]["prompt_tokens"] = 32
+    field = next(iter(built))
+    scenarios = [{"name": "s", "kind": "sequence", "sequence": {"steps": steps}}]
+    with pytest.raises(ConfigError, match=rf"s.sequence.steps\[c\].same_as 'b': s/b has {field} "
+                                          r"\(its prompt is built"):
+        load_config(write_config(tmp_path, fake_config(tmp_path, scenarios=scenarios)))
+
+
+def test_a_step_takes_one_prompt_source(tmp_path):
+    steps = [{"id": "w", "route": "decode", "prompt_tokens": 32, "max_tokens": 2},
+             {"id": "b", "route": "decode", "prompt_tokens": 64, "max_tokens": 2, "prefix_of": "w",
+              "head_of": "w", "start": {"after": "w", "event": "answered"}}]
+    scenarios = [{"name": "s", "kind": "sequence", "sequence": {"steps": steps}}]
+    with pytest.raises(ConfigError, match=r"head_of and prefix_of: give one prompt source"):
         load_config(write_config(tmp_path, fake_config(tmp_path, scenarios=scenarios)))
 
 

@@ -18,6 +18,7 @@ from rig.config.base import NAME_PATTERN, StrictModel
 from rig.config.expectations import Expectation, KnownIssue, OptionalCheck
 from rig.config.faults import FaultScenarioConfig
 from rig.config.request_fields import RequestFields
+from rig.config.routes import RouterConfig
 from rig.config.sequence import SequenceConfig, Step
 
 # --- issue #4: prefix and pressure waves (rig/workload/waves.py) -------------------------------
@@ -153,7 +154,7 @@ class ScenarioConfig(StrictModel):
         None, description="edge: every copy sends this request's prompt (rig/workload/prompts.py): "
                           "<scenario> (an edge or fault scenario's request 0) or <scenario>/<step>; "
                           "prompt_tokens must equal its length")
-    prefix_of: str | None = Field(
+    head_of: str | None = Field(
         None, description="edge: every copy sends the first prompt_tokens tokens of this request's prompt "
                           "(named as in same_as)")
     expect: Expectation = Field(default_factory=Expectation)
@@ -165,7 +166,7 @@ class ScenarioConfig(StrictModel):
                           "length (a shorter prompt of a seed is a prefix of a longer one): request i of an edge "
                           "or fault scenario uses seed + i, step s's request k of a sequence "
                           "seed_of('<seed>/<s>/<k>'); attach mode salts unset seeds per run. To share a prompt "
-                          "say so by name: same_as / prefix_of (rig/workload/prompts.py)")
+                          "say so by name: same_as / head_of (rig/workload/prompts.py)")
     tamper: Literal["swap-prompt"] | None = Field(
         None, description="negative control: 'swap-prompt' sends D a different prompt of the same "
                           "length with P's kv_transfer_params; PASS means the rig caught it")
@@ -184,6 +185,10 @@ class ScenarioConfig(StrictModel):
     sequence: SequenceConfig | None = Field(
         None, description="kind sequence's steps: requests over pd / decode / prefill / pd-abandon routes "
                           "in a given order (BUGS R02, R06; rig/config/sequence.py)")
+    router: RouterConfig | None = Field(
+        None, description="edge: send every request through a router instead of the rig's two hops: {} = pdrig "
+                          "proxy started by the rig on a reserved port, {url: http://...} = your router; the client's "
+                          "view (status, body, [DONE]) is judged with P's and D's own evidence (rig/config/routes.py)")
     request: RequestFields | None = Field(
         None, description="extra completions fields per hop: all / prefill / decode / reference, passed "
                           "through unchanged (issue #12, rig/config/request_fields.py)")
@@ -219,13 +224,13 @@ class ScenarioConfig(StrictModel):
 
     @model_validator(mode="after")
     def _one_prompt_source(self) -> ScenarioConfig:
-        if self.same_as and self.prefix_of:
-            raise ValueError("same_as and prefix_of: give one (same_as = the whole prompt, prefix_of = its first "
+        if self.same_as and self.head_of:
+            raise ValueError("same_as and head_of: give one (same_as = the whole prompt, head_of = its first "
                              "prompt_tokens tokens)")
-        if (self.same_as or self.prefix_of) and self.request is not None and self.request.prompts > 1:
-            raise ValueError("same_as / prefix_of send one reused prompt per request; set request.prompts: 1")
-        if (self.same_as or self.prefix_of) and self.tamper:
-            raise ValueError("same_as / prefix_of with tamper: the canary draws its own prompts; remove one")
+        if (self.same_as or self.head_of) and self.request is not None and self.request.prompts > 1:
+            raise ValueError("same_as / head_of send one reused prompt per request; set request.prompts: 1")
+        if (self.same_as or self.head_of) and self.tamper:
+            raise ValueError("same_as / head_of with tamper: the canary draws its own prompts; remove one")
         return self
 
     @model_validator(mode="after")
@@ -254,7 +259,24 @@ class ScenarioConfig(StrictModel):
             raise ValueError(f"hold_between_s / flush_prefill: only for kind edge (kind is {self.kind!r})")
         if self.flush_prefill and not self.hold_between_s:
             raise ValueError("flush_prefill needs hold_between_s (the flush runs during the hold)")
+        if self.router is not None and (self.hold_between_s or self.tamper):
+            what = "hold_between_s" if self.hold_between_s else "tamper"
+            raise ValueError(f"router: the router drives both hops, so the rig cannot apply {what} between them; "
+                             f"remove {what} or router")
         return self
+
+    @property
+    def via_router(self) -> bool:
+        """True when the scenario's requests go through a router (edge ``router``, or a sequence
+        step with route router)."""
+        return self.router is not None or bool(self.sequence and self.sequence.routes_through_router)
+
+    @property
+    def router_url(self) -> str | None:
+        """The user's router URL (``router.url`` / ``sequence.router.url``); None = pdrig proxy the rig starts."""
+        if self.router is not None:
+            return self.router.url
+        return self.sequence.router_url if self.sequence else None
 
     @model_validator(mode="after")
     def _store_wave_options(self) -> ScenarioConfig:  # BUGS R14
@@ -334,8 +356,8 @@ class ScenarioConfig(StrictModel):
 COMMON_FIELDS = frozenset({"name", "kind", "description", "prefill", "decode", "prompt_tokens", "max_tokens",
                            "expect", "known_issue", "deadline_s", "parity", "seed", "require"})
 KIND_FIELDS: dict[str, frozenset[str]] = {
-    "edge": COMMON_FIELDS | {"concurrent", "tamper", "hold_between_s", "flush_prefill", "request", "same_as",
-                             "prefix_of"},
+    "edge": COMMON_FIELDS | {"concurrent", "tamper", "hold_between_s", "flush_prefill", "request", "router",
+                             "same_as", "head_of"},
     **{k: COMMON_FIELDS | {"wave"} for k in WAVE_KINDS},
     **{k: COMMON_FIELDS | {"store"} for k in STORE_KINDS},
     "retrieval": COMMON_FIELDS | {"retrieval"},

@@ -220,18 +220,19 @@ class RigConfig(StrictModel):
 
     @model_validator(mode="after")
     def _prompt_sources(self) -> RigConfig:
-        """Every ``same_as`` / ``prefix_of`` names a request with one prompt of a fitting length, and
-        the names form no cycle (rig/workload/prompts.py follows them)."""
+        """Every ``same_as`` / ``head_of`` names a request with one prompt of a fitting length, whose
+        prompt is rebuilt from its seed (not a step with ``prefix_of``, ``repeat_of`` or ``transform``),
+        and the names form no cycle (rig/workload/prompts.py follows them)."""
         holders: list[tuple[ScenarioConfig, Step | None]] = []
         for sc in self.scenarios:
             holders.append((sc, None))
             holders += [(sc, st) for st in (sc.sequence.steps if sc.sequence else [])]
         for sc, st in holders:
             holder = st if st is not None else sc
-            ref = holder.same_as or holder.prefix_of
+            ref = holder.same_as or holder.head_of
             if ref is None:
                 continue
-            field = "same_as" if holder.same_as else "prefix_of"
+            field = "same_as" if holder.same_as else "head_of"
             where = f"{sc.name}" + (f".sequence.steps[{st.id}]" if st is not None else "") + f".{field}"
             seen = [f"{sc.name}/{st.id}" if st else sc.name]
             cur_sc, cur_st = sc, st
@@ -247,8 +248,14 @@ class RigConfig(StrictModel):
                     raise ValueError(f"{where} {ref!r}: the names form a cycle ({' -> '.join(seen + [key])}); "
                                      "let one of them draw its own prompt")
                 seen.append(key)
+                built = [f for f in ("prefix_of", "repeat_of", "transform") if cur_st is not None and
+                         getattr(cur_st, f) is not None]
+                if built:
+                    raise ValueError(f"{where} {ref!r}: {key} has {built[0]} (its prompt is built from another "
+                                     "step's prompt or P's answer while the run goes, not from its seed); name a "
+                                     "request whose prompt is its own")
                 src = cur_st if cur_st is not None else cur_sc
-                cur_ref = src.same_as or src.prefix_of
+                cur_ref = src.same_as or src.head_of
                 if cur_st is None and cur_sc.request is not None and cur_sc.request.prompts > 1 or \
                         cur_st is not None and cur_st.prompts > 1:
                     raise ValueError(f"{where} {ref!r}: {key} sends several prompts per request; name a request "
@@ -257,8 +264,8 @@ class RigConfig(StrictModel):
             length = (src_st or src_sc).prompt_tokens
             if holder.same_as and holder.prompt_tokens != length:
                 raise ValueError(f"{where} {ref!r}: that prompt has {length} tokens, prompt_tokens is "
-                                 f"{holder.prompt_tokens}; set prompt_tokens: {length}, or use prefix_of")
-            if holder.prefix_of and holder.prompt_tokens > length:
+                                 f"{holder.prompt_tokens}; set prompt_tokens: {length}, or use head_of")
+            if holder.head_of and holder.prompt_tokens > length:
                 raise ValueError(f"{where} {ref!r}: prompt_tokens {holder.prompt_tokens} is longer than that "
                                  f"prompt ({length} tokens); give at most {length}")
         return self
@@ -379,18 +386,27 @@ class RigConfig(StrictModel):
                 raise ValueError(
                     f"scenarios[{i}] ({sc.name}).prompt_tokens {sc.prompt_tokens} must be below "
                     f"max_model_len {p_mml} (prefill's; vLLM rejects it otherwise)")
-            if sc.prompt_tokens >= d_mml and sc.expect.http_status is None:
+            if sc.prompt_tokens >= d_mml and sc.expect.http_status is None and sc.sequence is None:
+                # (a sequence's steps are checked one by one below, with their expect_status)
                 raise ValueError(
                     f"scenarios[{i}] ({sc.name}).prompt_tokens {sc.prompt_tokens} is not below decode's "
                     f"max_model_len {d_mml}: decode refuses the decode hop with HTTP 400; if that is the point, "
                     "set expect.http_status: 400, else shorten the prompt")
             mml = min(p_mml, d_mml)
             for j, st in enumerate(sc.sequence.steps if sc.sequence else []):  # kind sequence (BUGS R02, R06)
-                if st.prompt_tokens + st.max_tokens > mml:
+                plus = 1 if st.appends else 0  # D's prompt carries P's first token (transform)
+                # A step that expects a refusal (expect_status) may exceed D's max_model_len on purpose
+                # (D refuses with 400); P's must still hold it.
+                if st.expect_status is not None and st.prompt_tokens >= p_mml:
                     raise ValueError(
                         f"scenarios[{i}] ({sc.name}).sequence.steps[{j}] ({st.id}): prompt_tokens {st.prompt_tokens} "
-                        f"+ max_tokens {st.max_tokens} = {st.prompt_tokens + st.max_tokens} exceeds max_model_len "
-                        f"{mml}; shorten the prompt or lower max_tokens")
+                        f"must be below prefill's max_model_len {p_mml} (P computes it before D refuses it)")
+                if st.expect_status is None and st.prompt_tokens + plus + st.max_tokens > mml:
+                    what = " + P's appended token" if plus else ""
+                    raise ValueError(
+                        f"scenarios[{i}] ({sc.name}).sequence.steps[{j}] ({st.id}): prompt_tokens {st.prompt_tokens}"
+                        f"{what} + max_tokens {st.max_tokens} = {st.prompt_tokens + plus + st.max_tokens} exceeds "
+                        f"max_model_len {mml}; shorten the prompt or lower max_tokens")
             for f in (sc.fault.faults if sc.fault else []):
                 if f.target not in ("prefill", "decode", "request", *names):
                     raise ValueError(f"scenarios[{i}] ({sc.name}).fault target {f.target!r}: give prefill, decode, "

@@ -12,7 +12,9 @@ requires) and a pure :func:`decide`, which never looks at anything but its argum
    (:mod:`rig.judge.signatures`) explains the request checks it names only on the requests that show
    the symptom, and run-level checks (alive, no-fatal-log, idle-after, no-stall) only when it
    names them; a canary's catch explains the checks it failed on the caught requests;
-4. a required check that was not checked (``Check.ok is None``) and is not explained -> ERROR
+4. a required check that was not checked (``Check.ok is None``; also a check failed only by
+   requests whose stall was inconclusive, :func:`rig.judge.checks.unsure_of_stalls`: the engine
+   starved by a loaded host, or compiling) and is not explained -> ERROR
    "inconclusive: <check> not checked: <why>" (decided here: a verdict that rests on evidence
    the rig could not gather is neither PASS nor XFAIL, and it is not a vLLM failure either);
 5. known issue in range: signature matched -> XFAIL, nothing failed -> XPASS (fails the run:
@@ -47,11 +49,13 @@ from rig.judge.checks import (
     kv_integrity_check,
     not_checked_for_metrics,
     parity_check,
+    unsure_of_stalls,
 )
 from rig.judge.counter_rules import HEALTHY_NAME, HEALTHY_RULE, counter_rules_check
 from rig.judge.counters import counters_monotonic_check
 from rig.judge.signatures import BlockFacts, Match, RequestFacts, facts_of_records, match
 from rig.observe.observations import ScenarioObservation
+from rig.transport.records import PDRecord
 
 __all__ = ["Check", "Expectation", "ScenarioVerdict", "decide", "judge", "expectation_of", "edge_checks",
            "canary_match", "required_checks", "run_passed", "kv_integrity_check", "REQUIRED"]
@@ -295,6 +299,15 @@ def edge_checks(sc: ScenarioConfig, obs: ScenarioObservation, outcome=None) -> l
     return out
 
 
+def _side_channels(recs: list[PDRecord]) -> str:
+    """'; P's side channel prefill:5600' : the ``remote_host:remote_port`` P advertised in its
+    ``kv_transfer_params`` (where D connected to pull: a service name when P and D are containers,
+    rig/plan/compose.py), each distinct one once; '' when no answer carried one."""
+    seen = dict.fromkeys(f"{p.get('remote_host')}:{p.get('remote_port')}" for r in recs
+                         if r.prefill is not None and (p := r.prefill.kv_transfer_params) and p.get("remote_host"))
+    return f"; P's side channel {', '.join(seen)}" if seen else ""
+
+
 def _kv_pulled(obs: ScenarioObservation) -> Check:
     """``kv-pulled``: every answered request's prompt came over NIXL or from D's own prefix cache,
     none was recomputed on D: D's NIXL bytes grew, ``prompt_tokens_by_source`` counted at least
@@ -319,7 +332,8 @@ def _kv_pulled(obs: ScenarioObservation) -> Check:
     local = f" + {ev.cached_prompt_tokens:.0f} from D's prefix cache" if ev.cached_prompt_tokens else ""
     return Check("kv-pulled", pulled,
                  f"nixl {ev.nixl_bytes:.0f} B in {ev.nixl_transfers:.0f} transfers, {ev.external_prompt_tokens:.0f} "
-                 f"prompt tokens from external_kv_transfer{local} (expected >= {want} in >= {reads} transfers)",
+                 f"prompt tokens from external_kv_transfer{local} (expected >= {want} in >= {reads} transfers)"
+                 f"{_side_channels(ok_recs)}",
                  () if pulled else tuple(r.request_id for r in ok_recs))
 
 
@@ -356,6 +370,7 @@ def judge(sc: ScenarioConfig, obs: ScenarioObservation, blocks: BlockFacts | Non
                       + (("counters",) if outcome.counters else ()))
     if required is not None:
         exp = replace(exp, required=required)
+    checks = unsure_of_stalls(checks, obs.records)  # an inconclusive stall fails nothing: ERROR, not FAIL
     reqs = facts_of_records(obs) if reqs is None else reqs
     m = None
     if exp.tamper:

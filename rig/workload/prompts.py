@@ -11,7 +11,7 @@ sequence step's request ``k`` uses ``seed_of(f"{seed}/{step}/{k}")``. So the sam
 same prompts in every run, and two scenarios share a prompt only when they say so.
 
 Prompt resources (:func:`resolve`): a request reuses another request's prompt by name, ``same_as``
-(the whole prompt: N identical copies when the step or scenario sends N) or ``prefix_of`` (its
+(the whole prompt: N identical copies when the step or scenario sends N) or ``head_of`` (its
 first ``prompt_tokens`` tokens). A name is ``<step>`` (a step of the same sequence scenario),
 ``<scenario>/<step>`` (a step of another sequence scenario) or ``<scenario>`` (an edge or fault
 scenario: its request 0). The names are resolved against the run's scenarios with their run
@@ -78,13 +78,13 @@ def scenario_seed(sc: ScenarioConfig) -> int:
 def resolve(scenarios: Sequence[ScenarioConfig], sc: ScenarioConfig, step: Step | None,
             k: int, _seen: frozenset[str] = frozenset()) -> list[int] | list[list[int]]:
     """The prompt of request ``k`` of ``sc`` (of its ``step`` for a sequence), following its
-    ``same_as`` / ``prefix_of`` through ``scenarios`` (the run's, with their run seeds). A request
+    ``same_as`` / ``head_of`` through ``scenarios`` (the run's, with their run seeds). A request
     with neither gets its own prompt by the seed rule (module docstring); ``same_as`` gives every
-    ``k`` the source's prompt, ``prefix_of`` its first ``prompt_tokens`` tokens. Raises KeyError
+    ``k`` the source's prompt, ``head_of`` its first ``prompt_tokens`` tokens. Raises KeyError
     for a name that points nowhere, ValueError for a cycle of names."""
     holder = step if step is not None else sc
     key = f"{sc.name}/{step.id}" if step is not None else sc.name
-    ref = holder.same_as or holder.prefix_of
+    ref = holder.same_as or holder.head_of
     if ref is None:
         seed = scenario_seed(sc)
         if step is None:
