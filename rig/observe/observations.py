@@ -109,6 +109,7 @@ class TransferEvidence:
     nixl_transfers: float = 0.0  # vllm:nixl_bytes_transferred_count delta
     external_prompt_tokens: float = 0.0  # prompt_tokens_by_source{source=external_kv_transfer} delta
     cached_prompt_tokens: float = 0.0  # prompt_tokens_by_source{source=local_cache_hit} delta (D's prefix cache)
+    computed_prompt_tokens: float = 0.0  # prompt_tokens_by_source{source=local_compute} delta (computed on D)
     failed_transfers: float = 0.0
     preemptions: float = 0.0
     spec_drafts: float = 0.0
@@ -121,6 +122,7 @@ class TransferEvidence:
             nixl_transfers=m.delta(before, after, m.NIXL_XFER_COUNT),
             external_prompt_tokens=m.delta(before, after, m.PROMPT_TOKENS_BY_SOURCE, source="external_kv_transfer"),
             cached_prompt_tokens=m.delta(before, after, m.PROMPT_TOKENS_BY_SOURCE, source="local_cache_hit"),
+            computed_prompt_tokens=m.delta(before, after, m.PROMPT_TOKENS_BY_SOURCE, source="local_compute"),
             failed_transfers=m.delta(before, after, m.NIXL_FAILED_TRANSFERS),
             preemptions=m.delta(before, after, m.PREEMPTIONS),
             spec_drafts=m.delta(before, after, m.SPEC_DRAFTS),

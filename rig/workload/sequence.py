@@ -382,7 +382,7 @@ class _Sequence:
             s = by_step[steps[rec.request_id]]
             return await ctx.client.direct(ctx.prefill, rec.prompt, rec.max_tokens, fields=s.fields_for("reference"),
                                            endpoint=s.endpoint)
-        self.obs.parity = await record_parity(self.obs.records, reference)
+        self.obs.parity = await record_parity(self.obs.records, reference, self.sc.parity_tolerance)
 
 
 async def run_sequence_scenario(sc: ScenarioConfig, ctx: Any, obs: ScenarioObservation) -> SequenceResult:
