@@ -92,7 +92,9 @@ TOKEN_LATENCY = float(os.environ.get("FAKE_VLLM_TOKEN_LATENCY", "0.002"))
 PULL_S = float(os.environ.get("FAKE_VLLM_PULL_S") or TOKEN_LATENCY)
 JITTER = 0.0  # set per request for the logprob-jitter fault (decode-side answers only)
 VOCAB = 1024
-KV_BYTES_PER_TOKEN = 512  # whole blocks move: 65,536 B for a 126-token prompt at block size 32
+# K and V of the rig's default tiny model (2 layers x 2 KV heads x head_dim 32 x float32): whole blocks
+# move, 32,768 B per block of 32 (RigConfig.kv_bytes_per_block)
+KV_BYTES_PER_TOKEN = 2 * 2 * 2 * 32 * 4
 # Buckets from vllm/v1/metrics/buckets.py and .../kv_connector/v1/nixl/stats.py
 TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0,
                 7.5, 10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0)

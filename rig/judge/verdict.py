@@ -304,6 +304,13 @@ def _prompt_tokens(r: PDRecord) -> int:
     return n if isinstance(n, int) else r.prompt_token_count
 
 
+def _prompt_lengths(r: PDRecord) -> list[int]:
+    """The token count of each prompt of answered ``r`` (one per prompt of a several-prompt request)."""
+    if r.prompt_count > 1:
+        return [len(p) for p in r.prompt]
+    return [_prompt_tokens(r)]
+
+
 def _kv_pulled(obs: ScenarioObservation, source: PromptSource = "pulled", exact: bool = True) -> Check:
     """``kv-pulled``: where D took every answered request's prompt tokens, against the expected
     ``source`` (``expect.prompt_source``, by vLLM version), from D's
@@ -312,7 +319,9 @@ def _kv_pulled(obs: ScenarioObservation, source: PromptSource = "pulled", exact:
 
     - ``pulled``: external_kv_transfer + local_cache_hit = every answered prompt's tokens (all
       prompts of a several-prompt request; D's own prefix cache may hold some, as on a deployment
-      the rig attaches to again), local_compute +0, NIXL bytes > 0 in at least one transfer per prompt;
+      the rig attaches to again), local_compute +0, NIXL bytes > 0 in at least one transfer per
+      prompt, and exactly every prompt's blocks (``cdiv(n, block_size)`` each, the last one whole)
+      x ``obs.kv_bytes_per_block`` where the rig knows the model's geometry and D had no hit;
     - ``recomputed``: local_compute = every prompt token, external_kv_transfer +0,
       local_cache_hit +0, NIXL bytes +0 (vLLM 0.32.0 with prompt_logprobs).
 
@@ -346,8 +355,14 @@ def _kv_pulled(obs: ScenarioObservation, source: PromptSource = "pulled", exact:
         got = ext + cached
         ok = ((got == want and computed == 0) if exact else got >= want) and ev.nixl_bytes > 0 \
             and ev.nixl_transfers >= reads
+        nbytes = "nixl bytes > 0"
+        blocks = sum(-(-n // obs.block_size) for r in ok_recs for n in _prompt_lengths(r)) if obs.block_size else 0
+        if exact and cached == 0 and obs.kv_bytes_per_block and blocks:
+            # every block of every prompt, the last one whole (NIXL moves blocks, not tokens)
+            nbytes = f"nixl {blocks * obs.kv_bytes_per_block} B ({blocks} blocks x {obs.kv_bytes_per_block} B)"
+            ok = ok and ev.nixl_bytes == blocks * obs.kv_bytes_per_block
         expected = (f"pulled: external_kv_transfer + local_cache_hit = +{want}, local_compute +0, "
-                    f"nixl bytes > 0 in >= {reads} transfers")
+                    f"{nbytes} in >= {reads} transfers")
         if not exact:
             expected = expected.replace(" = +", " >= +").replace(", local_compute +0", "")
     if len(obs.records) == 1 and exact:

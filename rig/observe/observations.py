@@ -156,6 +156,10 @@ class ScenarioObservation:
     # This scenario's metrics timeline rows (SnapshotStore.rows_of; already in
     # metrics/timeline.jsonl, so not repeated in to_json): what counters-monotonic reads.
     timeline: list[dict[str, Any]] = field(default_factory=list)
+    # Decode's KV block as NIXL moves it (RigConfig.kv_bytes_per_block; None: geometry unknown) and
+    # its block size in tokens: what makes kv-pulled's NIXL bytes exact.
+    kv_bytes_per_block: int | None = None
+    block_size: int | None = None
 
     def to_json(self) -> dict[str, Any]:
         """JSON-able dict for report.json."""
