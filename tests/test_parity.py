@@ -162,3 +162,25 @@ def test_a_stream_is_merged_into_the_shape_of_a_whole_answer():
     r = compare_hops(pd, ref, 2, 2)
     assert r.status == "equal", r.describe()
     assert r.not_compared == ("usage (reference only)",) and r.max_float_diff == 0.0
+
+
+def test_a_chat_stream_is_merged_as_a_message_with_its_logprobs():
+    pd, ref = Hop("d"), Hop("p")
+    reader = StreamReader(pd, 0.0)
+    reader.feed_obj({"choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
+                                  "finish_reason": None}]})
+    for i, word in enumerate(("a", "b")):
+        reader.feed_obj({"choices": [{"index": 0, "delta": {"content": word}, "token_ids": [i],
+                                      "logprobs": {"content": [{"token": word, "logprob": -0.5 * (i + 1)}]},
+                                      "finish_reason": "length" if i else None}]})
+    reader.feed("[DONE]")
+    reader.finish()
+    whole = {"choices": [{"index": 0, "message": {"role": "assistant", "content": "ab"}, "token_ids": [0, 1],
+                          "logprobs": {"content": [{"token": "a", "logprob": -0.5}, {"token": "b", "logprob": -1.0}]},
+                          "finish_reason": "length"}]}
+    fill_from_answer(ref, whole)
+    assert pd.answer_fields["choices"][0]["message"] == {"role": "assistant", "content": "ab"}
+    assert compare_hops(pd, ref, 2, 2).status == "equal"
+    whole["choices"][0]["logprobs"]["content"][1]["logprob"] = -1.5
+    fill_from_answer(ref, whole)
+    assert compare_hops(pd, ref, 2, 2).field == "choices[0].logprobs.content[1].logprob"
