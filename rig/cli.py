@@ -31,12 +31,13 @@ from datetime import UTC
 from pathlib import Path
 
 from rig.cluster import mooncake
-from rig.cluster.builds import launch_vllm_version
+from rig.cluster.builds import BuildsFile, launch_vllm_version
 from rig.cluster.preflight import cpu_problem, preflight
 from rig.cluster.probes import busy_ports
 from rig.cluster.processes import Cluster, ClusterError, install_signal_handlers
 from rig.config import ConfigError, RigConfig, load_config
 from rig.config.help import DEFAULT_CONFIG, REPO_CONFIGS, config_path, unknown_scenarios_message
+from rig.config.schema import schemas
 from rig.connectors.mooncake import MASTER_ROLE
 from rig.plan.processes import build_plan
 from rig.transport import aio
@@ -188,7 +189,8 @@ def cmd_up(args: argparse.Namespace) -> int:
                           launch_vllm_version(cfg.launch.command))
         names = [p.name for p in plan.processes if p.role == MASTER_ROLE] + engines
         print(f"starting {', '.join(names)}: {why}", flush=True)
-        with Cluster(plan, cfg.timeouts.startup_s, cfg.timeouts.shutdown_grace_s) as cluster:
+        with Cluster(plan, cfg.timeouts.startup_s, cfg.timeouts.shutdown_grace_s,
+                     startup_stall_s=cfg.timeouts.startup_stall_s, display="auto") as cluster:
             ready = cluster.start(names)
             t = time.monotonic()
             aio.run(_warm_up_pairs(cfg, cluster, [n for n in names if plan.by_name(n).role in ("prefill", "decode")]))
@@ -197,7 +199,11 @@ def cmd_up(args: argparse.Namespace) -> int:
             (run_dir / "endpoints.json").write_text(json.dumps(
                 {n: {"url": cluster.url(n), "role": plan.by_name(n).role} for n in names}, indent=1))
             for n in names:
-                print(f"{n:16s} {plan.by_name(n).role:16s} {cluster.url(n)}  ready after {ready.get(n, 0):.0f} s")
+                w = cluster.startups[n]
+                cpu = "" if w.cpu_s is None else f", {w.cpu_s:.0f} CPU-s"
+                print(f"{n:16s} {plan.by_name(n).role:16s} {cluster.url(n)}  ready after {ready.get(n, 0):.0f} s{cpu} "
+                      f"(host load {w.load_at_start[0]:.1f} at start, {(w.load_at_ready or w.load_at_start)[0]:.1f} "
+                      "at ready)")
             print(f"warmed up in {warm_s:.1f} s (a direct request to each instance, one P/D round trip per decode)")
             _up_proxy(args, plan, names, cluster)  # --proxy: a daemon thread of this process
             print(f"endpoints: {run_dir / 'endpoints.json'}; Ctrl-C stops everything", flush=True)
@@ -213,7 +219,7 @@ async def _warm_up_pairs(cfg: RigConfig, cluster: Cluster, engines: list[str]) -
 
     from rig.transport.client import AiohttpTransport
     from rig.transport.endpoint import Endpoint
-    from rig.workload.warmup import warm_up
+    from rig.workload.warmup import WarmupWatch, warm_up
 
     prefills = [n for n in engines if n in {p.name for p in cfg.prefill}]
     decodes = [n for n in engines if n in {d.name for d in cfg.decode}]
@@ -222,7 +228,8 @@ async def _warm_up_pairs(cfg: RigConfig, cluster: Cluster, engines: list[str]) -
         try:
             for d in decodes:
                 await warm_up(client, http, Endpoint(prefills[0], cluster.url(prefills[0])),
-                              Endpoint(d, cluster.url(d)), lambda msg: print(msg, file=sys.stderr))
+                              Endpoint(d, cluster.url(d)), lambda msg: print(msg, file=sys.stderr),
+                              WarmupWatch(cluster.cpu_s, cluster.exit_code, cfg.timeouts.warmup_s))
         finally:
             await client.aclose()
 
@@ -420,6 +427,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--port", type=int, default=8000)
     p.add_argument("--timeout", type=float, default=600.0, help="seconds an upstream may stay silent (504 after)")
     p.set_defaults(func=cmd_proxy)
+    p = sub.add_parser("schema", help="write the JSON Schema of profiles and suites (for editors and CI)")
+    p.add_argument("--out", default="schema", help="directory for profile.schema.json and suite.schema.json "
+                                                   "(default ./schema)")
+    p.set_defaults(func=cmd_schema)
     p = sub.add_parser("compose", help="render a docker-compose.yml from the config")
     _config_args(p)
     p.add_argument("--image", help="container image (default by device)")
@@ -445,6 +456,29 @@ def build_parser() -> argparse.ArgumentParser:
     add_build_parser(sub)
     add_matrix_parser(sub)
     return ap
+
+
+def all_schemas() -> dict[str, dict]:
+    """File name -> JSON Schema of every YAML the rig reads: profiles and suites
+    (rig/config/schema.py) and the builds file (``rig.cluster.builds.BuildsFile``)."""
+    builds = BuildsFile.model_json_schema()
+    spec = builds.get("$defs", {}).get("BuildSpec", {})
+    # A build's name is its key in the file (BuildsFile fills it in), never written in the entry.
+    spec["required"] = [f for f in spec.get("required", []) if f != "name"]
+    return {**schemas(), "builds.schema.json": {"$schema": "https://json-schema.org/draft/2020-12/schema",
+                                                "title": "pdrig builds", **builds}}
+
+
+def cmd_schema(args: argparse.Namespace) -> int:
+    """``pdrig schema``: write ``profile.schema.json`` and ``suite.schema.json`` to ``--out``
+    (rig/config/schema.py: made from the pydantic models). The shipped YAML files name these files
+    in their ``# yaml-language-server: $schema=...`` line. Returns 0."""
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    for name, schema in all_schemas().items():
+        (out / name).write_text(json.dumps(schema, indent=2, sort_keys=True) + "\n")
+        print(out / name)
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:

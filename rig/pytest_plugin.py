@@ -137,7 +137,8 @@ class PDRigSession:
             self.runner.result.plan = plan.to_json()
             (self.run_dir / "plan.json").write_text(json.dumps(plan.to_json(), indent=1))
             (self.run_dir / "config.yaml").write_text(yaml.safe_dump(self.runner.result.config, sort_keys=False))
-            self._cluster = Cluster(plan, self.cfg.timeouts.startup_s, self.cfg.timeouts.shutdown_grace_s)
+            self._cluster = Cluster(plan, self.cfg.timeouts.startup_s, self.cfg.timeouts.shutdown_grace_s,
+                                    startup_stall_s=self.cfg.timeouts.startup_stall_s)
         return self._cluster
 
     def scenario(self, fields: dict[str, Any]):

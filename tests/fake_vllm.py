@@ -25,6 +25,9 @@ Environment:
   FAKE_VLLM_FAULT_ONCE         a file path: the crash fault fires only while the file does not
                                exist and creates it when it fires (a restarted server is healthy)
   FAKE_VLLM_STARTUP_DELAY      seconds before /health answers 200 (503 before; default 0.5)
+  FAKE_VLLM_PHASE_S            before it listens, go through vLLM 0.32.0's start-up phases, logging
+                               each phase's first line (as vLLM does), then spinning the CPU this
+                               many seconds per phase without a log line (default 0: no phases)
   FAKE_VLLM_TOKEN_LATENCY      seconds per generated token (default 0.002)
   FAKE_VLLM_PULL_S             seconds a decode-side request spends pulling its KV (kv fetch stage
                                in_progress; default: FAKE_VLLM_TOKEN_LATENCY)
@@ -51,6 +54,10 @@ Faults (FAKE_VLLM_FAULT):
                      HTTP-200 form); without this fault the fake recomputes such a prompt on D and pulls
                      nothing, as vLLM 0.32.0 (sampling_params.py skip_reading_prefix_cache)
   logprob-jitter     decode-side answers add ARG (a float) to every logprob they return
+  hang-in-startup    stop in start-up phase ARG (0-based index into STARTUP_LINES, default 3:
+                     model load) after logging its line: no more output, no CPU use, never ready
+  exit-in-startup    exit with code 3 in start-up phase ARG (default 2) after a traceback ending
+                     "RuntimeError: fake engine died in start-up"
   teardown-traceback on SIGTERM logs what a real vLLM 0.32.0 decode logs when stopped: an
                      "EngineDeadError" traceback (then exits 0)
 """
@@ -81,13 +88,24 @@ from aiohttp.abc import AbstractAccessLogger
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 FAULTS = ("exit-before-ready", "crash-mid-request", "stall", "http500", "diverge-at",
-          "leak-kv", "empty-stream", "fatal-log", "teardown-traceback")
+          "leak-kv", "empty-stream", "fatal-log", "teardown-traceback", "hang-in-startup", "exit-in-startup")
 FAULT = os.environ.get("FAKE_VLLM_FAULT") or None
 FAULT_ARG = os.environ.get("FAKE_VLLM_FAULT_ARG") or ""
 VERSION = os.environ.get("FAKE_VLLM_VERSION", "0.32.0")
 OMIT_METRICS = {n for n in os.environ.get("FAKE_VLLM_OMIT_METRICS", "").split(",") if n}
 FAULT_ONCE = os.environ.get("FAKE_VLLM_FAULT_ONCE") or None
 STARTUP_DELAY = float(os.environ.get("FAKE_VLLM_STARTUP_DELAY", "0.5"))
+PHASE_S = float(os.environ.get("FAKE_VLLM_PHASE_S") or 0)
+# The first line vLLM 0.32.0 logs in each start-up phase (process, file, text), in order: from a
+# real `pdrig up` of the tiny model with NIXL.
+STARTUP_LINES = (
+    ("APIServer", "api_utils.py:286", "non-default args: {'port': 0}"),
+    ("EngineCore", "core.py:133", "Initializing a V1 LLM engine (v0.32.0) with config: model='fake'"),
+    ("Worker", "cpu_model_runner.py:68", "Starting to load model fake..."),
+    ("Worker", "cpu_model_runner.py:80", "Model loading took 0.0 GiB memory and 0.01 seconds"),
+    ("EngineCore", "core.py:403", "init engine (profile, create kv cache, warmup model) took 1.00 s"),
+    ("APIServer", "entry.py:140", "Starting vLLM server on http://127.0.0.1:0"),
+)
 TOKEN_LATENCY = float(os.environ.get("FAKE_VLLM_TOKEN_LATENCY", "0.002"))
 PULL_S = float(os.environ.get("FAKE_VLLM_PULL_S") or TOKEN_LATENCY)
 JITTER = 0.0  # set per request for the logprob-jitter fault (decode-side answers only)
@@ -748,7 +766,30 @@ def main(argv: list[str] | None = None) -> int:
         log_exception("EngineCore failed to start.", RuntimeError("fake engine failed to start"),
                       "core.py:1")
         return 1
+    if PHASE_S or FAULT in ("hang-in-startup", "exit-in-startup"):
+        code = start_up_phases()
+        if code:
+            return code
     return asyncio.run(serve(args))
+
+
+def start_up_phases() -> int:
+    """Go through :data:`STARTUP_LINES`: log each, then spin ``PHASE_S`` seconds (CPU, no log);
+    apply the start-up faults. Returns an exit code (0: go on serving)."""
+    default = {"hang-in-startup": 3, "exit-in-startup": 2}.get(FAULT or "", -1)
+    at = int(FAULT_ARG) if FAULT_ARG else default
+    for i, (proc, where, line) in enumerate(STARTUP_LINES):
+        log("INFO", line, where, proc)
+        if i == at and FAULT == "exit-in-startup":
+            log_exception("EngineCore failed to start.", RuntimeError("fake engine died in start-up"), "core.py:1")
+            return 3
+        if i == at and FAULT == "hang-in-startup":
+            while True:  # blocked: no output, no CPU (SIGTERM still ends it)
+                time.sleep(3600)
+        end = time.monotonic() + PHASE_S
+        while time.monotonic() < end:
+            pass
+    return 0
 
 
 if __name__ == "__main__":

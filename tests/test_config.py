@@ -206,7 +206,7 @@ def test_set_values_are_yaml(tmp_path, base):
 def test_set_creates_missing_section(tmp_path, base):
     del base["timeouts"]
     cfg = load(tmp_path, base, ["timeouts.drain_s=3"])
-    assert cfg.timeouts.drain_s == 3 and cfg.timeouts.startup_s == 300
+    assert cfg.timeouts.drain_s == 3 and cfg.timeouts.startup_s == 1200
 
 
 @pytest.mark.parametrize("override, expected", [

@@ -249,17 +249,22 @@ def test_cli_known_issue_xfail_exits_0(base_dir, restore_signals):
     assert report["scenarios"][0]["verdict"]["verdict"] == "XFAIL"
 
 
-def test_exit_before_ready_is_a_run_error_with_log_tail(base_dir):
+def test_exit_before_ready_fails_its_scenarios_as_a_death_with_the_log_tail_kept(base_dir):
     result, run_dir = run_suite(base_dir / "exit-early",
                                 decodes={"decode": {"env": {"FAKE_VLLM_FAULT": "exit-before-ready"}}},
                                 scenarios=[scenario("pass", "decode")])
-    assert result.status == "error" and result.verdicts == []
-    assert "decode exited with code 1 before it was ready" in result.error
-    assert "--- last lines of decode's log ---" in result.error
-    assert "RuntimeError: fake engine failed to start" in result.error
+    (v,) = result.verdicts
+    # the only scenario could not run: the run is an error (exit 3) naming why, its verdict the death
+    assert result.status == "error" and v.verdict == "FAIL"
+    assert result.error.startswith("no scenario could run: decode exited with code 1 before it was ready")
+    assert v.reason.startswith("alive: decode died (exit 1): ")
+    assert "RuntimeError: fake engine failed to start" in v.reason
+    errors = (run_dir / "startup-errors.txt").read_text()
+    assert "decode exited with code 1 before it was ready" in errors
+    assert "--- last lines of decode's log ---" in errors
     report = json.loads((run_dir / "report.json").read_text())
-    assert report["status"] == "error" and "fake engine failed to start" in report["error"]
-    assert "- error: decode exited with code 1" in (run_dir / "summary.md").read_text()
+    assert report["status"] == "error" and report["startup"]["decode"]["outcome"] == "exited"
+    assert "- did not start: decode exited with code 1" in (run_dir / "summary.md").read_text()
 
 
 def test_http500_does_not_pass_and_names_it(base_dir):

@@ -160,7 +160,7 @@ def test_the_finder_sees_a_function_level_import(tree_copy: Path):
     """The walk above can fail: it finds imports inside (nested) functions, absolute or relative, and
     leaves module-level ones alone."""
     probe = tree_copy / "rig" / "plan" / "probe.py"
-    probe.write_text("import rig.judge.verdict\n\n\ndef f():\n    def g():\n        from ..config import schema\n"
+    probe.write_text("import rig.judge.verdict\n\n\ndef f():\n    def g():\n        from ..config import load_config\n"
                      "    import rig.cluster.ports\n    from rig.observe.metrics import parse\n")
     assert function_level_imports(probe, tree_copy) == {
         ("rig.plan.probe", "rig.config"), ("rig.plan.probe", "rig.cluster.ports"),

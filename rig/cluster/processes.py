@@ -5,7 +5,10 @@ the servers, and teardown can kill a server together with its EngineCore and wor
 with stdout+stderr in its own log file under the run directory. An instance is *ready* when its
 process is alive, ``/health`` answers 200, ``/v1/models`` lists the served model and its NIXL
 side-channel port accepts connections. A process that exits before it is ready fails the start
-at once with the tail of its log.
+at once with the tail of its log; one that shows no progress (log, CPU, start-up phase:
+:mod:`rig.cluster.startup`) for ``startup_stall_s`` fails naming the phase it is stuck in, and
+``startup_timeout_s`` is the hard ceiling. :meth:`Cluster.start_each` gives each instance's
+outcome on its own, so one that does not start leaves the others running.
 
 Teardown (SIGTERM to the group, SIGKILL after a grace period) runs on every exit path: the
 context manager, ``atexit``, and the signal handlers the CLI installs; a :class:`~rig.cluster.reaper.Reaper`
@@ -32,6 +35,7 @@ from collections.abc import Collection, Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TextIO
 
 import httpx
 import psutil
@@ -40,6 +44,8 @@ from rig.cluster.logs import FileLog, LogSource, start_marker, stop_marker
 from rig.cluster.probes import busy_ports
 from rig.cluster.reaper import Reaper, kill_groups
 from rig.cluster.scheduling import lower_engine_priority, lower_group_priority, pin_cpus, unavailable_cpus
+from rig.cluster.startup import READY, StartupDisplay, StartupWatch, group_cpu_s, load_text
+from rig.connectors.mooncake import MASTER_ROLE
 from rig.plan.spec import Plan, ProcessSpec, probe_host
 
 # Set by the CLI's signal handlers (install_signal_handlers): stop waiting for servers to start.
@@ -77,12 +83,16 @@ KV_INTEGRITY_PATTERNS = (
 
 
 class ClusterError(RuntimeError):
-    """A process could not be started or made ready; ``log_tail`` holds its last log lines."""
+    """A process could not be started or made ready; ``log_tail`` holds its last log lines,
+    ``exit_code`` the code it exited with when it exited before it was ready (else None) and
+    ``summary`` the message without the log tail (one line, for a verdict's reason)."""
 
-    def __init__(self, message: str, name: str = "", log_tail: str = ""):
+    def __init__(self, message: str, name: str = "", log_tail: str = "", exit_code: int | None = None):
         super().__init__(message + (f"\n--- last lines of {name}'s log ---\n{log_tail}" if log_tail else ""))
         self.name = name
         self.log_tail = log_tail
+        self.exit_code = exit_code
+        self.summary = message
 
 
 RUN_MARKER = "PDRIG_RUN_DIR"
@@ -158,8 +168,16 @@ class Cluster:
     """
 
     def __init__(self, plan: Plan, startup_timeout_s: float, grace_s: float = 10.0, attach: bool = False,
-                 log_sources: Mapping[str, LogSource] | None = None):
+                 log_sources: Mapping[str, LogSource] | None = None, startup_stall_s: float | None = None,
+                 display: str = "off", display_stream: TextIO | None = None):
         self.plan = plan
+        # startup_timeout_s: the hard ceiling of one start (timeouts.startup_s); startup_stall_s:
+        # fail a start that showed no progress (log, CPU, phase) this long (timeouts.startup_stall_s;
+        # None: only the ceiling). display: rig.cluster.startup.StartupDisplay's mode while starting.
+        self.startup_stall_s = startup_stall_s
+        self.display, self.display_stream = display, display_stream
+        # The latest start of each instance (phase, seconds, CPU-s, load): the report's figures.
+        self.startups: dict[str, StartupWatch] = {}
         # attach: the processes run elsewhere (e.g. Docker Compose): check readiness, never
         # start or stop anything. Liveness then means "still answers /health".
         self.attach = attach
@@ -198,10 +216,23 @@ class Cluster:
         take CPU from those still starting; never one the others need while starting (a
         Mooncake master).
 
-        Returns ``{name: seconds to ready}``. Raises ClusterError when a process exits before
-        it is ready (with its log tail) or is not ready within ``startup_timeout_s``; the
-        processes already started stay registered for teardown.
+        Returns ``{name: seconds to ready}``. Raises the first ClusterError of
+        :meth:`start_each` (after every start has ended one way or the other); the processes
+        already started stay registered for teardown.
         """
+        outcome = self.start_each(names, startup_cpus, freeze_when_ready)
+        errors = [e for e in outcome.values() if isinstance(e, ClusterError)]
+        if errors:
+            raise errors[0]
+        return {n: v for n, v in outcome.items() if not isinstance(v, ClusterError)}
+
+    def start_each(self, names: list[str], startup_cpus: Mapping[str, tuple[int, ...]] | None = None,
+                   freeze_when_ready: Collection[str] = ()) -> dict[str, float | ClusterError]:
+        """:meth:`start`, but each instance's outcome on its own: ``{name: seconds to ready, or
+        the ClusterError that ended its start}``, so one instance that does not start does not
+        stop the others. An instance that made no progress or hit the ceiling is stopped (it
+        would take CPU from the rest); one that exited stays registered (:meth:`dead` shows its
+        code). Raises ClusterError only for what concerns every name (CPUs or ports unavailable)."""
         todo = [n for n in names if n not in self.procs]
         problem = "" if self.attach else unavailable_cpus(
             (spec.role, spec.name, spec.cpus) for spec in map(self.plan.by_name, todo))
@@ -214,13 +245,33 @@ class Cluster:
                                "; stop that process or change the ports in the config")
         for name in todo:
             self._spawn(self.plan.by_name(name), (startup_cpus or {}).get(name))
-        with ThreadPoolExecutor(max_workers=max(1, len(todo))) as pool:
-            results = list(pool.map(lambda n: self._wait_ready(n, n in freeze_when_ready), todo))
+
+        def wait(n: str) -> float | ClusterError:
+            try:
+                return self._wait_ready(n, n in freeze_when_ready)
+            except ClusterError as e:
+                return e
+
+        shown = StartupDisplay({n: self.startups[n] for n in todo}, self.display, self.display_stream).start() \
+            if todo and self.display != "off" else None
+        try:
+            with ThreadPoolExecutor(max_workers=max(1, len(todo))) as pool:
+                results = list(pool.map(wait, todo))
+        finally:
+            if shown is not None:
+                shown.stop()
+        hung = [n for n, r in zip(todo, results, strict=True)
+                if isinstance(r, ClusterError) and r.exit_code is None and n in self.procs]
+        if hung:
+            self.stop(hung)
         return dict(zip(todo, results, strict=True))
 
     def _spawn(self, spec: ProcessSpec, startup_cpus: tuple[int, ...] | None = None) -> None:
         if self.attach:
             self.procs[spec.name] = Running(spec=spec, popen=None, started_at=time.monotonic())
+            # no log nor processes of ours to read: no phases, only the wait itself
+            self.startups[spec.name] = StartupWatch(spec.name, None, None, self.procs[spec.name].started_at,
+                                                    vllm=False)
             return
         for d in spec.dirs:
             Path(d).mkdir(parents=True, exist_ok=True)
@@ -241,18 +292,31 @@ class Cluster:
         if spec.nice:
             lower_group_priority(popen.pid, spec.nice)
         self.procs[spec.name] = Running(spec=spec, popen=popen, started_at=time.monotonic())
+        self.startups[spec.name] = StartupWatch(spec.name, spec.log_path, popen.pid, self.procs[spec.name].started_at,
+                                                vllm=spec.role != MASTER_ROLE)
 
     def _wait_ready(self, name: str, freeze: bool = False) -> float:
+        """Wait for instance ``name`` while it progresses (rig.cluster.startup); returns seconds to
+        ready. Raises ClusterError at once when it exits (``exit_code`` set), when it showed no
+        progress for ``startup_stall_s`` (stuck in the phase it names), at the ``startup_timeout_s``
+        ceiling, or when the rig is interrupted; each names the phase, the host load and the
+        ``--set`` that gives more time."""
         run = self.procs[name]
         spec = run.spec
+        watch = self.startups[name]
         deadline = run.started_at + self.startup_timeout_s
         with httpx.Client(timeout=3.0) as http:
             while True:
+                now = time.monotonic()
+                watch.look(now)
                 rc = run.popen.poll() if run.popen is not None else None
                 if rc is not None:
-                    raise ClusterError(f"{name} exited with code {rc} before it was ready",
-                                       name, log_tail(spec.log_path))
+                    watch.finish("exited")
+                    watch.reason = (f"{name} exited with code {rc} before it was ready (phase {watch.phase}, "
+                                    f"{watch.elapsed_s():.0f} s after spawn)")
+                    raise ClusterError(watch.reason, name, log_tail(spec.log_path), exit_code=rc)
                 if self._is_ready(http, spec) and self._owns_port(run):
+                    watch.finish(READY)
                     run.ready_after_s = time.monotonic() - run.started_at
                     if spec.nice and run.popen is not None:
                         lower_engine_priority(run.popen.pid, spec.nice)
@@ -261,17 +325,30 @@ class Cluster:
                     if freeze:
                         self.freeze([name])
                     return run.ready_after_s
-                if time.monotonic() > deadline:
+                stall = self.startup_stall_s
+                if stall is not None and not self.attach and watch.idle_s(now) > stall:
+                    msg = (f"{name} made no progress for {watch.idle_s(now):.0f} s in start-up phase "
+                           f"{watch.phase!r} (no log output, no CPU use, no phase change: timeouts.startup_stall_s "
+                           f"= {stall:g}), {watch.elapsed_s(now):.0f} s after spawn; {load_text()}. If it is "
+                           f"only slow, give it longer: --set timeouts.startup_stall_s={_more(stall)}")
+                    raise _gave_up(watch, "stuck", msg, log_tail(spec.log_path))
+                if now > deadline:
                     if self.attach:  # nothing of ours to show: name where we looked
-                        raise ClusterError(f"{name} at {spec.base_url} (attached: the rig did not start it) did "
-                                           f"not answer {spec.health_path} with the model listed within "
-                                           f"{self.startup_timeout_s:.0f} s (timeouts.startup_s): is the "
-                                           "deployment up at that address (--endpoint NAME=URL)?", name)
-                    raise ClusterError(f"{name} was not ready within {self.startup_timeout_s:.0f} s "
-                                       "(timeouts.startup_s)", name, log_tail(spec.log_path))
+                        msg = (f"{name} at {spec.base_url} (attached: the rig did not start it) did not answer "
+                               f"{spec.health_path} with the model listed within {self.startup_timeout_s:.0f} s "
+                               f"(timeouts.startup_s); {load_text()}. Is the deployment up at that address "
+                               f"(--endpoint NAME=URL)? If it is still starting: --set "
+                               f"timeouts.startup_s={_more(self.startup_timeout_s)}")
+                        raise _gave_up(watch, "timeout", msg)
+                    msg = (f"{name} was not ready within {self.startup_timeout_s:.0f} s (timeouts.startup_s, the "
+                           f"ceiling), in start-up phase {watch.phase!r} for {now - watch.phase_since:.0f} s, last "
+                           f"progress {watch.idle_s(now):.0f} s ago ({watch.progress_sign}); {load_text()}. To "
+                           f"wait longer: --set timeouts.startup_s={_more(self.startup_timeout_s)}")
+                    raise _gave_up(watch, "timeout", msg, log_tail(spec.log_path))
                 # The runner waits here in a worker thread, which a signal cannot interrupt; an
                 # interrupted rig would otherwise wait for the server to become ready (minutes).
                 if INTERRUPTED.wait(0.5):
+                    watch.finish("interrupted")
                     raise ClusterError(f"start of {name} interrupted", name)
 
     @staticmethod
@@ -407,6 +484,20 @@ class Cluster:
         """The started processes that have exited, with their exit codes."""
         return {n: rc for n, rc in self.exit_codes().items() if rc is not None}
 
+    def cpu_s(self, name: str) -> float | None:
+        """CPU seconds (user + system) used so far by every process of instance ``name`` (API
+        server, EngineCore, workers); None when the rig did not launch it, it has exited or /proc
+        is unreadable."""
+        run = self.procs.get(name)
+        if run is None or run.popen is None or run.popen.poll() is not None:
+            return None
+        return group_cpu_s(run.popen.pid)
+
+    def exit_code(self, name: str) -> int | None:
+        """Instance ``name``'s exit code, None while it runs (or is attached, or not started)."""
+        run = self.procs.get(name)
+        return None if run is None or run.popen is None else run.popen.poll()
+
     def engine_cpu_s(self, name: str) -> float | None:
         """Cumulative CPU seconds (user + system) of instance ``name``'s EngineCore process, the
         child vLLM titles ``VLLM::EngineCore`` (vllm/v1/engine/core.py ``set_process_title``);
@@ -442,6 +533,17 @@ class Cluster:
             return self._log_sources[name]
         spec = self.plan.by_name(name)
         return None if self.attach else FileLog(name, spec.log_path)
+
+
+def _gave_up(watch: StartupWatch, outcome: str, msg: str, tail: str = "") -> ClusterError:
+    """Close ``watch`` with ``outcome`` and ``msg``; the ClusterError to raise for it."""
+    watch.finish(outcome, msg)
+    return ClusterError(msg, watch.name, tail)
+
+
+def _more(seconds: float) -> int:
+    """The value a "give it longer" hint suggests: twice ``seconds``, rounded up to 60 s."""
+    return int(-(-2 * seconds // 60) * 60)
 
 
 def startup_affinity(cpus_of: Mapping[str, tuple[int, ...]], allowed: Iterable[int]) -> dict[str, tuple[int, ...]]:

@@ -201,3 +201,23 @@ def unknown_scenarios_message(unknown: list[str], known: Sequence[str], suite_di
             hints.append(f"{name!r} is in no suite{did_you_mean(name, known)}")
     return (f"--scenario: {'; '.join(hints)}; this config's scenarios: {', '.join(known) or 'none'}")
 
+
+
+def _md(text: str) -> str:
+    """One Markdown table cell: pipes escaped, newlines folded."""
+    return " ".join(str(text).replace("|", "\\|").split())
+
+
+def reference_rows(root: type[BaseModel], prefix: str = "") -> list[str]:
+    """Markdown table rows ``| `path` | type | default | description |`` for every field at and
+    below ``root`` (sub-models expanded in place, list items as ``<item>``): the generated
+    reference pages (docs/reference/) are these rows, so they cannot drift from the models."""
+    rows: list[str] = []
+    for name, field in root.model_fields.items():
+        dotted = f"{prefix}.{name}" if prefix else name
+        rows.append(f"| `{dotted}` | {_md(_type_name(field.annotation))} | {_md(_default_text(field))} | "
+                    f"{_md(field.description or '')} |")
+        for sub in _models_in(field.annotation):
+            listed = typing.get_origin(field.annotation) is list or list in typing.get_args(field.annotation)
+            rows += reference_rows(sub, dotted + (".<item>" if listed else ""))
+    return rows

@@ -10,7 +10,18 @@ from rig.config.base import StrictModel
 class TimeoutsConfig(StrictModel):
     """Every wait the rig makes, in seconds."""
 
-    startup_s: float = Field(300, gt=0, description="per instance, until ready")
+    startup_s: float = Field(
+        1200, gt=0,
+        description="hard ceiling per instance, from spawn to ready, however it progresses (1,200 s, as "
+                    "vLLM waits for a server in tests/v1/kv_connector/nixl_integration/run_accuracy_test.sh)")
+    startup_stall_s: float = Field(
+        180, gt=0,
+        description="a starting instance whose log, CPU use (its process group's) and start-up phase all "
+                    "stood still this long is stuck: its start fails at once, naming the phase")
+    warmup_s: float = Field(
+        600, gt=0,
+        description="per phase: how long a direct warm-up request that timed out is retried while its instance "
+                    "is alive and its processes use CPU (a busy host, not a hung engine)")
     request_s: float = Field(60, gt=0, description="default deadline of one request (both hops)")
     stall_window_s: float = Field(8, gt=0, description="frozen metrics this long = a stall")
     kv_transfer_s: float = Field(

@@ -50,6 +50,9 @@ class RunResult:
     # Scenarios of the suite that never started because the run stopped first (Ctrl-C, a cluster
     # error): listed as NOT RUN so an interrupted run cannot read as "every scenario passed".
     not_run: list[str] = field(default_factory=list)
+    # Per instance, its (latest) start: rig.cluster.startup.StartupWatch.figures() (seconds to
+    # ready, seconds per start-up phase, CPU-s, host load at start and end, outcome).
+    startup: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     def finish_status(self) -> str:
         """Set and return ``status`` from the verdicts unless the run was interrupted/errored."""
@@ -191,7 +194,11 @@ def render_summary_md(result: RunResult) -> str:
     lines.append("- verdicts: " + (", ".join(f"{k} {n}" for k, n in sorted(counts.items())) or "none"))
     if result.not_run:
         lines.append(f"- NOT RUN ({len(result.not_run)}, the run stopped first): " + ", ".join(result.not_run))
+    for n, f in result.startup.items():
+        if f.get("outcome") not in ("ready", "starting"):
+            lines.append(f"- did not start: {f.get('reason') or n + ': ' + str(f.get('outcome'))}")
     lines.append("")
+    lines += startup_table_md(result.startup)
     if rows:
         cols = list(rows[0])
         lines.append("| " + " | ".join(cols) + " |")
@@ -253,12 +260,39 @@ def render_junit(result: RunResult) -> str:
     return ET.tostring(suite, encoding="unicode", xml_declaration=True)
 
 
+def startup_line(name: str, f: dict[str, Any]) -> str:
+    """'prefill ready 212 s, CPU 96.3 s, load 8.1 -> 9.0' (or the outcome when it was not ready)."""
+    state = f"ready {f['ready_s']:.0f} s" if f.get("ready_s") is not None else \
+        f"{f.get('outcome', '?')} after {f.get('elapsed_s') or 0:.0f} s"
+    cpu = f", CPU {f['cpu_s']:.1f} s" if f.get("cpu_s") is not None else ""
+    end = f.get("load_at_end")
+    return f"{name} {state}{cpu}, load {f.get('load_at_start', 0):.1f} -> " + ("?" if end is None else f"{end:.1f}")
+
+
+def startup_table_md(startup: dict[str, dict[str, Any]]) -> list[str]:
+    """summary.md's start-up table: per instance its outcome, seconds to ready, CPU-s, host load
+    (1 min) at start and at the end of the start, and the seconds of each start-up phase; [] when
+    nothing was started."""
+    if not startup:
+        return []
+    out = ["## Start-up", "", "| instance | outcome | ready (s) | CPU (s) | load at start | load at end | phases (s) |",
+           "|---|---|---|---|---|---|---|"]
+    for n, f in startup.items():
+        phases = ", ".join(f"{k} {v:.0f}" for k, v in (f.get("phases_s") or {}).items())
+        ready = "-" if f.get("ready_s") is None else f"{f['ready_s']:.1f}"
+        cpu = "-" if f.get("cpu_s") is None else f"{f['cpu_s']:.1f}"
+        end = "-" if f.get("load_at_end") is None else f"{f['load_at_end']:.2f}"
+        out.append(f"| {n} | {f.get('outcome', '')} | {ready} | {cpu} | {f.get('load_at_start', 0):.2f} | {end} | "
+                   f"{phases} |")
+    return [*out, ""]
+
+
 def result_json(result: RunResult) -> dict[str, Any]:
     """The full report as a JSON-able dict."""
     return {
         "name": result.name, "run_dir": result.run_dir, "status": result.status,
         "error": result.error, "vllm_version": result.vllm_version, "timings": result.timings,
-        "not_run": result.not_run,
+        "startup": result.startup, "not_run": result.not_run,
         "config": result.config, "plan": result.plan,
         "scenarios": [{"verdict": v.to_json(),
                        "observation": next((o.to_json() for o in result.observations
@@ -301,4 +335,6 @@ def print_summary(result: RunResult, console: Console | None = None) -> None:
                       + escape(", ".join(result.not_run)))
     if result.timings:
         console.print("timings: " + ", ".join(f"{k} {v:.1f} s" for k, v in result.timings.items()))
+    if result.startup:
+        console.print("start-up: " + escape("; ".join(startup_line(n, f) for n, f in result.startup.items())))
     console.print(f"run directory: {escape(result.run_dir)}")

@@ -23,7 +23,7 @@ import os
 import sys
 import time
 import traceback
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime
 from pathlib import Path
 
@@ -39,7 +39,9 @@ from rig.cluster.processes import Cluster, ClusterError, startup_affinity
 from rig.cluster.tiny_model import ensure_tiny_model, tiny_model_dir
 from rig.config import ConfigError, RigConfig, ScenarioConfig
 from rig.connectors.mooncake import MASTER_ROLE
-from rig.judge.verdict import ScenarioVerdict
+from rig.judge.checks import alive_check
+from rig.judge.signatures import match
+from rig.judge.verdict import ScenarioVerdict, decide, expectation_of
 from rig.observe import metrics as m
 from rig.observe.evidence import (
     UNKNOWN_VERSION,
@@ -56,7 +58,7 @@ from rig.run.kinds import KINDS, ScenarioContext
 from rig.transport import aio
 from rig.transport.client import AiohttpTransport, Transport
 from rig.transport.endpoint import Endpoint
-from rig.workload.warmup import warm_up
+from rig.workload.warmup import WarmupWatch, warm_up
 
 
 def new_run_dir(cfg: RigConfig, label: str | None = None) -> Path:
@@ -143,6 +145,10 @@ class SuiteRunner:
         # The scenario in flight and its observation as filled so far: kept in the report
         # (ERROR, "interrupted mid-scenario") when Ctrl-C or a crash stops the run inside it.
         self._in_flight: tuple[ScenarioConfig, ScenarioObservation, float] | None = None
+        # Instances whose start failed, with the error and (when it exited) its death line: not
+        # started again; the scenarios that need them get their verdict without running.
+        self.unavailable: dict[str, tuple[ClusterError, str]] = {}
+        self._unrun: set[str] = set()  # scenarios judged without running (_not_started)
 
     def log(self, msg: str) -> None:
         """Progress line on stderr (the report is the real output)."""
@@ -174,7 +180,9 @@ class SuiteRunner:
             (self.run_dir / "plan.json").write_text(json.dumps(plan.to_json(), indent=1))
             (self.run_dir / "config.yaml").write_text(yaml.safe_dump(self.result.config, sort_keys=False))
             cluster = Cluster(plan, self.cfg.timeouts.startup_s, self.cfg.timeouts.shutdown_grace_s,
-                              attach=self.attach, log_sources=self.log_sources)
+                              attach=self.attach, log_sources=self.log_sources,
+                              startup_stall_s=self.cfg.timeouts.startup_stall_s,
+                              display="off" if self.quiet else "auto")
             aio.run(self._run_phases(cluster, plan, upfront=self.cfg.launch.start_all_at_once and not self.attach))
         except KeyboardInterrupt as e:
             self.result.status, self.result.error = "interrupted", f"interrupted ({e or 'SIGINT'})"
@@ -204,6 +212,14 @@ class SuiteRunner:
             judged = {v.scenario for v in self.result.verdicts}
             if self.result.status in ("interrupted", "error"):
                 self.result.not_run = [sc.name for sc in self.scenarios if sc.name not in judged]
+            if cluster is not None:
+                self.result.startup = {n: w.figures() for n, w in cluster.startups.items()}
+            if self.unavailable and self.result.status == "running" and self._unrun \
+                    and self._unrun == {v.scenario for v in self.result.verdicts}:
+                # nothing ran at all: the run is an error (exit 3), named by what did not start
+                self.result.status = "error"
+                self.result.error = "no scenario could run: " + "; ".join(
+                    e.summary for e, _ in self.unavailable.values())
             self.result.finish_status()
             write_report(self.result)
             if not self.quiet:
@@ -278,21 +294,28 @@ class SuiteRunner:
                 hold = [n for n in cluster.procs if n not in needed and n not in cluster.frozen]
                 if hold:  # a later phase's instance, used in this one or not: held, not restarted
                     cluster.freeze(hold)  # its log keeps its scan mark: scanned on from there once continued
-                new = [n for n in [*extra, ph.prefill, ph.decode] if n not in cluster.procs]
+                wanted = [n for n in [*extra, ph.prefill, ph.decode] if n not in self.unavailable]
+                new = [n for n in wanted if n not in cluster.procs]
                 thawing = sorted(needed & cluster.frozen)
                 self.log(f"phase {i + 1}: starting {', '.join(sorted(new)) or 'nothing new'}"
                          + (f", continuing {', '.join(thawing)}" if thawing else ""))
                 self.logs.starting(cluster, new)
                 t = time.monotonic()
                 cluster.thaw(sorted(needed))
-                await asyncio.to_thread(cluster.start, [*extra, ph.prefill, ph.decode])
+                await self._start(cluster, wanted)
                 self.result.timings[f"startup phase {i + 1}"] = time.monotonic() - t
                 self.logs.phase_started(cluster)
+                down = [n for n in [*extra, ph.prefill, ph.decode] if n in self.unavailable]
+                if down:  # the rest of the suite runs on the instances that are up
+                    for sc in ph.scenarios:
+                        self._not_started(sc, ph, down)
+                    continue
                 t = time.monotonic()
                 warm = await self._warm_up(client, http, cluster, ph)
                 self.result.vllm_version = (self.result.vllm_version or decode_version(warm.versions, ph) or
                                             next((v for v in warm.versions.values() if v != UNKNOWN_VERSION), ""))
                 self.result.timings[f"warm-up phase {i + 1}"] = time.monotonic() - t
+                self.log(f"warmed up {ph.prefill} -> {ph.decode} in {time.monotonic() - t:.1f} s")
                 for sc in ph.scenarios:
                     self.log(f"scenario {sc.name} on {ph.prefill} -> {ph.decode}")
                     obs, kind_result = await self._scenario(sc, ph, cluster, client, http, store, warm)
@@ -321,12 +344,48 @@ class SuiteRunner:
                  f"{', '.join(f'{n}: {list(c)}' for n, c in cpus.items()) or 'all'})")
         self.logs.starting(cluster, names)
         t = time.monotonic()
-        await asyncio.to_thread(cluster.start, names, cpus, set(instances))
+        await self._start(cluster, names, cpus, set(instances))
         self.result.timings["startup all at once"] = time.monotonic() - t
+
+    async def _start(self, cluster: Cluster, names: list[str], cpus: dict[str, tuple[int, ...]] | None = None,
+                     freeze: set[str] | None = None) -> None:
+        """:meth:`Cluster.start_each` of ``names``; an instance whose start failed goes to
+        ``self.unavailable`` (named in the progress log, with its log tail in
+        ``startup-errors.txt``), the others run on. The start-up figures go to the result."""
+        outcome = await asyncio.to_thread(cluster.start_each, names, cpus, freeze or set())
+        for n, r in outcome.items():
+            if not isinstance(r, ClusterError):
+                continue
+            line = self.logs.death_line(cluster, n) if r.exit_code is not None else ""
+            self.unavailable[n] = (r, line)
+            self.log(f"{n} did not start: {r.summary}" + (f" ({line})" if line else ""))
+            with open(self.run_dir / "startup-errors.txt", "a") as f:
+                f.write(f"=== {time.strftime('%Y-%m-%d %H:%M:%S')} {n} ===\n{r}\n\n")
+        self.result.startup = {n: w.figures() for n, w in cluster.startups.items()}
+
+    def _not_started(self, sc: ScenarioConfig, ph: Phase, down: list[str]) -> None:
+        """The verdict of scenario ``sc`` that cannot run because instances it needs (``down``)
+        did not start: FAIL "<instance> died (exit N): <the exception that ended it>" when one
+        exited during its start (a death), else ERROR "<instance> did not start: <why>"."""
+        obs = ScenarioObservation(scenario=sc.name, decode=ph.decode, prefill=ph.prefill)
+        obs.error = "; ".join(f"{n} did not start: {self.unavailable[n][0].summary}" for n in down)
+        obs.dead = {n: rc for n in down if (rc := self.unavailable[n][0].exit_code) is not None}
+        obs.death_lines = {n: self.unavailable[n][1] for n in obs.dead}
+        verdict = died_verdict(sc, obs) if obs.dead else decide(sc.name, [], expectation_of(sc, obs), error=obs.error)
+        self._unrun.add(sc.name)
+        self.result.observations.append(obs)
+        self.result.verdicts.append(verdict)
+        self.log(f"scenario {sc.name}: {verdict.verdict}: {verdict.reason[:200]}")
+        write_report(self.result)
 
     def _judge(self, sc: ScenarioConfig, obs: ScenarioObservation, kind_result: object) -> ScenarioVerdict:
         """The kind's verdict; a rig exception while judging is that scenario's ERROR (traceback
-        in rig-traceback.txt), and the run goes on."""
+        in rig-traceback.txt), and the run goes on. A scenario whose kind produced nothing
+        because an instance it needs died (before it ran, or while it ran) gets the death's
+        verdict (:func:`died_verdict`) in every kind but ``fault`` (which kills on purpose and
+        judges deaths itself)."""
+        if obs.dead and kind_result is None and sc.kind != "fault":
+            return died_verdict(sc, obs)
         try:
             return KINDS[sc.kind].judge(sc, obs, kind_result, self.result.extra_sections)
         except Exception as e:
@@ -346,10 +405,13 @@ class SuiteRunner:
         version of P and of D (``/version``) and the metrics the checks read that they lack. A
         warm-up request that fails is not fatal here: a dead instance is found by
         :func:`rig.observe.evidence.settle_deaths` before each scenario, anything else by the scenarios."""
+        watch = WarmupWatch(cluster.cpu_s, cluster.exit_code, self.cfg.timeouts.warmup_s)
         _, failed = await warm_up(client, http, Endpoint(ph.prefill, cluster.url(ph.prefill)),
-                                  Endpoint(ph.decode, cluster.url(ph.decode)), self.log)
+                                  Endpoint(ph.decode, cluster.url(ph.decode)), self.log, watch)
         for name in failed:
             self.result.timings.setdefault(f"warm-up failed {name}", 0.0)
+        for name, rc in watch.died.items():
+            self.log(f"{name} died (exit {rc}) at its warm-up request: {self.logs.death_line(cluster, name)}")
         versions = await read_versions(http, cluster, [ph.prefill, ph.decode])
         connectors = {n: self.cfg.instance(n).connector or self.cfg.connector for n in (ph.prefill, ph.decode)}
         presence = await metric_presence(http, cluster, {ph.prefill: "prefill", ph.decode: "decode"},
@@ -441,6 +503,16 @@ class SuiteRunner:
             idle = await m.scrape(http, e.url, e.name)
             store.save(f"{sc.name}-idle", idle)
             store.sample(sc.name, idle)
+
+
+def died_verdict(sc: ScenarioConfig, obs: ScenarioObservation) -> ScenarioVerdict:
+    """FAIL "<instance> died (exit N): <death line>" for a scenario that could not run because an
+    instance it needs died (``obs.dead``, ``obs.death_lines``): the verdict engine
+    (:func:`rig.judge.verdict.decide`) on the ``alive`` check alone, so a known issue whose
+    signature is that death still gives XFAIL."""
+    exp = replace(expectation_of(sc, obs), required=("alive",))
+    m = match(sc.known_issue.symptom, obs, []) if sc.known_issue is not None and not exp.tamper else None
+    return decide(sc.name, [alive_check(obs)], exp, m, obs.error, dead=True)
 
 
 @dataclass
