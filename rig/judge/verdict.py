@@ -300,6 +300,15 @@ def edge_checks(sc: ScenarioConfig, obs: ScenarioObservation, outcome=None) -> l
     return out
 
 
+def _side_channels(recs: list[PDRecord]) -> str:
+    """'; P's side channel prefill:5600' : the ``remote_host:remote_port`` P advertised in its
+    ``kv_transfer_params`` (where D connected to pull: a service name when P and D are containers,
+    rig/plan/compose.py), each distinct one once; '' when no answer carried one."""
+    seen = dict.fromkeys(f"{p.get('remote_host')}:{p.get('remote_port')}" for r in recs
+                         if r.prefill is not None and (p := r.prefill.kv_transfer_params) and p.get("remote_host"))
+    return f"; P's side channel {', '.join(seen)}" if seen else ""
+
+
 def _prompt_tokens(r: PDRecord) -> int:
     """The prompt tokens D served for answered ``r``: D's ``usage.prompt_tokens`` (text prompts are
     counted by the tokenizer), else the token IDs the rig sent."""
@@ -377,7 +386,7 @@ def _kv_pulled(obs: ScenarioObservation, source: PromptSource = "pulled", exact:
                  "answer: lower bounds")
     else:
         scope = "one delta over every request that reached D: lower bounds"
-    return Check("kv-pulled", ok, f"{seen}; expected {expected}; {scope}",
+    return Check("kv-pulled", ok, f"{seen}; expected {expected}; {scope}{_side_channels(ok_recs)}",
                  () if ok else tuple(r.request_id for r in ok_recs))
 
 
