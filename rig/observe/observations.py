@@ -109,6 +109,7 @@ class TransferEvidence:
     nixl_transfers: float = 0.0  # vllm:nixl_bytes_transferred_count delta
     external_prompt_tokens: float = 0.0  # prompt_tokens_by_source{source=external_kv_transfer} delta
     cached_prompt_tokens: float = 0.0  # prompt_tokens_by_source{source=local_cache_hit} delta (D's prefix cache)
+    computed_prompt_tokens: float = 0.0  # prompt_tokens_by_source{source=local_compute} delta (computed on D)
     failed_transfers: float = 0.0
     preemptions: float = 0.0
     spec_drafts: float = 0.0
@@ -121,6 +122,7 @@ class TransferEvidence:
             nixl_transfers=m.delta(before, after, m.NIXL_XFER_COUNT),
             external_prompt_tokens=m.delta(before, after, m.PROMPT_TOKENS_BY_SOURCE, source="external_kv_transfer"),
             cached_prompt_tokens=m.delta(before, after, m.PROMPT_TOKENS_BY_SOURCE, source="local_cache_hit"),
+            computed_prompt_tokens=m.delta(before, after, m.PROMPT_TOKENS_BY_SOURCE, source="local_compute"),
             failed_transfers=m.delta(before, after, m.NIXL_FAILED_TRANSFERS),
             preemptions=m.delta(before, after, m.PREEMPTIONS),
             spec_drafts=m.delta(before, after, m.SPEC_DRAFTS),
@@ -154,6 +156,10 @@ class ScenarioObservation:
     # This scenario's metrics timeline rows (SnapshotStore.rows_of; already in
     # metrics/timeline.jsonl, so not repeated in to_json): what counters-monotonic reads.
     timeline: list[dict[str, Any]] = field(default_factory=list)
+    # Decode's KV block as NIXL moves it (RigConfig.kv_bytes_per_block; None: geometry unknown) and
+    # its block size in tokens: what makes kv-pulled's NIXL bytes exact.
+    kv_bytes_per_block: int | None = None
+    block_size: int | None = None
 
     def to_json(self) -> dict[str, Any]:
         """JSON-able dict for report.json."""

@@ -454,7 +454,9 @@ class SuiteRunner:
         kind_result: object = None
         obs = ScenarioObservation(scenario=sc.name, decode=ph.decode, prefill=ph.prefill,
                                   vllm_version=decode_version(warm.versions, ph), versions=dict(warm.versions),
-                                  missing_metrics=warm.presence.all_missing())
+                                  missing_metrics=warm.presence.all_missing(),
+                                  kv_bytes_per_block=self.cfg.kv_bytes_per_block(ph.decode),
+                                  block_size=self.cfg.instance(ph.decode).block_size or self.cfg.block_size)
         t0 = time.monotonic()
         self._in_flight = (sc, obs, t0)
         p = Endpoint(ph.prefill, cluster.url(ph.prefill))
