@@ -207,8 +207,13 @@ def cmd_up(args: argparse.Namespace) -> int:
             aio.run(_warm_up_pairs(cfg, cluster, [n for n in names if plan.by_name(n).role in ("prefill", "decode")]))
             warm_s = time.monotonic() - t
             # Written after the warm-up: a wave started on it meets no NIXL handshake.
+            # Each instance's log and pid too: `pdrig wave --endpoints` scans the logs and watches
+            # the processes as if it had started them (rig.observe.endpoint_watch).
             (run_dir / "endpoints.json").write_text(json.dumps(
-                {n: {"url": cluster.url(n), "role": plan.by_name(n).role} for n in names}, indent=1))
+                {n: {"url": cluster.url(n), "role": plan.by_name(n).role,
+                     "log": str(Path(plan.by_name(n).log_path).resolve()),
+                     "pid": (run := cluster.procs.get(n)) and run.popen and run.popen.pid} for n in names},
+                indent=1))
             for n in names:
                 w = cluster.startups[n]
                 cpu = "" if w.cpu_s is None else f", {w.cpu_s:.0f} CPU-s"

@@ -6,6 +6,7 @@ instance stopped by its owner reported as a death)."""
 from __future__ import annotations
 
 import asyncio
+import os
 import sys
 from pathlib import Path
 
@@ -81,3 +82,112 @@ def test_a_verdict_where_no_check_could_look_is_error():
     checks = [Check("token-counts", None, "not checked: x"), Check("alive", None, "not checked: y")]
     v = decide("s", checks, Expectation("pass", required=()))
     assert v.verdict == "ERROR" and v.reason.startswith("inconclusive: no check could look")
+
+
+# ------------------------------------------------------------ a wave against servers it did not start
+
+def _wave_cli(argv: list[str]) -> int:
+    from rig.cli import main as pdrig_main
+
+    return pdrig_main(["wave", *argv])
+
+
+def test_a_wave_at_bare_urls_says_not_checked_and_not_required_everywhere(healthy, tmp_path, capsys):  # noqa: F811
+    import json
+    import xml.etree.ElementTree as ET
+
+    p, d = healthy
+    rc = _wave_cli(["pressure", "--prefill", p.url, "--decode", d.url, "--requests", "8", "--concurrency", "4",
+                    "--run-dir", str(tmp_path), "--drain", "5", "--progress", "off", "--seed", "3",
+                    "--block-size", "16"])
+    err = capsys.readouterr().err
+    assert rc == 0, err
+    # the terminal never says FAIL on a check that could not look, and says why it is not required
+    assert "FAIL" not in err
+    assert "  alive: not checked: not required: the rig did not start these processes" in err
+    v = json.loads((tmp_path / "report.json").read_text())["scenarios"][0]["verdict"]
+    assert v["verdict"] == "PASS"
+    assert "alive, no-fatal-log, kv-integrity not checked, not required: the rig did not start" in v["reason"]
+    assert "not required: the rig did not start these processes" in (tmp_path / "summary.md").read_text()
+    props = {p.get("name"): p.get("value") for p in ET.parse(tmp_path / "junit.xml").iter("property")}
+    assert props["check.no-fatal-log"].startswith("not checked: not required: the rig did not start")
+
+
+def test_a_wave_with_pdrig_up_endpoints_scans_the_logs(tmp_path, capsys):
+    import json
+
+    from test_engine import fake_pd
+
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    with fake_pd(d_env={"FAKE_VLLM_FAULT": "fatal-log"}, log_dir=logs) as (p, d):
+        ep = tmp_path / "endpoints.json"  # as `pdrig up` writes it: url, role, log (pid: see the watch test)
+        ep.write_text(json.dumps({e.name: {"url": e.url, "role": e.name, "log": str(logs / f"{e.name}.log")}
+                                  for e in (p, d)}))
+        rc = _wave_cli(["pressure", "--endpoints", str(ep), "--requests", "8", "--concurrency", "4",
+                        "--cancel-fraction", "0", "--run-dir", str(tmp_path / "out"), "--drain", "5",
+                        "--progress", "off", "--seed", "4", "--block-size", "16"])
+    err = capsys.readouterr().err
+    assert rc == 1, err
+    v = json.loads((tmp_path / "out" / "report.json").read_text())["scenarios"][0]["verdict"]
+    checks = {c["name"]: c for c in v["checks"]}
+    assert v["verdict"] == "FAIL" and "no-fatal-log" in v["reason"]
+    assert checks["no-fatal-log"]["ok"] is False and "Cannot get 3 free blocks" in checks["no-fatal-log"]["detail"]
+    assert checks["alive"]["ok"] is True and checks["kv-integrity"]["ok"] is True
+    assert "  no-fatal-log: FAILED: decode:" in err
+
+
+def test_the_watch_tells_an_instance_its_owner_stopped_from_one_that_died(tmp_path):
+    import subprocess
+
+    from rig.cluster.logs import stop_marker
+    from rig.observe.endpoint_watch import EndpointWatch, pid_alive
+    from rig.transport.endpoint import Endpoint
+
+    gone = []
+    for _ in range(2):
+        pr = subprocess.Popen(["true"])
+        pr.wait()
+        gone.append(pr.pid)
+    assert not pid_alive(gone[0]) and pid_alive(os.getpid())
+    (tmp_path / "prefill.log").write_text("old line\n")
+    (tmp_path / "decode.log").write_text("old line\n")
+    eps = [Endpoint("prefill", "http://127.0.0.1:9", str(tmp_path / "prefill.log"), gone[0]),
+           Endpoint("decode", "http://127.0.0.1:9", str(tmp_path / "decode.log"), gone[1])]
+    watch = EndpointWatch(eps)
+    watch.start()
+    # decode died, then `pdrig up` stopped what still ran: a stop line only in prefill's log
+    # (Cluster.stop writes none into a dead process's log: test_stop_writes_no_stop_line_into_a_dead_log)
+    with open(tmp_path / "decode.log", "a") as f:
+        f.write("ERROR 12-01 [core.py:1] EngineCore encountered a fatal error.\n")
+    with open(tmp_path / "prefill.log", "a") as f:
+        f.write(stop_marker("prefill"))
+    obs = ScenarioObservation("w", "decode", "prefill")
+    asyncio.run(_observe(watch, obs))
+    assert obs.stopped == {"prefill": obs.stopped["prefill"]} and obs.stopped["prefill"].startswith(
+        "pdrig: stopping prefill (SIGTERM)")
+    assert obs.dead == {"decode": -1} and "EngineCore encountered a fatal error" in obs.death_lines["decode"]
+    c = next(c for c in wj.wave_checks(scenario("pressure-wave", requests=1), obs,
+                                       WaveResult("w", "pressure-wave", "aiohttp", {}, {})) if c.name == "alive")
+    assert c.ok is False and c.detail.startswith("decode died (exit -1): ")
+    assert "prefill died" not in c.detail and "prefill stopped by its owner, not a death" in c.detail
+
+
+async def _observe(watch, obs) -> None:
+    import httpx
+
+    async with httpx.AsyncClient() as http:
+        await watch.observe(http, obs)
+
+
+def test_alive_names_a_stop_by_the_owner_and_never_calls_it_a_death():
+    from rig.judge.checks import alive_check
+
+    line = "pdrig: stopping prefill (SIGTERM) at 2026-12-01T17:00:00+00:00"
+    obs = ScenarioObservation("s", "decode", "prefill", dead={"decode": -1},
+                              death_lines={"decode": "RuntimeError: boom"}, stopped={"prefill": line})
+    c = alive_check(obs)
+    assert c.ok is False and c.detail == (f"decode died (exit -1): RuntimeError: boom; prefill stopped by its "
+                                          f"owner, not a death ({line})")
+    alone = alive_check(ScenarioObservation("s", "decode", "prefill", stopped={"prefill": line}))
+    assert alone.ok is None and alone.detail.startswith("not checked: prefill stopped by its owner")
