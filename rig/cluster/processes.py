@@ -70,6 +70,9 @@ FATAL_PATTERNS = (
     # 0.32.0) and EngineCore dies; the traceback quotes the assert's source line.
     "assert req_id in self.requests",
     "assert RequestStatus.is_finished(req.status)",
+    # BUGS R26 (vllm PR #50558, #51505): D's prompt one token longer than P exported (a router
+    # appended P's first token) trips nixl/base_worker.py _apply_prefix_caching's assert (0.32.0).
+    "assert num_decode_blocks <= len(prefill_group)",
 )
 
 

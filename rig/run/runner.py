@@ -54,6 +54,7 @@ from rig.observe.evidence import (
 )
 from rig.observe.observations import ScenarioObservation, SnapshotStore, TransferEvidence, wait_idle
 from rig.plan.processes import Plan, build_plan, with_endpoints
+from rig.proxy import ProxyThread, reserved_proxy
 from rig.report.render import RunResult, print_summary, write_report
 from rig.run.kinds import KINDS, ScenarioContext
 from rig.transport import aio
@@ -479,6 +480,13 @@ class SuiteRunner:
         obs.wall_s = time.monotonic() - t0
         return obs, kind_result
 
+    def _save_proxy_metrics(self, proxy: ProxyThread, scenario: str) -> None:
+        """The rig-started proxy's own /metrics (statuses, failed hops, hop times) next to the
+        instances' snapshots, also when the scenario failed."""
+        with contextlib.suppress(httpx.HTTPError):
+            text = httpx.get(proxy.url + "/metrics", timeout=5.0).text
+            (self.run_dir / f"proxy-{scenario}.metrics.txt").write_text(text)
+
     async def _run_kind(self, sc: ScenarioConfig, cluster: Cluster, client: Transport, http: httpx.AsyncClient,
                         store: SnapshotStore, obs: ScenarioObservation, p: Endpoint, d: Endpoint,
                         got: dict[str, object]) -> None:
@@ -490,8 +498,16 @@ class SuiteRunner:
         for s in before.values():
             store.save(f"{sc.name}-before", s)
             store.sample(sc.name, s)  # the timeline's first row per instance (counters-monotonic)
-        ctx = ScenarioContext(self.cfg, cluster, p, d, client, http, store, self.run_dir, self.quiet)
-        got["result"] = await KINDS[sc.kind].run(sc, ctx, obs)
+        with contextlib.ExitStack() as stack:
+            router_url = None
+            if sc.via_router and sc.router_url is None:
+                proxy = stack.enter_context(reserved_proxy([(p.name, p.url)], [(d.name, d.url)],
+                                                           self.cfg.ports.lock_dir, str(self.run_dir),
+                                                           self.cfg.launch.host, timeouts.request_s))
+                router_url = proxy.url
+                stack.callback(self._save_proxy_metrics, proxy, sc.name)
+            ctx = ScenarioContext(self.cfg, cluster, p, d, client, http, store, self.run_dir, self.quiet, router_url)
+            got["result"] = await KINDS[sc.kind].run(sc, ctx, obs)
         after_d = await m.scrape(http, d.url, d.name)
         store.save(f"{sc.name}-after", after_d)
         store.sample(sc.name, after_d)
