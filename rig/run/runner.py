@@ -32,6 +32,7 @@ import httpx
 import yaml
 
 from rig.cluster.builds import launch_vllm_version
+from rig.cluster.containers import ComposeContainers
 from rig.cluster.logs import LogSource
 from rig.cluster.mooncake import master_binary
 from rig.cluster.ports import PortReservation
@@ -131,7 +132,8 @@ class SuiteRunner:
     """Runs the selected scenarios of a config against a cluster it starts and stops."""
 
     def __init__(self, cfg: RigConfig, scenarios: list[ScenarioConfig], run_dir: Path, quiet: bool = False,
-                 attach: bool = False, log_sources: dict[str, LogSource] | None = None, announce: bool = False):
+                 attach: bool = False, log_sources: dict[str, LogSource] | None = None, announce: bool = False,
+                 containers: ComposeContainers | None = None):
         self.cfg = cfg
         # ``announce``: print "[pdrig] run directory: ..." once the run is past every refusal (the CLI).
         self.announce = announce
@@ -139,6 +141,9 @@ class SuiteRunner:
         # path...): it then leaves no run directory and no table, only ``result.error``.
         self.refused = False
         self.attach = attach  # judge endpoints started elsewhere (Compose); start/stop nothing
+        # attach mode on Compose containers the rig may pause, kill and restart (pdrig e2e
+        # --docker): phases, holds and faults work as on launched processes (rig/cluster/containers.py).
+        self.containers = containers
         # Instance -> where its log is read (attach mode: Compose, Kubernetes, a declared path);
         # launched instances default to their log file (Cluster.log_source).
         self.log_sources = dict(log_sources or {})
@@ -191,8 +196,9 @@ class SuiteRunner:
             cluster = Cluster(plan, self.cfg.timeouts.startup_s, self.cfg.timeouts.shutdown_grace_s,
                               attach=self.attach, log_sources=self.log_sources,
                               startup_stall_s=self.cfg.timeouts.startup_stall_s,
-                              display="off" if self.quiet else "auto")
-            aio.run(self._run_phases(cluster, plan, upfront=self.cfg.launch.start_all_at_once and not self.attach))
+                              display="off" if self.quiet else "auto", containers=self.containers)
+            upfront = self.cfg.launch.start_all_at_once and (not self.attach or self.containers is not None)
+            aio.run(self._run_phases(cluster, plan, upfront=upfront))
         except KeyboardInterrupt as e:
             self.result.status, self.result.error = "interrupted", f"interrupted ({e or 'SIGINT'})"
             interrupted = e
