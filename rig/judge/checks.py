@@ -219,13 +219,20 @@ def preemption_check(obs: ScenarioObservation, want: int, on: Literal["prefill",
 
 def alive_check(obs: ScenarioObservation, skip: tuple[str, ...] = ()) -> Check:
     """``alive``: no process of the topology died (``skip``: names judged by another check).
-    A death reads "<instance> died (exit N): <first fatal line>" (``obs.death_lines``)."""
+    A death reads "<instance> died (exit N): <first fatal line>" (``obs.death_lines``). An
+    instance its owner stopped (``obs.stopped``: a run attached to ``pdrig up``, which stops the
+    others once one died) is no death: it is named with the owner's stop line after the deaths,
+    and alone it makes the check "not checked" (the run lost an instance nobody saw die)."""
     dead = {n: rc for n, rc in obs.dead.items() if n not in skip}
+    stopped = "; ".join(f"{n} stopped by its owner, not a death ({line[:160]})"
+                        for n, line in obs.stopped.items() if n not in skip)
     if not dead:
+        if stopped:
+            return Check("alive", None, f"not checked: {stopped}")
         return Check("alive", True, "all processes alive")
     return Check("alive", False, "; ".join(
-        f"{n} died (exit {rc})" + (f": {obs.death_lines[n][:200]}" if obs.death_lines.get(n) else "")
-        for n, rc in dead.items()))
+        [f"{n} died (exit {rc})" + (f": {obs.death_lines[n][:200]}" if obs.death_lines.get(n) else "")
+         for n, rc in dead.items()] + ([stopped] if stopped else [])))
 
 
 def fatal_log_check(obs: ScenarioObservation) -> Check:

@@ -17,6 +17,9 @@ requires) and a pure :func:`decide`, which never looks at anything but its argum
    starved by a loaded host, or compiling) and is not explained -> ERROR
    "inconclusive: <check> not checked: <why>" (decided here: a verdict that rests on evidence
    the rig could not gather is neither PASS nor XFAIL, and it is not a vLLM failure either);
+   likewise ERROR "inconclusive: no check could look" when nothing failed and no check is ok
+   (e.g. a wave whose every request was cancelled on purpose, against servers whose logs and
+   gauges the rig cannot read: nothing at all was judged);
 5. known issue in range: signature matched -> XFAIL, nothing failed -> XPASS (fails the run:
    "known issue fixed: update the expectation"), or PASS with a note for a non-strict known
    issue (``strict: false``, pytest's xfail(strict=False): a bug whose showing depends on
@@ -244,6 +247,8 @@ def decide(name: str, checks: list[Check], exp: Expectation, m: Match | None = N
         return v("FAIL", reason)
     if gaps:
         return v("ERROR", _inconclusive(gaps))
+    if not failed and not any(c.ok for c in checks):  # nothing was judged: no verdict rests on it
+        return v("ERROR", "inconclusive: no check could look" + (f" ({_list(checks)[:300]})" if checks else ""))
     if exp.known_issue is not None:
         if failed:
             return v("XFAIL", f"{exp.known_issue.id}: {m.shown if m else ''}")

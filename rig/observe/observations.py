@@ -152,6 +152,9 @@ class ScenarioObservation:
     unscanned_logs: dict[str, str] = field(default_factory=dict)  # instance -> why its log was not scanned
     missing_metrics: dict[str, list[str]] = field(default_factory=dict)  # instance -> metrics it lacks
     death_lines: dict[str, str] = field(default_factory=dict)  # dead instance -> its first fatal log line
+    # Instance found gone that its owner stopped (attach / `pdrig wave` against `pdrig up`): not a
+    # death. -> the owner's stop line in its log (rig.cluster.logs.owner_stop_line).
+    stopped: dict[str, str] = field(default_factory=dict)
     versions: dict[str, str] = field(default_factory=dict)  # instance -> vLLM version from its /version
     # This scenario's metrics timeline rows (SnapshotStore.rows_of; already in
     # metrics/timeline.jsonl, so not repeated in to_json): what counters-monotonic reads.
@@ -175,7 +178,7 @@ class ScenarioObservation:
             "stall_diagnosis": self.stall_diagnosis, "vllm_version": self.vllm_version,
             "wall_s": self.wall_s, "error": self.error,
             "unscanned_logs": self.unscanned_logs, "missing_metrics": self.missing_metrics,
-            "death_lines": self.death_lines, "versions": self.versions,
+            "death_lines": self.death_lines, "versions": self.versions, "stopped": self.stopped,
         }
 
 
