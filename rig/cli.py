@@ -62,6 +62,8 @@ def fresh_prompt_seeds(cfg: RigConfig, salt: str) -> RigConfig:
     run on, and ``kv-pulled`` (every prompt token must come from external_kv_transfer) fails
     although nothing is wrong (a second ``pdrig e2e --attach`` against the same ``pdrig up`` pulled
     only part of the prompt: docs/kubernetes.md). The seeds used are in the run's config.yaml / report.
+    A request that reuses another's prompt by name (``same_as`` / ``head_of``) is resolved against
+    these seeds (rig.workload.prompts.resolve), so reuse holds within the run.
     """
     from rig.workload.prompts import seed_of
 
@@ -77,10 +79,15 @@ def cmd_e2e(args: argparse.Namespace) -> int:
     if args.docker and (args.attach or args.instances):
         raise ConfigError("--docker starts its own containers: drop --attach / --instances "
                           "(--scenario selects what runs)")
-    if (args.endpoint or args.log or args.logs_from_compose) and not args.attach:
-        raise ConfigError("--endpoint / --log / --logs-from-compose describe a deployment the rig did "
-                          "not start: add --attach")
+    if (args.endpoint or args.endpoints or args.log or args.logs_from_compose) and not args.attach:
+        raise ConfigError("--endpoint / --endpoints / --log / --logs-from-compose describe a deployment the rig "
+                          "did not start: add --attach")
     logs = list(args.log)
+    if args.endpoints:  # `pdrig up`'s endpoints.json: each instance's URL and log (an explicit flag wins)
+        urls, files = up_endpoint_flags(args.endpoints)
+        args.endpoint = [f for f in urls if f.partition("=")[0] not in {e.partition("=")[0] for e in args.endpoint}] \
+            + args.endpoint
+        logs = [f for f in files if f.partition("=")[0] not in {s.partition("=")[0] for s in logs}] + logs
     if args.logs_from_compose:
         named = {spec.partition("=")[0] for spec in logs}
         names = [i.name for _, i in load_config(args.config, args.overrides).instances()]
@@ -91,9 +98,12 @@ def cmd_e2e(args: argparse.Namespace) -> int:
     if unknown:
         suite_dirs = {Path(args.config).parent / "suites", REPO_CONFIGS / "suites"}
         raise ConfigError(unknown_scenarios_message(unknown, known, sorted(suite_dirs)))
+    scenarios = select_scenarios(cfg, args.scenario)
     if not args.attach and not args.docker:
         preflight(cfg)
-    scenarios = select_scenarios(cfg, args.scenario)
+        from rig.run.request_check import check_request_fields
+
+        check_request_fields(cfg, scenarios)
     if args.instances:
         from rig.run.topology import parse_instances, scenarios_on
 
@@ -253,8 +263,13 @@ def cmd_up(args: argparse.Namespace) -> int:
             aio.run(_warm_up_pairs(cfg, cluster, [n for n in names if plan.by_name(n).role in ("prefill", "decode")]))
             warm_s = time.monotonic() - t
             # Written after the warm-up: a wave started on it meets no NIXL handshake.
+            # Each instance's log and pid too: `pdrig wave --endpoints` scans the logs and watches
+            # the processes as if it had started them (rig.observe.endpoint_watch).
             (run_dir / "endpoints.json").write_text(json.dumps(
-                {n: {"url": cluster.url(n), "role": plan.by_name(n).role} for n in names}, indent=1))
+                {n: {"url": cluster.url(n), "role": plan.by_name(n).role,
+                     "log": str(Path(plan.by_name(n).log_path).resolve()),
+                     "pid": (run := cluster.procs.get(n)) and run.popen and run.popen.pid} for n in names},
+                indent=1))
             for n in names:
                 w = cluster.startups[n]
                 cpu = "" if w.cpu_s is None else f", {w.cpu_s:.0f} CPU-s"
@@ -419,6 +434,21 @@ def cmd_clean(args: argparse.Namespace) -> int:
     return 0
 
 
+def up_endpoint_flags(path: str) -> tuple[list[str], list[str]]:
+    """``(--endpoint NAME=URL flags, --log NAME=file:PATH flags)`` from the ``endpoints.json`` a
+    ``pdrig up`` wrote (``{name: {"url", "role", "log", "pid"}}``; prefill and decode entries only,
+    an entry without ``log``, as from an older ``pdrig up``, gives no --log). Raises ConfigError naming the file when it
+    cannot be read."""
+    try:
+        data = json.loads(Path(path).read_text())
+        engines = {n: v for n, v in data.items() if v.get("role") in ("prefill", "decode")}
+        return ([f"{n}={v['url']}" for n, v in engines.items()],
+                [f"{n}=file:{v['log']}" for n, v in engines.items() if v.get("log")])
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
+        raise ConfigError(f"--endpoints {path}: cannot read it ({type(e).__name__}: {e}); give the "
+                          "endpoints.json of a `pdrig up` run directory") from None
+
+
 def attach_overrides(endpoints: list[str], logs: list[str]) -> list[str]:
     """``--endpoint NAME=URL`` and ``--log NAME=SPEC`` as ``--set attach...`` overrides.
 
@@ -475,6 +505,10 @@ def build_parser() -> argparse.ArgumentParser:
                         "or at --endpoint URLs: judge them, start and stop nothing")
     p.add_argument("--endpoint", action="append", default=[], metavar="NAME=URL",
                    help="with --attach: instance NAME answers at http://HOST:PORT (repeatable)")
+    p.add_argument("--endpoints", metavar="FILE",
+                   help="with --attach: the endpoints.json of a `pdrig up` run: every instance's URL and "
+                        "log file (so the log checks look, and an instance `pdrig up` stopped is told from "
+                        "one that died); --endpoint / --log override one")
     p.add_argument("--logs-from-compose", metavar="FILE",
                    help="with --attach: every instance's log is its service's in this compose file "
                         "(`pdrig compose` names services after instances); --log overrides one")

@@ -86,14 +86,13 @@ _PLUGIN = ("the pytest plugin is loaded by every pytest session of an environmen
 LAZY: dict[tuple[str, str], str] = {
     **{("rig.cli", m): _CLI for m in (
         "rig.cluster.builds", "rig.cluster.logs", "rig.cluster.ports", "rig.config.help", "rig.plan.compose",
-        "rig.plan.k8s", "rig.proxy", "rig.run.docker_run", "rig.run.hostruns", "rig.run.matrix", "rig.run.runner",
-        "rig.run.topology",
-        "rig.run.wave_cli",
+        "rig.plan.k8s", "rig.proxy", "rig.run.docker_run", "rig.run.hostruns", "rig.run.matrix",
+        "rig.run.request_check", "rig.run.runner", "rig.run.topology", "rig.run.wave_cli",
         "rig.transport.client", "rig.transport.endpoint", "rig.workload.prompts",
         "rig.explore.explorer", "rig.explore.grammar",
         "rig.workload.warmup")},
     **{("rig.run.wave_cli", m): _WAVE_CLI for m in (
-        "rig.config", "rig.judge.verdict", "rig.judge.wave_checks", "rig.observe.drain", "rig.observe.metrics",
+        "rig.config", "rig.judge.wave_checks", "rig.observe.drain", "rig.observe.endpoint_watch", "rig.observe.metrics",
         "rig.observe.observations", "rig.observe.stall", "rig.report.render", "rig.report.wave_section",
         "rig.transport.endpoint", "rig.workload.waves")},
     **{("rig.pytest_plugin", m): _PLUGIN for m in (
