@@ -59,12 +59,20 @@ def test_only_ps_hits_count_and_ds_are_named():
     ({"prefix_fits": False}, "the prefixes cannot all stay cached on P"),
 ])
 def test_prefix_hits_not_checked_when_the_expectation_cannot_hold(kw, why):
-    c = _prefix_hits(obs(), wave(**kw), [rec()])
+    c = _prefix_hits(obs(), wave(deltas={"prefill": {"prefix_hits": 40.0}}, **kw), [rec()])
     assert c.ok is None and c.detail.startswith(f"not checked: {why}; ")
 
 
-def test_prefix_hits_not_checked_after_early_cancels_or_without_ps_counter():
+def test_prefix_hits_matching_its_expectation_is_ok_even_where_it_might_not_have():
+    c = _prefix_hits(obs(), wave(prefix_fits=False), [rec()])
+    assert c.ok is True and c.detail.endswith("; matched although the prefixes could not all stay cached on P")
     c = _prefix_hits(obs(), wave(), [rec(), rec(1, outcome="cancelled", cancel_point="before-prefill")])
+    assert c.ok is True and c.detail.endswith("; matched although 1 requests cancelled before P answered")
+
+
+def test_prefix_hits_not_checked_after_early_cancels_or_without_ps_counter():
+    early = [rec(), rec(1, outcome="cancelled", cancel_point="before-prefill")]
+    c = _prefix_hits(obs(), wave(deltas={"prefill": {"prefix_hits": 40.0}}), early)
     assert c.ok is None and c.detail.startswith("not checked: 1 requests cancelled before P answered")
     c = _prefix_hits(obs(missing_metrics={"prefill": ["vllm:prefix_cache_hits_total"]}), wave(), [rec()])
     assert c.ok is None and "prefill lacks" in c.detail
@@ -187,7 +195,9 @@ def test_wave_checks_fail_on_errors_empties_and_wrong_counts():
     assert cs["no-errors"].detail.startswith("aborted 1, timeout 1; first: w-1: timeout")
     assert cs["no-empty"].ok is False and cs["no-empty"].requests == ("w-2",)
     assert cs["token-counts"].ok is False and cs["token-counts"].requests == ("w-3",)
-    assert cs["alive"].ok is None and cs["no-fatal-log"].ok is None  # no processes of the rig's
+    assert cs["alive"].ok is True and cs["no-fatal-log"].ok is None  # none died; no log was scanned here
+    bare = {c.name: c for c in wave_checks(sc(), obs(), w, unwatched=True)}  # bare URLs: nothing to watch
+    assert bare["alive"].ok is None and bare["alive"].detail.startswith("not checked: not required")
 
 
 def test_wave_token_counts_against_usage_and_max_model_len():
