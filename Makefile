@@ -55,7 +55,7 @@ lease: check-venv  ## NIXL lease expiry: decode hop held past a 5 s kv_lease_dur
 faults: check-venv  ## fault scenarios on one topology: kill P after its answer, cancel D in its pull, SIGSTOP D past a 5 s lease
 	$(PDRIG) e2e --config $(CONFIG) --set suite=suites/faults.yaml --set nixl.kv_lease_duration=5 $(ARGS)
 
-# The Mooncake profile's part of the regression suite (BUGS R14): MOONCAKE_ARGS go to its run
+# The Mooncake profile's part of the regression suite (bug record R14): MOONCAKE_ARGS go to its run
 # (ARGS to the nixl profile's). r14-cancel-wave-store runs at the upstream size (3 rounds x 66
 # requests); R14_ROUNDS=N runs N rounds instead (more chances for the abort race).
 MOONCAKE_ARGS ?=

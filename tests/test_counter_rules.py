@@ -1,4 +1,4 @@
-"""Counter assertions (BUGS R19): the ``expect.counters`` schema, the ``counters`` check over the
+"""Counter assertions (bug record R19): the ``expect.counters`` schema, the ``counters`` check over the
 metrics timeline (moved right / wrongly / absent / restarted) and the healthy-run rule
 ``nixl-failed-transfers`` through the verdict engine."""
 

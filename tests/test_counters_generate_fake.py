@@ -1,4 +1,4 @@
-"""BUGS R19 and R21 end to end against fake vLLM servers (tests/fake_vllm.py): counter rules that
+"""bug record R19 and R21 end to end against fake vLLM servers (tests/fake_vllm.py): counter rules that
 hold, that see a counter move wrongly or not at all, or that find it absent; the healthy-run rule
 catching a decode that counts every pull as a failed transfer (#58038's symptom); the two hops
 through /inference/v1/generate, and a prefill whose generate answer drops kv_transfer_params."""

@@ -1,4 +1,4 @@
-"""counters-monotonic (BUGS R12): the timeline rows carry every counter, and the check fails on a
+"""counters-monotonic (bug record R12): the timeline rows carry every counter, and the check fails on a
 decrease within one process life, forgives a restart, and is "not checked" without a timeline."""
 
 from __future__ import annotations

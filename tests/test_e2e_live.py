@@ -44,7 +44,7 @@ def _only_run_dir(root: Path) -> Path:
 def edge_run(tmp_path_factory):
     _require_vllm()
     root = tmp_path_factory.mktemp("edge-runs")
-    # The CI-sized waves (issue #4) join the edge run's prefill -> decode-6blk phase: no extra start.
+    # The CI-sized waves join the edge run's prefill -> decode-6blk phase: no extra start.
     proc = subprocess.run([*PDRIG, "e2e", "--config", "configs/cpu-tiny.yaml", "--set", f"run_root={root}",
                            "--set", "suite=[suites/edge.yaml, suites/waves.yaml]"],
                           cwd=ROOT, capture_output=True, text=True, timeout=2400)
@@ -126,7 +126,7 @@ def test_pressure_wave_with_cancellations_is_clean_and_drains(edge_run):
     checks = {c["name"]: c for c in verdict["checks"]}
     for name in ("completed", "no-errors", "no-empty", "kv-pulled", "idle-after", "alive"):
         assert checks[name]["ok"], (name, checks[name]["detail"])
-    # A few hundred requests, some cancelled on purpose (issue #4's CI wave).
+    # A few hundred requests, some cancelled on purpose (the CI-sized wave).
     assert "(300 requests, 0 cancelled" not in checks["completed"]["detail"]
     assert "(300 requests," in checks["completed"]["detail"], checks["completed"]["detail"]
     assert (run_dir / "waves" / "pressure-wave-ci-timeline.png").stat().st_size > 10_000
@@ -182,7 +182,7 @@ def lease_run(tmp_path_factory):
     _require_vllm()
     root = tmp_path_factory.mktemp("lease-runs")
     proc = subprocess.run([*PDRIG, "e2e", "--config", "configs/cpu-tiny.yaml", "--set", f"run_root={root}",
-                           # The fault scenarios (issue #12) share this topology (prefill +
+                           # The fault scenarios share this topology (prefill +
                            # decode-nospec, 5 s lease): no extra start-up, one P restart.
                            "--set", "suite=[suites/lease.yaml, suites/faults.yaml]",
                            "--set", "nixl.kv_lease_duration=5"],

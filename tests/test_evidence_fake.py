@@ -1,4 +1,4 @@
-"""Evidence the rig gathers must exist (issue #9, items 5-8): log sources, instance deaths, versions,
+"""Evidence the rig gathers must exist: log sources, instance deaths, versions,
 metric presence, port reservations and rig exceptions, on fake vLLM servers (tests/fake_vllm.py).
 
 A check that could not look is "not checked", never ok: these tests assert that the observation
@@ -352,7 +352,7 @@ def test_ctrl_c_during_teardown_finishes_the_teardown_and_writes_the_report(base
 
 
 def test_prefill_preemptions_are_read_from_the_prefill_and_a_prefill_without_the_counter_is_not_checked(base):
-    """expect.min_preemptions_on: prefill (BUGS R11's P side) reads P's counter, taken by the
+    """expect.min_preemptions_on: prefill (bug record R11's P side) reads P's counter, taken by the
     runner after the scenario; a P without it leaves the check "not checked" (ERROR), while the
     old form keeps reading D's counter (the fake D never preempts: FAIL)."""
     want = {"completion_tokens": 4, "total_tokens": 44, "min_preemptions": 1}

@@ -1,4 +1,4 @@
-"""Validation of fault scenarios (rig/config/faults.py, issue #12): every action and trigger accepts
+"""Validation of fault scenarios (rig/config/faults.py): every action and trigger accepts
 what it needs and refuses the rest with one error naming the field and the fix; the checks of
 rig/workload/faults.py on hand-built results."""
 

@@ -1,4 +1,4 @@
-"""Fault scenarios (issue #12) against fake vLLM servers: each fault fires at its event and not
+"""Fault scenarios against fake vLLM servers: each fault fires at its event and not
 before, the recovery checks fail when the fake leaks or hangs, and no process outlives a run
 whatever was killed or stopped.
 

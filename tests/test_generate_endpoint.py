@@ -1,4 +1,4 @@
-"""The token-in generate endpoint (BUGS R21, vllm PR #42644): the rig's request bodies for both hops
+"""The token-in generate endpoint (bug record R21, vllm PR #42644): the rig's request bodies for both hops
 and the reference, and the answers of vLLM 0.32.0 recorded from live instances (tests/data)."""
 
 from __future__ import annotations
@@ -63,4 +63,4 @@ def test_prefill_answer_with_null_kv_transfer_params_is_the_r21_diagnosis():
     fill_from_answer(hop, {**recorded("prefill"), "kv_transfer_params": None})
     outcome, why = prefill_failure(hop)
     assert outcome == "http_error"
-    assert "without kv_transfer_params (null)" in why and "vllm PR #42644" in why and "BUGS R21" in why
+    assert "without kv_transfer_params (null)" in why and "vllm PR #42644" in why and "bug record R21" in why

@@ -384,7 +384,7 @@ def test_attach_judges_running_endpoints_and_leaves_them_running(base_dir):
                              log_sources=logs).run()
         (v,) = result.verdicts
         assert v.verdict == "PASS", v.reason
-        # Without log sources the log checks cannot look: never PASS (issue #9).
+        # Without log sources the log checks cannot look: never PASS.
         # (fresh prompts, as `pdrig e2e --attach` draws per run: D's prefix cache holds the first)
         again = fresh_prompt_seeds(cfg, "blind")
         blind = SuiteRunner(again, list(again.scenarios), new_run_dir(cfg, "blind"), quiet=True, attach=True).run()
@@ -398,7 +398,7 @@ def test_attach_judges_running_endpoints_and_leaves_them_running(base_dir):
 def test_retrieval_kind_runs_text_prompts_through_pd(base_dir):
     """kind: retrieval sends text needle prompts through P/D and to the reference; the fake
     'model' cannot retrieve, so both rates are 0: 0 >= 0 proves nothing, the retrieval check is
-    not checked and the scenario is ERROR inconclusive (issue #9), while parity and kv-pulled hold."""
+    not checked and the scenario is ERROR inconclusive, while parity and kv-pulled hold."""
     sc = {"name": "needles", "kind": "retrieval", "decode": "decode", "prompt_tokens": 100,
           "max_tokens": 6, "expect": {"completion_tokens": 6}, "retrieval": {"requests": 3, "context_words": 40}}
     tmp = base_dir / "retrieval"

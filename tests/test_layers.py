@@ -1,4 +1,4 @@
-"""The import-layers contract of issue #10: rig/'s packages import only their own layer and the ones below.
+"""The import-layers contract: rig/'s packages import only their own layer and the ones below.
 
 The contract itself is import-linter's, in pyproject.toml (``[tool.importlinter]``: a ``layers``
 contract in the order of the README's pipeline plus ``acyclic_siblings``); ``make lint`` runs it with
@@ -100,7 +100,7 @@ LAZY: dict[tuple[str, str], str] = {
         "rig.transport.endpoint", "rig.transport.records")},
 }
 
-# Imports inside functions that dodge a cycle or serve nothing; the branch named removes them (issue #10).
+# Imports inside functions that dodge a cycle or serve nothing; the branch named removes them.
 PENDING: dict[tuple[str, str], str] = {
 }
 

@@ -1,4 +1,4 @@
-"""The ``leak`` symptom kind (BUGS R16, vllm PR #38900): a known issue that names blocks P's lease
+"""The ``leak`` symptom kind (bug record R16, vllm PR #38900): a known issue that names blocks P's lease
 reaper freed instead of D's read excuses ``released-by-d`` on the requests whose blocks (or a
 sibling child's) P's log names, and nothing else.
 

@@ -1,4 +1,4 @@
-"""Live A/B (issue #11): `pdrig matrix --builds 0.32.0,0.32.0-spec-fix --scenario edge-126`.
+"""Live A/B: `pdrig matrix --builds 0.32.0,0.32.0-spec-fix --scenario edge-126`.
 
 0.32.0 is the env of `make setup` (an existing-env build); 0.32.0-spec-fix is an overlay of it
 with patches/vllm-0.32.0-spec-step-blocks-per-request.patch, created by the matrix itself in

@@ -258,7 +258,7 @@ def test_find_master_binary_ignores_non_executable(tmp_path):
     assert host.find_master_binary(tmp_path / "absent") is None
 
 
-# --- the topology: master process, per-instance files and env, plan (issue #3) ------------------
+# --- the topology: master process, per-instance files and env, plan ------------------
 
 from pathlib import Path  # noqa: E402
 

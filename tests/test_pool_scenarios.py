@@ -1,5 +1,5 @@
 """The sizing the pool scenarios rely on (configs/cpu-regressions.yaml, suites/regressions.yaml;
-BUGS R01 and R11's P side): a config edit that loses the condition the scenario is about fails
+bug record R01 and R11's P side): a config edit that loses the condition the scenario is about fails
 here, before a 2-minute live run quietly passes without exercising it."""
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ def test_r01_two_prompts_fill_decodes_pool_exactly_with_a_lookahead_spec_method(
     p, d = cfg.instance(sc.prefill), cfg.instance(sc.decode)
     assert sc.concurrent == 2
     usable = d.num_gpu_blocks_override - 1  # vLLM's null block
-    # BUGS R01: the two prompts' blocks sum to the usable pool, and each prompt ends on a block edge,
+    # bug record R01: the two prompts' blocks sum to the usable pool, and each prompt ends on a block edge,
     # so the spec step (1 + k + lookahead tokens) needs a block beyond the prompt's.
     assert sc.concurrent * _blocks(sc.prompt_tokens, cfg.block_size) == usable
     assert sc.prompt_tokens % cfg.block_size == 0
@@ -55,7 +55,7 @@ def test_r11_prefill_pool_and_step_budget_make_the_prefill_preempt(tmp_path):
     usable = p.num_gpu_blocks_override - 1
     budget = int(_arg(build_plan(cfg, tmp_path, "/m", "/py"), p.name, "--max-num-batched-tokens"))
     per_prompt = _blocks(sc.prompt_tokens, bs)
-    # One prompt fits, two do not (BUGS R11: P's pool ~1.2 prompts), and more than one is sent.
+    # One prompt fits, two do not (bug record R11: P's pool ~1.2 prompts), and more than one is sent.
     assert per_prompt <= usable < 2 * per_prompt and sc.concurrent >= 2
     # Prompt A takes two steps (budget, then the rest); in its second step the leftover budget
     # admits B's first chunk, which must find a free block, and B's next chunk must not.

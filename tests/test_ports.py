@@ -1,4 +1,4 @@
-"""Host-wide port reservations (rig/cluster/ports.py, issue #9 item 8): a second run on the same ports
+"""Host-wide port reservations (rig/cluster/ports.py): a second run on the same ports
 refuses at once naming the first's run directory; the locks die with their holder, SIGKILL
 included; ``ports.free`` takes other ports and the plan records them."""
 

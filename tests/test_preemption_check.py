@@ -1,4 +1,4 @@
-"""``expect.min_preemptions`` and the ``preempted`` check (issue #12 item 4, BUGS R11): a tight decode
+"""``expect.min_preemptions`` and the ``preempted`` check (bug record R11): a tight decode
 pool must really preempt (decode's ``vllm:num_preemptions_total`` rose), every request must still
 finish with parity, and a decode without the metric is "not checked", never ok.
 ``expect.min_preemptions_on: prefill`` reads the prefill's counter instead (R11's P side, vllm PR

@@ -1,4 +1,4 @@
-"""A live slice of the regression suite (issue #12; the whole suite is `make regressions`).
+"""A live slice of the regression suite (the whole suite is `make regressions`).
 
 Five scenarios of ``configs/suites/regressions.yaml`` that share one topology (prefill +
 decode-nospec of ``configs/cpu-regressions.yaml``), so one start-up covers them, each for a

@@ -206,10 +206,10 @@ def test_reference_of_reads_the_bug_record_reference_of_a_description():
     from rig.report.render import reference_of
 
     assert reference_of("R11 (vllm PRs #50297, #48245): 3 concurrent prompts") == "R11 (vllm PRs #50297, #48245)"
-    assert reference_of("BUGS R14 (vllm #46240,\n  #43226; PRs #46304): cancel waves") == \
+    assert reference_of("bug record R14 (vllm #46240,\n  #43226; PRs #46304): cancel waves") == \
         "R14 (vllm #46240, #43226; PRs #46304)"
     assert reference_of("R11 P side (vllm PR #50297): 3 prompts") == "R11 P side (vllm PR #50297)"
-    assert reference_of("issue #12 item 1: the chat endpoint") == "issue #12 item 1"
+    assert reference_of("Chat endpoint: through P and D") == ""
     assert reference_of("P computes 2 fresh prompts: then D loads") == ""
     assert reference_of(None) == ""
 

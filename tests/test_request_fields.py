@@ -1,4 +1,4 @@
-"""Request fields per hop (rig/config/request_fields.py, issue #12 item 1): validation, pass-through to
+"""Request fields per hop (rig/config/request_fields.py): validation, pass-through to
 the right hop only (read from the fake servers' logs), streaming per hop with the stream check,
 and parity per choice."""
 

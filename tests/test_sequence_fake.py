@@ -1,4 +1,4 @@
-"""Sequence scenarios (BUGS R02, R06) against fake vLLM servers: every step fires at its event and
+"""Sequence scenarios (bug record R02, R06) against fake vLLM servers: every step fires at its event and
 not before, a straight-to-D request carries no kv_transfer_params, a stall is named with the steps
 whose requests were outstanding, and an abandoned step's lease check is "not checked" (never ok)
 where P has no expired-lease counter (the fake has none).

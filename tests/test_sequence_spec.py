@@ -1,4 +1,4 @@
-"""Validation of sequence scenarios (rig/config/sequence.py, BUGS R02/R06): a sound order loads;
+"""Validation of sequence scenarios (rig/config/sequence.py, bug record R02/R06): a sound order loads;
 each fault in the data (duplicate or unknown step id, a cycle, an event the route cannot produce,
 a step over max_model_len, the kind/field mismatch) is one error naming the field and the fix.
 Plus the sequence checks on hand-built results (rig/judge/sequence_checks.py)."""

@@ -1,4 +1,4 @@
-"""The ``stale-kv`` symptom with ``cause: shared-params`` (two-prompts-pd, issue #12 item 1): vLLM
+"""The ``stale-kv`` symptom with ``cause: shared-params`` (two-prompts-pd): vLLM
 0.32.0's P answers a several-prompt completions request with prompt 0's ``kv_transfer_params``
 only, so D reads prompt 0's blocks for both prompts. The known issue excuses parity, kv-integrity
 and released-by-d on that request only, and only in the shape the bug has: prompt 0's choice

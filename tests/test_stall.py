@@ -211,7 +211,7 @@ def test_episodes_group_a_stall_per_instance_and_end_when_it_moves():
     assert [e.since for e in eps.episodes] == [0.0, 20.0]
 
 
-# BUGS R01 (vllm PR #57104): two finished loads fill D's pool and block each other. Nothing runs,
+# bug record R01 (vllm PR #57104): two finished loads fill D's pool and block each other. Nothing runs,
 # KV is full, generation is flat, and the requests need not count as waiting: here they sit in
 # the KV fetch's completed_waiting stage (WAITING_FOR_REMOTE_KVS) with waiting 0.
 R01_HANG = {**LIVELOCK, "waiting": 0, "capacity": 0, "wts": 0, "cw": 2, "kv": 1.0, "prompt": 128, "xfers": 2}

@@ -1,4 +1,4 @@
-"""``launch.start_all_at_once`` (issue #13): every instance of the suite starts together, spread
+"""``launch.start_all_at_once``: every instance of the suite starts together, spread
 over the CPUs, each pinned to its configured CPUs once ready and held frozen (SIGSTOP) until
 its phase. The guarantees checked here against fake vLLM servers (tests/fake_vllm.py): the
 affinity the scenarios see is the configured one, an instance waits frozen and is continued

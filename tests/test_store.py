@@ -370,7 +370,7 @@ def test_prefix_wave_store_mixed_routes(tmp_path):
 
 
 def test_prefix_wave_store_with_no_store_request_is_inconclusive(tmp_path):
-    # issue #9: store-loaded was ok when no request went through the store; now it is not checked,
+    # store-loaded was ok when no request went through the store; now it is not checked,
     # and a store scenario that never exercised the store cannot PASS.
     sc = scenario("prefix-wave-store").model_copy(update={"store": scenario("prefix-wave-store").store.model_copy(
         update={"route": "pd"})})

@@ -1,4 +1,4 @@
-"""The store wave's R14 options (BUGS R14: cancel waves on the Mooncake profile) without live
+"""The store wave's R14 options (bug record R14: cancel waves on the Mooncake profile) without live
 servers: the fields' validation, the cancel plan, and fake-server runs (tests/test_store.py's
 in-process P, D and master, with hop delays) showing that a cancellation fires at its time on
 the named hop and not before, that the prefix-cache reset runs between rounds (and fails the

@@ -1,4 +1,4 @@
-"""Tracebacks a fault is expected to cause on a survivor (``fault.expected_survivor_errors``, BUGS
+"""Tracebacks a fault is expected to cause on a survivor (``fault.expected_survivor_errors``, bug record
 R10 under kv_load_failure_policy recompute): D logs its failed read of the killed P with a
 traceback and recovers. Such a traceback is named in ``no-fatal-log``, not failed, and only it:
 another traceback, a fatal line that is not a traceback, a dead survivor or a fault that never

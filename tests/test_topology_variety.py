@@ -1,4 +1,4 @@
-"""Topology variety (issue #12 item 4): per-instance block size and kv_load_failure_policy reach
+"""Topology variety: per-instance block size and kv_load_failure_policy reach
 vLLM's argv (configs/cpu-regressions.yaml), and a CPU block size that is not a multiple of 32 is
 refused naming the instance."""
 

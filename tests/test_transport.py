@@ -1,6 +1,6 @@
 """The one client for the two hops (rig.transport): bodies for completions and chat, answers and
 streams read the same by both implementations, and P/D exchanges against fake P and D servers
-for the chat endpoint and several prompts in one request (issue #10, issue #12 item 1)."""
+for the chat endpoint and several prompts in one request."""
 
 from __future__ import annotations
 

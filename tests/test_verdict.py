@@ -1,4 +1,4 @@
-"""The verdict engine (issue #9): signatures, per-request attribution, canary, tri-state checks.
+"""The verdict engine: signatures, per-request attribution, canary, tri-state checks.
 
 Observations are built in Python; stall facts come from the recorded 0.32.0 livelock
 ``/metrics`` (tests/data) and the crash from the recorded 0.30.0 ngram decode log.
@@ -126,7 +126,7 @@ def test_pass_needs_every_required_check_held():
     assert checks_of(v) == {"completed": True, "token-counts": True, "kv-pulled": True, "parity": True,
                             "alive": True, "no-fatal-log": True, "kv-integrity": True, "idle-after": True,
                             "counters-monotonic": None,  # no timeline in obs_of: not checked, not required
-                            "nixl-failed-transfers": None}  # the healthy-run rule (BUGS R19), idem
+                            "nixl-failed-transfers": None}  # the healthy-run rule (bug record R19), idem
     assert run_passed([v]) and not run_passed([])
 
 
@@ -474,7 +474,7 @@ def test_kv_pulled_counts_ds_prefix_cache_but_never_a_recompute():
     assert checks_of(judge(sc(), with_sources(62, 0)))["kv-pulled"] is False
 
 
-# A full-pool stall (BUGS R01): nothing runs with every block taken. kv_usage_min names it; the
+# A full-pool stall (bug record R01): nothing runs with every block taken. kv_usage_min names it; the
 # admission livelock (KV empty) does not match it, nor does the full-pool stall match the livelock.
 POOL_SIG = {"kind": "stall", "instance": "decode", "kv_usage_min": 0.99}
 POOL_FULL = {'reason="capacity"': "2.0", 'stage="waiting_to_start"': "0.0", "vllm:kv_cache_usage_perc{": "1.0",
@@ -499,7 +499,7 @@ def test_kv_usage_floor_above_the_ceiling_is_refused():
 
 
 def test_a_full_pool_stall_may_excuse_spec_drafted_only_when_it_names_it():
-    # BUGS R01 on 0.27.1: both requests froze before their first decode step, so D drafted nothing.
+    # bug record R01 on 0.27.1: both requests froze before their first decode step, so D drafted nothing.
     expect = {"completion_tokens": 2, "total_tokens": 128, "min_spec_drafts": 1}
     versions = {"prefill": "0.27.1", "decode": "0.27.1"}
     stalled = [stalled_record(i, facts=stall_facts(**POOL_FULL)) for i in range(2)]

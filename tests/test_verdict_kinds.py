@@ -1,4 +1,4 @@
-"""One engine for every kind (issue #9 item 9): waves and store scenarios honour known issues,
+"""One engine for every kind: waves and store scenarios honour known issues,
 kind-level evidence gaps are "not checked", kinds refuse fields they do not use, and a rig
 exception inside a store batch is a rig error, not "cancelled"."""
 

@@ -2,7 +2,7 @@
 
 Checking that a port is free before launch cannot see a server of another run that has not
 bound its port yet: vLLM listens on its HTTP port only after loading the model, so two runs on
-one config used to start both topologies and collide minutes later (issue #9; before/after in
+one config used to start both topologies and collide minutes later (before/after in
 docs/evidence.md). So a run *reserves* every TCP port it will use (HTTP, NIXL side channels, Mooncake's master and
 store-client ports) before it starts anything, for its whole life:
 

@@ -60,11 +60,11 @@ FATAL_PATTERNS = (
     "Segmentation fault",
     "Illegal instruction",
     "core dumped",
-    # BUGS R12 (vllm PRs #34079, #43828): a negative counter increment kills the API server's
+    # bug record R12 (vllm PRs #34079, #43828): a negative counter increment kills the API server's
     # output handler (prometheus_client's ValueError, then vllm/v1/engine/async_llm.py's log).
     "Counters can only be incremented by non-negative amounts",
     "AsyncLLM output_handler failed",
-    # BUGS R14 (vllm #46240, #51786, #52954): a late or duplicate transfer completion trips the
+    # bug record R14 (vllm #46240, #51786, #52954): a late or duplicate transfer completion trips the
     # scheduler's asserts in _update_from_kv_xfer_finished (vllm/v1/core/sched/scheduler.py,
     # 0.32.0) and EngineCore dies; the traceback quotes the assert's source line.
     "assert req_id in self.requests",
@@ -440,7 +440,7 @@ class Cluster:
             self.signal(n, signal.SIGCONT)
             self.frozen.discard(n)
 
-    # -- faults (issue #12: rig/workload/faults.py) -----------------------------------------------------
+    # -- faults (rig/workload/faults.py) -----------------------------------------------------------------
 
     def signal(self, name: str, sig: int) -> int:
         """Send ``sig`` to instance ``name``'s whole process group (API server, EngineCore,

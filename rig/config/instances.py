@@ -64,7 +64,7 @@ class InstanceConfig(StrictModel):
     connector: ConnectorMode | None = Field(None, description="None = the top-level connector")
     block_size: int | None = Field(
         None, ge=1, description="this instance's --block-size (tokens); None = the top-level block_size. "
-                                "P != D is a topology of its own (BUGS R08: per-request handshake failures)")
+                                "P != D is a topology of its own (bug record R08: per-request handshake failures)")
     kv_load_failure_policy: Literal["recompute", "fail"] | None = Field(
         None, description="KVTransferConfig.kv_load_failure_policy of this instance (vLLM 0.32.0 default "
                           "'fail', vllm/config/kv_transfer.py): what D does when a KV load fails")

@@ -1,8 +1,8 @@
 """One crafted workload and its expectation (:class:`ScenarioConfig`) with the settings of each
-kind: edge (the fields of the scenario itself), waves (:class:`WaveConfig`, issue #4), store
-kinds (:class:`StoreScenarioConfig`, issue #3), retrieval (:class:`RetrievalConfig`, issue #5)
-fault (rig/config/faults.py, issue #12) and sequence (rig/config/sequence.py: requests over
-several routes in a given order, BUGS R02/R06). :data:`KIND_FIELDS` says which fields each kind
+kind: edge (the fields of the scenario itself), waves (:class:`WaveConfig`), store
+kinds (:class:`StoreScenarioConfig`), retrieval (:class:`RetrievalConfig`)
+fault (rig/config/faults.py) and sequence (rig/config/sequence.py: requests over
+several routes in a given order, bug record R02/R06). :data:`KIND_FIELDS` says which fields each kind
 takes. Checks that need the topology (instance names, max_model_len) are in rig.config.topology.
 """
 
@@ -19,7 +19,7 @@ from rig.config.faults import FaultScenarioConfig
 from rig.config.request_fields import RequestFields
 from rig.config.sequence import SequenceConfig
 
-# --- issue #4: prefix and pressure waves (rig/workload/waves.py) -------------------------------
+# --- prefix and pressure waves (rig/workload/waves.py) -------------------------------
 WAVE_KINDS = ("prefix-wave", "pressure-wave")
 
 
@@ -69,7 +69,7 @@ class WaveConfig(StrictModel):
     sample_interval_s: float = Field(1.0, gt=0, description="metrics timeline sampling period")
 
 
-# --- issue #3: Mooncake store scenarios (rig/workload/store.py) -------------------------------
+# --- Mooncake store scenarios (rig/workload/store.py) -------------------------------
 STORE_KINDS = ("store-roundtrip", "prefix-wave-store", "long-generation")
 
 
@@ -92,7 +92,7 @@ class StoreScenarioConfig(StrictModel):
                              "two-hop P->D over NIXL, or alternately")
     put_wait_s: float = Field(15, gt=0, description="wait this long for P's puts to reach the master "
                                                     "before D asks for the same prefix")
-    # BUGS R14 (vllm #46240, #52954): aborts while store loads and NIXL transfers are in flight.
+    # bug record R14 (vllm #46240, #52954): aborts while store loads and NIXL transfers are in flight.
     cancel_fraction: float = Field(0.0, ge=0, le=1, description="prefix-wave-store: fraction of each wave's "
                                                                 "requests cancelled on purpose (seeded choice)")
     cancel_after_ms: tuple[float, float] = Field(
@@ -140,7 +140,7 @@ class ScenarioConfig(StrictModel):
 
     name: str = Field(pattern=NAME_PATTERN)
     kind: Literal["edge", "prefix-wave", "pressure-wave",
-                  "store-roundtrip", "prefix-wave-store", "long-generation",  # store kinds: issue #3
+                  "store-roundtrip", "prefix-wave-store", "long-generation",  # the store kinds
                   "retrieval", "fault", "sequence"] = "edge"
     description: str = ""
     prefill: str | None = Field(None, description="instance name; None = the first prefill")
@@ -163,26 +163,27 @@ class ScenarioConfig(StrictModel):
     flush_prefill: bool = Field(
         False, description="edge, with hold_between_s: during the hold, direct requests to P cycle "
                            "its whole KV pool, so blocks P released are reused before D reads them")
-    wave: WaveConfig | None = Field(None, description="prefix-wave / pressure-wave settings (issue #4)")
-    store: StoreScenarioConfig | None = Field(None, description="store kinds' settings (issue #3)")
-    retrieval: RetrievalConfig | None = Field(None, description="kind retrieval's settings (issue #5)")
+    wave: WaveConfig | None = Field(None, description="prefix-wave / pressure-wave settings")
+    store: StoreScenarioConfig | None = Field(None, description="store kinds' settings")
+    retrieval: RetrievalConfig | None = Field(None, description="kind retrieval's settings")
     fault: FaultScenarioConfig | None = Field(
-        None, description="kind fault's settings (issue #12, rig/config/faults.py)")
+        None, description="kind fault's settings (rig/config/faults.py)")
     sequence: SequenceConfig | None = Field(
         None, description="kind sequence's steps: requests over pd / decode / prefill / pd-abandon routes "
-                          "in a given order (BUGS R02, R06; rig/config/sequence.py)")
+                          "in a given order (bug record R02, R06; rig/config/sequence.py)")
     request: RequestFields | None = Field(
         None, description="extra completions fields per hop: all / prefill / decode / reference, passed "
-                          "through unchanged (issue #12, rig/config/request_fields.py)")
+                          "through unchanged (rig/config/request_fields.py)")
     require: list[OptionalCheck] = Field(
         default_factory=list,
-        description="checks required beyond the kind's (not checked -> ERROR): counters-monotonic (BUGS R12, "
-                    "any kind), cached-tokens (BUGS R15, kind edge, instances with --enable-prompt-tokens-details)")
+        description="checks required beyond the kind's (not checked -> ERROR): counters-monotonic "
+                    "(bug record R12, any kind), cached-tokens (bug record R15, kind edge, instances with "
+                    "--enable-prompt-tokens-details)")
 
     @model_validator(mode="before")
     @classmethod
     def _fields_of_kind(cls, data: Any) -> Any:
-        """A field the scenario's kind does not use is an error naming it (issue #9 item 9):
+        """A field the scenario's kind does not use is an error naming it:
         a kind that silently ignored ``known_issue`` / ``tamper`` / ``concurrent`` would report
         a verdict for a scenario it never ran as written."""
         if isinstance(data, dict):
@@ -210,7 +211,7 @@ class ScenarioConfig(StrictModel):
         return self
 
     @model_validator(mode="after")
-    def _preemption_on_edge(self) -> ScenarioConfig:  # issue #12 item 4
+    def _preemption_on_edge(self) -> ScenarioConfig:
         for f in ("min_preemptions", "min_spec_drafts"):
             wants = (getattr(self.expect, f) is not None
                      or any(getattr(v, f) is not None for v in self.expect.by_version))
@@ -228,7 +229,7 @@ class ScenarioConfig(StrictModel):
         return self
 
     @model_validator(mode="after")
-    def _store_wave_options(self) -> ScenarioConfig:  # BUGS R14
+    def _store_wave_options(self) -> ScenarioConfig:  # bug record R14
         used = self.store.uses_wave_options() if self.store is not None else []
         if used and self.kind != "prefix-wave-store":
             raise ValueError(f"store.{', store.'.join(used)}: only for kind prefix-wave-store (kind is "
@@ -243,14 +244,14 @@ class ScenarioConfig(StrictModel):
         return self
 
     @model_validator(mode="after")
-    def _fault_consistent(self) -> ScenarioConfig:  # issue #12
+    def _fault_consistent(self) -> ScenarioConfig:
         if (self.kind == "fault") != (self.fault is not None):
             raise ValueError("fault: give it exactly when kind is 'fault' "
                              f"(kind is {self.kind!r}; fault is {'set' if self.fault else 'missing'})")
         return self
 
     @model_validator(mode="after")
-    def _sequence_consistent(self) -> ScenarioConfig:  # BUGS R02, R06
+    def _sequence_consistent(self) -> ScenarioConfig:  # bug record R02, R06
         if (self.kind == "sequence") != (self.sequence is not None):
             raise ValueError("sequence: give it exactly when kind is 'sequence' "
                              f"(kind is {self.kind!r}; sequence is {'set' if self.sequence else 'missing'})")
@@ -271,7 +272,7 @@ class ScenarioConfig(StrictModel):
 
     @model_validator(mode="before")
     @classmethod
-    def _wave_defaults(cls, data: Any) -> Any:  # issue #4
+    def _wave_defaults(cls, data: Any) -> Any:
         """Wave kinds get default prompt_tokens / max_tokens / wave; edge must give both tokens."""
         if isinstance(data, dict) and data.get("kind") in WAVE_KINDS:
             data = dict(data)
@@ -282,7 +283,7 @@ class ScenarioConfig(StrictModel):
         return data
 
     @model_validator(mode="after")
-    def _wave_consistent(self) -> ScenarioConfig:  # issue #4
+    def _wave_consistent(self) -> ScenarioConfig:
         if self.kind not in WAVE_KINDS:
             if self.wave is not None:
                 raise ValueError(f"wave: only for kind prefix-wave or pressure-wave (kind is {self.kind!r})")

@@ -1,4 +1,4 @@
-"""Requests over several routes in a given order (``kind: sequence``; BUGS R02, R06): the data.
+"""Requests over several routes in a given order (``kind: sequence``; bug record R02, R06): the data.
 
 A sequence scenario is a list of *steps*. Each step sends ``count`` distinct prompts of
 ``prompt_tokens`` tokens (``max_tokens`` each) over one *route*:
@@ -108,7 +108,7 @@ class SequenceConfig(StrictModel):
 
     reap_while: str | None = Field(
         None, description="id of a step that must still be outstanding when P reaps the abandoned leases "
-                          "(BUGS R06: a live entry in front of expired ones); lease-reaped is not checked "
+                          "(bug record R06: a live entry in front of expired ones); lease-reaped is not checked "
                           "when that step ended first (the scenario did not test what it says)")
 
     @model_validator(mode="after")

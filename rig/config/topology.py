@@ -195,7 +195,7 @@ class RigConfig(StrictModel):
         return self
 
     @model_validator(mode="after")
-    def _mooncake(self) -> RigConfig:  # issue #3: the only Mooncake validator
+    def _mooncake(self) -> RigConfig:  # the only Mooncake validator
         """Refuse at config time what cannot work with Mooncake (:meth:`_mooncake_problems`):
         mooncake-p2p on cpu, colliding Mooncake ports, store scenarios on a non-store topology."""
         problems = self._mooncake_problems()
@@ -204,7 +204,7 @@ class RigConfig(StrictModel):
         return self
 
     @model_validator(mode="after")
-    def _attach_names(self) -> RigConfig:  # issue #15
+    def _attach_names(self) -> RigConfig:
         names = [i.name for _, i in self.instances()]
         for section in ("endpoints", "logs"):
             unknown = sorted(set(getattr(self.attach, section)) - set(names))
@@ -300,7 +300,7 @@ class RigConfig(StrictModel):
                 raise ValueError(
                     f"scenarios[{i}] ({sc.name}).prompt_tokens {sc.prompt_tokens} must be below "
                     f"max_model_len {self.max_model_len} (vLLM rejects it otherwise)")
-            for j, st in enumerate(sc.sequence.steps if sc.sequence else []):  # kind sequence (BUGS R02, R06)
+            for j, st in enumerate(sc.sequence.steps if sc.sequence else []):  # kind sequence (bug record R02, R06)
                 if st.prompt_tokens + st.max_tokens > self.max_model_len:
                     raise ValueError(
                         f"scenarios[{i}] ({sc.name}).sequence.steps[{j}] ({st.id}): prompt_tokens {st.prompt_tokens} "

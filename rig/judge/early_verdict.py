@@ -1,4 +1,4 @@
-"""An early stall verdict by reasoning, not waiting (issue #13 goal 1).
+"""An early stall verdict by reasoning, not waiting.
 
 The stall window (``timeouts.stall_window_s``, 8 s on the CPU default) is what the rig waits when it
 knows nothing about why a request does not move. For an admission stall it can know more:

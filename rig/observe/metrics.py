@@ -38,7 +38,7 @@ NIXL_EXPIRED = "vllm:nixl_num_kv_expired_reqs_total"
 # restart from 0 with a new process, so monotonicity is judged per (instance, this value).
 PROCESS_START = "process_start_time_seconds"
 # The sample suffixes of a counter (``_total``) and of a histogram or summary (``_count``,
-# ``_sum``): values that may never decrease within one process's life (BUGS R12).
+# ``_sum``): values that may never decrease within one process's life (bug record R12).
 MONOTONIC_SUFFIXES = ("_total", "_count", "_sum")
 
 # What the checks read, per instance role, checked once per phase after warm-up (rig.run.runner).

@@ -1,4 +1,4 @@
-"""Faults and recovery (issue #12 items 2-3): the executor of ``kind: fault`` scenarios.
+"""Faults and recovery: the executor of ``kind: fault`` scenarios.
 
 The scenario sends ``fault.requests`` P/D requests one after another. The faults
 (:mod:`rig.config.faults`) fire at events of the exchange of request ``fault.faulted`` (P answered;
