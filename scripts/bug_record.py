@@ -38,7 +38,7 @@ descriptions and known issues cite an entry by its id (R01 ...).
 
 Verdicts recorded: {recorded}.
 Cells: PASS / FAIL / XFAIL (the known issue showed its symptom) / ERROR (inconclusive); "-" not run.
-How a verdict is decided: [verdicts.md](verdicts.md).
+[How a verdict is decided](explanation/verdicts.md).
 """
 
 

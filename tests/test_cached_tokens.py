@@ -78,7 +78,7 @@ def test_require_makes_the_check_required_and_a_gap_is_error():
     v = judge_edge(sc, obs96(with_cached(ok_record(0, n=96), 0, 96)), None, [])
     assert v.verdict == "FAIL" and "cached-tokens" in v.reason
     # without require the check does not run, even where a hop reports details: bug record R15 asks for an
-    # informational verdict, and on 0.28.0 every P/D answer over-reports (docs/regressions.md)
+    # informational verdict, and on 0.28.0 every P/D answer over-reports (docs/howto/regressions.md)
     v = judge_edge(edge96(), obs96(with_cached(ok_record(0, n=96), 0, 96)), None, [])
     assert v.verdict == "PASS" and all(c.name != "cached-tokens" for c in v.checks)
 

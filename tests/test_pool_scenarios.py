@@ -31,7 +31,7 @@ def test_r01_two_prompts_fill_decodes_pool_exactly_with_a_lookahead_spec_method(
     # so the spec step (1 + k + lookahead tokens) needs a block beyond the prompt's.
     assert sc.concurrent * _blocks(sc.prompt_tokens, cfg.block_size) == usable
     assert sc.prompt_tokens % cfg.block_size == 0
-    # The smallest pool D starts with under max_model_len (docs/vllm-cpu-facts.md), and both
+    # The smallest pool D starts with under max_model_len (docs/explanation/vllm-cpu-facts.md), and both
     # requests fit max_model_len.
     assert usable * cfg.block_size >= cfg.max_model_len >= sc.prompt_tokens + sc.max_tokens
     # A method with lookahead (ngram has none), the same on P (a draft on D only is refused at

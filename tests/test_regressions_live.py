@@ -5,7 +5,7 @@ decode-nospec of ``configs/cpu-regressions.yaml``), so one start-up covers them,
 mechanism of its own: a sequence over two routes (R02), the counter split (R19), the token-in
 generate endpoint (R21), a shared-params stale read as a known issue (two prompts in one request),
 and the cached-tokens check (R15). On vLLM 0.32.0 (``make setup``) the expected verdicts are what
-docs/regressions.md records; another build would change them, so the test asserts the version.
+docs/howto/regressions.md records; another build would change them, so the test asserts the version.
 Marked ``e2e``: ``make test`` and CI run it, ``make test-fast`` leaves it out; it never skips.
 """
 

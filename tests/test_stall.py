@@ -48,7 +48,7 @@ vllm:nixl_bytes_transferred_count{{engine="0",model_name="tiny"}} {xfers}
 vllm:nixl_bytes_transferred_sum{{engine="0",model_name="tiny"}} {xfer_bytes}
 """
 
-# D stuck in the 0.32.0 admission livelock (as measured: docs/vllm-cpu-facts.md, tests/data/*stalled*).
+# D stuck in the 0.32.0 admission livelock (as measured: docs/explanation/vllm-cpu-facts.md, tests/data/*stalled*).
 LIVELOCK = dict(running=0, waiting=1, capacity=1, deferred=0, wts=1, inprog=0, cw=0, kv=0.0, preempt=0,
                 prompt=8, gen=2, success=1, xfers=0, xfer_bytes=0)
 IDLE = {**LIVELOCK, "waiting": 0, "capacity": 0, "wts": 0}

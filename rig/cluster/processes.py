@@ -427,8 +427,8 @@ class Cluster:
         Used to hold instances started ahead of their phase: an idle vLLM CPU instance with
         NIXL spins about two cores. A frozen instance is continued by :meth:`thaw` or by
         teardown (:func:`~rig.cluster.reaper.kill_groups` sends SIGCONT after SIGTERM).
-        vLLM 0.32.0 survives a stop of the whole group: docs/faults.md
-        (``fault-sigstop-d-past-lease``) and docs/performance.md. Raises ClusterError in attach
+        vLLM 0.32.0 survives a stop of the whole group: docs/measurements.md
+        (``fault-sigstop-d-past-lease``) and docs/measurements.md. Raises ClusterError in attach
         mode or for an instance this cluster did not start (:meth:`signal`)."""
         for n in names:
             self.signal(n, signal.SIGSTOP)

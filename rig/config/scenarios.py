@@ -200,7 +200,7 @@ class ScenarioConfig(StrictModel):
                 # Said first: otherwise the missing prompt_tokens/max_tokens of the scenario would be
                 # reported, which a sequence gives per step (a fresh-clone review was misled by it).
                 raise ValueError("kind sequence needs a `sequence:` block with its `steps` (each with id, route, "
-                                 "prompt_tokens, max_tokens); see README 'kind: sequence'")
+                                 "prompt_tokens, max_tokens); see docs/howto/faults.md 'Sequence scenarios'")
         return data
 
     @model_validator(mode="after")

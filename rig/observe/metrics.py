@@ -2,7 +2,7 @@
 
 Parsing uses ``prometheus_client.parser`` (the library that renders vLLM's metrics). Names are
 the *sample* names as exposed by vLLM 0.32.0, counters ending in ``_total`` and histograms in
-``_sum``/``_count`` (vllm/v1/metrics/loggers.py; docs/vllm-cpu-facts.md "Metrics the rig reads").
+``_sum``/``_count`` (vllm/v1/metrics/loggers.py; docs/explanation/vllm-cpu-facts.md "Metrics the rig reads").
 """
 
 from __future__ import annotations

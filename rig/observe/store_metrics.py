@@ -5,7 +5,7 @@ fills (rig.workload.store) and its judge reads (rig.judge.store_checks).
 
 D loads only *full* blocks and never the block holding the last prompt token, so a prompt of
 ``n`` tokens can take at most ``floor((n-1)/bs) x bs`` tokens from the store (measured,
-docs/mooncake-notes.md; :func:`loadable_tokens`).
+docs/explanation/mooncake.md; :func:`loadable_tokens`).
 """
 
 from __future__ import annotations

@@ -13,7 +13,7 @@ and differ only in how bytes move: :class:`AiohttpTransport` (the default everyw
 store tests use to put an ``httpx.MockTransport`` world behind it) and
 :class:`~rig.transport.fast.FastTransport` (``--client fast``: keep-alive POSTs over asyncio
 protocols with httptools' parser, about twice aiohttp's P/D requests per client CPU-second).
-scripts/bench_workload.py measures them (figures in docs/performance.md); httpx's pool does not
+scripts/bench_workload.py measures them (figures in docs/measurements.md); httpx's pool does not
 scale to a wave's concurrency.
 
 Hops never raise for HTTP problems: they return a :class:`~rig.transport.records.Hop` whose

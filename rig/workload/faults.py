@@ -250,7 +250,7 @@ class _Exchange:
         sent = rec.decode_sent_at or time.monotonic()
         if f.trigger.event == "decode-sent":
             target = sent + f.trigger.after_ms / 1000
-            # asyncio runs a timer up to its clock resolution early (seen live: docs/faults.md):
+            # asyncio runs a timer up to its clock resolution early (seen live: docs/measurements.md):
             # sleep again until the event has really come, never fire before it.
             while (now := time.monotonic()) < target:
                 await asyncio.sleep(target - now)

@@ -6,7 +6,7 @@ P writes the full blocks
 of every prompt it computes into the store; any instance that later meets the same prefix may
 load them instead of computing them. D loads only *full* blocks and never the block holding the
 last prompt token, so a prompt of ``n`` tokens can take at most ``floor((n-1)/bs) x bs`` tokens
-from the store (measured, docs/mooncake-notes.md).
+from the store (measured, docs/explanation/mooncake.md).
 
 Kinds (``ScenarioConfig.kind``, settings in ``ScenarioConfig.store``):
 
