@@ -57,7 +57,7 @@ def fresh_prompt_seeds(cfg: RigConfig, salt: str) -> RigConfig:
     Prompts seeded by the scenario name alone are then prefix-cache hits on decode from the second
     run on, and ``kv-pulled`` (every prompt token must come from external_kv_transfer) fails
     although nothing is wrong (a second ``pdrig e2e --attach`` against the same ``pdrig up`` pulled
-    only part of the prompt: docs/howto/kubernetes.md). The seeds used are in the run's config.yaml / report.
+    only part of the prompt: docs/howto/attach.md). The seeds used are in the run's config.yaml / report.
     """
     from rig.workload.prompts import seed_of
 

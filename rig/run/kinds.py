@@ -124,7 +124,7 @@ def _judge_edge(sc: ScenarioConfig, obs: ScenarioObservation, result: Any, _sect
     # bug record R15: D's usage.prompt_tokens_details.cached_tokens, on the scenarios that ask for it
     # (``require: [cached-tokens]``). Not on every scenario whose hops report it: the bug record asks for an
     # informational verdict until upstream settles the semantics, and on 0.28.0 every P/D answer
-    # shows R15 (docs/howto/regressions.md), which would hide each scenario's own subject behind it.
+    # shows R15 (docs/bug-record.md), which would hide each scenario's own subject behind it.
     if "cached-tokens" in sc.require:
         extra.append(cached_tokens_check(obs))
     return judge(sc, obs, blocks=result if isinstance(result, BlockFacts) else None, extra=extra or None)
