@@ -13,7 +13,7 @@ from rig.judge.verdict import judge, required_checks
 from rig.observe.observations import ScenarioObservation, TransferEvidence
 from rig.observe.parity import ParityResult
 from rig.run.kinds import KINDS
-from tests.test_verdict import obs_of, ok_record
+from test_verdict import obs_of, ok_record
 
 
 def with_cached(rec, p: int | None, d: int | None, n: int = 96):

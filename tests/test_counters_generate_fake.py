@@ -7,35 +7,20 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import pytest
-
-from conftest import fake_config, kill_pids, scenario, wait_no_survivors, write_config
-from rig.config import load_config
+from conftest import fake_suite_fixtures, run_fake_suite, scenario
 from rig.observe import metrics as m
-from rig.run.runner import SuiteRunner, new_run_dir
 
 FAILED = {"instance": "decode", "metric": m.NIXL_FAILED_TRANSFERS, "delta": 0}
 GENERATE = {"endpoint": "generate", "all": {"sampling_params": {"seed": 3}}}
 
 
-@pytest.fixture(scope="module")
-def base_dir(tmp_path_factory) -> Path:
-    return tmp_path_factory.mktemp("fake-r19-r21")
-
-
-@pytest.fixture(autouse=True)
-def no_survivors(base_dir):
-    yield
-    left = wait_no_survivors(str(base_dir), within_s=10)
-    kill_pids(left)
-    assert left == {}, f"fake servers survived the run: {left}"
+def by_scenario(result, _run_dir=None):
+    """``({scenario: verdict}, {scenario: observation})`` of a run."""
+    return {v.scenario: v for v in result.verdicts}, {o.scenario: o for o in result.observations}
 
 
 def run(tmp: Path, **cfg_kw):
-    tmp.mkdir(parents=True, exist_ok=True)
-    cfg = load_config(write_config(tmp, fake_config(tmp, **cfg_kw)))
-    result = SuiteRunner(cfg, list(cfg.scenarios), new_run_dir(cfg), quiet=True).run()
-    return {v.scenario: v for v in result.verdicts}, {o.scenario: o for o in result.observations}
+    return by_scenario(*run_fake_suite(tmp, **cfg_kw))
 
 
 def with_counters(name: str, decode: str, rules: list[dict], **extra) -> dict:
@@ -44,21 +29,21 @@ def with_counters(name: str, decode: str, rules: list[dict], **extra) -> dict:
     return sc
 
 
-@pytest.fixture(scope="module")
-def suite(base_dir):
-    decodes = {"decode": {},
-               "decode-failcount": {"env": {"FAKE_VLLM_FAULT": "failed-transfer-count"}},
-               "decode-omit": {"env": {"FAKE_VLLM_OMIT_METRICS": "vllm:nixl_num_kv_expired_reqs"}}}
-    scenarios = [
-        with_counters("split-holds", "decode", [FAILED, {"instance": "prefill", "metric": m.NIXL_EXPIRED, "max": 0}]),
-        # the fake keeps no lease, so P's expiry counter never rises: the rule sees +0
-        with_counters("expiry-not-counted", "decode", [{"instance": "prefill", "metric": m.NIXL_EXPIRED, "delta": 1},
-                                                       FAILED]),
-        scenario("generate-pd", "decode", request=GENERATE),
-        scenario("healthy-failcount", "decode-failcount"),
-        with_counters("absent", "decode-omit", [{"instance": "decode", "metric": m.NIXL_EXPIRED, "delta": 0}]),
-    ]
-    return run(base_dir / "suite", decodes=decodes, scenarios=scenarios)
+DECODES = {"decode": {},
+           "decode-failcount": {"env": {"FAKE_VLLM_FAULT": "failed-transfer-count"}},
+           "decode-omit": {"env": {"FAKE_VLLM_OMIT_METRICS": "vllm:nixl_num_kv_expired_reqs"}}}
+SCENARIOS = [
+    with_counters("split-holds", "decode", [FAILED, {"instance": "prefill", "metric": m.NIXL_EXPIRED, "max": 0}]),
+    # the fake keeps no lease, so P's expiry counter never rises: the rule sees +0
+    with_counters("expiry-not-counted", "decode", [{"instance": "prefill", "metric": m.NIXL_EXPIRED, "delta": 1},
+                                                   FAILED]),
+    scenario("generate-pd", "decode", request=GENERATE),
+    scenario("healthy-failcount", "decode-failcount"),
+    with_counters("absent", "decode-omit", [{"instance": "decode", "metric": m.NIXL_EXPIRED, "delta": 0}]),
+]
+# suite: ({scenario: verdict}, {scenario: observation}) of one run of SCENARIOS
+base_dir, no_survivors, suite = fake_suite_fixtures("fake-r19-r21", suite_of=by_scenario, decodes=DECODES,
+                                                    scenarios=SCENARIOS)
 
 
 def checks(v) -> dict[str, tuple[bool | None, str]]:

@@ -12,15 +12,12 @@ from __future__ import annotations
 import json
 import signal
 import time
-from pathlib import Path
 
-import pytest
-
-from conftest import fake_config, kill_pids, wait_no_survivors, write_config
+from conftest import fake_config, fake_suite_fixtures, write_config
 from rig.cluster.processes import Cluster, processes_of_run
 from rig.config import load_config
 from rig.plan.processes import build_plan
-from rig.run.runner import SuiteRunner, new_run_dir
+from rig.run.runner import new_run_dir
 
 DECODES = {
     "decode": {},
@@ -59,29 +56,10 @@ SCENARIOS = [
 ]
 
 
-@pytest.fixture(scope="module")
-def base_dir(tmp_path_factory) -> Path:
-    return tmp_path_factory.mktemp("fake-faults")
-
-
-@pytest.fixture(autouse=True)
-def no_survivors(base_dir):
-    yield
-    left = wait_no_survivors(str(base_dir), within_s=10)
-    kill_pids(left)
-    assert left == {}, f"fake servers survived: {left}"
-
-
-@pytest.fixture(scope="module")
-def suite(base_dir):
-    tmp = base_dir / "suite"
-    tmp.mkdir()
-    cfg = load_config(write_config(tmp, fake_config(tmp, decodes=DECODES, scenarios=SCENARIOS,
-                                                    timeouts={"stall_window_s": 1.5, "kv_transfer_s": 3})),
-                      ["nixl.kv_lease_duration=2"])
-    run_dir = new_run_dir(cfg)
-    result = SuiteRunner(cfg, list(cfg.scenarios), run_dir, quiet=True).run()
-    return result, run_dir
+# suite: (RunResult, run_dir) of one run of SCENARIOS
+base_dir, no_survivors, suite = fake_suite_fixtures(
+    "fake-faults", decodes=DECODES, scenarios=SCENARIOS, timeouts={"stall_window_s": 1.5, "kv_transfer_s": 3},
+    overrides=["nixl.kv_lease_duration=2"])
 
 
 def verdict(suite, name):

@@ -17,7 +17,15 @@ from pathlib import Path
 
 import pytest
 
-from conftest import LIVELOCK, fake_config, kill_pids, scenario, wait_no_survivors, write_config
+from conftest import (
+    LIVELOCK,
+    fake_config,
+    fake_suite_fixtures,
+    run_fake_suite,
+    scenario,
+    wait_no_survivors,
+    write_config,
+)
 from rig import cli
 from rig.config import load_config
 from rig.run.runner import SuiteRunner, new_run_dir
@@ -51,26 +59,7 @@ SCENARIOS = [
 ]
 
 
-@pytest.fixture(scope="module")
-def base_dir(tmp_path_factory) -> Path:
-    """Everything of this module (configs, runs, model caches) lives under here, so every fake
-    server this module starts has this path in its argv (``--model <cache_dir>/...``)."""
-    return tmp_path_factory.mktemp("fake-int")
-
-
-@pytest.fixture(autouse=True)
-def no_survivors(base_dir):
-    yield
-    left = wait_no_survivors(str(base_dir), within_s=10)
-    kill_pids(left)  # do not leak them into later tests
-    assert left == {}, f"fake servers survived the run: {left}"
-
-
-def run_suite(tmp: Path, **cfg_kw):
-    tmp.mkdir(parents=True, exist_ok=True)
-    cfg = load_config(write_config(tmp, fake_config(tmp, **cfg_kw)))
-    run_dir = new_run_dir(cfg)
-    return SuiteRunner(cfg, list(cfg.scenarios), run_dir, quiet=True).run(), run_dir
+run_suite = run_fake_suite
 
 
 def run_cli(tmp: Path, **cfg_kw) -> tuple[int, dict, Path]:
@@ -81,10 +70,8 @@ def run_cli(tmp: Path, **cfg_kw) -> tuple[int, dict, Path]:
     return code, json.loads((run_dir / "report.json").read_text()), run_dir
 
 
-@pytest.fixture(scope="module")
-def suite(base_dir):
-    """One run of every shared-prefill scenario: ``(RunResult, run_dir)``."""
-    return run_suite(base_dir / "suite", decodes=DECODES, scenarios=SCENARIOS)
+# suite: one run of every shared-prefill scenario, (RunResult, run_dir)
+base_dir, no_survivors, suite = fake_suite_fixtures("fake-int", decodes=DECODES, scenarios=SCENARIOS)
 
 
 def verdict(suite, name):

@@ -10,14 +10,9 @@ from each scenario's start, one clock).
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
-import pytest
-
-from conftest import fake_config, kill_pids, wait_no_survivors, write_config
+from conftest import fake_suite_fixtures
 from rig.cluster.processes import processes_of_run
-from rig.config import load_config
-from rig.run.runner import SuiteRunner, new_run_dir
 
 DECODES = {
     # 20 ms per token: a 16-token decode hop lasts ~0.3 s, long enough to see a step wait for it.
@@ -62,32 +57,11 @@ SCENARIOS = [
 ]
 
 
-@pytest.fixture(scope="module")
-def base_dir(tmp_path_factory) -> Path:
-    return tmp_path_factory.mktemp("fake-sequence")
-
-
-@pytest.fixture(autouse=True)
-def no_survivors(base_dir):
-    yield
-    left = wait_no_survivors(str(base_dir), within_s=10)
-    kill_pids(left)
-    assert left == {}, f"fake servers survived: {left}"
-
-
-@pytest.fixture(scope="module")
-def suite(base_dir):
-    tmp = base_dir / "suite"
-    tmp.mkdir()
-    cfg = load_config(write_config(tmp, fake_config(tmp, decodes=DECODES, scenarios=SCENARIOS,
-                                                    # P without the expired-lease counter: seq-abandon's
-                                                    # lease-reaped must be "not checked", never ok
-                                                    prefill_env={"FAKE_VLLM_OMIT_METRICS": EXPIRED},
-                                                    timeouts={"stall_window_s": 1.5, "kv_transfer_s": 3})),
-                      ["nixl.kv_lease_duration=2"])
-    run_dir = new_run_dir(cfg)
-    result = SuiteRunner(cfg, list(cfg.scenarios), run_dir, quiet=True).run()
-    return result, run_dir
+# suite: (RunResult, run_dir) of one run of SCENARIOS. P lacks the expired-lease counter:
+# seq-abandon's lease-reaped must be "not checked", never ok.
+base_dir, no_survivors, suite = fake_suite_fixtures(
+    "fake-sequence", decodes=DECODES, scenarios=SCENARIOS, prefill_env={"FAKE_VLLM_OMIT_METRICS": EXPIRED},
+    timeouts={"stall_window_s": 1.5, "kv_transfer_s": 3}, overrides=["nixl.kv_lease_duration=2"])
 
 
 def verdict(suite, name):
