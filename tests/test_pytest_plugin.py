@@ -124,3 +124,18 @@ def test_entry_point_names_the_plugin():
     import rig.pytest_plugin as plugin
 
     assert callable(plugin.pytest_addoption) and callable(plugin.pdrig)
+
+
+def test_session_reserves_the_hosts_port_locks_like_a_run(user_repo):
+    """A pytest session takes the port locks a pdrig run takes: with the config's ports held by
+    another run it refuses naming that run, instead of starting servers that collide later."""
+    from rig.cluster.ports import PortReservation, config_ports
+    from rig.config import load_config
+
+    (user_repo / "test_pd.py").write_text(USER_TESTS.format(livelock=LIVELOCK))
+    cfg = load_config(str(user_repo / "pdrig.yaml"))
+    with PortReservation(cfg.ports.lock_dir, "runs/the-other-run") as other:
+        other.acquire(config_ports(cfg))
+        r = run_pytest(user_repo, "test_pd.py::test_pass")
+    out = r.stdout + r.stderr
+    assert r.returncode != 0 and "is reserved by another run: run directory runs/the-other-run" in out, out

@@ -40,3 +40,15 @@ def test_terminal_shows_the_same_lines():
 def test_no_legend_without_a_known_issue():
     md = render_summary_md(run([ScenarioVerdict("edge-96-pair", "PASS", "pass", "all checks hold")]))
     assert "Known issues" not in md and "XFAIL expected failure" not in md
+
+
+def test_terminal_title_is_one_line_cut_to_the_terminal_width():
+    """A narrow terminal and a long config name: the title stays on one line (rich used to wrap it
+    to the table's width, over three lines above an empty table)."""
+    r = run([ScenarioVerdict("edge-127", "XPASS", XF, "known issue fixed")])
+    r.name = "cpu-regressions-mooncake-with-a-long-name"
+    console = Console(record=True, width=30)
+    print_summary(r, console)
+    lines = console.export_text().splitlines()
+    assert lines[0].startswith("pdrig cpu-regressions") and len(lines[0]) <= 30
+    assert not any("FAILED" in ln or "RUNNING" in ln for ln in lines[1:3])  # the rest of the title is cut, not wrapped

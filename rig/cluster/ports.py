@@ -15,9 +15,13 @@ channels, Mooncake's master and store-client ports) before it starts anything, f
   inherit the lock files (Python opens files non-inheritable; ``subprocess`` closes them), so a
   lock never outlives the run that took it;
 - with ``ports.free: true`` the run takes free ports instead: every port of the config shifted
-  by the smallest offset at which all of them can be bound and locked (the layout, e.g.
+  by the smallest offset at which all of them can be locked and then bound (the layout, e.g.
   Mooncake's client ranges derived from ``mooncake.rpc_port``, is kept); the plan then records
-  the ports really used.
+  the ports really used. The locks are taken *before* the bind test and held while it runs: a
+  port is chosen only while this run already holds it, so two choosers can never both take it,
+  even when the first one's servers bind minutes later (vLLM listens only after loading the
+  model). Testing bindability first and locking afterwards left a window in which both saw the
+  port free.
 
 Lock files stay in the directory after release (an unlocked file is free); only the lock counts.
 """
@@ -27,6 +31,8 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import os
+import re
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -105,18 +111,25 @@ class PortReservation:
             raise
 
     def _lock(self, port: int) -> str | None:
-        """Take the lock of ``port``; None on success, else what its file says about the holder."""
+        """Take the lock of ``port``; None on success, else what its file says about the holder.
+
+        A lock taken on a file that ``pdrig clean`` unlinked meanwhile (:func:`remove_stale_locks`)
+        would guard nothing: the inode locked must still be the one at the path, else retry."""
         path = self.lock_dir / f"{port}.lock"
-        try:
-            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
-        except OSError as e:
-            raise ConfigError(f"ports.lock_dir: cannot open {path} ({e})") from e
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            holder = os.pread(fd, 4096, 0).decode("utf-8", "replace").strip()
-            os.close(fd)
-            return holder or "a run that has not written its name yet"
+        while True:
+            try:
+                fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
+            except OSError as e:
+                raise ConfigError(f"ports.lock_dir: cannot open {path} ({e})") from e
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                holder = os.pread(fd, 4096, 0).decode("utf-8", "replace").strip()
+                os.close(fd)
+                return holder or "a run that has not written its name yet"
+            if _same_file(fd, path):
+                break
+            os.close(fd)  # unlinked between open and flock: lock the new file
         os.ftruncate(fd, 0)
         os.pwrite(fd, f"run directory {self.holder} (pid {os.getpid()})\n".encode(), 0)
         self._fds[port] = fd
@@ -157,8 +170,8 @@ def reserve(cfg: RigConfig, holder: str) -> tuple[RigConfig, PortReservation]:
     """Reserve the ports of a run of ``cfg`` (:func:`config_ports`) for ``holder`` (its run dir).
 
     ``ports.free`` false: exactly the config's ports, else PortConflict at once. True: the
-    config with every port moved by the smallest offset >= 0 whose ports are all bindable on
-    ``launch.host`` and lockable; returns that config (the caller plans with it). Raises PortConflict
+    config with every port moved by the smallest offset >= 0 whose ports are all lockable and,
+    once locked, bindable on ``launch.host``; returns that config (the caller plans with it). Raises PortConflict
     when no offset within :data:`FREE_SEARCH_STEPS` works.
     """
     res = PortReservation(cfg.ports.lock_dir, holder)
@@ -171,12 +184,104 @@ def reserve(cfg: RigConfig, holder: str) -> tuple[RigConfig, PortReservation]:
         except ConfigError:
             break  # past the top of the port range
         ports = config_ports(moved)
-        if not all(bindable(p, cfg.launch.host) for p in ports):
-            continue
         try:
-            res.acquire(ports)
+            res.acquire(ports)  # locked first: no other chooser can take them from here on
         except PortConflict:
             continue
-        return moved, res
+        if all(bindable(p, cfg.launch.host) for p in ports):
+            return moved, res
+        res.release()  # bound by a process that holds no lock (another tool, a stray server)
     raise PortConflict(f"ports.free: no free set of {len(config_ports(cfg))} ports found by moving the "
                        f"config's ports up to {FREE_SEARCH_STEPS - 1} up", 0, "")
+
+
+def _same_file(fd: int, path: Path) -> bool:
+    try:
+        return os.stat(path).st_ino == os.fstat(fd).st_ino
+    except FileNotFoundError:
+        return False
+
+
+# What a holder writes into its lock file (PortReservation._lock).
+HOLDER_LINE = re.compile(r"run directory (?P<run_dir>.*) \(pid (?P<pid>\d+)\)")
+
+
+@dataclass(frozen=True)
+class LockFile:
+    """One ``<port>.lock`` file of a lock directory: the ``port``, its ``path``, the pid holding
+    its flock now (``held_by``, from ``/proc/locks``; None: nobody, the file is stale) and what
+    the file says (``run_dir``, ``pid``: the last holder's, None when unreadable)."""
+
+    port: int
+    path: Path
+    held_by: int | None
+    run_dir: str | None
+    pid: int | None
+
+
+def flock_holders() -> dict[int, int] | None:
+    """``{inode: pid}`` of every flock held on this host (Linux ``/proc/locks``); None when it
+    cannot be read (then nothing can be called stale)."""
+    try:
+        text = Path("/proc/locks").read_text()
+    except OSError:
+        return None
+    out: dict[int, int] = {}
+    for line in text.splitlines():
+        f = line.split()
+        # "1: FLOCK  ADVISORY  WRITE 32653 fe:00:2147098 0 EOF" (blocked waiters have "->" first)
+        if len(f) >= 6 and f[1] == "FLOCK":
+            with contextlib.suppress(ValueError, IndexError):
+                out[int(f[5].rsplit(":", 1)[1])] = int(f[4])
+    return out
+
+
+def lock_files(lock_dir: str | os.PathLike[str]) -> list[LockFile] | None:
+    """Every ``<port>.lock`` in ``lock_dir`` (sorted by port) with its holder; [] when the
+    directory does not exist; None when ``/proc/locks`` is unreadable (holders unknown). Reads
+    only: probing a lock by taking it could make a starting run refuse."""
+    holders = flock_holders()
+    if holders is None:
+        return None
+    d = Path(lock_dir)
+    if not d.is_dir():
+        return []
+    out = []
+    for path in d.glob("*.lock"):
+        if not path.stem.isdigit():
+            continue
+        try:
+            ino = path.stat().st_ino
+            text = path.read_text(errors="replace")
+        except OSError:
+            continue  # removed meanwhile
+        m = HOLDER_LINE.search(text)
+        out.append(LockFile(int(path.stem), path, holders.get(ino), m["run_dir"] if m else None,
+                            int(m["pid"]) if m else None))
+    return sorted(out, key=lambda lf: lf.port)
+
+
+def remove_stale_locks(lock_dir: str | os.PathLike[str]) -> list[int]:
+    """Delete the lock files of ``lock_dir`` no process holds; returns their ports. Each is
+    unlinked while this process holds its flock, and a run that locked the old inode meanwhile
+    retries on the new file (:meth:`PortReservation._lock`), so a live run's lock is never lost
+    (a run locking the same port in the same instant may find it taken and refuse once).
+    Nothing is removed when ``/proc/locks`` is unreadable."""
+    removed = []
+    for lf in lock_files(lock_dir) or []:
+        if lf.held_by is not None:
+            continue
+        try:
+            fd = os.open(lf.path, os.O_RDWR)
+        except OSError:
+            continue
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            if _same_file(fd, lf.path):
+                lf.path.unlink()
+                removed.append(lf.port)
+        except OSError:
+            pass  # taken meanwhile: live after all
+        finally:
+            os.close(fd)
+    return removed

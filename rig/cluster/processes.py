@@ -42,6 +42,7 @@ import psutil
 
 from rig.cluster.logs import FileLog, LogSource, start_marker, stop_marker
 from rig.cluster.probes import busy_ports
+from rig.cluster.proctree import ProcSample, sample_tree
 from rig.cluster.reaper import Reaper, kill_groups
 from rig.cluster.scheduling import lower_engine_priority, lower_group_priority, pin_cpus, unavailable_cpus
 from rig.cluster.startup import READY, StartupDisplay, StartupWatch, group_cpu_s, load_text
@@ -96,8 +97,6 @@ class ClusterError(RuntimeError):
 
 
 RUN_MARKER = "PDRIG_RUN_DIR"
-# The process title vLLM gives its engine process (Linux truncates /proc/PID/comm to 15 bytes).
-ENGINE_CORE_TITLE = "VLLM::EngineCore"
 
 
 def processes_of_run(run_dir: str | Path) -> list[int]:
@@ -505,20 +504,17 @@ class Cluster:
 
         EngineCore steps in a busy loop while a request waits, so this grows with scheduler
         iterations (rig.judge.early_verdict). The worker is not counted: it spins while idle."""
+        sample = self.proc_sample(name)
+        return None if sample is None else sample.engine_cpu_s
+
+    def proc_sample(self, name: str) -> ProcSample | None:
+        """What instance ``name``'s process tree is doing (:func:`rig.cluster.proctree.sample_tree`:
+        EngineCore and worker CPU seconds, compilers running); None when the rig did not launch
+        it or /proc is unreadable. The stall watcher's evidence (rig.observe.stall)."""
         run = self.procs.get(name)
         if run is None or run.popen is None:
             return None
-        try:
-            for child in psutil.Process(run.popen.pid).children(recursive=True):
-                try:
-                    if child.name().startswith(ENGINE_CORE_TITLE[:15]):
-                        t = child.cpu_times()
-                        return t.user + t.system
-                except psutil.Error:
-                    continue
-        except psutil.Error:
-            return None
-        return None
+        return sample_tree(run.popen.pid)
 
     def url(self, name: str) -> str:
         """Base URL of process ``name``."""

@@ -28,6 +28,19 @@ class TimeoutsConfig(StrictModel):
         30, gt=0,
         description="frozen metrics with a KV read in flight (kv_fetch in_progress) = a stall only "
                     "after this long: /metrics cannot show a transfer's own progress")
+    stall_inconclusive_s: float = Field(
+        30, ge=0,
+        description="a stall whose evidence is inconclusive (the engine starved by a loaded host, or "
+                    "compiling) is watched this much longer past the window before it is reported as "
+                    "inconclusive (ERROR); capped by stall_inconclusive_wait")
     metrics_interval_s: float = Field(1.0, gt=0, description="sampling period while requests run")
     drain_s: float = Field(30, gt=0, description="time to return to idle after a scenario")
     shutdown_grace_s: float = Field(10, gt=0, description="SIGTERM -> SIGKILL delay")
+
+    def stall_inconclusive_wait(self, request_s: float | None = None) -> float:
+        """Seconds past the stall window an inconclusive stall is watched: ``stall_inconclusive_s``,
+        at most half of what the request's deadline (``request_s``, default ``self.request_s``)
+        leaves after the window, so the stall is still reported with its evidence before the
+        deadline turns it into a bare timeout."""
+        left = (self.request_s if request_s is None else request_s) - self.stall_window_s
+        return max(0.0, min(self.stall_inconclusive_s, left / 2))

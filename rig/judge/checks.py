@@ -60,6 +60,30 @@ def not_checked_for_metrics(name: str, obs: ScenarioObservation, instances: list
     return Check(name, None, "not checked: " + "; ".join(gaps)) if gaps else None
 
 
+def inconclusive_stall(r: PDRecord) -> bool:
+    """True for a ``stalled`` record whose stall evidence is inconclusive (rig.observe.stall:
+    its engine starved by a loaded host, or compiling)."""
+    return (r.outcome == "stalled" and r.stall is not None and r.stall.evidence is not None
+            and r.stall.evidence.inconclusive)
+
+
+def unsure_of_stalls(checks: list[Check], records: list[PDRecord]) -> list[Check]:
+    """``checks`` with every failed check whose failing requests all stalled inconclusively
+    (:func:`inconclusive_stall`: the engine starved by a loaded host, or compiling) turned into
+    "not checked" (None): such a stall shows nothing about vLLM, so the verdict is ERROR
+    "inconclusive", never FAIL, and no known issue's stall symptom matches it either."""
+    unsure = {r.request_id: r for r in records if inconclusive_stall(r)}
+    if not unsure:
+        return checks
+    out = []
+    for c in checks:
+        if c.ok is False and c.requests and set(c.requests) <= set(unsure):
+            why = unsure[c.requests[0]].stall.evidence.text()  # type: ignore[union-attr]
+            c = Check(c.name, None, f"not checked: {c.detail} ({c.requests[0]} stalled, {why})", c.requests)
+        out.append(c)
+    return out
+
+
 def completion_checks(outcome: Outcome, records: list[PDRecord]) -> list[Check]:
     """``completed`` and ``token-counts`` over ``records`` for the expected ``outcome``.
 

@@ -33,6 +33,7 @@ from rig.judge.checks import (
     alive_check,
     fatal_log_check,
     idle_check,
+    inconclusive_stall,
     kv_integrity_check,
     parity_check,
     stream_check,
@@ -108,9 +109,13 @@ def kv_pulled_pd_check(obs: ScenarioObservation, result: SequenceResult) -> Chec
     return Check(c.name, c.ok, f"pd steps only: {c.detail}", c.requests)
 
 
-def no_stall_check(result: SequenceResult) -> Check:
-    """``no-stall``: the stall watcher on D saw no freeze while requests were outstanding."""
+def no_stall_check(result: SequenceResult, records: list[PDRecord] | None = None) -> Check:
+    """``no-stall``: the stall watcher on D saw no freeze while requests were outstanding. Not
+    checked (None) when the freeze's evidence in ``records`` is inconclusive (the engine starved
+    by a loaded host, or compiling: rig.observe.stall)."""
     if result.stall:
+        if records and any(inconclusive_stall(r) for r in records):
+            return Check("no-stall", None, f"not checked: D froze, inconclusively: {result.stall}")
         return Check("no-stall", False, result.stall)
     return Check("no-stall", True, "D never froze with requests waiting while requests were outstanding")
 
@@ -155,7 +160,7 @@ def sequence_checks(sc: ScenarioConfig, obs: ScenarioObservation, result: Sequen
         out.append(kv_pulled_pd_check(obs, result))
     if sc.parity:
         out.append(parity_check(obs.records, obs.parity))
-    out.append(no_stall_check(result))
+    out.append(no_stall_check(result, obs.records))
     if spec.abandons:
         out.append(lease_reaped_check(result, result.lease_s, spec.idle_margin_s, spec.reap_while))
     bound = f"within {result.idle_bound_s:g} s" + (" = kv_lease_duration + idle_margin_s" if spec.abandons else "")

@@ -189,6 +189,9 @@ def _stall(sig: StallSignature, obs: ScenarioObservation, reqs: list[RequestFact
                 seen.append(f"{r.request_id}: {r.outcome}" + (f" ({r.error[:120]})" if r.error else ""))
             continue
         f = r.stall
+        if f.evidence is not None and f.evidence.inconclusive:  # the host's doing may be all it shows
+            seen.append(f"{r.request_id}: stalled inconclusively ({f.evidence.text()})")
+            continue
         misses = []
         if f.instance != want:
             misses.append(f"instance {f.instance}")

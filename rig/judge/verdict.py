@@ -12,7 +12,9 @@ requires) and a pure :func:`decide`, which never looks at anything but its argum
    (:mod:`rig.judge.signatures`) explains the request checks it names only on the requests that show
    the symptom, and run-level checks (alive, no-fatal-log, idle-after, no-stall) only when it
    names them; a canary's catch explains the checks it failed on the caught requests;
-4. a required check that was not checked (``Check.ok is None``) and is not explained -> ERROR
+4. a required check that was not checked (``Check.ok is None``; also a check failed only by
+   requests whose stall was inconclusive, :func:`rig.judge.checks.unsure_of_stalls`: the engine
+   starved by a loaded host, or compiling) and is not explained -> ERROR
    "inconclusive: <check> not checked: <why>" (decided here: a verdict that rests on evidence
    the rig could not gather is neither PASS nor XFAIL, and it is not a vLLM failure either);
 5. known issue in range: signature matched -> XFAIL, nothing failed -> XPASS (fails the run:
@@ -47,6 +49,7 @@ from rig.judge.checks import (
     kv_integrity_check,
     not_checked_for_metrics,
     parity_check,
+    unsure_of_stalls,
 )
 from rig.judge.counter_rules import HEALTHY_NAME, HEALTHY_RULE, counter_rules_check
 from rig.judge.counters import counters_monotonic_check
@@ -356,6 +359,7 @@ def judge(sc: ScenarioConfig, obs: ScenarioObservation, blocks: BlockFacts | Non
                       + (("counters",) if outcome.counters else ()))
     if required is not None:
         exp = replace(exp, required=required)
+    checks = unsure_of_stalls(checks, obs.records)  # an inconclusive stall fails nothing: ERROR, not FAIL
     reqs = facts_of_records(obs) if reqs is None else reqs
     m = None
     if exp.tamper:

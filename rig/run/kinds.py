@@ -105,7 +105,8 @@ async def _run_edge(sc: ScenarioConfig, ctx: ScenarioContext, obs: ScenarioObser
     name = ctx.decode.name
     await run_edge(sc, ctx.client, ctx.http, ctx.prefill, ctx.decode, sc.deadline_s or t.request_s,
                    t.stall_window_s, t.metrics_interval_s, ctx.store, obs, transfer_window_s=t.kv_transfer_s,
-                   between=between, early=early, engine_cpu=lambda: ctx.cluster.engine_cpu_s(name))
+                   between=between, early=early, engine_cpu=lambda: ctx.cluster.proc_sample(name),
+                   inconclusive_s=t.stall_inconclusive_wait(sc.deadline_s))
     return blocks
 
 
@@ -132,7 +133,7 @@ def _judge_edge(sc: ScenarioConfig, obs: ScenarioObservation, result: Any, _sect
 
 async def _run_wave(sc: ScenarioConfig, ctx: ScenarioContext, obs: ScenarioObservation) -> Any:
     return await run_wave_scenario(sc, ctx.cfg, ctx.prefill, ctx.decode, ctx.http, ctx.store, ctx.run_dir, ctx.quiet,
-                                   explain=explain_stall)
+                                   explain=explain_stall, probe=ctx.cluster.proc_sample)
 
 
 def _judge_wave(sc: ScenarioConfig, obs: ScenarioObservation, result: WaveResult | None,

@@ -20,6 +20,7 @@ import asyncio
 import contextlib
 import json
 import os
+import shutil
 import sys
 import time
 import traceback
@@ -129,8 +130,13 @@ class SuiteRunner:
     """Runs the selected scenarios of a config against a cluster it starts and stops."""
 
     def __init__(self, cfg: RigConfig, scenarios: list[ScenarioConfig], run_dir: Path, quiet: bool = False,
-                 attach: bool = False, log_sources: dict[str, LogSource] | None = None):
+                 attach: bool = False, log_sources: dict[str, LogSource] | None = None, announce: bool = False):
         self.cfg = cfg
+        # ``announce``: print "[pdrig] run directory: ..." once the run is past every refusal (the CLI).
+        self.announce = announce
+        # True when the run was refused before any server started (a port conflict, a bad model
+        # path...): it then leaves no run directory and no table, only ``result.error``.
+        self.refused = False
         self.attach = attach  # judge endpoints started elsewhere (Compose); start/stop nothing
         # Instance -> where its log is read (attach mode: Compose, Kubernetes, a declared path);
         # launched instances default to their log file (Cluster.log_source).
@@ -179,6 +185,8 @@ class SuiteRunner:
             self.result.plan = plan.to_json()
             (self.run_dir / "plan.json").write_text(json.dumps(plan.to_json(), indent=1))
             (self.run_dir / "config.yaml").write_text(yaml.safe_dump(self.result.config, sort_keys=False))
+            if self.announce:
+                print(f"[pdrig] run directory: {self.run_dir}", file=sys.stderr, flush=True)
             cluster = Cluster(plan, self.cfg.timeouts.startup_s, self.cfg.timeouts.shutdown_grace_s,
                               attach=self.attach, log_sources=self.log_sources,
                               startup_stall_s=self.cfg.timeouts.startup_stall_s,
@@ -195,6 +203,8 @@ class SuiteRunner:
             self._rig_exception(self._in_flight[0].name if self._in_flight else "-", "running the suite", e)
             self._keep_partial(f"the rig failed mid-scenario: {type(e).__name__}: {e}")
         finally:
+            # Before teardown, which forgets the processes it stopped.
+            launched = cluster is not None and any(r.popen is not None for r in cluster.procs.values())
             if cluster is not None:
                 t_stop = time.monotonic()
                 while True:  # a Ctrl-C during teardown must not skip the rest of it, nor the report
@@ -221,9 +231,14 @@ class SuiteRunner:
                 self.result.error = "no scenario could run: " + "; ".join(
                     e.summary for e, _ in self.unavailable.values())
             self.result.finish_status()
-            write_report(self.result)
-            if not self.quiet:
-                print_summary(self.result)
+            if self.result.status == "error" and not self.result.verdicts and not launched and not self.attach:
+                # Refused before any server started: nothing to keep, the error says it all.
+                self.refused = True
+                shutil.rmtree(self.run_dir, ignore_errors=True)
+            else:
+                write_report(self.result)
+                if not self.quiet:
+                    print_summary(self.result)
         if interrupted is not None:
             raise interrupted
         return self.result

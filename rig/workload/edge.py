@@ -17,6 +17,7 @@ from collections.abc import Awaitable, Callable
 
 import httpx
 
+from rig.cluster.proctree import ProcSample
 from rig.config import ScenarioConfig
 from rig.config.request_fields import RequestFields
 from rig.observe import metrics as m
@@ -98,16 +99,19 @@ async def cancel_stalled(records: list[PDRecord], decode_tasks: dict[str, asynci
 async def _watch(http: httpx.AsyncClient, d: Endpoint, window_s: float, interval_s: float,
                  records: list[PDRecord], decode_tasks: dict[str, asyncio.Task],
                  store: SnapshotStore | None, scenario: str, transfer_window_s: float | None = None,
-                 early: EarlyRule | None = None, engine_cpu: Callable[[], float | None] | None = None) -> str:
+                 early: EarlyRule | None = None, engine_cpu: Callable[[], float | ProcSample | None] | None = None,
+                 inconclusive_s: float = 0.0) -> str:
     """Sample D until all requests are done (:func:`rig.observe.stall.watch`); on a stall cancel
     the outstanding decode hops and return the diagnosis ('' without a stall).
 
-    ``window_s`` / ``transfer_window_s`` / ``early``: see :class:`rig.observe.stall.StallDetector`;
-    ``engine_cpu`` reads D's EngineCore CPU seconds after each sample (the early rule's evidence
-    of scheduler iterations, rig.judge.early_verdict)."""
+    ``window_s`` / ``transfer_window_s`` / ``early`` / ``inconclusive_s``: see
+    :class:`rig.observe.stall.StallDetector`; ``engine_cpu`` reads D's process tree (or just its
+    EngineCore CPU seconds) after each sample: the early rule's evidence of scheduler iterations
+    (rig.judge.early_verdict) and every stall's evidence."""
     # Fed D alone, whose pool holds only its own requests' blocks: a full pool with nothing
     # running is a stall even with nothing waiting (bug record R01, rig.observe.stall.is_blocked).
-    watcher = StallWatcher(window_s, transfer_window_s=transfer_window_s, early=early, full_pool=True)
+    watcher = StallWatcher(window_s, transfer_window_s=transfer_window_s, early=early, full_pool=True,
+                           inconclusive_s=inconclusive_s)
     stall = await watch(watcher, lambda: m.scrape(http, d.url, d.name),
                         lambda: not any(r.outcome == "pending" for r in records), interval_s,
                         on_sample=(lambda snap: store.sample(scenario, snap)) if store else None,
@@ -122,13 +126,15 @@ async def run_edge(sc: ScenarioConfig, client: Transport, http: httpx.AsyncClien
                    d: Endpoint, deadline_s: float, window_s: float, interval_s: float,
                    store: SnapshotStore | None, obs: ScenarioObservation,
                    transfer_window_s: float | None = None, between: BetweenHops | None = None,
-                   early: EarlyRule | None = None, engine_cpu: Callable[[], float | None] | None = None) -> None:
+                   early: EarlyRule | None = None, engine_cpu: Callable[[], float | ProcSample | None] | None = None,
+                   inconclusive_s: float = 0.0) -> None:
     """Run one edge scenario, filling ``obs.records``, ``obs.parity`` and ``obs.stall_diagnosis``.
 
     Each request has ``deadline_s`` seconds for both hops; past it the request is ``timeout``.
     D frozen for ``window_s`` seconds (``transfer_window_s`` while a KV read is in flight) is a
     stall: the outstanding decode hops are cancelled and marked ``stalled``. ``early`` (with
-    ``engine_cpu``, rig.judge.early_verdict) may decide such a stall sooner, by reasoning. ``between``
+    ``engine_cpu``, rig.judge.early_verdict) may decide such a stall sooner, by reasoning; a stall whose
+    evidence is inconclusive is watched ``inconclusive_s`` longer (rig.observe.stall). ``between``
     (if given) is awaited after P's answer and before the decode hop of each request.
     """
     seed = sc.seed if sc.seed is not None else seed_of(sc.name)
@@ -152,7 +158,7 @@ async def run_edge(sc: ScenarioConfig, client: Transport, http: httpx.AsyncClien
                 rec.verdict_after_s = time.monotonic() - rec.decode_sent_at
 
     watcher = asyncio.create_task(_watch(http, d, window_s, interval_s, obs.records, decode_tasks, store, sc.name,
-                                         transfer_window_s, early, engine_cpu))
+                                         transfer_window_s, early, engine_cpu, inconclusive_s))
     try:
         await asyncio.gather(*(bounded(r) for r in obs.records))
     finally:

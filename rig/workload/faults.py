@@ -33,6 +33,7 @@ from typing import Any, Protocol
 import httpx
 
 from rig.cluster.processes import ClusterError
+from rig.cluster.proctree import ProcSample
 from rig.config import RigConfig, ScenarioConfig
 from rig.config.faults import Fault
 from rig.config.request_fields import RequestFields
@@ -100,6 +101,10 @@ class FaultCluster(Protocol):
 
     def restart(self, name: str) -> float:
         """Restart instance ``name`` on its own ports; returns seconds to ready; ClusterError on failure."""
+        ...
+
+    def proc_sample(self, name: str) -> ProcSample | None:
+        """What instance ``name``'s process tree is doing (the stall evidence); None if unknown."""
         ...
 
 
@@ -294,7 +299,9 @@ class _Exchange:
         the hop is cancelled and the record carries the diagnosis and the frozen facts."""
         t = self.ctx.cfg.timeouts
         d, http = self.ctx.decode, self.ctx.http
-        stall = await watch(StallWatcher(t.stall_window_s, transfer_window_s=t.kv_transfer_s),
+        stall = await watch(StallWatcher(t.stall_window_s, transfer_window_s=t.kv_transfer_s,
+                                         inconclusive_s=t.stall_inconclusive_wait(self.sc.deadline_s),
+                                         probe=self.ctx.cluster.proc_sample),
                             lambda: m.scrape(http, d.url, d.name), task.done, t.metrics_interval_s,
                             on_sample=lambda snap: self.ctx.store.sample(self.sc.name, snap))
         if stall is not None:

@@ -267,7 +267,9 @@ class _Sequence:
         outstanding request with the diagnosis naming the steps they belong to."""
         t = self.ctx.cfg.timeouts
         d, http = self.ctx.decode, self.ctx.http
-        stall = await watch(StallWatcher(t.stall_window_s, transfer_window_s=t.kv_transfer_s),
+        stall = await watch(StallWatcher(t.stall_window_s, transfer_window_s=t.kv_transfer_s,
+                                         inconclusive_s=t.stall_inconclusive_wait(self.sc.deadline_s),
+                                         probe=self.ctx.cluster.proc_sample),
                             lambda: m.scrape(http, d.url, d.name), done.is_set, t.metrics_interval_s,
                             on_sample=lambda snap: self.ctx.store.sample(self.sc.name, snap))
         if stall is None:

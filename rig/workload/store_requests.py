@@ -14,6 +14,7 @@ from pathlib import Path
 import httpx
 
 from rig.cluster.processes import Cluster
+from rig.cluster.proctree import ProcSample
 from rig.config import RigConfig, ScenarioConfig
 from rig.connectors.mooncake import MASTER_ROLE
 from rig.observe import metrics as m
@@ -55,6 +56,7 @@ class StoreContext:
     snapshots: SnapshotStore | None
     run_dir: Path
     quiet: bool = True
+    probe: Callable[[str], ProcSample | None] | None = None  # an instance's process tree (stall evidence)
 
     @classmethod
     def of(cls, cfg: RigConfig, cluster: Cluster, p: Endpoint, d: Endpoint, client: Transport,
@@ -62,7 +64,7 @@ class StoreContext:
         """Build the context from a running :class:`~rig.cluster.processes.Cluster` (finds the master)."""
         master = next((Endpoint(s.name, s.base_url) for s in cluster.plan.processes
                        if s.role == MASTER_ROLE), None)
-        return cls(cfg, p, d, master, client, http, snapshots, Path(run_dir))
+        return cls(cfg, p, d, master, client, http, snapshots, Path(run_dir), probe=cluster.proc_sample)
 
     def deadline(self, sc: ScenarioConfig) -> float:
         """Seconds one request may take (both hops)."""
@@ -154,7 +156,8 @@ async def watch_decode(ctx: StoreContext, sc: ScenarioConfig, records: list[PDRe
             so.peak_waiting = max(so.peak_waiting, snap.value(m.WAITING))
         prev[:] = [snap]
 
-    stall = await watch(StallWatcher(t.stall_window_s, transfer_window_s=t.kv_transfer_s),
+    stall = await watch(StallWatcher(t.stall_window_s, transfer_window_s=t.kv_transfer_s,
+                                     inconclusive_s=t.stall_inconclusive_wait(sc.deadline_s), probe=ctx.probe),
                         lambda: scrape(ctx, ctx.d), done.is_set, t.metrics_interval_s, wake=done,
                         on_sample=on_sample)
     if stall is None:

@@ -39,6 +39,7 @@ from typing import Any, TypedDict
 
 import httpx
 
+from rig.cluster.proctree import ProcSample
 from rig.config import RigConfig, ScenarioConfig, WaveConfig
 from rig.observe import metrics as m
 from rig.observe.observations import (
@@ -151,7 +152,9 @@ async def run_wave(sc: ScenarioConfig, model: str, prefills: list[Endpoint], dec
                    block_size: int | None = None, max_model_len: int | None = None,
                    progress: str = "auto", seed: int | None = None,
                    stall_window_s: float = 8.0, transfer_window_s: float | None = 30.0,
-                   kv_lease_s: float = 30.0, explain: ExplainStall | None = None) -> WaveResult:
+                   kv_lease_s: float = 30.0, explain: ExplainStall | None = None,
+                   stall_inconclusive_s: float = 0.0,
+                   probe: Callable[[str], ProcSample | None] | None = None) -> WaveResult:
     """Run one wave scenario against running servers; no drain check (see :func:`check_drains`).
 
     Every instance's samples go through the stall watcher (``stall_window_s``, and
@@ -213,7 +216,7 @@ async def run_wave(sc: ScenarioConfig, model: str, prefills: list[Endpoint], dec
 
     transport = make_transport(client, model, deadline_s, max(2 * w.concurrency, 8))
     engine = WaveEngine(transport, prefills, decodes, w.concurrency, deadline_s, w.cancel_prefill_after_s)
-    episodes = StallWatcher(stall_window_s, transfer_window_s)
+    episodes = StallWatcher(stall_window_s, transfer_window_s, inconclusive_s=stall_inconclusive_s, probe=probe)
     sampler = TimelineSampler(http, endpoints, store, sc.name, w.sample_interval_s, stalls=episodes)
     title = sc.name if sc.name == sc.kind else f"{sc.kind} {sc.name}"
     prog = WaveProgress(title, len(requests), engine.counts, sampler.latest, mode=progress)
@@ -254,7 +257,7 @@ async def run_wave(sc: ScenarioConfig, model: str, prefills: list[Endpoint], dec
     t0 = engine.t0 or 0.0
     for ep in episodes.episodes:
         st = {"instance": ep.instance, "start_s": round(ep.since - t0, 1), "duration_s": round(ep.duration_s, 1),
-              "diagnosis": ep.diagnosis}
+              "diagnosis": ep.diagnosis, "inconclusive": ep.inconclusive}
         if explain is not None:
             st["explained"] = explain(st, res)
         res.stalls.append(st)
@@ -300,14 +303,17 @@ def usable_blocks_of(cfg: RigConfig, names: list[str]) -> dict[str, int | None]:
 
 async def run_wave_scenario(sc: ScenarioConfig, cfg: RigConfig, p: Endpoint, d: Endpoint,
                             http: httpx.AsyncClient, store: SnapshotStore | None, run_dir: str | Path,
-                            quiet: bool = False, explain: ExplainStall | None = None) -> WaveResult:
+                            quiet: bool = False, explain: ExplainStall | None = None,
+                            probe: Callable[[str], ProcSample | None] | None = None) -> WaveResult:
     """The suite runner's entry (rig/run/runner.py): one wave on the phase's P and D with the
-    config's model, block size, deadlines and block counts. The runner checks the drains."""
+    config's model, block size, deadlines and block counts; ``probe`` reads an instance's process
+    tree for the stall evidence (``Cluster.proc_sample``). The runner checks the drains."""
     return await run_wave(sc, cfg.model.served_name, [p], [d], http, store, Path(run_dir) / "waves",
                           deadline_s=sc.deadline_s or cfg.timeouts.request_s,
                           usable_blocks=usable_blocks_of(cfg, [p.name, d.name]),
                           block_size=cfg.block_size, max_model_len=cfg.max_model_len,
-                          progress="off" if quiet else "auto", explain=explain, **stall_settings(cfg))
+                          progress="off" if quiet else "auto", explain=explain, probe=probe,
+                          **stall_settings(cfg, sc.deadline_s))
 
 
 class StallSettings(TypedDict, total=False):
@@ -316,11 +322,14 @@ class StallSettings(TypedDict, total=False):
     stall_window_s: float
     transfer_window_s: float
     kv_lease_s: float
+    stall_inconclusive_s: float
 
 
-def stall_settings(cfg: RigConfig) -> StallSettings:
-    """:func:`run_wave`'s stall keywords from a config: its stall and transfer windows and
-    prefill's NIXL lease (seconds)."""
+def stall_settings(cfg: RigConfig, deadline_s: float | None = None) -> StallSettings:
+    """:func:`run_wave`'s stall keywords from a config: its stall and transfer windows, the wait
+    past the window for an inconclusive stall (for requests of ``deadline_s``, default the
+    config's) and prefill's NIXL lease (seconds)."""
     return StallSettings(stall_window_s=cfg.timeouts.stall_window_s, transfer_window_s=cfg.timeouts.kv_transfer_s,
-                         kv_lease_s=cfg.nixl.lease_s)
+                         kv_lease_s=cfg.nixl.lease_s,
+                         stall_inconclusive_s=cfg.timeouts.stall_inconclusive_wait(deadline_s))
 
