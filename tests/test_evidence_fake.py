@@ -117,7 +117,8 @@ def test_a_log_that_disappears_is_unscanned_not_clean(base):
 
 # ------------------------------------------------------------------ instance death (item 6)
 
-CRASH_LINE = "EngineCore encountered a fatal error."
+# The death is named with the exception that ended it (rig.cluster.logs.first_fatal_line).
+CRASH_LINE = "EngineCore encountered a fatal error. -> RuntimeError: fake engine core died mid-request"
 
 
 def test_decode_dying_at_warm_up_fails_its_scenarios_and_the_run_goes_on(base):

@@ -4,8 +4,10 @@ Five scenarios of ``configs/suites/regressions.yaml`` that share one topology (p
 decode-nospec of ``configs/cpu-regressions.yaml``), so one start-up covers them, each for a
 mechanism of its own: a sequence over two routes (R02), the counter split (R19), the token-in
 generate endpoint (R21), a shared-params stale read as a known issue (two prompts in one request),
-and the cached-tokens check (R15). On vLLM 0.32.0 (``make setup``) the expected verdicts are what
-docs/howto/regressions.md records; another build would change them, so the test asserts the version.
+and the cached-tokens check (R15); plus R26 (a router's appended first token: wrong tokens kept in
+D's prefix cache) on its own decode instance, decode-r26, since the bug may kill D. On vLLM
+0.32.0 (``make setup``) the expected verdicts are what docs/bug-record.md records; another
+build would change them, so the test asserts the version.
 Marked ``e2e``: ``make test`` and CI run it, ``make test-fast`` leaves it out; it never skips.
 """
 
@@ -28,6 +30,7 @@ SLICE = {
     "r21-generate-endpoint-pd": "PASS",
     "two-prompts-pd": "XFAIL",
     "r15-cached-tokens-cold": "PASS",
+    "r26-append-first-token": "XFAIL",
 }
 
 
@@ -42,7 +45,7 @@ def slice_run(tmp_path_factory):
             "--set", f"run_root={root}"]
     for name in SLICE:
         argv += ["--scenario", name]
-    proc = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=900)
+    proc = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=1500)
     (run_dir,) = [p for p in root.iterdir() if p.is_dir()]
     return proc, run_dir, json.loads((run_dir / "report.json").read_text())
 
@@ -87,6 +90,22 @@ def test_counter_rules_and_generate_endpoint_looked(slice_run):
     assert r21["kv-pulled"]["ok"] is True and r21["parity"]["ok"] is True, r21
     r15 = {c["name"]: c for c in got["r15-cached-tokens-cold"][0]["checks"]}
     assert r15["cached-tokens"]["ok"] is True, r15["cached-tokens"]["detail"]
+
+
+def test_r26_names_the_wrong_tokens_the_corrupted_cache_and_the_death(slice_run):
+    """R26 on 0.32.0: the appended requests answered 200 with tokens that differ from the reference
+    of the prompt D got, the later direct requests for those prompts diverged too (D's prefix cache
+    kept the wrong blocks), and the last one (P 64 tokens, D 65) killed D's worker on nixl
+    base_worker.py's assert: all three named in the XFAIL reason, the death with its exception."""
+    _, _, report = slice_run
+    v, scenario = _by_name(report)["r26-append-first-token"]
+    assert "tokens differ from the reference of the appended prompt" in v["reason"], v["reason"]
+    assert "prefix cache" in v["reason"] and "assert num_decode_blocks <= len(prefill_group)" in v["reason"]
+    checks = {c["name"]: c for c in v["checks"]}
+    assert checks["repeat-equal"]["ok"] is False and checks["alive"]["ok"] is False, checks
+    assert "AssertionError" in checks["alive"]["detail"], checks["alive"]
+    outcomes = {r["request_id"].rsplit("-", 2)[1]: r["outcome"] for r in scenario["observation"]["records"]}
+    assert outcomes["a64"] == outcomes["again64"] == "ok" and outcomes["a65"] != "ok", outcomes
 
 
 def test_no_process_survives_the_slice(slice_run):

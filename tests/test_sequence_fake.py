@@ -105,7 +105,7 @@ def test_steps_fire_at_their_event_not_before(suite):
     v = verdict(suite, "seq-order")
     assert v.verdict == "PASS", v.reason
     c = checks(v)
-    assert c["kv-pulled"][0] is True and c["kv-pulled"][1].startswith("pd steps only")
+    assert c["kv-pulled"][0] is True and c["kv-pulled"][1].startswith("pd and router steps only")
     assert c["token-counts"][0] is True and "head: 1 x 40+4" in c["token-counts"][1]
 
 

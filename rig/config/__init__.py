@@ -20,6 +20,7 @@ load_config``); modules inside this package import from the defining module.
 
 from rig.config.base import NAME_PATTERN, ConfigError
 from rig.config.expectations import (
+                                     AppendedTokenSignature,
                                      CounterRule,
                                      CrashSignature,
                                      Expectation,
@@ -40,7 +41,8 @@ from rig.config.scenarios import STORE_KINDS, WAVE_KINDS, ScenarioConfig, StoreS
 from rig.config.topology import RigConfig
 
 __all__ = [
-    "NAME_PATTERN", "STORE_KINDS", "WAVE_KINDS", "ConfigError", "CounterRule", "CrashSignature", "Expectation",
+    "AppendedTokenSignature", "NAME_PATTERN", "STORE_KINDS", "WAVE_KINDS", "ConfigError", "CounterRule",
+    "CrashSignature", "Expectation",
     "HttpErrorSignature", "InstanceConfig", "KnownIssue", "LeakSignature", "Outcome", "RigConfig", "ScenarioConfig",
     "Signature", "SpeculativeConfig", "StaleKvSignature", "StallSignature", "StoreScenarioConfig",
     "WaveConfig", "WrongMetricsSignature", "WrongOutputSignature", "apply_overrides", "load_config",

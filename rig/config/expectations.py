@@ -156,8 +156,34 @@ class WrongMetricsSignature(SignatureBase):
         0.9, gt=0, le=1, description="D's cached_tokens / prompt tokens at least this (the bug: 95-96 of 96)")
 
 
+class AppendedTokenSignature(SignatureBase):
+    """A router appended P's first generated token to D's prompt (rig/config/routes.py
+    ``append_first_token``), so D's prompt is one token longer than what P exported: D answers
+    HTTP 200 with tokens that differ from the reference of the prompt D got, and/or D's worker dies
+    with a fatal line matching ``fatal_log`` (vLLM 0.32.0 nixl/base_worker.py
+    ``_apply_prefix_caching``: ``assert num_decode_blocks <= len(prefill_group)``; vllm PR #50558,
+    #51505). Explains ``parity`` only on answered requests whose prompt was appended; the death
+    explains, as a crash signature, the requests that failed with it and ``alive`` /
+    ``no-fatal-log`` of D (named with its fatal line). A divergence on any other request is not
+    explained, unless ``cache_corrupted``: then a later request whose prompt is the one D got on an
+    appended request (a sequence step's ``repeat_of``) may diverge too (D's prefix cache kept the
+    blocks the wrong transfer wrote), which explains ``parity`` and ``repeat-equal`` on it."""
+
+    kind: Literal["appended-token"]
+    fatal_log: str = Field(r"assert num_decode_blocks <= len\(prefill_group\)",
+                           description="regex D's fatal line must match when D dies")
+    cache_corrupted: bool = Field(
+        False, description="also explains a divergence of a later request for the prompt D got (D's prefix cache "
+                           "kept the wrongly written blocks); false: such a divergence fails the scenario")
+
+    @field_validator("fatal_log")
+    @classmethod
+    def _re(cls, v: str) -> str:
+        return regex_field(v, "fatal_log") or v
+
+
 Signature = Annotated[StallSignature | HttpErrorSignature | CrashSignature | StaleKvSignature | WrongOutputSignature
-                      | LeakSignature | WrongMetricsSignature, Field(discriminator="kind")]
+                      | LeakSignature | WrongMetricsSignature | AppendedTokenSignature, Field(discriminator="kind")]
 
 
 class KnownIssue(StrictModel):
@@ -184,8 +210,8 @@ class KnownIssue(StrictModel):
         if isinstance(v, str):
             raise ValueError(
                 f"{v!r} is a bare symptom name; give its signature as a mapping with kind: one of stall, "
-                "http-error, crash, stale-kv, wrong-output, leak, wrong-metrics, e.g. {kind: stall, instance: decode, "
-                "waiting_reason: capacity, admission: fits-but-waits}")
+                "http-error, crash, stale-kv, wrong-output, leak, wrong-metrics, appended-token, e.g. {kind: stall, "
+                "instance: decode, waiting_reason: capacity, admission: fits-but-waits}")
         return v
 
     @field_validator("affects")

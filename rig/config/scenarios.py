@@ -17,6 +17,7 @@ from rig.config.base import NAME_PATTERN, StrictModel
 from rig.config.expectations import Expectation, KnownIssue, OptionalCheck
 from rig.config.faults import FaultScenarioConfig
 from rig.config.request_fields import RequestFields
+from rig.config.routes import RouterConfig
 from rig.config.sequence import SequenceConfig
 
 # --- prefix and pressure waves (rig/workload/waves.py) -------------------------------
@@ -171,6 +172,10 @@ class ScenarioConfig(StrictModel):
     sequence: SequenceConfig | None = Field(
         None, description="kind sequence's steps: requests over pd / decode / prefill / pd-abandon routes "
                           "in a given order (bug record R02, R06; rig/config/sequence.py)")
+    router: RouterConfig | None = Field(
+        None, description="edge: send every request through a router instead of the rig's two hops: {} = pdrig "
+                          "proxy started by the rig on a reserved port, {url: http://...} = your router; the client's "
+                          "view (status, body, [DONE]) is judged with P's and D's own evidence (rig/config/routes.py)")
     request: RequestFields | None = Field(
         None, description="extra completions fields per hop: all / prefill / decode / reference, passed "
                           "through unchanged (rig/config/request_fields.py)")
@@ -226,7 +231,24 @@ class ScenarioConfig(StrictModel):
             raise ValueError(f"hold_between_s / flush_prefill: only for kind edge (kind is {self.kind!r})")
         if self.flush_prefill and not self.hold_between_s:
             raise ValueError("flush_prefill needs hold_between_s (the flush runs during the hold)")
+        if self.router is not None and (self.hold_between_s or self.tamper):
+            what = "hold_between_s" if self.hold_between_s else "tamper"
+            raise ValueError(f"router: the router drives both hops, so the rig cannot apply {what} between them; "
+                             f"remove {what} or router")
         return self
+
+    @property
+    def via_router(self) -> bool:
+        """True when the scenario's requests go through a router (edge ``router``, or a sequence
+        step with route router)."""
+        return self.router is not None or bool(self.sequence and self.sequence.routes_through_router)
+
+    @property
+    def router_url(self) -> str | None:
+        """The user's router URL (``router.url`` / ``sequence.router.url``); None = pdrig proxy the rig starts."""
+        if self.router is not None:
+            return self.router.url
+        return self.sequence.router_url if self.sequence else None
 
     @model_validator(mode="after")
     def _store_wave_options(self) -> ScenarioConfig:  # bug record R14
@@ -306,7 +328,7 @@ class ScenarioConfig(StrictModel):
 COMMON_FIELDS = frozenset({"name", "kind", "description", "prefill", "decode", "prompt_tokens", "max_tokens",
                            "expect", "known_issue", "deadline_s", "parity", "seed", "require"})
 KIND_FIELDS: dict[str, frozenset[str]] = {
-    "edge": COMMON_FIELDS | {"concurrent", "tamper", "hold_between_s", "flush_prefill", "request"},
+    "edge": COMMON_FIELDS | {"concurrent", "tamper", "hold_between_s", "flush_prefill", "request", "router"},
     **{k: COMMON_FIELDS | {"wave"} for k in WAVE_KINDS},
     **{k: COMMON_FIELDS | {"store"} for k in STORE_KINDS},
     "retrieval": COMMON_FIELDS | {"retrieval"},

@@ -9,7 +9,15 @@ A sequence scenario is a list of *steps*. Each step sends ``count`` distinct pro
   prompt itself);
 - ``prefill``: one plain request straight to P;
 - ``pd-abandon``: the prefill hop only; the decode hop is never sent, so P holds the blocks until
-  ``nixl.kv_lease_duration`` expires.
+  ``nixl.kv_lease_duration`` expires;
+- ``router``: one request to a router (``sequence.router``: ``pdrig proxy`` started by the rig, or a
+  router URL) that drives both hops itself; the rig sees what a client sees.
+
+A ``pd`` step may carry a ``transform`` (rig/config/routes.py): D's request derived from the prompt
+and P's answer as a router would (append P's first token, strip or set fields, several decode hops).
+A step's prompts may start with an earlier step's (``prefix_of``: that step's prompt is this one's
+prefix, e.g. already in D's prefix cache) or repeat the prompt D got in an earlier step
+(``repeat_of``: a later direct request for the same prompt, bug record R26's possible cache corruption).
 
 A step starts at the scenario's start, or at an *event* of an earlier step plus ``after_ms``
 (``start: {after: <step id>, event: ..., after_ms: N}``). The events a step produces depend on its
@@ -26,8 +34,9 @@ from pydantic import Field, model_validator
 
 from rig.config.base import NAME_PATTERN, StrictModel
 from rig.config.request_fields import RequestFields
+from rig.config.routes import RouterConfig, Transform
 
-Route = Literal["pd", "decode", "prefill", "pd-abandon"]
+Route = Literal["pd", "decode", "prefill", "pd-abandon", "router"]
 StepEvent = Literal["sent", "prefill-answered", "decode-sent", "answered"]
 # The events each route can produce, in the order they happen. A one-hop route (decode,
 # prefill) has no prefill-answered / decode-sent: its only hop is sent, then answered; an
@@ -37,6 +46,7 @@ ROUTE_EVENTS: dict[str, tuple[str, ...]] = {
     "pd-abandon": ("sent", "prefill-answered"),
     "decode": ("sent", "answered"),
     "prefill": ("sent", "answered"),
+    "router": ("sent", "answered"),
 }
 
 
@@ -53,7 +63,8 @@ class Step(StrictModel):
 
     id: str = Field(pattern=NAME_PATTERN, description="the step's name (request ids are <scenario>-<id>-<k>)")
     route: Route = Field("pd", description="pd | decode (straight to D) | prefill (straight to P) | "
-                                           "pd-abandon (P hop only, the decode hop never sent)")
+                                           "pd-abandon (P hop only, the decode hop never sent) | router (one "
+                                           "request to sequence.router, which drives both hops)")
     prompt_tokens: int = Field(ge=1, description="exact prompt length (token IDs)")
     max_tokens: int = Field(ge=1, description="completion tokens asked for")
     count: int = Field(1, ge=1, description="distinct prompts of this shape, sent together")
@@ -62,6 +73,30 @@ class Step(StrictModel):
         None, description="extra completions fields per hop (rig/config/request_fields.py); a one-hop route "
                           "(decode, prefill) sends its hop with the decode fields (the hop that answers)")
     start: StartRule | None = Field(None, description="None = at the scenario's start")
+    transform: Transform | None = Field(
+        None, description="route pd: D's request derived from the prompt and P's answer as a router would "
+                          "(rig/config/routes.py); parity against the reference of the prompt D got")
+    prefix_of: str | None = Field(
+        None, description="id of an earlier step with shorter prompts: request k's prompt starts with that "
+                          "step's request k's prompt (modulo its count), the rest fresh tokens")
+    repeat_of: str | None = Field(
+        None, description="id of an earlier step: request k sends the prompt D got in that step's request k "
+                          "(with its transform's appended token); prompt_tokens must be that prompt's length")
+    expect_status: int | None = Field(
+        None, ge=400, le=599, description="every request of this step must end with this HTTP status (an "
+                                          "expected refusal, e.g. 400 for a body D refuses)")
+
+    @model_validator(mode="after")
+    def _transform_on_pd(self) -> Step:
+        if self.transform is None:
+            return self
+        if self.route != "pd":
+            raise ValueError(f"step {self.id!r} (route {self.route}): transform needs route pd (the rig derives "
+                             "D's request from P's answer); a router route's router owns its hops")
+        if self.transform.append_first_token and (self.endpoint != "completions" or self.prompts != 1):
+            raise ValueError(f"step {self.id!r}: transform.append_first_token needs one token-ID prompt on the "
+                             "completions endpoint (request.endpoint: completions, request.prompts: 1)")
+        return self
 
     @model_validator(mode="after")
     def _prefill_fields_need_a_prefill_hop(self) -> Step:
@@ -90,11 +125,22 @@ class Step(StrictModel):
         """Prompts in one completions request (``request.prompts``)."""
         return self.request.prompts if self.request else 1
 
+    @property
+    def decode_hops(self) -> int:
+        """Decode hops per request (``transform.decode_hops``; 1 without a transform)."""
+        return self.transform.decode_hops if self.transform else 1
+
+    @property
+    def appends(self) -> bool:
+        """True when D's prompt is this step's prompt + P's first token (``transform.append_first_token``)."""
+        return bool(self.transform and self.transform.append_first_token)
+
     def describe(self) -> str:
         """'head: decode 120+8 x1 after load decode-sent+0ms' style label."""
         when = (f" after {self.start.after} {self.start.event}+{self.start.after_ms:g}ms"
                 if self.start else " at the start")
-        return f"{self.id}: {self.route} {self.prompt_tokens}+{self.max_tokens} x{self.count}{when}"
+        how = f" [{self.transform.describe()}]" if self.transform and not self.transform.identity else ""
+        return f"{self.id}: {self.route}{how} {self.prompt_tokens}+{self.max_tokens} x{self.count}{when}"
 
 
 class SequenceConfig(StrictModel):
@@ -105,6 +151,10 @@ class SequenceConfig(StrictModel):
         5, ge=0, description="with pd-abandon steps: P and D must be back to idle within "
                              "nixl.kv_lease_duration + this after the last request ended (P frees "
                              "an abandoned request's blocks when its lease expires)")
+
+    router: RouterConfig | None = Field(
+        None, description="where route router steps go: {url: null} (the default) = pdrig proxy started by the "
+                          "rig over the scenario's prefill and decode; {url: http://...} = your router")
 
     reap_while: str | None = Field(
         None, description="id of a step that must still be outstanding when P reaps the abandoned leases "
@@ -161,6 +211,57 @@ class SequenceConfig(StrictModel):
                                      "start one of them at the scenario's start (no start:)")
                 seen.append(cur.id)
         return self
+
+    @model_validator(mode="after")
+    def _prompt_sources(self) -> SequenceConfig:
+        """``prefix_of`` names an earlier step with shorter prompts; ``repeat_of`` an earlier step
+        whose D prompt has this step's length, which this step starts after (its prompt comes from
+        P's answer there); ``router`` only with a router step."""
+        by = {s.id: s for s in self.steps}
+        order = [s.id for s in self.steps]
+        for s in self.steps:
+            for what, src_id in (("prefix_of", s.prefix_of), ("repeat_of", s.repeat_of)):
+                if src_id is None:
+                    continue
+                src = by.get(src_id)
+                if src is None or order.index(src_id) >= order.index(s.id):
+                    raise ValueError(f"sequence.steps[{s.id}].{what}: no earlier step {src_id!r}; name one listed "
+                                     f"before it ({order[:order.index(s.id)]})")
+                if src.prompts != 1 or s.prompts != 1:
+                    raise ValueError(f"sequence.steps[{s.id}].{what}: needs one prompt per request on both steps "
+                                     "(request.prompts: 1)")
+                if what == "prefix_of" and src.prompt_tokens >= s.prompt_tokens:
+                    raise ValueError(f"sequence.steps[{s.id}].prefix_of: step {src_id!r}'s prompts "
+                                     f"({src.prompt_tokens} tokens) must be shorter than this step's "
+                                     f"({s.prompt_tokens}); lengthen prompt_tokens")
+                if what == "repeat_of":
+                    want = src.prompt_tokens + (1 if src.appends else 0)
+                    if s.prompt_tokens != want:
+                        raise ValueError(f"sequence.steps[{s.id}].repeat_of: the prompt D got in step {src_id!r} "
+                                         f"has {want} tokens; set prompt_tokens: {want}")
+                    chain, cur = [], s
+                    while cur.start is not None:
+                        chain.append(cur.start.after)
+                        cur = by[cur.start.after]
+                    if src_id not in chain:
+                        raise ValueError(f"sequence.steps[{s.id}].repeat_of: the step must start after step "
+                                         f"{src_id!r} (its prompt comes from P's answer there); add start: "
+                                         f"{{after: {src_id}, event: answered}}")
+            if s.prefix_of and s.repeat_of:
+                raise ValueError(f"sequence.steps[{s.id}]: give prefix_of or repeat_of, not both")
+        if self.router is not None and not any(s.route == "router" for s in self.steps):
+            raise ValueError("sequence.router: no step has route router; add one or remove router")
+        return self
+
+    @property
+    def router_url(self) -> str | None:
+        """The user's router URL, or None (the rig's ``pdrig proxy``; only meaningful with a router step)."""
+        return self.router.url if self.router else None
+
+    @property
+    def routes_through_router(self) -> bool:
+        """True when some step goes through a router."""
+        return any(s.route == "router" for s in self.steps)
 
     @property
     def abandons(self) -> bool:

@@ -301,11 +301,13 @@ class RigConfig(StrictModel):
                     f"scenarios[{i}] ({sc.name}).prompt_tokens {sc.prompt_tokens} must be below "
                     f"max_model_len {self.max_model_len} (vLLM rejects it otherwise)")
             for j, st in enumerate(sc.sequence.steps if sc.sequence else []):  # kind sequence (bug record R02, R06)
-                if st.prompt_tokens + st.max_tokens > self.max_model_len:
+                plus = 1 if st.appends else 0  # D's prompt carries P's first token (transform)
+                if st.prompt_tokens + plus + st.max_tokens > self.max_model_len:
+                    what = " + P's appended token" if plus else ""
                     raise ValueError(
-                        f"scenarios[{i}] ({sc.name}).sequence.steps[{j}] ({st.id}): prompt_tokens {st.prompt_tokens} "
-                        f"+ max_tokens {st.max_tokens} = {st.prompt_tokens + st.max_tokens} exceeds max_model_len "
-                        f"{self.max_model_len}; shorten the prompt or lower max_tokens")
+                        f"scenarios[{i}] ({sc.name}).sequence.steps[{j}] ({st.id}): prompt_tokens {st.prompt_tokens}"
+                        f"{what} + max_tokens {st.max_tokens} = {st.prompt_tokens + plus + st.max_tokens} exceeds "
+                        f"max_model_len {self.max_model_len}; shorten the prompt or lower max_tokens")
             for f in (sc.fault.faults if sc.fault else []):
                 if f.target not in ("prefill", "decode", "request", *names):
                     raise ValueError(f"scenarios[{i}] ({sc.name}).fault target {f.target!r}: give prefill, decode, "

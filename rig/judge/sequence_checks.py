@@ -8,7 +8,7 @@ what could not be looked at is "not checked", never ok.
 - ``token-counts``: per step, every answered request has ``max_tokens`` completion tokens and
   ``prompt_tokens`` prompt tokens in its usage (times ``request.prompts``, completion also times
   ``n``; a chat step's prompt count is the template's, not checked), and as many token IDs.
-- ``kv-pulled``: only the ``pd`` steps' answered requests: their prompts came over NIXL (or D's
+- ``kv-pulled``: only the ``pd`` and ``router`` steps' answered requests: their prompts came over NIXL (or D's
   own prefix cache), as many transfers as requests (rig.judge.verdict's rule; straight-to-D
   requests compute their prompt on D and are left out).
 - ``no-stall``: D never froze with requests waiting while requests were outstanding; the
@@ -20,6 +20,16 @@ what could not be looked at is "not checked", never ok.
   heartbeated head must not shield expired leases; vllm/.../nixl/base_worker.py
   ``_reap_expired_send_leases``, PR #50789).
 - ``idle-after`` over the kind's own drains, with the bound it applied.
+- ``refusal-relayed`` (steps with route router): every router request that ended without an
+  answer got D's own refusal, status and error message, as D answers the same body sent straight
+  to it (bug record R27: a router must not report 200, or another error, when D refuses; vllm #23981,
+  #54707). Required when a router step expects a refusal (``expect_status``).
+- ``repeat-equal`` (steps with ``repeat_of``): the later direct requests for the prompt D got in an
+  earlier step equal the reference (bug record R26: D's prefix cache must not keep blocks a wrong
+  transfer wrote).
+
+A step with ``expect_status`` counts as completed when every one of its requests ended with that
+HTTP status; its requests have no answer to count or compare.
 """
 
 from __future__ import annotations
@@ -43,28 +53,36 @@ from rig.observe.observations import ScenarioObservation
 from rig.transport.records import PDRecord
 from rig.workload.sequence import ABANDONED, SequenceResult
 
+PULLING_ROUTES = ("pd", "router")  # D pulls the prompt's KV over NIXL on these routes
+
 
 def _step_of(result: SequenceResult) -> dict[str, tuple[str, str]]:
     return {e.request_id: (e.step, e.route) for e in result.entries}
 
 
-def _ended_well(rec: PDRecord, route: str) -> bool:
+def _ended_well(rec: PDRecord, route: str, expect_status: int | None = None) -> bool:
     if route == "pd-abandon":
         return rec.outcome == "cancelled" and rec.diagnosis == ABANDONED
+    if expect_status is not None:
+        return rec.outcome == "http_error" and rec.decode is not None and rec.decode.status == expect_status
     return rec.outcome == "ok"
 
 
-def completed_check(obs: ScenarioObservation, result: SequenceResult) -> Check:
-    """``completed``: every request answered (abandoned ones: P answered); see the module docstring."""
+def completed_check(obs: ScenarioObservation, result: SequenceResult, spec: SequenceConfig | None = None) -> Check:
+    """``completed``: every request answered (abandoned ones: P answered; a step with
+    ``expect_status``: refused with that status); see the module docstring."""
     steps = _step_of(result)
+    expected = {s.id: s.expect_status for s in spec.steps} if spec is not None else {}
     if not obs.records:
         return Check("completed", None, "not checked: no request was sent")
-    bad = [r for r in obs.records if not _ended_well(r, steps[r.request_id][1])]
+    bad = [r for r in obs.records if not _ended_well(r, steps[r.request_id][1], expected.get(steps[r.request_id][0]))]
     if not bad:
         n_ab = sum(1 for r in obs.records if steps[r.request_id][1] == "pd-abandon")
         return Check("completed", True, f"{len(obs.records) - n_ab} answered"
                      + (f", {n_ab} abandoned after P answered" if n_ab else ""))
-    text = "; ".join(f"{r.request_id} (step {steps[r.request_id][0]}): {r.outcome}"
+    text = "; ".join(f"{r.request_id} (step {steps[r.request_id][0]}"
+                     + (f", expected HTTP {expected[steps[r.request_id][0]]}" if expected.get(steps[r.request_id][0])
+                        else "") + f"): {r.outcome}"
                      + (f" ({r.diagnosis[:200]})" if r.diagnosis else "") for r in bad[:6])
     more = f"; and {len(bad) - 6} more" if len(bad) > 6 else ""
     return Check("completed", False, text + more, tuple(r.request_id for r in bad))
@@ -86,7 +104,10 @@ def token_counts_check(spec: SequenceConfig, obs: ScenarioObservation, result: S
         per_step[s.id] = per_step.get(s.id, 0) + 1
         # several prompts in one request (request.prompts) and n choices: usage sums them
         n = int(s.fields_for("decode").get("n") or 1)
-        want: tuple[int | None, int] = (s.prompt_tokens * s.prompts, s.max_tokens * s.prompts * n)
+        # a router transform's request: the prompt D got (P's token appended) and its max_tokens
+        ptoks = len(r.decode_prompt) if r.decode_prompt is not None else s.prompt_tokens
+        mt = int(s.transform.set.get("max_tokens", s.max_tokens)) if s.transform else s.max_tokens
+        want: tuple[int | None, int] = (ptoks * s.prompts, mt * s.prompts * n)
         if s.endpoint == "chat":  # the chat template wraps the prompt: only the completion is known
             got, want = (None, got[1]), (None, want[1])
         why = [f"usage prompt/completion {got[0]}/{got[1]}, expected {want[0]}/{want[1]}"] if got != want else []
@@ -101,12 +122,51 @@ def token_counts_check(spec: SequenceConfig, obs: ScenarioObservation, result: S
                                                 for sid, n in per_step.items()))
 
 
-def kv_pulled_pd_check(obs: ScenarioObservation, result: SequenceResult) -> Check:
-    """``kv-pulled`` over the ``pd`` steps' requests only (rig.judge.verdict's rule)."""
+def kv_pulled_pd_check(obs: ScenarioObservation, result: SequenceResult, spec: SequenceConfig | None = None) -> Check:
+    """``kv-pulled`` over the ``pd`` and ``router`` steps' requests only (rig.judge.verdict's rule:
+    D's /metrics deltas; a router's hops pull over NIXL like the rig's own). A request whose
+    transform stripped ``kv_transfer_params`` is left out (D computes its prompt itself)."""
     steps = _step_of(result)
-    pd = [r for r in obs.records if steps[r.request_id][1] == "pd"]
+    local = ({st.id for st in spec.steps if st.transform and "kv_transfer_params" in st.transform.strip}
+             if spec else set())
+    pd = [r for r in obs.records if steps[r.request_id][1] in PULLING_ROUTES and steps[r.request_id][0] not in local]
     c = _kv_pulled(replace(obs, records=pd))
-    return Check(c.name, c.ok, f"pd steps only: {c.detail}", c.requests)
+    return Check(c.name, c.ok, f"pd and router steps only: {c.detail}", c.requests)
+
+
+def refusal_relayed_check(result: SequenceResult) -> Check:
+    """``refusal-relayed``: each router request without an answer got D's own status and error
+    (the same body straight to D, :class:`rig.workload.sequence.RefusalProbe`); see the module docstring."""
+    if not result.refusals:
+        return Check("refusal-relayed", None, "not checked: every router request was answered (no refusal to relay)")
+    bad = [p for p in result.refusals if p.client_status != p.d_status or p.client_error != p.d_error]
+    if bad:
+        b = bad[0]
+        return Check("refusal-relayed", False,
+                     f"{b.request_id}: the router's client got HTTP {b.client_status} ({b.client_error[:160]}); D "
+                     f"answers the same body with HTTP {b.d_status} ({(b.d_error or 'an answer')[:160]})"
+                     + (f"; and {len(bad) - 1} more" if len(bad) > 1 else ""), tuple(p.request_id for p in bad))
+    return Check("refusal-relayed", True, f"{len(result.refusals)} refusal(s) relayed as D gave them: "
+                                          f"HTTP {result.refusals[0].client_status} "
+                                          f"({result.refusals[0].client_error[:120]})")
+
+
+def repeat_equal_check(spec: SequenceConfig, obs: ScenarioObservation, result: SequenceResult) -> Check:
+    """``repeat-equal``: the ``repeat_of`` steps' answered requests equal their reference (parity)."""
+    steps = _step_of(result)
+    repeats = {s.id for s in spec.steps if s.repeat_of}
+    idx = [i for i, r in enumerate(obs.records) if steps[r.request_id][0] in repeats]
+    done = [(obs.records[i], obs.parity[i] if i < len(obs.parity) else None) for i in idx]
+    compared = [(r, p) for r, p in done if r.outcome == "ok" and p is not None and p.status != "refused"]
+    if not compared:
+        return Check("repeat-equal", None, "not checked: no repeated request was answered and compared")
+    bad = [(r, p) for r, p in compared if p.status != "equal"]
+    if bad:
+        return Check("repeat-equal", False, "; ".join(f"{r.request_id}: {p.describe()} (D's prefix cache may hold "
+                                                      "blocks an earlier wrong transfer wrote)" for r, p in bad[:3]),
+                     tuple(r.request_id for r, _ in bad))
+    return Check("repeat-equal", True, f"{len(compared)} later direct request(s) for the same prompt equal the "
+                                       "reference")
 
 
 def no_stall_check(result: SequenceResult, records: list[PDRecord] | None = None) -> Check:
@@ -155,11 +215,15 @@ def sequence_checks(sc: ScenarioConfig, obs: ScenarioObservation, result: Sequen
     if result is None or sc.sequence is None:
         return [Check("completed", None, "not checked: the sequence workload did not run")]
     spec = sc.sequence
-    out = [completed_check(obs, result), token_counts_check(spec, obs, result)]
-    if any(s.route == "pd" for s in spec.steps):
-        out.append(kv_pulled_pd_check(obs, result))
+    out = [completed_check(obs, result, spec), token_counts_check(spec, obs, result)]
+    if any(s.route in PULLING_ROUTES for s in spec.steps):
+        out.append(kv_pulled_pd_check(obs, result, spec))
     if sc.parity:
         out.append(parity_check(obs.records, obs.parity))
+        if any(s.repeat_of for s in spec.steps):
+            out.append(repeat_equal_check(spec, obs, result))
+    if spec.routes_through_router:
+        out.append(refusal_relayed_check(result))
     out.append(no_stall_check(result, obs.records))
     if spec.abandons:
         out.append(lease_reaped_check(result, result.lease_s, spec.idle_margin_s, spec.reap_while))
@@ -176,6 +240,10 @@ def sequence_required(sc: ScenarioConfig) -> tuple[str, ...]:
     ``kv-pulled`` when a step goes P->D and ``lease-reaped`` when a step abandons its decode hop."""
     base = required_checks(sc)
     spec = sc.sequence
-    extra: tuple[str, ...] = ("kv-pulled",) if spec is not None and any(s.route == "pd" for s in spec.steps) else ()
+    extra: tuple[str, ...] = ("kv-pulled",) if spec is not None and any(s.route in PULLING_ROUTES
+                                                                         for s in spec.steps) else ()
     extra += ("lease-reaped",) if spec is not None and spec.abandons else ()
+    extra += ("refusal-relayed",) if spec is not None and any(s.route == "router" and s.expect_status
+                                                              for s in spec.steps) else ()
+    extra += ("repeat-equal",) if spec is not None and sc.parity and any(s.repeat_of for s in spec.steps) else ()
     return tuple(dict.fromkeys(base + extra))

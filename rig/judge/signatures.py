@@ -15,10 +15,11 @@ parity status and the stall facts.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from rig.config import (
+    AppendedTokenSignature,
     CrashSignature,
     HttpErrorSignature,
     LeakSignature,
@@ -55,6 +56,7 @@ class RequestFacts:
     stall: StallFacts | None = None
     prompts: int = 1  # token-ID prompts the request carried (request.prompts)
     diverged_prompt: int | None = None  # the prompt of the first diverged choice, when parity diverged per choice
+    appended: bool = False  # a router transform appended P's first token to D's prompt (PDRecord.decode_prompt)
 
 
 def facts_of_records(obs: ScenarioObservation) -> list[RequestFacts]:
@@ -78,7 +80,8 @@ def facts_of_records(obs: ScenarioObservation) -> list[RequestFacts]:
             status=h.status if h else None, error=(h.error or r.diagnosis) if h else r.diagnosis,
             remote_request_id=(r.prefill.kv_transfer_params or {}).get("remote_request_id") if r.prefill else None,
             parity=p.status if p else None, stall=r.stall, prompts=prompts,
-            diverged_prompt=_diverged_prompt(r, p, prompts)))
+            diverged_prompt=_diverged_prompt(r, p, prompts),
+            appended=getattr(r, "decode_prompt", None) is not None))
     return out
 
 
@@ -327,6 +330,48 @@ def _wrong(sig: WrongOutputSignature, reqs: list[RequestFacts]) -> Match:
                  shown=", ".join(hits) + " diverged from the reference")
 
 
+def _appended(sig: AppendedTokenSignature, obs: ScenarioObservation, reqs: list[RequestFacts]) -> Match:
+    """Wrong tokens on the appended requests and/or D's death with the assert (the signature's docstring)."""
+    wrong = [r.request_id for r in reqs if r.appended and r.outcome == "ok" and r.parity == "diverged"]
+    d_prompts = {tuple(dp) for r in obs.records if (dp := getattr(r, "decode_prompt", None)) is not None}
+    repeats = {r.request_id for r in obs.records if getattr(r, "decode_prompt", None) is None
+               and tuple(r.prompt) in d_prompts}
+    corrupted = [r.request_id for r in reqs if r.request_id in repeats and r.outcome == "ok"
+                 and r.parity == "diverged"] if sig.cache_corrupted else []
+    # The assert fires in D's worker: vLLM logs the worker's traceback (quoting the assert's source
+    # line) before EngineCore's fatal line, so the regex is searched in every fatal line of D, and
+    # the death is still named with D's first fatal line (the exception that ended it).
+    name = obs.decode
+    lines = [obs.death_lines.get(name, "")] + list(obs.fatal_lines.get(name) or [])
+    hit = next((ln for ln in lines if re.search(sig.fatal_log, ln or "")), None)
+    crash = _crash(CrashSignature(kind="crash", instance="decode", fatal_log=re.escape(hit) if hit else sig.fatal_log,
+                                  excuses=sig.excuses), replace(obs, death_lines={**obs.death_lines, name: hit})
+                   if hit else obs, reqs)
+    if crash.matched and hit is not None and hit != obs.death_lines.get(name):
+        death = f"{name} died (exit {obs.dead[name]}): {obs.death_lines.get(name, '')[:160]}"
+        crash = Match(crash.requests, crash.explains, crash.run_checks, seen=f"{death}; fatal line: {hit[:160]}",
+                      expected=crash.expected, shown=f"{death}; fatal line: {hit[:160]}", instances=crash.instances)
+    expected = ("an answered request with P's first token appended whose tokens differ from the reference of the "
+                f"prompt D got, and/or {crash.expected}")
+    shown = ([f"{', '.join(wrong)}: HTTP 200, tokens differ from the reference of the appended prompt"] if wrong
+             else []) + ([f"{', '.join(corrupted)}: a later request for the prompt D got diverges too (D's prefix "
+                          "cache)"] if corrupted else []) + ([crash.shown] if crash.matched else [])
+    other = [r.request_id for r in reqs if r.outcome == "ok" and r.parity == "diverged" and not r.appended
+             and r.request_id not in corrupted]
+    seen = "; ".join(([f"{', '.join(other)} diverged without an appended token"] if other else [])
+                     + [crash.seen]) or "no divergence on an appended request"
+    if not wrong and not crash.matched:
+        return Match(seen=seen, expected=expected)
+    # A dead D has no /metrics after the scenario: its pulls cannot be read ("not checked"); the
+    # death explains that gap, never a kv-pulled failure on a request (those carry request ids).
+    return Match(frozenset(wrong) | frozenset(corrupted) | crash.requests,
+                 (crash.explains if crash.matched else frozenset({"parity"}))
+                 | ({"parity", "repeat-equal"} if sig.cache_corrupted else {"parity"}),
+                 frozenset(sig.excuses) | crash.run_checks | ({"kv-pulled"} if crash.matched else set()),
+                 seen=seen, expected=expected, shown="; ".join(shown),
+                 instances=crash.instances)
+
+
 def _leak(sig: LeakSignature, obs: ScenarioObservation, reqs: list[RequestFacts]) -> Match:
     released = lease_released_ids(obs.kv_integrity_lines.get(obs.prefill, []))
     want = {"sibling": "a sibling child's blocks", "request": "its own blocks", "any": "its or a sibling's blocks"}
@@ -383,4 +428,6 @@ def match(sig: Signature, obs: ScenarioObservation, reqs: list[RequestFacts], bl
         return _leak(sig, obs, reqs)
     if isinstance(sig, WrongMetricsSignature):
         return _wrong_metrics(sig, obs)
+    if isinstance(sig, AppendedTokenSignature):
+        return _appended(sig, obs, reqs)
     raise TypeError(f"unknown signature {type(sig).__name__}")

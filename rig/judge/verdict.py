@@ -55,6 +55,7 @@ from rig.judge.counter_rules import HEALTHY_NAME, HEALTHY_RULE, counter_rules_ch
 from rig.judge.counters import counters_monotonic_check
 from rig.judge.signatures import BlockFacts, Match, RequestFacts, facts_of_records, match
 from rig.observe.observations import ScenarioObservation
+from rig.transport.records import PDRecord
 
 __all__ = ["Check", "Expectation", "ScenarioVerdict", "decide", "judge", "expectation_of", "edge_checks",
            "canary_match", "required_checks", "run_passed", "kv_integrity_check", "REQUIRED"]
@@ -298,6 +299,15 @@ def edge_checks(sc: ScenarioConfig, obs: ScenarioObservation, outcome=None) -> l
     return out
 
 
+def _side_channels(recs: list[PDRecord]) -> str:
+    """'; P's side channel prefill:5600' : the ``remote_host:remote_port`` P advertised in its
+    ``kv_transfer_params`` (where D connected to pull: a service name when P and D are containers,
+    rig/plan/compose.py), each distinct one once; '' when no answer carried one."""
+    seen = dict.fromkeys(f"{p.get('remote_host')}:{p.get('remote_port')}" for r in recs
+                         if r.prefill is not None and (p := r.prefill.kv_transfer_params) and p.get("remote_host"))
+    return f"; P's side channel {', '.join(seen)}" if seen else ""
+
+
 def _kv_pulled(obs: ScenarioObservation) -> Check:
     """``kv-pulled``: every answered request's prompt came over NIXL or from D's own prefix cache,
     none was recomputed on D: D's NIXL bytes grew, ``prompt_tokens_by_source`` counted at least
@@ -322,7 +332,8 @@ def _kv_pulled(obs: ScenarioObservation) -> Check:
     local = f" + {ev.cached_prompt_tokens:.0f} from D's prefix cache" if ev.cached_prompt_tokens else ""
     return Check("kv-pulled", pulled,
                  f"nixl {ev.nixl_bytes:.0f} B in {ev.nixl_transfers:.0f} transfers, {ev.external_prompt_tokens:.0f} "
-                 f"prompt tokens from external_kv_transfer{local} (expected >= {want} in >= {reads} transfers)",
+                 f"prompt tokens from external_kv_transfer{local} (expected >= {want} in >= {reads} transfers)"
+                 f"{_side_channels(ok_recs)}",
                  () if pulled else tuple(r.request_id for r in ok_recs))
 
 

@@ -181,7 +181,7 @@ def _volumes(cfg: RigConfig, plan: Plan, spec: ProcessSpec, run_dir_host: str,
 
 
 def _service(cfg: RigConfig, plan: Plan, index: int, image: str, run_dir_host: str,
-             model_dir_host: str | None, hf_cache_host: str | None) -> dict[str, Any]:
+             model_dir_host: str | None, hf_cache_host: str | None, cpuset: bool = True) -> dict[str, Any]:
     spec = plan.processes[index]
     env: dict[str, Any] = {k: _esc(v) for k, v in container_env(spec).items()}
     if spec.role in ENGINE_ROLES and cfg.model.source == "hub":
@@ -206,7 +206,7 @@ def _service(cfg: RigConfig, plan: Plan, index: int, image: str, run_dir_host: s
     deps = _depends_on(plan, index)
     if deps:
         svc["depends_on"] = deps
-    if spec.cpus:
+    if spec.cpus and cpuset:
         svc["cpuset"] = ",".join(map(str, spec.cpus))  # the instance's `cpus` (CPU affinity)
     if spec.gpu_ids:
         svc["deploy"] = {"resources": {"reservations": {"devices": [
@@ -220,7 +220,8 @@ def _service(cfg: RigConfig, plan: Plan, index: int, image: str, run_dir_host: s
 
 
 def render_compose(cfg: RigConfig, plan: Plan, image: str, run_dir_host: str, *,
-                   model_dir_host: str | None = None, hf_cache_host: str | None = None) -> dict:
+                   model_dir_host: str | None = None, hf_cache_host: str | None = None,
+                   project: str | None = None, cpuset: bool = True) -> dict:
     """The Compose project (a dict following the Compose specification) for ``plan``.
 
     ``plan`` should come from :func:`container_plan` (container paths). ``run_dir_host`` (absolute)
@@ -229,7 +230,11 @@ def render_compose(cfg: RigConfig, plan: Plan, image: str, run_dir_host: str, *,
     service's log belongs at is its ``pdrig.log`` label. A local model (source tiny/path) needs
     ``model_dir_host``, mounted read-only at ``plan.model_path``; a hub model uses
     ``hf_cache_host`` if given, else the named volume ``hf-cache``, and ``HF_TOKEN`` is passed
-    through. ``launch.nice`` is not applied (no exec-form way to renice).
+    through. ``launch.nice`` is not applied (no exec-form way to renice). ``project``: the
+    Compose project name (default ``pdrig-<plan name>``; one per run keeps concurrent runs'
+    containers and networks apart). ``cpuset=False`` leaves the instances' ``cpus`` out: the rig
+    pins a container once it is ready (``docker update``, rig/cluster/containers.py), so start-ups
+    share every CPU as on the host (``launch.start_all_at_once``).
 
     Raises ValueError for a relative ``run_dir_host`` or ``plan.run_dir``, or a local model
     without ``model_dir_host``.
@@ -242,13 +247,13 @@ def render_compose(cfg: RigConfig, plan: Plan, image: str, run_dir_host: str, *,
     if cfg.model.source != "hub" and not model_dir_host:
         raise ValueError(f"model.source {cfg.model.source!r} is a local directory: pass "
                          "model_dir_host (the host directory mounted at the plan's model path)")
-    services = {spec.name: _service(cfg, plan, i, image, run_dir_host, model_dir_host, hf_cache_host)
+    services = {spec.name: _service(cfg, plan, i, image, run_dir_host, model_dir_host, hf_cache_host, cpuset)
                 for i, spec in enumerate(plan.processes)}
-    project: dict[str, Any] = {"name": f"pdrig-{plan.name}", "services": services,
-                               "networks": {NETWORK: {"driver": "bridge"}}}
+    doc: dict[str, Any] = {"name": project or f"pdrig-{plan.name}", "services": services,
+                           "networks": {NETWORK: {"driver": "bridge"}}}
     if any(v["type"] == "volume" for s in services.values() for v in s["volumes"]):
-        project["volumes"] = {HF_CACHE_VOLUME: {}}
-    return project
+        doc["volumes"] = {HF_CACHE_VOLUME: {}}
+    return doc
 
 
 HEADER = """\

@@ -60,6 +60,7 @@ class ScenarioContext:
     store: SnapshotStore
     run_dir: Path
     quiet: bool
+    router_url: str | None = None  # pdrig proxy the runner started for a scenario's router steps
 
 
 @dataclass(frozen=True)
@@ -103,10 +104,11 @@ async def _run_edge(sc: ScenarioConfig, ctx: ScenarioContext, obs: ScenarioObser
     # arithmetic and D's EngineCore CPU time prove it; held decode hops keep the plain window.
     early = None if between is not None else AdmissionReasoning(blocks, (sc.prompt_tokens,))
     name = ctx.decode.name
+    router = Endpoint("router", sc.router_url or ctx.router_url or "") if sc.router is not None else None
     await run_edge(sc, ctx.client, ctx.http, ctx.prefill, ctx.decode, sc.deadline_s or t.request_s,
                    t.stall_window_s, t.metrics_interval_s, ctx.store, obs, transfer_window_s=t.kv_transfer_s,
                    between=between, early=early, engine_cpu=lambda: ctx.cluster.proc_sample(name),
-                   inconclusive_s=t.stall_inconclusive_wait(sc.deadline_s))
+                   inconclusive_s=t.stall_inconclusive_wait(sc.deadline_s), router=router)
     return blocks
 
 

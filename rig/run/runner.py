@@ -32,6 +32,7 @@ import httpx
 import yaml
 
 from rig.cluster.builds import launch_vllm_version
+from rig.cluster.containers import ComposeContainers
 from rig.cluster.logs import LogSource
 from rig.cluster.mooncake import master_binary
 from rig.cluster.ports import PortReservation
@@ -54,6 +55,7 @@ from rig.observe.evidence import (
 )
 from rig.observe.observations import ScenarioObservation, SnapshotStore, TransferEvidence, wait_idle
 from rig.plan.processes import Plan, build_plan, with_endpoints
+from rig.proxy import ProxyThread, reserved_proxy
 from rig.report.render import RunResult, print_summary, write_report
 from rig.run.kinds import KINDS, ScenarioContext
 from rig.transport import aio
@@ -130,7 +132,8 @@ class SuiteRunner:
     """Runs the selected scenarios of a config against a cluster it starts and stops."""
 
     def __init__(self, cfg: RigConfig, scenarios: list[ScenarioConfig], run_dir: Path, quiet: bool = False,
-                 attach: bool = False, log_sources: dict[str, LogSource] | None = None, announce: bool = False):
+                 attach: bool = False, log_sources: dict[str, LogSource] | None = None, announce: bool = False,
+                 containers: ComposeContainers | None = None):
         self.cfg = cfg
         # ``announce``: print "[pdrig] run directory: ..." once the run is past every refusal (the CLI).
         self.announce = announce
@@ -138,6 +141,9 @@ class SuiteRunner:
         # path...): it then leaves no run directory and no table, only ``result.error``.
         self.refused = False
         self.attach = attach  # judge endpoints started elsewhere (Compose); start/stop nothing
+        # attach mode on Compose containers the rig may pause, kill and restart (pdrig e2e
+        # --docker): phases, holds and faults work as on launched processes (rig/cluster/containers.py).
+        self.containers = containers
         # Instance -> where its log is read (attach mode: Compose, Kubernetes, a declared path);
         # launched instances default to their log file (Cluster.log_source).
         self.log_sources = dict(log_sources or {})
@@ -190,8 +196,9 @@ class SuiteRunner:
             cluster = Cluster(plan, self.cfg.timeouts.startup_s, self.cfg.timeouts.shutdown_grace_s,
                               attach=self.attach, log_sources=self.log_sources,
                               startup_stall_s=self.cfg.timeouts.startup_stall_s,
-                              display="off" if self.quiet else "auto")
-            aio.run(self._run_phases(cluster, plan, upfront=self.cfg.launch.start_all_at_once and not self.attach))
+                              display="off" if self.quiet else "auto", containers=self.containers)
+            upfront = self.cfg.launch.start_all_at_once and (not self.attach or self.containers is not None)
+            aio.run(self._run_phases(cluster, plan, upfront=upfront))
         except KeyboardInterrupt as e:
             self.result.status, self.result.error = "interrupted", f"interrupted ({e or 'SIGINT'})"
             interrupted = e
@@ -476,6 +483,13 @@ class SuiteRunner:
         obs.wall_s = time.monotonic() - t0
         return obs, kind_result
 
+    def _save_proxy_metrics(self, proxy: ProxyThread, scenario: str) -> None:
+        """The rig-started proxy's own /metrics (statuses, failed hops, hop times) next to the
+        instances' snapshots, also when the scenario failed."""
+        with contextlib.suppress(httpx.HTTPError):
+            text = httpx.get(proxy.url + "/metrics", timeout=5.0).text
+            (self.run_dir / f"proxy-{scenario}.metrics.txt").write_text(text)
+
     async def _run_kind(self, sc: ScenarioConfig, cluster: Cluster, client: Transport, http: httpx.AsyncClient,
                         store: SnapshotStore, obs: ScenarioObservation, p: Endpoint, d: Endpoint,
                         got: dict[str, object]) -> None:
@@ -487,8 +501,16 @@ class SuiteRunner:
         for s in before.values():
             store.save(f"{sc.name}-before", s)
             store.sample(sc.name, s)  # the timeline's first row per instance (counters-monotonic)
-        ctx = ScenarioContext(self.cfg, cluster, p, d, client, http, store, self.run_dir, self.quiet)
-        got["result"] = await KINDS[sc.kind].run(sc, ctx, obs)
+        with contextlib.ExitStack() as stack:
+            router_url = None
+            if sc.via_router and sc.router_url is None:
+                proxy = stack.enter_context(reserved_proxy([(p.name, p.url)], [(d.name, d.url)],
+                                                           self.cfg.ports.lock_dir, str(self.run_dir),
+                                                           self.cfg.launch.host, timeouts.request_s))
+                router_url = proxy.url
+                stack.callback(self._save_proxy_metrics, proxy, sc.name)
+            ctx = ScenarioContext(self.cfg, cluster, p, d, client, http, store, self.run_dir, self.quiet, router_url)
+            got["result"] = await KINDS[sc.kind].run(sc, ctx, obs)
         after_d = await m.scrape(http, d.url, d.name)
         store.save(f"{sc.name}-after", after_d)
         store.sample(sc.name, after_d)

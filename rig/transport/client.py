@@ -27,6 +27,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
+from collections.abc import Sequence
 from typing import Any, Protocol
 
 import aiohttp
@@ -58,10 +59,12 @@ class Transport(Protocol):
 
     async def decode(self, ep: Endpoint, prompt: Prompt, max_tokens: int, ktp: dict[str, Any],
                      stream: bool = False, stop_after_tokens: int | None = None, *,
-                     fields: dict[str, Any] | None = None, endpoint: str = "completions") -> Hop:
+                     fields: dict[str, Any] | None = None, endpoint: str = "completions",
+                     strip: Sequence[str] = ()) -> Hop:
         """The decode hop with P's ``kv_transfer_params`` (``ktp``); streamed when ``stream`` (or
         ``fields`` has ``stream: true``), closed after ``stop_after_tokens`` streamed tokens (an
-        intentional cancellation during D's stream)."""
+        intentional cancellation during D's stream); ``strip``: top-level fields removed from the
+        body (a router transform, rig.transport.hops.derive_decode)."""
 
     async def direct(self, ep: Endpoint, prompt: Prompt, max_tokens: int, *,
                      fields: dict[str, Any] | None = None, endpoint: str = "completions") -> Hop:

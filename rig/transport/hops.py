@@ -6,8 +6,11 @@ become a :class:`~rig.transport.records.Hop` (rig.transport.answers)."""
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
+from rig.config.routes import Transform
 from rig.transport.answers import StreamReader, decode, error_text, fill_from_answer
 from rig.transport.bodies import ROUTE, Prompt, decode_body, prefill_body, request_body
 from rig.transport.endpoint import Endpoint
@@ -35,12 +38,14 @@ class HopsBase:
 
     async def decode(self, ep: Endpoint, prompt: Prompt, max_tokens: int, ktp: dict[str, Any],
                      stream: bool = False, stop_after_tokens: int | None = None, *,
-                     fields: dict[str, Any] | None = None, endpoint: str = "completions") -> Hop:
+                     fields: dict[str, Any] | None = None, endpoint: str = "completions",
+                     strip: Sequence[str] = ()) -> Hop:
         """The decode hop with P's ``kv_transfer_params`` (``ktp``); streamed when ``stream`` (or
         ``fields`` has ``stream: true``), closed after ``stop_after_tokens`` streamed tokens (an
-        intentional cancellation during D's stream)."""
+        intentional cancellation during D's stream). ``strip``: top-level fields removed from the
+        finished body (a router transform, :func:`derive_decode`)."""
         return await self._send(ep, prompt, max_tokens, fields, endpoint, ktp,
-                                stream or stop_after_tokens is not None, stop_after_tokens)
+                                stream or stop_after_tokens is not None, stop_after_tokens, strip)
 
     async def direct(self, ep: Endpoint, prompt: Prompt, max_tokens: int, *,
                      fields: dict[str, Any] | None = None, endpoint: str = "completions") -> Hop:
@@ -49,26 +54,77 @@ class HopsBase:
         return await self._send(ep, prompt, max_tokens, fields, endpoint, None, False, None)
 
     async def _send(self, ep: Endpoint, prompt: Prompt, max_tokens: int, fields: dict[str, Any] | None,
-                    endpoint: str, ktp: dict[str, Any] | None, stream: bool, stop_after: int | None) -> Hop:
+                    endpoint: str, ktp: dict[str, Any] | None, stream: bool, stop_after: int | None,
+                    strip: Sequence[str] = ()) -> Hop:
         fields = fields or {}
         url, hop = ep.url + ROUTE[endpoint], Hop(instance=ep.name)
         if stream or fields.get("stream"):
             extra = {**STREAM_OPTIONS, **fields, "stream": True}
             body = request_body(endpoint, self.model, prompt, max_tokens, **extra)
-            body = decode_body(body, ktp) if ktp is not None else body
+            body = _without(decode_body(body, ktp) if ktp is not None else body, strip)
             t0 = time.monotonic()
             reader = StreamReader(hop, t0, stop_after)
             await self._stream(hop, url, body, reader)
             hop.latency_s = time.monotonic() - t0
             return reader.finish()
         body = request_body(endpoint, self.model, prompt, max_tokens, **fields)
-        return await self._post(hop, url, decode_body(body, ktp) if ktp is not None else body)
+        return await self._post(hop, url, _without(decode_body(body, ktp) if ktp is not None else body, strip))
 
     async def _post(self, hop: Hop, url: str, body: dict[str, Any]) -> Hop:
         raise NotImplementedError
 
     async def _stream(self, hop: Hop, url: str, body: dict[str, Any], reader: StreamReader) -> None:
         raise NotImplementedError
+
+
+def _without(body: dict[str, Any], strip: Sequence[str]) -> dict[str, Any]:
+    return {k: v for k, v in body.items() if k not in strip} if strip else body
+
+
+@dataclass(frozen=True)
+class DecodeRequest:
+    """One decode hop a router transform asks for: the ``prompt`` D gets, the ``max_tokens`` it
+    asks (the step's unless ``transform.set`` rewrites it), the extra body ``fields`` (the step's
+    decode fields with ``transform.set`` over them), the top-level fields to ``strip`` from the
+    finished body, and the ``reference_fields`` its parity reference gets (the step's reference
+    fields with ``transform.set``: parity for the request D got)."""
+
+    prompt: Prompt
+    max_tokens: int
+    fields: dict[str, Any] = field(default_factory=dict)
+    strip: tuple[str, ...] = ()
+    reference_fields: dict[str, Any] = field(default_factory=dict)
+
+
+def first_token(prefill: Hop) -> int | None:
+    """P's first generated token ID (its answer's ``token_ids[0]``), None when it has none."""
+    return prefill.token_ids[0] if prefill.token_ids else None
+
+
+def derive_decode(transform: Transform | None, prompt: Prompt, prefill: Hop, max_tokens: int,
+                  fields: dict[str, Any] | None = None, reference_fields: dict[str, Any] | None = None
+                  ) -> list[DecodeRequest]:
+    """D's request(s) from the prompt and P's answer as a router would (rig.config.routes.Transform),
+    a pure function: ``transform.decode_hops`` identical requests whose prompt is ``prompt`` (+ P's
+    first generated token when ``append_first_token``), ``max_tokens`` and ``fields`` with
+    ``transform.set`` over them, ``transform.strip`` to remove. None = the rig's own decode hop.
+
+    Raises ValueError when ``append_first_token`` meets a prompt that is not one token-ID list or a
+    P answer without ``token_ids`` (the rig's requests ask for ``return_token_ids``)."""
+    fields, reference_fields = dict(fields or {}), dict(reference_fields or {})
+    if transform is None:
+        return [DecodeRequest(prompt, max_tokens, fields, (), reference_fields)]
+    if transform.append_first_token:
+        if not isinstance(prompt, list) or (prompt and not isinstance(prompt[0], int)):
+            raise ValueError("append_first_token needs one token-ID prompt")
+        tok = first_token(prefill)
+        if tok is None:
+            raise ValueError(f"append_first_token: P's answer ({prefill.instance}) has no token_ids to append")
+        prompt = [*prompt, tok]
+    sets = dict(transform.set)
+    max_tokens = int(sets.pop("max_tokens", max_tokens))
+    one = DecodeRequest(prompt, max_tokens, {**fields, **sets}, tuple(transform.strip), {**reference_fields, **sets})
+    return [one] * transform.decode_hops
 
 
 def fill_whole(hop: Hop, raw: bytes) -> Hop:

@@ -222,6 +222,9 @@ class PDRecord(RequestRecord):
     endpoint: str = "completions"
     cancel: PlannedCancel | None = None  # a planned cancellation (store wave, bug record R14)
     stream: bool = False  # the decode hop is streamed (SSE)
+    # The prompt D got when a router transform changed it (P's first token appended,
+    # rig.transport.hops.derive_decode); None = ``prompt``. Parity is computed for this prompt.
+    decode_prompt: list[Any] | None = field(repr=False, default=None)
 
     @property
     def intentional(self) -> bool:

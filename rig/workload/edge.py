@@ -53,22 +53,30 @@ async def flush_prefill_pool(client: Transport, p: Endpoint, usable_blocks: int,
 
 async def _pd_one(client: Transport, rec: PDRecord, p: Endpoint, d: Endpoint,
                   decode_tasks: dict[str, asyncio.Task], tamper_prompt: list[int] | None = None,
-                  between: BetweenHops | None = None, fields: RequestFields | None = None) -> None:
+                  between: BetweenHops | None = None, fields: RequestFields | None = None,
+                  router: Endpoint | None = None) -> None:
     fields = fields or RequestFields()
-    rec.prefill = await client.prefill(p, rec.prompt, fields=fields.for_hop("prefill"), endpoint=fields.endpoint)
-    failure = prefill_failure(rec.prefill)
-    if failure:
-        rec.outcome, rec.diagnosis = failure
-        return
-    if between is not None:  # e.g. hold the decode hop past P's kv_lease_duration
-        await between(rec)
-    rec.decode_sent_at = time.monotonic()
-    if tamper_prompt is not None:
-        # Negative control: D gets another prompt with P's KV. The reference (and so parity)
-        # uses the prompt D was given, so wrong KV shows up as a divergence.
-        rec.prompt = tamper_prompt
-    task = asyncio.create_task(client.decode(d, rec.prompt, rec.max_tokens, rec.prefill.kv_transfer_params or {},
-                                             fields=fields.for_hop("decode"), endpoint=fields.endpoint))
+    if router is not None:
+        # Through a router: one request (the decode fields: the hop that answers); the router
+        # drives P and D itself and the client sees only its answer (kept as the decode hop).
+        rec.decode_sent_at = time.monotonic()
+        task = asyncio.create_task(client.direct(router, rec.prompt, rec.max_tokens, fields=fields.for_hop("decode"),
+                                                 endpoint=fields.endpoint))
+    else:
+        rec.prefill = await client.prefill(p, rec.prompt, fields=fields.for_hop("prefill"), endpoint=fields.endpoint)
+        failure = prefill_failure(rec.prefill)
+        if failure:
+            rec.outcome, rec.diagnosis = failure
+            return
+        if between is not None:  # e.g. hold the decode hop past P's kv_lease_duration
+            await between(rec)
+        rec.decode_sent_at = time.monotonic()
+        if tamper_prompt is not None:
+            # Negative control: D gets another prompt with P's KV. The reference (and so parity)
+            # uses the prompt D was given, so wrong KV shows up as a divergence.
+            rec.prompt = tamper_prompt
+        task = asyncio.create_task(client.decode(d, rec.prompt, rec.max_tokens, rec.prefill.kv_transfer_params or {},
+                                                 fields=fields.for_hop("decode"), endpoint=fields.endpoint))
     decode_tasks[rec.request_id] = task
     try:
         rec.decode = await task
@@ -79,7 +87,7 @@ async def _pd_one(client: Transport, rec: PDRecord, p: Endpoint, d: Endpoint,
     rec.verdict_after_s = time.monotonic() - rec.decode_sent_at
     rec.outcome = classify(rec.decode)
     if rec.outcome != "ok":
-        rec.diagnosis = f"decode: {rec.decode.error or 'empty answer'}"
+        rec.diagnosis = f"{'router' if router is not None else 'decode'}: {rec.decode.error or 'empty answer'}"
 
 
 async def cancel_stalled(records: list[PDRecord], decode_tasks: dict[str, asyncio.Task], stall: Stall) -> None:
@@ -127,8 +135,10 @@ async def run_edge(sc: ScenarioConfig, client: Transport, http: httpx.AsyncClien
                    store: SnapshotStore | None, obs: ScenarioObservation,
                    transfer_window_s: float | None = None, between: BetweenHops | None = None,
                    early: EarlyRule | None = None, engine_cpu: Callable[[], float | ProcSample | None] | None = None,
-                   inconclusive_s: float = 0.0) -> None:
+                   inconclusive_s: float = 0.0, router: Endpoint | None = None) -> None:
     """Run one edge scenario, filling ``obs.records``, ``obs.parity`` and ``obs.stall_diagnosis``.
+    With ``router`` every request is one request to that router (which drives both hops) instead
+    of the rig's prefill and decode hops; the router's answer is kept as the decode hop.
 
     Each request has ``deadline_s`` seconds for both hops; past it the request is ``timeout``.
     D frozen for ``window_s`` seconds (``transfer_window_s`` while a KV read is in flight) is a
@@ -150,7 +160,7 @@ async def run_edge(sc: ScenarioConfig, client: Transport, http: httpx.AsyncClien
             async with asyncio.timeout(deadline_s):
                 swapped = (make_prompt(sc.prompt_tokens, seed + 1_000_003 + int(rec.request_id.rsplit("-", 1)[1]))
                            if sc.tamper == "swap-prompt" else None)
-                await _pd_one(client, rec, p, d, decode_tasks, swapped, between, sc.request)
+                await _pd_one(client, rec, p, d, decode_tasks, swapped, between, sc.request, router)
         except TimeoutError:
             rec.outcome = "timeout"
             rec.diagnosis = f"no answer within the {deadline_s:.0f} s deadline"

@@ -103,6 +103,10 @@ class FaultCluster(Protocol):
         """Restart instance ``name`` on its own ports; returns seconds to ready; ClusterError on failure."""
         ...
 
+    def how(self, name: str) -> str:
+        """What ``signal`` acts on, for the report: 'process group N' or 'container <id>'."""
+        ...
+
     def proc_sample(self, name: str) -> ProcSample | None:
         """What instance ``name``'s process tree is doing (the stall evidence); None if unknown."""
         ...
@@ -158,14 +162,14 @@ class _Exchange:
         try:
             if f.action in SIGNALS:
                 ev.fired_at = time.monotonic()
-                pgid = cluster.signal(name, SIGNALS[f.action])
-                ev.detail = f"{f.action.upper()} to {name}'s process group {pgid}"
+                cluster.signal(name, SIGNALS[f.action])
+                ev.detail = f"{f.action.upper()} to {name}'s {cluster.how(name)}"
                 if f.restart:
                     self.result.killed.append(name)
             elif f.action == "sigstop":
                 ev.fired_at = time.monotonic()
-                pgid = cluster.signal(name, signal.SIGSTOP)
-                ev.detail = f"SIGSTOP to {name}'s process group {pgid} for {f.stop_s:g} s"
+                cluster.signal(name, signal.SIGSTOP)
+                ev.detail = f"SIGSTOP to {name}'s {cluster.how(name)} for {f.stop_s:g} s"
                 self.background.append(asyncio.create_task(self._continue_after(name, f.stop_s or 0, ev)))
             elif f.action == "restart":
                 ev.fired_at = time.monotonic()

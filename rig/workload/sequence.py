@@ -10,9 +10,18 @@ waits on the event itself, then sleeps the rest of ``after_ms`` on the monotonic
 
 Routes: ``pd`` (P hop with ``do_remote_decode``, then D hop with P's ``kv_transfer_params``),
 ``decode`` (one request straight to D, never any ``kv_transfer_params``), ``prefill`` (one plain
-request to P), ``pd-abandon`` (P hop only; outcome ``cancelled``, "abandoned by the scenario").
-A one-hop request keeps its hop in ``PDRecord.decode`` (the hop that answered; its ``instance``
-says where it went) so the checks every kind shares read it unchanged.
+request to P), ``pd-abandon`` (P hop only; outcome ``cancelled``, "abandoned by the scenario"),
+``router`` (one request to the router, ``pdrig proxy`` the rig started or the user's URL, which
+drives both hops). A one-hop request keeps its hop in ``PDRecord.decode`` (the hop that answered;
+its ``instance`` says where it went: ``router`` for the router route) so the checks every kind
+shares read it unchanged.
+
+A ``pd`` step's ``transform`` derives D's request(s) from the prompt and P's answer
+(rig.transport.hops.derive_decode); with ``decode_hops`` > 1 one P answer feeds several decode
+hops, each its own record (request ids ``<scenario>-<step>-<k * decode_hops + j>``). The prompt D
+got is kept in ``PDRecord.decode_prompt`` and parity is computed against the reference of that
+prompt. A router step's request that ended without an answer is sent once more straight to D
+with the same body (``refusals``): the client's status and error must be D's own.
 
 While any request is outstanding, D is watched by the one stall watcher
 (:func:`rig.observe.stall.watch`); on a stall every outstanding request is cancelled and ends
@@ -42,8 +51,10 @@ from rig.observe.observations import DrainResult, ScenarioObservation, wait_idle
 from rig.observe.parity import record_parity
 from rig.observe.stall import StallWatcher, watch
 from rig.transport.client import cancel_task
+from rig.transport.endpoint import Endpoint
+from rig.transport.hops import derive_decode
 from rig.transport.records import PDRecord, classify, prefill_failure
-from rig.workload.prompts import request_prompt, seed_of
+from rig.workload.prompts import make_prompt, request_prompt, seed_of
 
 ABANDONED = "abandoned by the scenario: the decode hop is never sent (P holds the blocks until its lease)"
 
@@ -86,6 +97,19 @@ class LeaseReap:
 
 
 @dataclass
+class RefusalProbe:
+    """A router request that ended without an answer, and D's own answer to the same body sent
+    straight to it: ``client_status`` / ``client_error`` what the router's client got,
+    ``d_status`` / ``d_error`` what D answered directly (None status: no answer)."""
+
+    request_id: str
+    client_status: int | None
+    client_error: str
+    d_status: int | None
+    d_error: str
+
+
+@dataclass
 class SequenceResult:
     """The kind's result: the requests' entries, the stall (its diagnosis and the steps it froze),
     the lease-reap observation, the drains with their bound and the lease (seconds)."""
@@ -97,6 +121,8 @@ class SequenceResult:
     drains: list[DrainResult] = field(default_factory=list)
     idle_bound_s: float = 0.0
     lease_s: float = 0.0  # nixl.kv_lease_duration of the run (the lease-reaped bound)
+    router_url: str = ""  # where route router steps went ('' = no router step)
+    refusals: list[RefusalProbe] = field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:
         """JSON-able dict."""
@@ -108,6 +134,7 @@ class _StepState:
 
     def __init__(self, step: Step):
         self.step = step
+        self.n = step.count * step.decode_hops  # records of the step
         self.reached: dict[str, int] = {}
         self.ended = 0
         self.changed = asyncio.Condition()
@@ -124,7 +151,7 @@ class _StepState:
 
     async def wait(self, event: str) -> bool:
         """True once every request reached ``event``; False once that can no longer happen."""
-        n = self.step.count
+        n = self.n
         async with self.changed:
             await self.changed.wait_for(lambda: self.reached.get(event, 0) >= n or self.ended >= n)
         return self.reached.get(event, 0) >= n
@@ -140,8 +167,11 @@ class _Sequence:
         self.t0 = time.monotonic()
         self.states = {s.id: _StepState(s) for s in self.spec.steps}
         self.entries: dict[str, SequenceEntry] = {}
-        self.tasks: dict[str, asyncio.Task] = {}
+        self.tasks: dict[str, asyncio.Task] = {}  # by the group's first request id
+        self.groups: dict[str, list[PDRecord]] = {}  # first request id -> the records of one P answer
+        self.decode_fields: dict[str, tuple[dict, dict, tuple[str, ...]]] = {}  # rid -> decode/reference fields, strip
         self.deadline_s = sc.deadline_s or ctx.cfg.timeouts.request_s
+        self.router = Endpoint("router", self.spec.router_url or getattr(ctx, "router_url", None) or "")
 
     def ms(self) -> float:
         return round(1000 * (time.monotonic() - self.t0), 1)
@@ -149,47 +179,88 @@ class _Sequence:
     # -- records --------------------------------------------------------------------------
 
     def _records(self) -> list[tuple[Step, PDRecord]]:
+        """Every step's records, in step order; ``prefix_of`` prompts start with the source step's
+        (its request ``k mod count``); ``repeat_of`` prompts are filled when the step is sent."""
         seed = self.sc.seed if self.sc.seed is not None else seed_of(self.sc.name)
-        out = []
+        out: list[tuple[Step, PDRecord]] = []
+        prompts: dict[str, list] = {}
         for s in self.spec.steps:
+            prompts[s.id] = []
             for k in range(s.count):
-                rid = f"{self.sc.name}-{s.id}-{k}"
-                rec = PDRecord(request_id=rid, prompt_len=s.prompt_tokens, max_tokens=s.max_tokens,
-                               prompt=request_prompt(s.prompt_tokens, seed_of(f"{seed}/{s.id}/{k}"), s.prompts),
-                               endpoint=s.endpoint)
-                self.entries[rid] = SequenceEntry(rid, s.id, s.route)
-                out.append((s, rec))
+                kseed = seed_of(f"{seed}/{s.id}/{k}")
+                if s.prefix_of is not None:
+                    src = prompts[s.prefix_of]
+                    head = src[k % len(src)]
+                    prompt = head + make_prompt(s.prompt_tokens - len(head), kseed)
+                else:
+                    prompt = request_prompt(s.prompt_tokens, kseed, s.prompts)
+                prompts[s.id].append(prompt)
+                group = []
+                for j in range(s.decode_hops):
+                    rid = f"{self.sc.name}-{s.id}-{k * s.decode_hops + j}"
+                    rec = PDRecord(request_id=rid, prompt_len=s.prompt_tokens, max_tokens=s.max_tokens,
+                                   prompt=list(prompt), endpoint=s.endpoint)
+                    self.entries[rid] = SequenceEntry(rid, s.id, s.route)
+                    out.append((s, rec))
+                    group.append(rec)
+                self.groups[group[0].request_id] = group
         return out
 
     async def _reach(self, s: Step, rec: PDRecord, event: str) -> None:
         self.entries[rec.request_id].events_ms[event] = self.ms()
         await self.states[s.id].mark(event)
 
+    async def _reach_all(self, s: Step, recs: list[PDRecord], event: str) -> None:
+        for rec in recs:
+            await self._reach(s, rec, event)
+
     # -- one request ----------------------------------------------------------------------
 
-    async def _one(self, s: Step, rec: PDRecord) -> None:
-        """Send ``rec`` over ``s.route``, bounded by the scenario's deadline."""
+    async def _one(self, s: Step, recs: list[PDRecord]) -> None:
+        """Send the group ``recs`` (one P/D request; several records when one P answer feeds
+        several decode hops) over ``s.route``, bounded by the scenario's deadline."""
         try:
             async with asyncio.timeout(self.deadline_s):
-                await self._route(s, rec)
+                await self._route(s, recs)
         except TimeoutError:
-            rec.outcome, rec.diagnosis = "timeout", f"no answer within the {self.deadline_s:.0f} s deadline"
+            for rec in recs:
+                if rec.outcome == "pending":
+                    rec.outcome, rec.diagnosis = "timeout", f"no answer within the {self.deadline_s:.0f} s deadline"
         except asyncio.CancelledError:
-            if rec.outcome == "pending":
-                rec.outcome, rec.diagnosis = "cancelled", "cancelled by the rig (the run was interrupted)"
+            for rec in recs:
+                if rec.outcome == "pending":
+                    rec.outcome, rec.diagnosis = "cancelled", "cancelled by the rig (the run was interrupted)"
             raise
         finally:
-            e = self.entries[rec.request_id]
-            e.ended_ms, e.outcome, e.diagnosis = self.ms(), rec.outcome, rec.diagnosis
-            if rec.decode_sent_at is not None and rec.verdict_after_s is None:
-                rec.verdict_after_s = time.monotonic() - rec.decode_sent_at
-            await self.states[s.id].end()
+            for rec in recs:
+                e = self.entries[rec.request_id]
+                e.ended_ms, e.outcome, e.diagnosis = self.ms(), rec.outcome, rec.diagnosis
+                if rec.decode_sent_at is not None and rec.verdict_after_s is None:
+                    rec.verdict_after_s = time.monotonic() - rec.decode_sent_at
+                await self.states[s.id].end()
 
-    async def _route(self, s: Step, rec: PDRecord) -> None:
+    def _repeat_prompt(self, s: Step, rec: PDRecord) -> bool:
+        """Fill ``rec.prompt`` from the prompt D got in step ``s.repeat_of`` (its request of the same
+        index modulo its count); False (request ended ``cancelled``) when that request never got
+        P's answer, so there is no such prompt."""
+        src = next(st for st in self.spec.steps if st.id == s.repeat_of)
+        k = int(rec.request_id.rsplit("-", 1)[1]) % (src.count * src.decode_hops)
+        got = self._by_id[f"{self.sc.name}-{src.id}-{k}"]
+        if src.appends and got.decode_prompt is None:
+            rec.outcome, rec.diagnosis = "cancelled", (f"not sent: {got.request_id} (step {src.id!r}) got no P "
+                                                       "answer, so the prompt D got there does not exist")
+            return False
+        rec.prompt = list(got.decode_prompt if got.decode_prompt is not None else got.prompt)
+        return True
+
+    async def _route(self, s: Step, recs: list[PDRecord]) -> None:
         client, p, d = self.ctx.client, self.ctx.prefill, self.ctx.decode
-        await self._reach(s, rec, "sent")
-        if s.route in ("decode", "prefill"):
-            ep = d if s.route == "decode" else p
+        rec = recs[0]
+        if s.repeat_of is not None and not self._repeat_prompt(s, rec):
+            return
+        await self._reach_all(s, recs, "sent")
+        if s.route in ("decode", "prefill", "router"):
+            ep = {"decode": d, "prefill": p, "router": self.router}[s.route]
             rec.decode_sent_at = time.monotonic()
             rec.decode = await client.direct(ep, rec.prompt, rec.max_tokens, fields=s.fields_for("decode"),
                                              endpoint=s.endpoint)
@@ -198,22 +269,44 @@ class _Sequence:
                 await self._reach(s, rec, "answered")
             return
         rec.prefill = await client.prefill(p, rec.prompt, fields=s.fields_for("prefill"), endpoint=s.endpoint)
+        for sib in recs[1:]:
+            sib.prefill = rec.prefill
         failure = prefill_failure(rec.prefill)
         if failure:
-            rec.outcome, rec.diagnosis = failure
+            for r in recs:
+                r.outcome, r.diagnosis = failure
             return
-        await self._reach(s, rec, "prefill-answered")
+        await self._reach_all(s, recs, "prefill-answered")
         if s.route == "pd-abandon":
             rec.outcome, rec.diagnosis = "cancelled", ABANDONED
             return
-        rec.decode_sent_at = time.monotonic()
-        task = asyncio.create_task(client.decode(d, rec.prompt, rec.max_tokens, rec.prefill.kv_transfer_params or {},
-                                                 fields=s.fields_for("decode"), endpoint=s.endpoint))
-        await self._reach(s, rec, "decode-sent")
-        rec.decode = await task
-        self._finish(rec)
-        if rec.outcome == "ok":
-            await self._reach(s, rec, "answered")
+        try:
+            wants = derive_decode(s.transform, rec.prompt, rec.prefill, rec.max_tokens, s.fields_for("decode"),
+                                  s.fields_for("reference"))
+        except ValueError as e:  # P answered without token_ids: nothing to append
+            for r in recs:
+                r.outcome, r.diagnosis = "empty", f"{rec.prefill.instance}: router transform: {e}"
+            return
+        ktp = rec.prefill.kv_transfer_params or {}
+        tasks = []
+        for r, want in zip(recs, wants, strict=True):
+            r.max_tokens = want.max_tokens
+            if want.prompt != r.prompt:
+                r.decode_prompt = list(want.prompt)
+            self.decode_fields[r.request_id] = (want.fields, want.reference_fields, want.strip)
+            r.decode_sent_at = time.monotonic()
+            tasks.append(asyncio.create_task(client.decode(d, want.prompt, want.max_tokens, ktp, fields=want.fields,
+                                                           endpoint=s.endpoint, strip=want.strip)))
+        await self._reach_all(s, recs, "decode-sent")
+        try:
+            for r, task in zip(recs, tasks, strict=True):
+                r.decode = await task
+                self._finish(r)
+                if r.outcome == "ok":
+                    await self._reach(s, r, "answered")
+        finally:
+            for task in tasks:
+                await cancel_task(task)
 
     @staticmethod
     def _finish(rec: PDRecord) -> None:
@@ -242,11 +335,12 @@ class _Sequence:
             # asyncio may wake a timer up to its clock resolution early: sleep until really due.
             while (now := time.monotonic()) < target:
                 await asyncio.sleep(target - now)
-        for rec in recs:
-            self.tasks[rec.request_id] = asyncio.create_task(self._one(s, rec))
+        leaders = [r for r in recs if r.request_id in self.groups]
+        for rec in leaders:
+            self.tasks[rec.request_id] = asyncio.create_task(self._one(s, self.groups[rec.request_id]))
         # Cancelled requests (a stall, the deadline) end as CancelledError; anything else is a rig bug
         # and must surface (the runner reports ERROR with rig-traceback.txt), never a quiet outcome.
-        results = await asyncio.gather(*(self.tasks[r.request_id] for r in recs), return_exceptions=True)
+        results = await asyncio.gather(*(self.tasks[r.request_id] for r in leaders), return_exceptions=True)
         for res in results:
             if isinstance(res, BaseException) and not isinstance(res, asyncio.CancelledError):
                 raise res
@@ -280,8 +374,9 @@ class _Sequence:
         for rid, task in self.tasks.items():
             e = self.entries[rid]
             if e.ended_ms is None and not task.done():
-                rec = self._by_id[rid]
-                rec.outcome, rec.diagnosis, rec.stall = "stalled", self.result.stall, stall.facts
+                for rec in self.groups[rid]:
+                    if rec.outcome == "pending":
+                        rec.outcome, rec.diagnosis, rec.stall = "stalled", self.result.stall, stall.facts
                 task.cancel()
 
     async def _watch_p_expired(self, done: asyncio.Event) -> None:
@@ -315,6 +410,11 @@ class _Sequence:
     async def run(self) -> SequenceResult:
         ctx, spec = self.ctx, self.spec
         self.result.lease_s = ctx.cfg.nixl.lease_s
+        if spec.routes_through_router:
+            if not self.router.url:
+                raise RuntimeError("a router step needs a router: the runner starts pdrig proxy for it "
+                                   "(ScenarioContext.router_url) unless sequence.router.url is given")
+            self.result.router_url = self.router.url
         pairs = self._records()
         self.obs.records = [rec for _, rec in pairs]
         self.result.entries = list(self.entries.values())
@@ -348,6 +448,7 @@ class _Sequence:
             for t in steps + watchers:
                 await cancel_task(t)
         await self._drain(before)
+        await self._probe_refusals()
         await self._parity()
         return self.result
 
@@ -382,9 +483,27 @@ class _Sequence:
 
         async def reference(rec: PDRecord):
             s = by_step[steps[rec.request_id]]
-            return await ctx.client.direct(ctx.prefill, rec.prompt, rec.max_tokens, fields=s.fields_for("reference"),
-                                           endpoint=s.endpoint)
+            # The request D got: a router transform's prompt (P's first token appended) and fields.
+            fields = self.decode_fields[rec.request_id][1] if rec.request_id in self.decode_fields \
+                else s.fields_for("reference")
+            prompt = rec.decode_prompt if rec.decode_prompt is not None else rec.prompt
+            return await ctx.client.direct(ctx.prefill, prompt, rec.max_tokens, fields=fields, endpoint=s.endpoint)
         self.obs.parity = await record_parity(self.obs.records, reference)
+
+    async def _probe_refusals(self) -> None:
+        """Every router request that ended without an answer, sent once more straight to D with
+        the same body: what D itself answers (:class:`RefusalProbe`), for the ``refusal-relayed``
+        check (bug record R27: a router must pass D's refusal on, never report 200)."""
+        ctx, by_step = self.ctx, {s.id: s for s in self.spec.steps}
+        for e in self.entries.values():
+            rec = self._by_id[e.request_id]
+            if e.route != "router" or rec.outcome in ("ok", "cancelled", "stalled") or rec.decode is None:
+                continue
+            s = by_step[e.step]
+            hop = await ctx.client.direct(ctx.decode, rec.prompt, rec.max_tokens, fields=s.fields_for("decode"),
+                                          endpoint=s.endpoint)
+            self.result.refusals.append(RefusalProbe(rec.request_id, rec.decode.status, rec.decode.error or "",
+                                                     hop.status, hop.error or ""))
 
 
 async def run_sequence_scenario(sc: ScenarioConfig, ctx: Any, obs: ScenarioObservation) -> SequenceResult:
