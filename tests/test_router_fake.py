@@ -24,11 +24,10 @@ import threading
 from pathlib import Path
 
 import aiohttp
-import pytest
 import yaml
 from aiohttp import web
 
-from conftest import assert_no_survivors, fake_config, free_ports, write_config
+from conftest import fake_config, fake_suite_fixtures, free_ports, write_config
 from rig.config import load_config
 from rig.run.runner import SuiteRunner, new_run_dir
 from rig.transport import aio
@@ -83,28 +82,8 @@ DECODES = {"decode": {}, "decode-r26": R26_ENV, "decode-r26b": R26_ENV,
            "decode-short": {"extra_args": ["--max-model-len", "112"]}}
 
 
-@pytest.fixture(scope="module")
-def base_dir(tmp_path_factory) -> Path:
-    return tmp_path_factory.mktemp("fake-router")
-
-
-@pytest.fixture(autouse=True)
-def no_survivors(base_dir):
-    yield
-    assert_no_survivors(base_dir, within_s=10)
-
-
-def run(tmp: Path, scenarios: list[dict], decodes: dict) -> tuple:
-    cfg = load_config(write_config(tmp, fake_config(tmp, decodes=decodes, scenarios=scenarios)))
-    run_dir = new_run_dir(cfg)
-    return SuiteRunner(cfg, list(cfg.scenarios), run_dir, quiet=True).run(), run_dir
-
-
-@pytest.fixture(scope="module")
-def suite(base_dir):
-    tmp = base_dir / "suite"
-    tmp.mkdir()
-    return run(tmp, SCENARIOS, DECODES)
+# suite: (RunResult, run_dir) of one run of SCENARIOS
+base_dir, no_survivors, suite = fake_suite_fixtures("fake-router", decodes=DECODES, scenarios=SCENARIOS)
 
 
 def verdict(suite, name):
