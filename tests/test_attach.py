@@ -301,3 +301,21 @@ def test_attach_to_an_endpoint_that_does_not_answer_names_the_url(fake_servers_d
     assert rc == 3
     report = json.loads(max((base / "runs").glob("*/report.json")).read_text())
     assert "http://127.0.0.1:102" in report["error"] and "attached: the rig did not start it" in report["error"]
+
+
+def test_endpoints_json_of_pdrig_up_gives_the_urls_and_the_logs(tmp_path, capsys):
+    ep = tmp_path / "endpoints.json"
+    ep.write_text(json.dumps({
+        "mooncake-master": {"url": "http://127.0.0.1:8300", "role": "mooncake-master"},
+        "prefill": {"url": "http://127.0.0.1:8100", "role": "prefill", "log": "/r/logs/prefill.log", "pid": 7},
+        "decode": {"url": "http://127.0.0.1:8200", "role": "decode", "log": "/r/logs/decode.log", "pid": 8}}))
+    urls, logs = cli.up_endpoint_flags(str(ep))
+    assert urls == ["prefill=http://127.0.0.1:8100", "decode=http://127.0.0.1:8200"]
+    assert logs == ["prefill=file:/r/logs/prefill.log", "decode=file:/r/logs/decode.log"]
+    cfg = load_config("configs/cpu-tiny.yaml", cli.attach_overrides(urls, logs))
+    assert attach_log_source("decode", cfg.attach.logs["decode"]) == FileLog("decode", "/r/logs/decode.log")
+    (tmp_path / "bad.json").write_text("[1]")
+    with pytest.raises(ConfigError, match="--endpoints .*bad.json: cannot read it"):
+        cli.up_endpoint_flags(str(tmp_path / "bad.json"))
+    assert cli.main(["e2e", "--endpoints", str(ep)]) == 2  # main turns the ConfigError into exit 2
+    assert "describe a deployment the rig did not start: add --attach" in capsys.readouterr().err

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -371,3 +372,66 @@ def test_prefill_preemptions_are_read_from_the_prefill_and_a_prefill_without_the
     assert v_p.verdict == "ERROR"
     c = next(c for c in v_d.checks if c.name == "preempted")
     assert c.ok is False and c.detail == "decode: vllm:num_preemptions_total +0 over the scenario (expected >= 1)"
+
+
+# ------------------------------------------------------------------ stopped by its owner, not dead
+
+
+def test_stop_writes_no_stop_line_into_a_dead_log(base):
+    """The stop line says the rig is stopping a running process; a process that already died
+    was not stopped, so its log gets none (an attached run reads the line as 'stopped by its
+    owner', rig.cluster.logs.owner_stop_line)."""
+    cfg = _cfg(base)
+    with Cluster(build_plan(cfg, base / "up", resolve_model(cfg), sys.executable), 30, 3) as up:
+        up.start(["prefill", "decode"])
+        os.killpg(up.procs["decode"].popen.pid, 9)
+        up.procs["decode"].popen.wait(timeout=10)
+        up.stop_all()
+        logs = {n: Path(up.plan.by_name(n).log_path).read_text() for n in ("prefill", "decode")}
+    assert "pdrig: stopping prefill (SIGTERM)" in logs["prefill"]
+    assert "pdrig: stopping" not in logs["decode"]
+
+
+def test_attach_to_pdrig_up_names_the_dead_decode_and_the_prefill_its_owner_stopped(base, monkeypatch):
+    """`pdrig e2e --attach` against `pdrig up`: D dies mid-scenario, `pdrig up` then stops P. The
+    verdict is D's death (FAIL, its fatal line); P is "stopped by its owner", never a second death."""
+    import asyncio
+    import threading
+
+    from rig.run import runner as runner_mod
+
+    cfg = _cfg(base, decodes={"decode": {"env": {"FAKE_VLLM_FAULT": "crash-mid-request", "FAKE_VLLM_FAULT_ARG": "3"}}},
+               scenarios=[scenario("one", "decode")])
+    up = Cluster(build_plan(cfg, base / "up", resolve_model(cfg), sys.executable), 30, 3)
+    owner_done = threading.Event()
+
+    def owner() -> None:  # what `pdrig up` does: a death stops everything it started
+        while not up.dead():
+            time.sleep(0.05)
+        up.stop_all()
+        owner_done.set()
+
+    real = runner_mod.settle_deaths
+
+    async def settle_after_the_owner(http, cluster, names, within_s):
+        dead = await real(http, cluster, names, within_s)
+        if "decode" in dead:  # judge once the owner has reacted (deterministic order)
+            await asyncio.to_thread(owner_done.wait, 30)
+            dead = await real(http, cluster, names, within_s)
+        return dead
+
+    monkeypatch.setattr(runner_mod, "settle_deaths", settle_after_the_owner)
+    try:
+        up.start(["prefill", "decode"])
+        threading.Thread(target=owner, daemon=True).start()
+        sources = {n: FileLog(n, up.plan.by_name(n).log_path) for n in ("prefill", "decode")}
+        result, _ = _run(cfg, attach=True, log_sources=sources)
+    finally:
+        up.stop_all()
+    (obs,), (v,) = result.observations, result.verdicts
+    assert set(obs.dead) == {"decode"} and set(obs.stopped) == {"prefill"}
+    assert obs.stopped["prefill"].startswith("pdrig: stopping prefill (SIGTERM)")
+    alive = next(c for c in v.checks if c.name == "alive")
+    assert v.verdict == "FAIL" and alive.ok is False
+    assert alive.detail.startswith("decode died (exit -1): ") and CRASH_LINE in alive.detail
+    assert "prefill died" not in alive.detail and "prefill stopped by its owner, not a death" in alive.detail

@@ -122,7 +122,7 @@ def test_all_pass_pd(suite):
     assert [p.status for p in obs.parity] == ["equal"]
     # kv-pulled: D's NIXL counters moved by exactly this prompt.
     assert obs.evidence.external_prompt_tokens == 40
-    assert obs.evidence.nixl_bytes == 2 * 32 * 512 and obs.evidence.nixl_transfers == 1
+    assert obs.evidence.nixl_bytes == 2 * 32 * 1024 and obs.evidence.nixl_transfers == 1  # 2 whole blocks
     assert [d.idle for d in obs.drains] == [True, True]
     assert obs.dead == {} and all(not lines for lines in obs.fatal_lines.values())
 

@@ -90,9 +90,10 @@ LAZY: dict[tuple[str, str], str] = {
         "rig.run.topology",
         "rig.run.wave_cli",
         "rig.transport.client", "rig.transport.endpoint", "rig.workload.prompts",
+        "rig.explore.explorer", "rig.explore.grammar",
         "rig.workload.warmup")},
     **{("rig.run.wave_cli", m): _WAVE_CLI for m in (
-        "rig.config", "rig.judge.verdict", "rig.judge.wave_checks", "rig.observe.drain", "rig.observe.metrics",
+        "rig.config", "rig.judge.wave_checks", "rig.observe.drain", "rig.observe.endpoint_watch", "rig.observe.metrics",
         "rig.observe.observations", "rig.observe.stall", "rig.report.render", "rig.report.wave_section",
         "rig.transport.endpoint", "rig.workload.waves")},
     **{("rig.pytest_plugin", m): _PLUGIN for m in (

@@ -6,7 +6,7 @@ import sys
 from pathlib import Path
 
 from conftest import fake_config, kill_pids, wait_no_survivors, write_config
-from rig.cluster.logs import FileLog, matching_lines, start_marker, stop_marker, until_stop_marker
+from rig.cluster.logs import FileLog, first_fatal_line, matching_lines, start_marker, stop_marker, until_stop_marker
 from rig.cluster.processes import FATAL_PATTERNS, Cluster
 from rig.config import load_config
 from rig.plan.processes import build_plan
@@ -57,3 +57,21 @@ def test_stop_writes_the_marker_before_the_servers_teardown_lines(tmp_path: Path
     # Reading the log (as rig.observe.evidence.LogScanner does) ignores the teardown the rig caused.
     src = FileLog("decode", plan.by_name("decode").log_path)
     assert matching_lines(src.since(0) or "", FATAL_PATTERNS) == []
+
+
+def test_a_fatal_line_followed_by_a_traceback_names_the_exception_that_ended_it():
+    # vLLM 0.27.1's API server with prompt_logprobs on the decode hop (bug record R23), as logged 2026-12-01
+    p = "(APIServer pid=10082) ERROR 12-01 17:59:21 [async_llm.py:724] "
+    text = "\n".join([
+        p + "AsyncLLM output_handler failed.",
+        p + "Traceback (most recent call last):",
+        p + '  File "vllm/v1/engine/async_llm.py", line 695, in output_handler',
+        p + "    processed_outputs = output_processor.process_outputs(",
+        p + "OverflowError: number too small to fit in target type",
+        p + "next line"])
+    line = first_fatal_line(text, ("output_handler failed",))
+    assert line == (p + "AsyncLLM output_handler failed. -> " + p
+                    + "OverflowError: number too small to fit in target type").strip()
+    # a fatal line without a traceback after it stays as it is
+    assert first_fatal_line(p + "AsyncLLM output_handler failed.\n" + p + "other", ("output_handler failed",)) \
+        == (p + "AsyncLLM output_handler failed.").strip()

@@ -9,6 +9,7 @@ import asyncio
 import pytest
 
 from rig.observe.parity import (
+    DEFAULT_TOLERANCE,
     ParityCase,
     ParityResult,
     compare,
@@ -19,6 +20,9 @@ from rig.observe.parity import (
     summarize,
 )
 from rig.transport.records import Hop, PDRecord
+
+# What run_parity returns for equal answers without other fields: the tolerance it compared with.
+EQUAL = ParityResult("equal", tolerance=DEFAULT_TOLERANCE)
 
 
 def hop(tokens=None, choices=None, error="") -> Hop:
@@ -67,7 +71,7 @@ def test_run_parity_never_compares_a_failed_reference():
              ParityCase(hop([1, 2]), 2, ref_of(hop([1, 2]), delay=5.0)),
              ParityCase(hop([1, 2]), 2, ref_of(hop([1, 3])))]
     out = asyncio.run(run_parity(cases, concurrency=2, timeout_s=0.5))
-    assert out[0] is not None and out[0].result == ParityResult("equal") and out[0].hop is not None
+    assert out[0] is not None and out[0].result == EQUAL and out[0].hop is not None
     assert out[1] is not None and out[1].result is None and out[1].failure == "HTTP 500: boom"
     assert out[2] is not None and out[2].result is None and out[2].failure == "no token_ids"
     assert out[3] is None
@@ -104,7 +108,7 @@ def test_record_parity_compares_answered_records_and_names_a_failed_reference():
     async def reference(rec: PDRecord) -> Hop:
         return hop([1, 2]) if rec.request_id == "r0" else hop(error="ConnectError")
     out = asyncio.run(record_parity([ok, bad_ref, timeout, no_hop], reference))
-    assert out == [ParityResult("equal"), None, None, None]
+    assert out == [EQUAL, None, None, None]
     assert bad_ref.diagnosis == "parity reference failed: ConnectError"
     assert ok.diagnosis == "" and timeout.diagnosis == ""
 
@@ -122,7 +126,7 @@ def test_one_at_a_time_a_failed_reference_does_not_end_the_others():
     out = asyncio.run(run_parity(cases, concurrency=1, timeout_s=0.2))
     assert [o.failure if o else None for o in out] == ["boom", "no token_ids", "timeout: deadline", ""]
     assert out[0] is not None and out[0].hop is not None and out[0].hop.error == "boom"
-    assert out[3] is not None and out[3].result == ParityResult("equal")
+    assert out[3] is not None and out[3].result == EQUAL
 
 
 def test_record_parity_asks_one_reference_at_a_time():
@@ -137,7 +141,7 @@ def test_record_parity_asks_one_reference_at_a_time():
         return hop([1, 2])
     recs = [PDRecord(f"r{i}", 4, 2, outcome="ok", decode=Hop("decode", status=200, token_ids=[1, 2]))
             for i in range(4)]
-    assert asyncio.run(record_parity(recs, reference)) == [ParityResult("equal")] * 4 and peak == 1
+    assert asyncio.run(record_parity(recs, reference)) == [EQUAL] * 4 and peak == 1
 
 
 def test_a_token_answer_against_one_reference_choice_is_compared():

@@ -15,6 +15,7 @@ import pytest
 
 from conftest import LIVELOCK, ROOT, fake_config, kill_pids, scenario, wait_no_survivors, write_config
 from rig.config import ConfigError, load_config
+from rig.observe.endpoint_watch import pid_alive
 from rig.run.topology import default_instances, parse_instances, scenarios_on
 
 CPU_TINY = ROOT / "configs" / "cpu-tiny.yaml"
@@ -76,6 +77,20 @@ def test_up_starts_the_default_pair_warms_it_up_and_stops_on_ctrl_c(tmp_path: Pa
         # warm-up before endpoints.json: P got a direct request and the P hop, D a direct one and the D hop
         assert completions(logs / "prefill.log") == 2 and completions(logs / "decode-6blk.log") == 2
         assert not (logs / "decode.log").exists()
+        # each instance's log and pid: a wave against it scans the logs and watches the processes
+        assert {n: v["log"] for n, v in endpoints.items()} == {n: str((logs / f"{n}.log").resolve())
+                                                               for n in endpoints}
+        assert all(pid_alive(v["pid"]) for v in endpoints.values())
+        from rig.cli import main as pdrig_main
+
+        rc = pdrig_main(["wave", "pressure", "--endpoints", str(found[0]), "--requests", "4", "--concurrency", "1",
+                         "--prompt-tokens", "24",
+                         "--cancel-fraction", "0", "--run-dir", str(tmp_path / "wave"), "--drain", "5",
+                         "--quiet", "--seed", "5"])
+        wave = json.loads((tmp_path / "wave" / "report.json").read_text())["scenarios"][0]["verdict"]
+        checks = {c["name"]: c for c in wave["checks"]}
+        assert rc == 0 and wave["verdict"] == "PASS", wave["reason"]
+        assert checks["alive"]["ok"] and checks["no-fatal-log"]["ok"] and checks["kv-integrity"]["ok"]
         proc.send_signal(signal.SIGINT)
         out, _ = proc.communicate(timeout=30)
     finally:

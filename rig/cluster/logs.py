@@ -100,6 +100,17 @@ def stop_marker(instance: str, signal_name: str = "SIGTERM") -> str:
     return f"{STOP_MARKER} {instance} ({signal_name}) at {_now()}\n"
 
 
+def owner_stop_line(text: str, instance: str) -> str | None:
+    """The last :func:`stop_marker` line for ``instance`` in ``text`` (its owner, a ``pdrig``
+    command such as ``pdrig up``, said it was stopping it), stripped; None when there is none.
+
+    An instance found gone by a run that attached to it is then *stopped by its owner*, not dead:
+    ``pdrig up`` stops every instance once one of them died, and only that one is the death."""
+    prefix = f"{STOP_MARKER} {instance} ("
+    hits = [ln.strip() for ln in text.splitlines() if ln.startswith(prefix)]
+    return hits[-1] if hits else None
+
+
 def until_stop_marker(text: str) -> str:
     """``text`` without the teardown the rig caused: each section from a :func:`stop_marker`
     line up to the next :func:`start_marker` line (a restart into the same log) or the end.

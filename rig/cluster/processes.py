@@ -477,8 +477,9 @@ class Cluster:
                 if r.popen is not None]
         if not runs:
             return
-        for spec, _ in runs:  # says in the log itself that what follows is the rig's teardown
-            append_marker(spec.log_path, stop_marker(spec.name))
+        for spec, p in runs:  # says in the log itself that what follows is the rig's teardown
+            if p.poll() is None:  # not into a dead one's: it was not stopped, it died (owner_stop_line)
+                append_marker(spec.log_path, stop_marker(spec.name))
         kill_groups({p.pid for _, p in runs}, self.grace_s, reap=lambda: [p.poll() for _, p in runs])
         for _, p in runs:
             with contextlib.suppress(subprocess.TimeoutExpired):

@@ -24,6 +24,13 @@ RunLevelCheck = Literal["alive", "no-fatal-log", "idle-after", "no-stall", "kv-i
 # The sample-name endings of the series the metrics timeline keeps (rig.observe.metrics
 # MONOTONIC_SUFFIXES): a counter rule can only look at those.
 COUNTER_SUFFIXES = ("_total", "_count", "_sum")
+# Where D takes a P/D request's prompt tokens from (``Outcome.prompt_source``, check ``kv-pulled``):
+#   pulled      every prompt token over NIXL (source external_kv_transfer) or from D's own prefix
+#               cache (local_cache_hit); none computed on D (local_compute +0), NIXL bytes > 0
+#   recomputed  every prompt token computed on D (local_compute), nothing pulled (0 NIXL bytes):
+#               vLLM 0.32.0 with prompt_logprobs (SamplingParams sets skip_reading_prefix_cache,
+#               and the scheduler then takes no external tokens)
+PromptSource = Literal["pulled", "recomputed"]
 
 
 class SignatureBase(StrictModel):
@@ -325,6 +332,13 @@ class Outcome(StrictModel):
     counters: list[CounterRule] = Field(
         default_factory=list, description="counter assertions (check `counters`): e.g. {instance: prefill, metric: "
                                           "vllm:nixl_num_kv_expired_reqs_total, delta: 1} (bug record R19)")
+    prompt_source: PromptSource = Field(
+        "pulled", description="how D serves every prompt token (check `kv-pulled`, exact deltas of D's "
+                              "vllm:prompt_tokens_by_source_total and NIXL bytes): pulled (the default: over NIXL, "
+                              "source external_kv_transfer, or from D's own prefix cache, local_cache_hit; none "
+                              "computed) or recomputed (D computes the whole prompt, local_compute, and pulls "
+                              "nothing: vLLM 0.32.0 does so when prompt_logprobs is set, sampling_params.py "
+                              "skip_reading_prefix_cache; declare it per version with by_version)")
 
     @field_validator("http_message")
     @classmethod

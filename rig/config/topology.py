@@ -60,6 +60,22 @@ class RigConfig(StrictModel):
                 return inst
         raise KeyError(name)
 
+    def kv_bytes_per_block(self, name: str) -> int | None:
+        """Bytes of one KV block of instance ``name`` as NIXL moves it: K and V of every layer,
+        ``2 x num_hidden_layers x num_key_value_heads x head_dim x dtype bytes x block_size``
+        (the tiny model's recipe; 32,768 B at the defaults, float32 and block size 32). None
+        where the rig does not know the geometry: a model that is not the rig's tiny one,
+        ``dtype: auto``, a ``--kv-cache-dtype`` argument, or a speculative method with a draft
+        model (its KV layers move too). Raises KeyError for a name that is not an instance."""
+        inst = self.instance(name)
+        size = {"float32": 4, "bfloat16": 2, "float16": 2}.get(self.dtype)
+        args = [*self.launch.extra_args, *inst.extra_args]
+        if (self.model.source != "tiny" or size is None or any(a.startswith("--kv-cache-dtype") for a in args)
+                or (inst.speculative is not None and inst.speculative.model is not None)):
+            return None
+        r, block = self.model.tiny, inst.block_size or self.block_size
+        return 2 * r.num_hidden_layers * r.num_key_value_heads * r.head_dim * size * block
+
     def index_of(self, name: str) -> int:
         """Position of instance ``name`` in :meth:`instances` (prefill first, 0-based): the
         per-instance port rules (NIXL side channel, Mooncake lookup and store-client ports) count

@@ -154,17 +154,27 @@ def several_prompts_usage(r: PDRecord) -> list[str]:
 
 
 def parity_check(records: list[PDRecord], parity: list[ParityResult | None], what: str = "equal") -> Check:
-    """``parity``: every answered request's tokens equal the non-disaggregated reference.
+    """``parity``: every answered request's tokens and answer fields equal the non-disaggregated
+    reference (rig.observe.parity.compare_hops: floats within the scenario's tolerance).
 
     Failed on the requests that diverged or were refused a comparison, and on every request
     when none was answered; not checked when no request diverged but a reference is missing
-    (the rig could not compare)."""
+    (the rig could not compare). The detail names the largest float difference seen and the
+    fields that were not compared (only one side carried them)."""
     answered = [(r, p) for r, p in zip(records, parity + [None] * len(records), strict=False) if r.outcome == "ok"]
     if not answered:
         return Check("parity", False, "no answer to compare", tuple(r.request_id for r in records))
     bad = [(r, p) for r, p in answered if p is not None and p.status != "equal"]
     equal = sum(p is not None and p.status == "equal" for _, p in answered)
     head = f"{equal}/{len(answered)} {what}"
+    seen = [p for _, p in answered if p is not None and p.status == "equal"]
+    diffs = [p.max_float_diff for p in seen if p.max_float_diff is not None]
+    skipped = list(dict.fromkeys(f for p in seen for f in p.not_compared))
+    if diffs:
+        head += f" (floats within {max(diffs):.3g} of the reference, tolerance {seen[0].tolerance:g})"
+    if skipped:
+        more = f" and {len(skipped) - 6} more" if len(skipped) > 6 else ""
+        head += f"; not compared: {', '.join(skipped[:6])}{more}"
     if bad:
         r, p = bad[0]
         return Check("parity", False, f"{head}; {r.request_id}: {p.describe()}", tuple(r.request_id for r, _ in bad))
@@ -209,13 +219,20 @@ def preemption_check(obs: ScenarioObservation, want: int, on: Literal["prefill",
 
 def alive_check(obs: ScenarioObservation, skip: tuple[str, ...] = ()) -> Check:
     """``alive``: no process of the topology died (``skip``: names judged by another check).
-    A death reads "<instance> died (exit N): <first fatal line>" (``obs.death_lines``)."""
+    A death reads "<instance> died (exit N): <first fatal line>" (``obs.death_lines``). An
+    instance its owner stopped (``obs.stopped``: a run attached to ``pdrig up``, which stops the
+    others once one died) is no death: it is named with the owner's stop line after the deaths,
+    and alone it makes the check "not checked" (the run lost an instance nobody saw die)."""
     dead = {n: rc for n, rc in obs.dead.items() if n not in skip}
+    stopped = "; ".join(f"{n} stopped by its owner, not a death ({line[:160]})"
+                        for n, line in obs.stopped.items() if n not in skip)
     if not dead:
+        if stopped:
+            return Check("alive", None, f"not checked: {stopped}")
         return Check("alive", True, "all processes alive")
     return Check("alive", False, "; ".join(
-        f"{n} died (exit {rc})" + (f": {obs.death_lines[n][:200]}" if obs.death_lines.get(n) else "")
-        for n, rc in dead.items()))
+        [f"{n} died (exit {rc})" + (f": {obs.death_lines[n][:200]}" if obs.death_lines.get(n) else "")
+         for n, rc in dead.items()] + ([stopped] if stopped else [])))
 
 
 def fatal_log_check(obs: ScenarioObservation) -> Check:

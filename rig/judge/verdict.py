@@ -17,6 +17,9 @@ requires) and a pure :func:`decide`, which never looks at anything but its argum
    starved by a loaded host, or compiling) and is not explained -> ERROR
    "inconclusive: <check> not checked: <why>" (decided here: a verdict that rests on evidence
    the rig could not gather is neither PASS nor XFAIL, and it is not a vLLM failure either);
+   likewise ERROR "inconclusive: no check could look" when nothing failed and no check is ok
+   (e.g. a wave whose every request was cancelled on purpose, against servers whose logs and
+   gauges the rig cannot read: nothing at all was judged);
 5. known issue in range: signature matched -> XFAIL, nothing failed -> XPASS (fails the run:
    "known issue fixed: update the expectation"), or PASS with a note for a non-strict known
    issue (``strict: false``, pytest's xfail(strict=False): a bug whose showing depends on
@@ -37,6 +40,7 @@ from typing import Any
 from packaging.version import InvalidVersion, Version
 
 from rig.config import KnownIssue, Outcome, ScenarioConfig
+from rig.config.expectations import PromptSource
 from rig.judge.checks import (
     KV_PULLED_METRICS,
     RISING_COUNTERS,
@@ -243,6 +247,8 @@ def decide(name: str, checks: list[Check], exp: Expectation, m: Match | None = N
         return v("FAIL", reason)
     if gaps:
         return v("ERROR", _inconclusive(gaps))
+    if not failed and not any(c.ok for c in checks):  # nothing was judged: no verdict rests on it
+        return v("ERROR", "inconclusive: no check could look" + (f" ({_list(checks)[:300]})" if checks else ""))
     if exp.known_issue is not None:
         if failed:
             return v("XFAIL", f"{exp.known_issue.id}: {m.shown if m else ''}")
@@ -289,7 +295,7 @@ def edge_checks(sc: ScenarioConfig, obs: ScenarioObservation, outcome=None) -> l
     outcome = outcome or sc.expect
     out = completion_checks(outcome, obs.records)
     if outcome.http_status is None:
-        out.append(_kv_pulled(obs))
+        out.append(_kv_pulled(obs, outcome.prompt_source))
         if sc.parity:
             out.append(parity_check(obs.records, obs.parity))
     out += [counter_rose_check(obs, f, getattr(outcome, f),
@@ -308,33 +314,85 @@ def _side_channels(recs: list[PDRecord]) -> str:
     return f"; P's side channel {', '.join(seen)}" if seen else ""
 
 
-def _kv_pulled(obs: ScenarioObservation) -> Check:
-    """``kv-pulled``: every answered request's prompt came over NIXL or from D's own prefix cache,
-    none was recomputed on D: D's NIXL bytes grew, ``prompt_tokens_by_source`` counted at least
-    every answered prompt's tokens (all prompts of a several-prompt request) as
-    ``external_kv_transfer`` + ``local_cache_hit`` (a deployment the rig attaches to again has
-    seen the edge prompts before), and there were as many transfers as prompts.
-    The counters are per instance, so a shortfall fails on every answered request; with no
-    answer it fails on every request."""
+def _prompt_tokens(r: PDRecord) -> int:
+    """The prompt tokens D served for answered ``r``: D's ``usage.prompt_tokens`` (text prompts are
+    counted by the tokenizer), else the token IDs the rig sent."""
+    n = ((r.decode.usage or {}) if r.decode else {}).get("prompt_tokens")
+    return n if isinstance(n, int) else r.prompt_token_count
+
+
+def _prompt_lengths(r: PDRecord) -> list[int]:
+    """The token count of each prompt of answered ``r`` (one per prompt of a several-prompt request)."""
+    if r.prompt_count > 1:
+        return [len(p) for p in r.prompt]
+    return [_prompt_tokens(r)]
+
+
+def _kv_pulled(obs: ScenarioObservation, source: PromptSource = "pulled", exact: bool = True) -> Check:
+    """``kv-pulled``: where D took every answered request's prompt tokens, against the expected
+    ``source`` (``expect.prompt_source``, by vLLM version), from D's
+    ``vllm:prompt_tokens_by_source_total`` deltas and NIXL bytes over the scenario (the rule
+    vLLM's tests/v1/kv_connector/nixl_integration/test_multi_connector_edge_cases.py asserts):
+
+    - ``pulled``: external_kv_transfer + local_cache_hit = every answered prompt's tokens (all
+      prompts of a several-prompt request; D's own prefix cache may hold some, as on a deployment
+      the rig attaches to again), local_compute +0, NIXL bytes > 0 in at least one transfer per
+      prompt, and exactly every prompt's blocks (``cdiv(n, block_size)`` each, the last one whole)
+      x ``obs.kv_bytes_per_block`` where the rig knows the model's geometry and D had no hit;
+    - ``recomputed``: local_compute = every prompt token, external_kv_transfer +0,
+      local_cache_hit +0, NIXL bytes +0 (vLLM 0.32.0 with prompt_logprobs).
+
+    The counters are per instance, so the deltas are one request's exactly only when the scenario
+    sent one request (the detail says "per request"); with several they are the sum over the
+    requests sent together, and the detail says so. A request that reached D without an answer
+    may have been counted too, so then the counts are lower bounds and local_compute is not
+    bounded. With ``exact`` false (a sequence whose other steps also reach D) the counts are
+    lower bounds as well. A shortfall fails on every answered request; with no answer, on every
+    request."""
     ok_recs = [r for r in obs.records if r.outcome == "ok"]
     if not ok_recs:
-        return Check("kv-pulled", False, "no answered request to show a transfer for",
+        return Check("kv-pulled", False, "no answered request to show where its prompt came from",
                      tuple(r.request_id for r in obs.records))
     gap = not_checked_for_metrics("kv-pulled", obs, [obs.decode], KV_PULLED_METRICS)
     ev = obs.evidence
     if gap or ev is None:
         return gap or Check("kv-pulled", None, "not checked: no decode metrics")
     # every prompt of a several-prompt request is its own engine request with its own pull
-    want = sum(r.prompt_token_count for r in ok_recs)
+    want = sum(_prompt_tokens(r) for r in ok_recs)
     reads = sum(r.prompt_count for r in ok_recs)
-    got = ev.external_prompt_tokens + ev.cached_prompt_tokens
-    pulled = ev.nixl_bytes > 0 and got >= want and ev.nixl_transfers >= reads
-    local = f" + {ev.cached_prompt_tokens:.0f} from D's prefix cache" if ev.cached_prompt_tokens else ""
-    return Check("kv-pulled", pulled,
-                 f"nixl {ev.nixl_bytes:.0f} B in {ev.nixl_transfers:.0f} transfers, {ev.external_prompt_tokens:.0f} "
-                 f"prompt tokens from external_kv_transfer{local} (expected >= {want} in >= {reads} transfers)"
-                 f"{_side_channels(ok_recs)}",
-                 () if pulled else tuple(r.request_id for r in ok_recs))
+    unanswered = [r for r in obs.records if r.outcome != "ok" and r.decode_sent_at is not None]
+    exact = exact and not unanswered
+    ext, cached, computed = ev.external_prompt_tokens, ev.cached_prompt_tokens, ev.computed_prompt_tokens
+    seen = (f"D: external_kv_transfer +{ext:.0f}, local_cache_hit +{cached:.0f}, local_compute +{computed:.0f}, "
+            f"nixl {ev.nixl_bytes:.0f} B in {ev.nixl_transfers:.0f} transfers")
+    if source == "recomputed":
+        ok = (computed == want if exact else computed >= want) and ext == 0 and cached == 0 and ev.nixl_bytes == 0
+        expected = f"recomputed (declared): local_compute +{want}, nothing pulled (0 B), no prefix-cache hit"
+    else:
+        got = ext + cached
+        ok = ((got == want and computed == 0) if exact else got >= want) and ev.nixl_bytes > 0 \
+            and ev.nixl_transfers >= reads
+        nbytes = "nixl bytes > 0"
+        blocks = sum(-(-n // obs.block_size) for r in ok_recs for n in _prompt_lengths(r)) if obs.block_size else 0
+        if exact and cached == 0 and obs.kv_bytes_per_block and blocks:
+            # every block of every prompt, the last one whole (NIXL moves blocks, not tokens)
+            nbytes = f"nixl {blocks * obs.kv_bytes_per_block} B ({blocks} blocks x {obs.kv_bytes_per_block} B)"
+            ok = ok and ev.nixl_bytes == blocks * obs.kv_bytes_per_block
+        expected = (f"pulled: external_kv_transfer + local_cache_hit = +{want}, local_compute +0, "
+                    f"{nbytes} in >= {reads} transfers")
+        if not exact:
+            expected = expected.replace(" = +", " >= +").replace(", local_compute +0", "")
+    if len(obs.records) == 1 and exact:
+        scope = f"per request ({ok_recs[0].request_id} ran alone)"
+    elif exact:
+        scope = f"one delta over the {len(obs.records)} requests sent together (not per request)"
+    elif unanswered:
+        scope = (f"one delta over {len(obs.records)} requests, {len(unanswered)} of which reached D without an "
+                 "answer: lower bounds")
+    else:
+        scope = "one delta over every request that reached D: lower bounds"
+    return Check("kv-pulled", ok, f"{seen}; expected {expected}; {scope}{_side_channels(ok_recs)}",
+                 () if ok else tuple(r.request_id for r in ok_recs))
 
 
 def judge(sc: ScenarioConfig, obs: ScenarioObservation, blocks: BlockFacts | None = None,

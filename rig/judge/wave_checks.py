@@ -23,7 +23,7 @@ from rig.judge.checks import (
     not_checked_for_metrics,
 )
 from rig.judge.signatures import facts_of_wave
-from rig.judge.verdict import ScenarioVerdict, decide, expectation_of, judge
+from rig.judge.verdict import ScenarioVerdict, decide, expectation_of, judge, required_checks
 from rig.observe.drain import describe_drain
 from rig.observe.observations import ScenarioObservation
 from rig.transport.records import WaveRecord
@@ -113,8 +113,11 @@ def wave_kv_pulled(obs: ScenarioObservation, recs: list[WaveRecord]) -> Check:
                  () if ok else _ids(answered))
 
 
-def wave_checks(sc: ScenarioConfig, obs: ScenarioObservation, wave: WaveResult) -> list[Check]:
-    """The named checks of a wave (see :func:`judge_wave`), each naming the requests it failed on."""
+def wave_checks(sc: ScenarioConfig, obs: ScenarioObservation, wave: WaveResult,
+                unwatched: bool = False) -> list[Check]:
+    """The named checks of a wave (see :func:`judge_wave`), each naming the requests it failed on.
+    ``unwatched``: the rig has no process nor log of the instances (:data:`UNWATCHED` are then
+    "not checked", saying why they are not required)."""
     recs = wave.records
     s = wave.summary()
     out: list[Check] = []
@@ -148,25 +151,35 @@ def wave_checks(sc: ScenarioConfig, obs: ScenarioObservation, wave: WaveResult) 
         elif r.usage_tokens is not None and r.usage_tokens != r.tokens:
             wrong.append(f"{r.request_id}: {r.tokens} token_ids but usage says {r.usage_tokens}")
             wrong_recs.append(r)
-    out.append(Check("token-counts", not wrong and ok_n > 0,
-                     (f"{len(wrong)} wrong: " + "; ".join(wrong[:3])) if wrong else
-                     ("every answer has its expected token count" if ok_n else "no answer to count"),
-                     _ids(wrong_recs) if wrong else () if ok_n else _ids(unanswered)))
-    out.append(wave_kv_pulled(obs, recs))
-    if wave.kind == "prefix-wave":
-        out.append(_prefix_hits(obs, wave, recs))
-    if sc.parity and (wave.params.get("parity_fraction") or 0) > 0:
-        out.append(_wave_parity(wave, recs, ok_n))
-    if obs.dead or obs.fatal_lines or obs.unscanned_logs:
+    if all_cancelled_on_purpose(recs):
+        # Nothing was meant to be answered: the answer checks have nothing to look at (not
+        # required then, :func:`judge_wave`); the run-level checks below still judge the wave.
+        why = f"not checked: all {len(recs)} requests were cancelled on purpose ({points}): no answer to "
+        out.append(Check("token-counts", None, why + "count"))
+        out.append(Check("kv-pulled", None, why + "show a transfer for"))
+        if wave.kind == "prefix-wave":
+            out.append(Check("prefix-hits", None, why + "hit P's prefix cache for"))
+        if sc.parity and (wave.params.get("parity_fraction") or 0) > 0:
+            out.append(Check("parity", None, why + "compare"))
+    else:
+        out.append(Check("token-counts", not wrong and ok_n > 0,
+                         (f"{len(wrong)} wrong: " + "; ".join(wrong[:3])) if wrong else
+                         ("every answer has its expected token count" if ok_n else "no answer to count"),
+                         _ids(wrong_recs) if wrong else () if ok_n else _ids(unanswered)))
+        out.append(wave_kv_pulled(obs, recs))
+        if wave.kind == "prefix-wave":
+            out.append(_prefix_hits(obs, wave, recs))
+        if sc.parity and (wave.params.get("parity_fraction") or 0) > 0:
+            out.append(_wave_parity(wave, recs, ok_n))
+    rid = {r.remote_request_id: r.request_id for r in recs if r.remote_request_id}
+    if not unwatched:
         out.append(alive_check(obs))
         out.append(fatal_log_check(obs))
-    else:  # pdrig wave against a deployment the rig did not launch: no processes, no logs
-        out.append(Check("alive", None, "not checked: the rig does not run these processes"))
-        out.append(Check("no-fatal-log", None, "not checked: no log of these processes was scanned"))
-    rid = {r.remote_request_id: r.request_id for r in recs if r.remote_request_id}
-    out.append(kv_integrity_check(
-        obs, {k: v for k, v in rid.items() if any(r.request_id == v and r.outcome in ANSWERED for r in recs)},
-        {k: v for k, v in rid.items() if any(r.request_id == v and r.outcome not in ANSWERED for r in recs)}))
+        out.append(kv_integrity_check(
+            obs, {k: v for k, v in rid.items() if any(r.request_id == v and r.outcome in ANSWERED for r in recs)},
+            {k: v for k, v in rid.items() if any(r.request_id == v and r.outcome not in ANSWERED for r in recs)}))
+    else:  # pdrig wave at bare URLs: no process to watch, no log to scan
+        out += [Check(n, None, f"not checked: {UNWATCHED_WHY}") for n in UNWATCHED]
     out.append(_stall_check(wave))
     out.append(idle_check(obs, obs.drains or wave.drains,
                           lambda dr: describe_drain(dr, wave.usable_blocks.get(dr.instance))))
@@ -189,11 +202,34 @@ def _prefix_hits(obs: ScenarioObservation, wave: WaveResult, recs: list[WaveReco
     gap = not_checked_for_metrics("prefix-hits", obs, p_names, PREFIX_HIT_METRICS)
     if gap:
         return gap
-    if exp is None or not wave.prefix_fits or early:
+    if exp is None:
+        return Check("prefix-hits", None, f"not checked: the expected hits are unknown; {detail}")
+    if hits == exp:
+        # The value is what was expected: ok, even where the rig predicted it might not be.
+        doubt = (f"{early} requests cancelled before P answered" if early else
+                 "" if wave.prefix_fits else "the prefixes could not all stay cached on P")
+        return Check("prefix-hits", True, detail + (f"; matched although {doubt}" if doubt else ""))
+    if not wave.prefix_fits or early:
         why = (f"{early} requests cancelled before P answered" if early else
-               "the expected hits are unknown" if exp is None else "the prefixes cannot all stay cached on P")
+               "the prefixes cannot all stay cached on P")
         return Check("prefix-hits", None, f"not checked: {why}; {detail}")
-    return Check("prefix-hits", hits == exp, detail)
+    return Check("prefix-hits", False, detail)
+
+
+# The checks that read the instances' processes and logs, and why a wave at bare URLs has none.
+UNWATCHED = ("alive", "no-fatal-log", "kv-integrity")
+UNWATCHED_WHY = ("not required: the rig did not start these processes and was given no log path or pid "
+                 "(`pdrig wave --endpoints` with `pdrig up`'s endpoints.json gives both)")
+
+
+def all_cancelled_on_purpose(recs: list[WaveRecord]) -> bool:
+    """True when ``recs`` is not empty and every request was cancelled on purpose by the rig
+    (:attr:`WaveRecord.intentional`: its planned cancel fired); a request that failed, timed out
+    or was aborted without a plan makes it False."""
+    return bool(recs) and all(r.intentional for r in recs)
+
+
+ANSWER_CHECKS = ("token-counts", "kv-pulled", "prefix-hits", "parity")
 
 
 def _wave_parity(wave: WaveResult, recs: list[WaveRecord], ok_n: int) -> Check:
@@ -212,16 +248,23 @@ def _wave_parity(wave: WaveResult, recs: list[WaveRecord], ok_n: int) -> Check:
 
 
 def judge_wave(sc: ScenarioConfig, obs: ScenarioObservation, wave: WaveResult | None,
-               required: tuple[str, ...] | None = None) -> ScenarioVerdict:
+               required: tuple[str, ...] | None = None, unwatched: bool = False) -> ScenarioVerdict:
     """The verdict of a wave scenario through the one engine (:func:`rig.judge.verdict.judge`), with
     named checks: ``completed`` (every request not cancelled on purpose answered), ``no-errors``
     (no timeout / HTTP / connection error or unplanned cancel), ``no-empty``, ``token-counts``,
     ``kv-pulled`` (per request, :func:`wave_kv_pulled`), ``prefix-hits`` (prefix waves),
-    ``parity`` (the sample), ``alive`` and ``no-fatal-log`` (not checked when the rig does not
-    run the processes), ``kv-integrity``, ``no-stall`` (no instance froze with requests waiting,
+    ``parity`` (the sample), ``alive``, ``no-fatal-log`` and ``kv-integrity`` (with ``unwatched``,
+    the caller's word that the rig has neither a log path nor a pid of the processes, ``pdrig
+    wave`` at bare URLs: not checked and not required, and the checks and the reason say so),
+    ``no-stall`` (no instance froze with requests waiting,
     unless :func:`explain_stall` explains it) and ``idle-after`` (a leak is named with its gauge
     and blocks). ``required``: the checks that must have been checked (default: the kind's,
     rig.judge.verdict.REQUIRED). A ``known_issue`` is honoured like on any kind.
+
+    A wave whose every request the rig cancelled on purpose (:func:`all_cancelled_on_purpose`)
+    has no answer to judge: :data:`ANSWER_CHECKS` are "not checked" saying so and not required,
+    the run-level checks still are, and a PASS reads "all N requests cancelled on purpose". One
+    request that failed or was cancelled without a plan brings the answer checks back (FAIL).
 
     A stall episode the wave recorded without an ``explained`` entry (run_wave was given no
     ``explain``) is explained here with :func:`explain_stall`. The markdown section is
@@ -233,7 +276,17 @@ def judge_wave(sc: ScenarioConfig, obs: ScenarioObservation, wave: WaveResult | 
     for st in wave.stalls:
         if "explained" not in st:
             st["explained"] = explain_stall(st, wave)
-    checks = wave_checks(sc, obs, wave)
+    checks = wave_checks(sc, obs, wave, unwatched)
     if wave.error:
         checks.append(Check("metrics", False, wave.error))
-    return judge(sc, obs, checks=checks, reqs=facts_of_wave(wave.records), required=required)
+    cancelled = all_cancelled_on_purpose(wave.records)
+    drop = (ANSWER_CHECKS if cancelled else ()) + (UNWATCHED if unwatched else ())
+    if drop:  # no answer was meant / no process nor log to look at: those checks are not required
+        required = tuple(n for n in (required if required is not None else required_checks(sc)) if n not in drop)
+    v = judge(sc, obs, checks=checks, reqs=facts_of_wave(wave.records), required=required)
+    if cancelled and v.verdict == "PASS":
+        v.reason = (f"all {len(wave.records)} requests cancelled on purpose: no answer to judge; "
+                    + ", ".join(c.name for c in v.checks if c.ok) + " hold")
+    if unwatched and v.verdict in ("PASS", "XFAIL", "XPASS"):
+        v.reason += f"; {', '.join(UNWATCHED)} not checked, {UNWATCHED_WHY}"
+    return v

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 
 import httpx
 
-from rig.cluster.logs import fatal_lines, first_fatal_line, matching_lines
+from rig.cluster.logs import fatal_lines, first_fatal_line, matching_lines, owner_stop_line
 from rig.cluster.processes import FATAL_PATTERNS, KV_INTEGRITY_PATTERNS, Cluster
 from rig.observe import metrics as m
 from rig.observe.observations import ScenarioObservation
@@ -93,6 +93,14 @@ class LogScanner:
             obs.fatal_lines[n] = fatal_lines(text, FATAL_PATTERNS)
             obs.kv_integrity_lines[n] = matching_lines(text, KV_INTEGRITY_PATTERNS)
             self._scan[n] = end if end is not None else start
+
+    def stop_line(self, cluster: Cluster, name: str) -> str | None:
+        """The line in which instance ``name``'s owner said it was stopping it, written since it
+        was started (:func:`rig.cluster.logs.owner_stop_line`); None when there is none or its
+        log cannot be read."""
+        src = cluster.log_source(name)
+        text = src.since(self._start.get(name, 0)) if src is not None else None
+        return owner_stop_line(text, name) if text is not None else None
 
     def death_line(self, cluster: Cluster, name: str) -> str:
         """The first fatal line instance ``name`` logged since it was started

@@ -109,6 +109,7 @@ class TransferEvidence:
     nixl_transfers: float = 0.0  # vllm:nixl_bytes_transferred_count delta
     external_prompt_tokens: float = 0.0  # prompt_tokens_by_source{source=external_kv_transfer} delta
     cached_prompt_tokens: float = 0.0  # prompt_tokens_by_source{source=local_cache_hit} delta (D's prefix cache)
+    computed_prompt_tokens: float = 0.0  # prompt_tokens_by_source{source=local_compute} delta (computed on D)
     failed_transfers: float = 0.0
     preemptions: float = 0.0
     spec_drafts: float = 0.0
@@ -121,6 +122,7 @@ class TransferEvidence:
             nixl_transfers=m.delta(before, after, m.NIXL_XFER_COUNT),
             external_prompt_tokens=m.delta(before, after, m.PROMPT_TOKENS_BY_SOURCE, source="external_kv_transfer"),
             cached_prompt_tokens=m.delta(before, after, m.PROMPT_TOKENS_BY_SOURCE, source="local_cache_hit"),
+            computed_prompt_tokens=m.delta(before, after, m.PROMPT_TOKENS_BY_SOURCE, source="local_compute"),
             failed_transfers=m.delta(before, after, m.NIXL_FAILED_TRANSFERS),
             preemptions=m.delta(before, after, m.PREEMPTIONS),
             spec_drafts=m.delta(before, after, m.SPEC_DRAFTS),
@@ -150,10 +152,17 @@ class ScenarioObservation:
     unscanned_logs: dict[str, str] = field(default_factory=dict)  # instance -> why its log was not scanned
     missing_metrics: dict[str, list[str]] = field(default_factory=dict)  # instance -> metrics it lacks
     death_lines: dict[str, str] = field(default_factory=dict)  # dead instance -> its first fatal log line
+    # Instance found gone that its owner stopped (attach / `pdrig wave` against `pdrig up`): not a
+    # death. -> the owner's stop line in its log (rig.cluster.logs.owner_stop_line).
+    stopped: dict[str, str] = field(default_factory=dict)
     versions: dict[str, str] = field(default_factory=dict)  # instance -> vLLM version from its /version
     # This scenario's metrics timeline rows (SnapshotStore.rows_of; already in
     # metrics/timeline.jsonl, so not repeated in to_json): what counters-monotonic reads.
     timeline: list[dict[str, Any]] = field(default_factory=list)
+    # Decode's KV block as NIXL moves it (RigConfig.kv_bytes_per_block; None: geometry unknown) and
+    # its block size in tokens: what makes kv-pulled's NIXL bytes exact.
+    kv_bytes_per_block: int | None = None
+    block_size: int | None = None
 
     def to_json(self) -> dict[str, Any]:
         """JSON-able dict for report.json."""
@@ -169,7 +178,7 @@ class ScenarioObservation:
             "stall_diagnosis": self.stall_diagnosis, "vllm_version": self.vllm_version,
             "wall_s": self.wall_s, "error": self.error,
             "unscanned_logs": self.unscanned_logs, "missing_metrics": self.missing_metrics,
-            "death_lines": self.death_lines, "versions": self.versions,
+            "death_lines": self.death_lines, "versions": self.versions, "stopped": self.stopped,
         }
 
 

@@ -454,7 +454,9 @@ class SuiteRunner:
         kind_result: object = None
         obs = ScenarioObservation(scenario=sc.name, decode=ph.decode, prefill=ph.prefill,
                                   vllm_version=decode_version(warm.versions, ph), versions=dict(warm.versions),
-                                  missing_metrics=warm.presence.all_missing())
+                                  missing_metrics=warm.presence.all_missing(),
+                                  kv_bytes_per_block=self.cfg.kv_bytes_per_block(ph.decode),
+                                  block_size=self.cfg.instance(ph.decode).block_size or self.cfg.block_size)
         t0 = time.monotonic()
         self._in_flight = (sc, obs, t0)
         p = Endpoint(ph.prefill, cluster.url(ph.prefill))
@@ -478,6 +480,9 @@ class SuiteRunner:
             kind_result = got.get("result")
         obs.timeline = store.rows_of(sc.name)
         obs.dead = await settle_deaths(http, cluster, needed, timeouts.shutdown_grace_s)
+        if self.attach:  # gone because its owner stopped it (`pdrig up` after another died): no death
+            obs.stopped = {n: line for n in obs.dead if (line := self.logs.stop_line(cluster, n))}
+            obs.dead = {n: rc for n, rc in obs.dead.items() if n not in obs.stopped}
         obs.death_lines = {n: self.logs.death_line(cluster, n) for n in obs.dead}
         self.logs.scan(cluster, obs)
         obs.wall_s = time.monotonic() - t0

@@ -6,7 +6,11 @@
         --groups 8 --per-group 16 --prefix-tokens 40 --prompt-tokens 56
 
 No process is started. Endpoints come from ``endpoints.json`` (written by ``pdrig up``) or from
-``--prefill``/``--decode`` URLs (repeatable: requests go round robin). The config (``--config``,
+``--prefill``/``--decode`` URLs (repeatable: requests go round robin). ``endpoints.json`` also
+gives each instance's log path and pid: the wave scans the logs written meanwhile and checks that
+the processes live (alive, no-fatal-log, kv-integrity), and tells an instance ``pdrig up`` stopped
+from one that died. At bare URLs those three checks are "not checked" and not required; the
+checks and the verdict's reason say so. The config (``--config``,
 default configs/cpu-tiny.yaml, optional) supplies what the servers cannot be asked: usable KV
 blocks per instance (matched by name, or by port for bare URLs), block size and
 ``max_model_len`` when ``/metrics`` and ``/v1/models`` do not say, and the run root. The served
@@ -111,8 +115,8 @@ def _endpoints(args: argparse.Namespace, cfg: RigConfig | None) -> tuple[list[An
         except (OSError, ValueError) as e:
             raise ConfigError(f"--endpoints {args.endpoints}: cannot read it ({e}); `pdrig up` writes "
                               "runs/<dir>/endpoints.json") from None
-        ps = [Endpoint(n, v["url"]) for n, v in data.items() if v.get("role") == "prefill"]
-        ds = [Endpoint(n, v["url"]) for n, v in data.items() if v.get("role") == "decode"]
+        ps = [Endpoint(n, v["url"], v.get("log"), v.get("pid")) for n, v in data.items() if v.get("role") == "prefill"]
+        ds = [Endpoint(n, v["url"], v.get("log"), v.get("pid")) for n, v in data.items() if v.get("role") == "decode"]
         known = {e.name for e in ps + ds}
     else:
         by_port = {i.port: i.name for _, i in cfg.instances()} if cfg else {}
@@ -182,10 +186,10 @@ async def _run(args: argparse.Namespace, cfg: RigConfig | None, sc: Any, ps: lis
                known: set[str], run_dir: Path) -> int:
     import httpx
 
-    from rig.judge.verdict import REQUIRED
     from rig.judge.wave_checks import explain_stall, judge_wave
     from rig.observe import metrics as m
     from rig.observe.drain import check_drains
+    from rig.observe.endpoint_watch import EndpointWatch
     from rig.observe.observations import ScenarioObservation, SnapshotStore, TransferEvidence
     from rig.observe.stall import cache_info
     from rig.report.render import RunResult, print_summary, write_report
@@ -193,6 +197,8 @@ async def _run(args: argparse.Namespace, cfg: RigConfig | None, sc: Any, ps: lis
     from rig.workload.waves import run_wave, served_model, stall_settings, usable_blocks_of
 
     endpoints = ps + ds
+    watch = EndpointWatch(endpoints)  # logs and pids from endpoints.json (`pdrig up`)
+    watch.start()
     http = httpx.AsyncClient(timeout=10.0)
     store = SnapshotStore(run_dir)
     t0 = time.monotonic()
@@ -250,6 +256,7 @@ async def _run(args: argparse.Namespace, cfg: RigConfig | None, sc: Any, ps: lis
                                   prefill=",".join(e.name for e in ps), evidence=ev, drains=wave.drains,
                                   wall_s=time.monotonic() - t0, error="" if wave.records else wave.error,
                                   timeline=store.rows_of(sc.name))  # counters-monotonic (bug record R12)
+        await watch.observe(http, obs)
         with contextlib.suppress(httpx.HTTPError, ValueError):
             obs.vllm_version = (await http.get(ds[0].url + "/version")).json().get("version", "")
         result = RunResult(name=f"wave-{args.kind}", run_dir=str(run_dir), vllm_version=obs.vllm_version,
@@ -258,9 +265,9 @@ async def _run(args: argparse.Namespace, cfg: RigConfig | None, sc: Any, ps: lis
                                    "block_size": block_size, "max_model_len": mml, "usable_blocks": blocks,
                                    "deadline_s": deadline, "drain_s": drain_s,
                                    "config_file": args.config if cfg else None})
-        # Servers the rig did not start: no process to watch, no log to scan (shown "not checked").
-        no_logs = tuple(n for n in REQUIRED[sc.kind] if n not in ("alive", "no-fatal-log", "kv-integrity"))
-        verdict = judge_wave(sc, obs, wave, required=no_logs)
+        # Bare URLs: no process to watch, no log to scan; the wave's rule then does not require
+        # alive / no-fatal-log / kv-integrity, and says so (rig.judge.wave_checks.judge_wave).
+        verdict = judge_wave(sc, obs, wave, unwatched=not watch.watched)
         result.extra_sections.append(wave_section(wave, verdict))
         result.observations.append(obs)
         result.verdicts.append(verdict)
@@ -271,8 +278,9 @@ async def _run(args: argparse.Namespace, cfg: RigConfig | None, sc: Any, ps: lis
         write_report(result)
         if not args.quiet:
             print_summary(result)
-            for c in verdict.checks:
-                print(f"  {'ok ' if c.ok else 'FAIL'} {c.name}: {c.detail}", file=sys.stderr)
+            for c in verdict.checks:  # the words of summary.md and junit.xml: ok / FAILED / not checked
+                said = c.detail if c.detail.startswith(c.state) else f"{c.state}: {c.detail}"
+                print(f"  {c.name}: {'FAILED' + said[6:] if c.ok is False else said}", file=sys.stderr)
         return 0 if verdict.verdict == "PASS" else 1
     finally:
         store.close()

@@ -48,12 +48,58 @@ def _text(choice: dict[str, Any]) -> str:
     return part.get("content") or ""
 
 
+# Choice fields the rig reads on their own (``token_ids`` is compared token by token) and so are
+# not kept in ``Hop.answer_fields``.
+CHOICE_SKIP = frozenset({"index", "token_ids"})
+# Top-level answer fields that are content (chat puts the prompt's logprobs and IDs there, vLLM
+# 0.32.0 chat_completion/protocol.py ``ChatCompletionResponse``); the others (id, created, model,
+# system_fingerprint, kv_transfer_params, ...) say how it was served, not what was answered.
+TOP_CONTENT = ("prompt_logprobs", "prompt_token_ids")
+
+
+def answer_fields(choices: list[dict[str, Any]], body: dict[str, Any]) -> dict[str, Any]:
+    """``Hop.answer_fields`` of an answer: ``{"choices": [choice without index/token_ids, ...]}``
+    (``choices`` already in index order) plus :data:`TOP_CONTENT` fields ``body`` carries."""
+    out: dict[str, Any] = {"choices": [{k: v for k, v in c.items() if k not in CHOICE_SKIP} for c in choices]}
+    out.update({k: body[k] for k in TOP_CONTENT if k in body})
+    return out
+
+
+CONCATENATED = frozenset({"text", "content", "reasoning", "reasoning_content"})
+
+
+def merge_chunk(acc: dict[str, Any], part: dict[str, Any]) -> None:
+    """Merge one stream chunk's choice ``part`` into the choice ``acc`` built so far, in place:
+    strings (``text``, ``content``) are concatenated, lists (``token_logprobs``, ``top_logprobs``,
+    ``text_offset``, chat's ``content`` logprobs, ``prompt_token_ids``) extended, mappings merged
+    key by key, anything else (``finish_reason``, ``stop_reason``, ``role``) replaced; None
+    adds nothing. A chat ``delta`` is merged as ``message`` (the shape of a whole answer)."""
+    for k, v in part.items():
+        if v is None or k in CHOICE_SKIP:
+            continue
+        k = "message" if k == "delta" else k
+        old = acc.get(k)
+        if isinstance(v, str) and isinstance(old, str) and k in CONCATENATED:
+            acc[k] = old + v
+        elif isinstance(v, list) and isinstance(old, list):
+            old.extend(v)
+        elif isinstance(v, dict):
+            if not isinstance(old, dict):
+                old = acc[k] = {}
+            merge_chunk(old, v)
+        else:
+            acc[k] = list(v) if isinstance(v, list) else v
+
+
 def fill_from_answer(hop: Hop, body: dict[str, Any]) -> None:
     """Copy usage, token IDs, text, finish reason and ``kv_transfer_params`` of a whole
     ``/v1/completions`` or ``/v1/chat/completions`` answer into ``hop``; with several choices,
-    ``hop.choices`` holds each one's token IDs and ``token_ids``/``text`` their concatenation."""
+    ``hop.choices`` holds each one's token IDs and ``token_ids``/``text`` their concatenation.
+    Every other choice field (logprobs, prompt_logprobs, stop_reason, ...) goes to
+    ``hop.answer_fields`` (:func:`answer_fields`)."""
     choices = sorted(body.get("choices") or [{}], key=lambda c: c.get("index", 0))
     choice = choices[0]
+    hop.answer_fields = answer_fields(choices, body)
     hop.usage = body.get("usage")
     hop.token_ids = choice.get("token_ids")
     hop.text = _text(choice)
@@ -75,7 +121,8 @@ class StreamReader:
     ``cancelled`` (an intentional cancellation during D's stream), unless a choice already finished.
     """
 
-    __slots__ = ("hop", "t0", "stop_after", "per_choice", "finished", "problems", "done", "count", "text")
+    __slots__ = ("hop", "t0", "stop_after", "per_choice", "finished", "problems", "done", "count", "text",
+                 "fields", "top")
 
     def __init__(self, hop: Hop, t0: float, stop_after: int | None = None):
         self.hop, self.t0, self.stop_after = hop, t0, stop_after
@@ -84,6 +131,8 @@ class StreamReader:
         self.problems: list[str] = []
         self.done, self.count = False, 0
         self.text: list[str] = []
+        self.fields: dict[int, dict[str, Any]] = {}  # per choice index, merged (merge_chunk)
+        self.top: dict[str, Any] = {}
 
     def feed(self, payload: bytes | str) -> bool:
         """One SSE ``data:`` payload (JSON or ``[DONE]``); True = stop reading. Raises
@@ -98,8 +147,12 @@ class StreamReader:
         hop = self.hop
         if chunk.get("usage"):
             hop.usage = chunk["usage"]
+        for k in TOP_CONTENT:
+            if chunk.get(k) is not None:
+                self.top.setdefault(k, chunk[k])
         for choice in chunk.get("choices") or ():
             i = choice.get("index", 0)
+            merge_chunk(self.fields.setdefault(i, {}), choice)
             ids = choice.get("token_ids") or ()
             text = _text(choice)
             if (ids or text) and hop.ttft_s is None:
@@ -122,6 +175,7 @@ class StreamReader:
         hop, order = self.hop, sorted(self.per_choice)
         hop.token_ids = [t for i in order for t in self.per_choice[i]]
         hop.text = "".join(self.text)
+        hop.answer_fields = answer_fields([self.fields[i] for i in sorted(self.fields)], self.top)
         if len(order) > 1:
             hop.choices = [self.per_choice[i] for i in order]
         if hop.error is None and hop.finish_reason != "cancelled":

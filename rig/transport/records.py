@@ -122,7 +122,13 @@ class Hop:
     """One HTTP request of a P/D exchange (or a direct reference request).
 
     ``latency_s`` is wall time from send to full answer (seconds); ``ttft_s`` is set for
-    streamed answers. ``token_ids`` are the generated token IDs.
+    streamed answers. ``token_ids`` are the generated token IDs. ``answer_fields`` holds the rest
+    of what the answer said (:func:`rig.transport.answers.answer_fields`): ``choices`` (one dict
+    per choice, in index order, with every field vLLM returned but ``index`` and ``token_ids``:
+    ``text`` or ``message``, ``logprobs``, ``prompt_logprobs``, ``finish_reason``,
+    ``stop_reason``, ``prompt_token_ids``, ...) and the top-level content fields of chat
+    (``prompt_logprobs``, ``prompt_token_ids``); what rig.observe.parity compares with the
+    reference beyond the token IDs. None when the hop has no answer.
     """
 
     instance: str
@@ -139,6 +145,7 @@ class Hop:
     # their concatenation in index order, which is what ``usage.completion_tokens`` counts.
     choices: list[list[int]] | None = None
     stream_problem: str = ""  # a streamed answer out of order or incomplete (rig.transport.answers)
+    answer_fields: dict[str, Any] | None = None
 
 
 def classify(hop: Hop | None) -> Outcome:
@@ -222,6 +229,7 @@ class PDRecord(RequestRecord):
     endpoint: str = "completions"
     cancel: PlannedCancel | None = None  # a planned cancellation (store wave, bug record R14)
     stream: bool = False  # the decode hop is streamed (SSE)
+    reference: Hop | None = None  # the non-disaggregated reference answer parity compared with
     # The prompt D got when a router transform changed it (P's first token appended,
     # rig.transport.hops.derive_decode); None = ``prompt``. Parity is computed for this prompt.
     decode_prompt: list[Any] | None = field(repr=False, default=None)

@@ -179,7 +179,8 @@ async def run_edge(sc: ScenarioConfig, client: Transport, http: httpx.AsyncClien
 
     obs.parity = [None] * len(obs.records)
     if sc.parity:
-        obs.parity = await record_parity(obs.records, lambda rec: reference(client, p, rec, sc.request))
+        obs.parity = await record_parity(obs.records, lambda rec: reference(client, p, rec, sc.request),
+                                         sc.parity_tolerance)
 
 
 async def reference(client: Transport, p: Endpoint, rec: PDRecord, fields: RequestFields | None) -> Hop:

@@ -390,7 +390,8 @@ class _Exchange:
         if not self.sc.parity:
             return
         self.obs.parity = await record_parity(self.obs.records,
-                                              lambda rec: reference(ctx.client, ctx.prefill, rec, self.sc.request))
+                                              lambda rec: reference(ctx.client, ctx.prefill, rec, self.sc.request),
+                                              self.sc.parity_tolerance)
 
 
 async def run_fault_scenario(sc: ScenarioConfig, ctx: FaultContext, obs: ScenarioObservation) -> FaultResult:

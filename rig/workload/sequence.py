@@ -488,7 +488,7 @@ class _Sequence:
                 else s.fields_for("reference")
             prompt = rec.decode_prompt if rec.decode_prompt is not None else rec.prompt
             return await ctx.client.direct(ctx.prefill, prompt, rec.max_tokens, fields=fields, endpoint=s.endpoint)
-        self.obs.parity = await record_parity(self.obs.records, reference)
+        self.obs.parity = await record_parity(self.obs.records, reference, self.sc.parity_tolerance)
 
     async def _probe_refusals(self) -> None:
         """Every router request that ended without an answer, sent once more straight to D with

@@ -1,0 +1,46 @@
+"""An action as a scenario of the rig's own language, and a finding as a suite YAML.
+
+:func:`scenario_of` is the one conversion: the executor runs every action as the scenario it
+returns, and a minimal failing action is written as that same scenario, so ``pdrig e2e --config
+<profile> --set suite=<file>`` reruns exactly what the explorer ran. A single P/D step started at
+once is ``kind: edge`` (its stall is decided with the block arithmetic of rig/judge/early_verdict.py
+and known issues with ``admission`` match it); anything else is ``kind: sequence``
+(rig/config/sequence.py).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import yaml
+
+from rig.explore.grammar import Action, Topology, step_dict
+
+
+def scenario_of(action: Action, topo: Topology, name: str, known_issue: dict[str, Any] | None = None,
+                description: str = "") -> dict[str, Any]:
+    """The scenario mapping of ``action`` on ``topo`` called ``name`` (a scenario name), with
+    ``known_issue`` (a KnownIssue mapping) when given. Validated by the caller's config loader."""
+    steps = action.steps
+    base: dict[str, Any] = {"name": name, "description": description or f"explore: {action.describe()}",
+                            "prefill": topo.prefill, "decode": topo.decode}
+    if len(steps) == 1 and steps[0].route == "pd" and steps[0].start is None:
+        s = steps[0]
+        sc: dict[str, Any] = {**base, "prompt_tokens": s.prompt_tokens, "max_tokens": s.max_tokens}
+        if s.count > 1:
+            sc["concurrent"] = s.count
+        if s.request is not None:
+            sc["request"] = s.request.model_dump(mode="json", exclude_defaults=True)
+        if s.ignore_eos:
+            sc.setdefault("request", {}).setdefault("all", {})["ignore_eos"] = True
+    else:
+        sc = {**base, "kind": "sequence", "sequence": {"steps": [step_dict(s) for s in steps], "idle_margin_s": 2}}
+    if known_issue is not None:
+        sc["known_issue"] = known_issue
+    return sc
+
+
+def suite_yaml(scenarios: list[dict[str, Any]], header: str) -> str:
+    """A suite file: ``header`` as ``#`` comment lines, then the scenarios as a YAML list."""
+    comment = "".join(f"# {line}\n" if line else "#\n" for line in header.splitlines())
+    return comment + yaml.safe_dump(scenarios, sort_keys=False, width=120)

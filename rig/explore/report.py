@@ -1,0 +1,93 @@
+"""The exploration's report: explore.json (the data), explore.md (coverage table, each distinct
+failure with its minimal YAML, stable/flaky, the build, the known issue it matches) and
+explore-junit.xml (one testcase per finding, failed unless it matches a known issue)."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+from xml.sax.saxutils import escape, quoteattr
+
+
+@dataclass
+class ExploreReport:
+    """What an exploration produced. ``actions``: actions run while exploring; ``runs``: every
+    live scenario run (actions, replays, shrink candidates, emitted checks); ``startup_s``: seconds
+    spent starting each topology's pair before its first action; ``action_s``: wall
+    seconds spent in exploring actions; ``first_failure_s``: seconds from the start (deployment
+    start-up included) to the first violation, ``first_failure_actions`` the actions run by then."""
+
+    config: str
+    seed: int
+    run_dir: str
+    status: str = "done"
+    error: str = ""
+    vllm_version: str = ""
+    actions: int = 0
+    runs: int = 0
+    startup_s: float = 0.0
+    action_s: float = 0.0
+    wall_s: float = 0.0
+    first_failure_s: float | None = None
+    first_failure_actions: int | None = None
+    fields: dict[str, list[str]] = field(default_factory=dict)
+    coverage: list[dict[str, Any]] = field(default_factory=list)
+    findings: list[dict[str, Any]] = field(default_factory=list)
+
+    @property
+    def actions_per_min(self) -> float:
+        """Exploring actions per minute of action wall time (start-up excluded)."""
+        return self.actions / self.action_s * 60 if self.action_s else 0.0
+
+
+def render_md(r: ExploreReport) -> str:
+    """explore.md."""
+    ff = f"{r.first_failure_s:.0f} s ({r.first_failure_actions} actions)" if r.first_failure_s is not None else "-"
+    out = [f"# pdrig explore: {r.config}, seed {r.seed}", "",
+           f"status {r.status}{': ' + r.error if r.error else ''}; vLLM {r.vllm_version or 'unknown'}; "
+           f"{r.actions} actions ({r.actions_per_min:.1f}/min on the deployment), {r.runs} live runs in all, "
+           f"{r.wall_s:.0f} s wall of which {r.startup_s:.0f} s start-up; first failure after {ff}", "",
+           "## Coverage (sometimes goals)", "", "| goal | reached | count | what | note |", "|---|---|---|---|---|"]
+    out += [f"| {c['goal']} | {'yes' if c['reached'] else 'no'} | {c['count']} | {c['description']} | {c['note']} |"
+            for c in r.coverage]
+    out += ["", "## Failures", ""]
+    if not r.findings:
+        out.append("none found")
+    out += ["| # | signature | seen | stability | minimal requests | known issue | emitted YAML gave | YAML |",
+            "|---|---|---|---|---|---|---|---|"] if r.findings else []
+    for i, f in enumerate(r.findings, 1):
+        out.append(f"| {i} | `{f['signature']}` | {f['seen']} | {f['stability']} | {f['minimal_requests'] or '-'} | "
+                   f"{f['known_issue']} | {f['emitted_verdict'] or '-'} | {f['yaml'] or '-'} |")
+    for i, f in enumerate(r.findings, 1):
+        if f["yaml"] and Path(f["yaml"]).is_file():
+            out += ["", f"### Finding {i}: `{f['signature']}`", "", f["reason"][:400], "", "```yaml",
+                    Path(f["yaml"]).read_text().rstrip(), "```"]
+    if r.fields:
+        out += ["", "## Request fields drawn (from vLLM's request models)", ""]
+        out += [f"- {ep}: {', '.join(names)}" for ep, names in r.fields.items()]
+    return "\n".join(out) + "\n"
+
+
+def render_junit(r: ExploreReport) -> str:
+    """explore-junit.xml: one testcase per finding (a known issue's: skipped; a new one: failure)."""
+    cases = []
+    for i, f in enumerate(r.findings, 1):
+        name = quoteattr(f"finding-{i}: {f['signature']}")
+        if f["known_issue"] != "new":
+            body = f"<skipped message={quoteattr('known issue ' + f['known_issue'])}/>"
+        else:
+            body = f"<failure message={quoteattr(f['stability'])}>{escape(f['reason'][:2000])}</failure>"
+        cases.append(f'  <testcase classname="explore.{escape(r.config)}" name={name}>{body}</testcase>')
+    failures = sum(f["known_issue"] == "new" for f in r.findings)
+    return (f'<?xml version="1.0" encoding="utf-8"?>\n<testsuite name="pdrig-explore" tests="{len(cases)}" '
+            f'failures="{failures}" skipped="{len(cases) - failures}">\n' + "\n".join(cases) + "\n</testsuite>\n")
+
+
+def write_explore_report(r: ExploreReport, run_dir: Path) -> None:
+    """Write explore.json, explore.md and explore-junit.xml into ``run_dir``."""
+    data = {**asdict(r), "actions_per_min": r.actions_per_min}
+    (run_dir / "explore.json").write_text(json.dumps(data, indent=1, default=str))
+    (run_dir / "explore.md").write_text(render_md(r))
+    (run_dir / "explore-junit.xml").write_text(render_junit(r))
