@@ -62,6 +62,8 @@ def fresh_prompt_seeds(cfg: RigConfig, salt: str) -> RigConfig:
     run on, and ``kv-pulled`` (every prompt token must come from external_kv_transfer) fails
     although nothing is wrong (a second ``pdrig e2e --attach`` against the same ``pdrig up`` pulled
     only part of the prompt: docs/howto/attach.md). The seeds used are in the run's config.yaml / report.
+    A request that reuses another's prompt by name (``same_as`` / ``head_of``) is resolved against
+    these seeds (rig.workload.prompts.resolve), so reuse holds within the run.
     """
     from rig.workload.prompts import seed_of
 
@@ -96,9 +98,12 @@ def cmd_e2e(args: argparse.Namespace) -> int:
     if unknown:
         suite_dirs = {Path(args.config).parent / "suites", REPO_CONFIGS / "suites"}
         raise ConfigError(unknown_scenarios_message(unknown, known, sorted(suite_dirs)))
+    scenarios = select_scenarios(cfg, args.scenario)
     if not args.attach and not args.docker:
         preflight(cfg)
-    scenarios = select_scenarios(cfg, args.scenario)
+        from rig.run.request_check import check_request_fields
+
+        check_request_fields(cfg, scenarios)
     if args.instances:
         from rig.run.topology import parse_instances, scenarios_on
 

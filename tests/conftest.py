@@ -164,6 +164,25 @@ def assert_no_survivors(path: Path, within_s: float) -> None:
     assert left == {}, f"servers survived the test: {left}"
 
 
+def run_on_fakes(tmp_path: Path, scenarios: list[dict], decodes: dict[str, dict[str, Any]] | None = None,
+                 overrides: list[str] | None = None) -> tuple[Any, Path]:
+    """Run scenario dicts ``scenarios`` on fake P and D (``decodes`` as in :func:`fake_config`,
+    ``overrides`` as ``--set``); returns (result, run dir) and asserts nothing was left running."""
+    from rig.config import load_config
+    from rig.run.runner import SuiteRunner, new_run_dir
+
+    cfg = load_config(write_config(tmp_path, fake_config(tmp_path, decodes=decodes, scenarios=scenarios)),
+                      overrides or [])
+    run_dir = new_run_dir(cfg)
+    try:
+        result = SuiteRunner(cfg, list(cfg.scenarios), run_dir, quiet=True).run()
+    finally:
+        left = wait_no_survivors(str(tmp_path), within_s=10)
+        kill_pids(left)
+    assert left == {}, f"fake servers survived: {left}"
+    return result, run_dir
+
+
 @pytest.fixture(autouse=True)
 def _idle_host_for_fakes(request, monkeypatch):
     """Fake-server and recorded tests judge stalls as on an idle host: the stall evidence reads the

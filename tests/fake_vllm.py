@@ -544,6 +544,9 @@ class Server:
         prompt, n_out = checked
         # Which fields each hop carried (tests of per-hop request fields read this line).
         log("INFO", f"completion fields: {','.join(sorted(body))}", "serving_completion.py:1")
+        # Which token IDs each request carried (prompt-reuse tests compare them across requests).
+        log("INFO", f"prompt ids: {','.join(map(str, prompt)) if isinstance(prompt, list) else prompt}",
+            "serving_completion.py:2")
         n_choices = int(body.get("n") or 1)
         a, m, lv = self.args, self.metrics, self.metrics.lv
         ktp = body.get("kv_transfer_params") or {}

@@ -134,7 +134,8 @@ def test_decode_dying_at_warm_up_fails_its_scenarios_and_the_run_goes_on(base):
     a, b, after = result.observations
     for obs in (a, b):
         assert obs.dead == {"decode": 1}, obs.dead
-        assert obs.death_lines["decode"].endswith(CRASH_LINE), obs.death_lines
+        assert obs.death_lines["decode"].startswith("RuntimeError: fake engine core died mid-request (first fatal line")
+        assert obs.death_lines["decode"].endswith(CRASH_LINE + ")"), obs.death_lines
         assert obs.records == [] and obs.error == ""  # a FAIL of the system, not a rig ERROR
     va, vb, vafter = result.verdicts
     assert va.verdict == vb.verdict == "FAIL"
@@ -150,7 +151,7 @@ def test_decode_dying_mid_scenario_fails_it_and_the_next_scenario_on_it(base):
         scenarios=[scenario("hit", "decode"), scenario("next", "decode")])
     result, _ = _run(cfg)
     hit, nxt = result.observations
-    assert hit.dead == {"decode": 1} and hit.death_lines["decode"].endswith(CRASH_LINE)
+    assert hit.dead == {"decode": 1} and hit.death_lines["decode"].endswith(CRASH_LINE + ")")
     assert [r.outcome for r in hit.records] == ["connection_error"]
     assert hit.error == ""
     assert nxt.dead == {"decode": 1} and nxt.records == []  # not run on a dead decode
@@ -168,7 +169,7 @@ def test_a_prefill_that_died_is_restarted_for_the_next_phase(base):
     result, run_dir = _run(cfg)
     dies, back = result.observations
     assert once.exists()
-    assert dies.dead == {"prefill": 1} and dies.death_lines["prefill"].endswith(CRASH_LINE)
+    assert dies.dead == {"prefill": 1} and dies.death_lines["prefill"].endswith(CRASH_LINE + ")")
     assert back.dead == {} and back.death_lines == {}
     assert [v.verdict for v in result.verdicts] == ["FAIL", "PASS"], [v.reason for v in result.verdicts]
     log = (run_dir / "logs" / "prefill.log").read_text()

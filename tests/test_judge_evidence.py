@@ -525,7 +525,7 @@ def test_an_uncaught_canary_says_what_each_request_showed():
     assert m.seen == "edge-126-0: ok, KV not pulled, parity equal; edge-126-1: stalled"
     v = judge(sc(), obs_of([], evidence=_ev(nixl_bytes=0)))
     assert v.reason.startswith("completed: 0/0 completed; token-counts: no answer to count; kv-pulled: no answered "
-                               "request to show a transfer for")
+                               "request to show where its prompt came from")
 
 
 def test_a_versioned_outcome_with_ds_version_unknown_is_error_and_a_death_still_fails():

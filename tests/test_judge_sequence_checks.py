@@ -145,7 +145,8 @@ def test_kv_pulled_counts_the_pd_steps_only():
     obs, res = run([answered("l0", 64, 8), answered("h0", 32, 4)], {"l0": ("load", "pd"), "h0": ("head", "decode")})
     obs.evidence = TransferEvidence(nixl_bytes=1.0, nixl_transfers=1, external_prompt_tokens=64)
     c = kv_pulled_pd_check(obs, res)
-    assert c.ok is True and c.detail.startswith("pd and router steps only: nixl 1 B in 1 transfers")
+    assert c.ok is True and c.detail.startswith("pd and router steps only: D: external_kv_transfer +64")
+    assert "nixl 1 B in 1 transfers" in c.detail
     obs.evidence = TransferEvidence(nixl_bytes=1.0, nixl_transfers=1, external_prompt_tokens=63)
     c = kv_pulled_pd_check(obs, res)
     assert c.ok is False and c.requests == ("l0",)

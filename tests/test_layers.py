@@ -86,9 +86,8 @@ _PLUGIN = ("the pytest plugin is loaded by every pytest session of an environmen
 LAZY: dict[tuple[str, str], str] = {
     **{("rig.cli", m): _CLI for m in (
         "rig.cluster.builds", "rig.cluster.logs", "rig.cluster.ports", "rig.config.help", "rig.plan.compose",
-        "rig.plan.k8s", "rig.proxy", "rig.run.docker_run", "rig.run.hostruns", "rig.run.matrix", "rig.run.runner",
-        "rig.run.topology",
-        "rig.run.wave_cli",
+        "rig.plan.k8s", "rig.proxy", "rig.run.docker_run", "rig.run.hostruns", "rig.run.matrix",
+        "rig.run.request_check", "rig.run.runner", "rig.run.topology", "rig.run.wave_cli",
         "rig.transport.client", "rig.transport.endpoint", "rig.workload.prompts",
         "rig.explore.explorer", "rig.explore.grammar",
         "rig.workload.warmup")},

@@ -7,12 +7,11 @@ from __future__ import annotations
 import pytest
 from pydantic import ValidationError
 
-from conftest import fake_config, kill_pids, scenario, wait_no_survivors, write_config
+from conftest import fake_config, run_on_fakes, scenario, write_config
 from rig.config import ConfigError, load_config
 from rig.config.request_fields import RequestFields
 from rig.judge.checks import stream_check
 from rig.observe.parity import compare_choices, compare_hops
-from rig.run.runner import SuiteRunner, new_run_dir
 from rig.transport.records import Hop, PDRecord
 
 
@@ -75,19 +74,6 @@ def test_stream_check_only_judges_streamed_answers():
     assert c.ok is False and c.requests == ("c",) and "[DONE]" in c.detail
 
 
-def _run_on_fakes(tmp_path, scs):
-    """Run scenario dicts ``scs`` on fake P and D; (result, run dir); nothing left running."""
-    cfg = load_config(write_config(tmp_path, fake_config(tmp_path, scenarios=scs)))
-    run_dir = new_run_dir(cfg)
-    try:
-        result = SuiteRunner(cfg, list(cfg.scenarios), run_dir, quiet=True).run()
-    finally:
-        left = wait_no_survivors(str(tmp_path), within_s=10)
-        kill_pids(left)
-    assert left == {}
-    return result, run_dir
-
-
 def test_fields_reach_their_hop_only_and_streams_and_choices_are_judged(tmp_path):
     """Against fake servers: n=2 on the decode hop and the reference (parity per choice), stop on
     every hop, top_k on the prefill hop only, a streamed decode hop; the fakes log which fields
@@ -98,7 +84,7 @@ def test_fields_reach_their_hop_only_and_streams_and_choices_are_judged(tmp_path
                      "decode": {"n": 2}, "reference": {"n": 2}}},
         {**scenario("streamed", "decode", max_tokens=4), "request": {"decode": {"stream": True}}},
     ]
-    result, run_dir = _run_on_fakes(tmp_path, scs)
+    result, run_dir = run_on_fakes(tmp_path, scs)
     v = {x.scenario: x for x in result.verdicts}
     assert v["n2"].verdict == "PASS", v["n2"].reason
     assert v["streamed"].verdict == "PASS", v["streamed"].reason
@@ -128,7 +114,7 @@ def test_chat_and_several_prompts_scenarios_are_judged(tmp_path):
         {**scenario("three-prompts", "decode", max_tokens=4), "expect": {"completion_tokens": 24, "total_tokens": 144},
          "request": {"prompts": 3, "decode": {"n": 2}, "reference": {"n": 2}}},
     ]
-    result, run_dir = _run_on_fakes(tmp_path, scs)
+    result, run_dir = run_on_fakes(tmp_path, scs)
     v = {x.scenario: x for x in result.verdicts}
     assert v["chat"].verdict == "PASS", v["chat"].reason
     assert v["three-prompts"].verdict == "PASS", v["three-prompts"].reason

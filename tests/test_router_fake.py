@@ -79,7 +79,7 @@ SUITE = Path(__file__).resolve().parents[1] / "configs" / "suites" / "regression
 R27 = next(s for s in yaml.safe_load(SUITE.read_text()) if s["name"] == "r27-router-relays-refusal")
 SCENARIOS.append(R27)
 DECODES = {"decode": {}, "decode-r26": R26_ENV, "decode-r26b": R26_ENV,
-           "decode-short": {"extra_args": ["--max-model-len", "112"]}}
+           "decode-mml112": {"max_model_len": 112}}
 
 
 # suite: (RunResult, run_dir) of one run of SCENARIOS

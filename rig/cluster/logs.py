@@ -289,12 +289,78 @@ def _exception_line(lines: list[str], header: int) -> str | None:
     """The line that ends the traceback whose header is ``lines[header]``: the first later line
     whose message, after vLLM's "(Proc pid=N) LEVEL date [file:line] " prefix, is neither
     indented, empty nor a caret marker; None when the log ends first."""
-    for later in lines[header + 1:]:
+    at = _exception_index(lines, header)
+    return None if at is None else lines[at].strip()
+
+
+def _exception_index(lines: list[str], header: int) -> int | None:
+    """The index of :func:`_exception_line` in ``lines``; None when the log ends first."""
+    for at in range(header + 1, len(lines)):
+        later = lines[at]
         prefix = _VLLM_PREFIX.match(later)  # every group is optional: it always matches
         msg = later[prefix.end():] if prefix else later
         if msg.strip() and not msg[:1].isspace() and not msg.lstrip().startswith("^"):
-            return later.strip()
+            return at
     return None
+
+
+# Python's words between the tracebacks of a chained exception (traceback.py, PEP 3134).
+CHAINED = ("During handling of the above exception, another exception occurred:",
+           "The above exception was the direct cause of the following exception:")
+# How far below a fatal line that names no exception its traceback may start (vLLM logs
+# "EngineCore encountered a fatal error." and the traceback on the next line, vllm/v1/engine/core.py).
+TRACEBACK_WITHIN_LINES = 3
+
+
+def _message(line: str) -> str:
+    """``line`` without vLLM's "(Proc pid=N) LEVEL date [file:line] " prefix, stripped."""
+    prefix = _VLLM_PREFIX.match(line)
+    return (line[prefix.end():] if prefix else line).strip()
+
+
+def final_exception(lines: list[str], start: int) -> str | None:
+    """The exception that ended the traceback at or just below ``lines[start]`` (its header at most
+    :data:`TRACEBACK_WITHIN_LINES` lines further), without vLLM's log prefix: for a chained
+    traceback (:data:`CHAINED`) the last exception of the chain, e.g. "TimeoutError: RPC call to
+    sample_tokens timed out." below "EngineCore encountered a fatal error.". None when no
+    traceback starts there or the log ends inside it."""
+    header = next((i for i in range(start, min(start + 1 + TRACEBACK_WITHIN_LINES, len(lines)))
+                   if TRACEBACK in lines[i]), None)
+    last = None
+    while header is not None:
+        at = _exception_index(lines, header)
+        if at is None:
+            return last
+        last = _message(lines[at])
+        # The chain goes on when the next message lines are Python's chaining words and a new header.
+        rest = [i for i in range(at + 1, min(at + 6, len(lines))) if _message(lines[i])]
+        if len(rest) >= 2 and _message(lines[rest[0]]) in CHAINED and TRACEBACK in lines[rest[1]]:
+            header = rest[1]
+        else:
+            header = None
+    return last
+
+
+def death_summary(text: str, patterns: tuple[str, ...]) -> str | None:
+    """What ended an instance, from its log ``text``: the exception that ended the traceback of its
+    first fatal line (:func:`final_exception`) followed by that line, ``"<exception> (first fatal
+    line: <line>)"``; ``"<exception> (logged by <vLLM's log prefix>)"`` when the first fatal line is
+    that exception (a traceback header's, :func:`first_fatal_line`); the line alone when no
+    traceback follows it; None when no line matches ``patterns``. "EngineCore encountered a
+    fatal error" alone reads like a vLLM crash whatever the cause (an RPC timeout on a busy host, an
+    assert of the connector), so the exception comes first."""
+    lines = until_stop_marker(text).splitlines()
+    found = _first_fatal(lines, patterns)
+    if found is None:
+        return None
+    i, line = found
+    exc = final_exception(lines, i)
+    if exc is None:
+        return line
+    if line.endswith(exc):  # the first fatal line is that exception (a traceback header's)
+        where = line[:len(line) - len(exc)].strip()
+        return f"{exc} (logged by {where})" if where else exc
+    return f"{exc} (first fatal line: {line})"
 
 
 def first_fatal_line(text: str, patterns: tuple[str, ...]) -> str | None:
@@ -308,17 +374,26 @@ def first_fatal_line(text: str, patterns: tuple[str, ...]) -> str | None:
     left out (:func:`until_stop_marker`).
     """
     lines = until_stop_marker(text).splitlines()
+    found = _first_fatal(lines, patterns)
+    if found is None:
+        return None
+    i, line = found
+    # "EngineCore encountered a fatal error." (logger.exception, vllm/v1/engine/core.py) is
+    # followed by its traceback: the exception that ended it is named too.
+    if TRACEBACK not in lines[i] and i + 1 < len(lines) and TRACEBACK in lines[i + 1]:
+        exc = _exception_line(lines, i + 1)
+        return f"{line} -> {exc}" if exc else line
+    return line
+
+
+def _first_fatal(lines: list[str], patterns: tuple[str, ...]) -> tuple[int, str] | None:
+    """``(index, line)`` of :func:`first_fatal_line` in ``lines``; None when no line matches."""
     for i, ln in enumerate(lines):
         if not any(p in ln for p in patterns):
             continue
         if TRACEBACK not in ln:
-            # "EngineCore encountered a fatal error." (logger.exception, vllm/v1/engine/core.py) is
-            # followed by its traceback: the exception that ended it is named too.
-            if i + 1 < len(lines) and TRACEBACK in lines[i + 1]:
-                exc = _exception_line(lines, i + 1)
-                return f"{ln.strip()} -> {exc}" if exc else ln.strip()
-            return ln.strip()
-        return _exception_line(lines, i) or ln.strip()
+            return i, ln.strip()
+        return i, _exception_line(lines, i) or ln.strip()
     return None
 
 

@@ -16,7 +16,7 @@ from rig.config.base import StrictModel, regex_field
 # else a known issue excuses only on the requests that show its symptom.
 # Checks a scenario may add to its kind's required ones (``ScenarioConfig.require``):
 # rig/judge/counters.py (bug record R12) and rig/judge/cached_tokens.py (bug record R15).
-OptionalCheck = Literal["counters-monotonic", "cached-tokens"]
+OptionalCheck = Literal["counters-monotonic", "cached-tokens", "gauges-account"]
 # ``spec-drafted`` / ``preempted`` (expect.min_spec_drafts / min_preemptions): a symptom that stops
 # every request before its first decode step leaves the counter flat (bug record R01's pool deadlock).
 RunLevelCheck = Literal["alive", "no-fatal-log", "idle-after", "no-stall", "kv-integrity", "counters-monotonic",

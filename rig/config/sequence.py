@@ -67,12 +67,25 @@ class Step(StrictModel):
                                            "request to sequence.router, which drives both hops)")
     prompt_tokens: int = Field(ge=1, description="exact prompt length (token IDs)")
     max_tokens: int = Field(ge=1, description="completion tokens asked for")
-    count: int = Field(1, ge=1, description="distinct prompts of this shape, sent together")
+    count: int = Field(1, ge=1, description="prompts of this shape sent together: distinct, or count identical "
+                                            "copies with same_as / head_of")
+    same_as: str | None = Field(
+        None, description="send this request's prompt (rig/workload/prompts.py): <step> of this scenario, "
+                          "<scenario>/<step>, or <scenario> (an edge or fault scenario's request 0); "
+                          "prompt_tokens must equal its length")
+    head_of: str | None = Field(
+        None, description="send the first prompt_tokens tokens of this request's prompt (named as in same_as)")
     ignore_eos: bool = Field(False, description="ask every hop for ignore_eos (the full max_tokens)")
     request: RequestFields | None = Field(
         None, description="extra completions fields per hop (rig/config/request_fields.py); a one-hop route "
                           "(decode, prefill) sends its hop with the decode fields (the hop that answers)")
     start: StartRule | None = Field(None, description="None = at the scenario's start")
+    cancel_after_ms: tuple[float, float] | None = Field(
+        None, description="route pd: [lo, hi] ms; request k of the step is closed lo + k (hi - lo) / (count - 1) ms "
+                          "after it was sent (a sweep over count requests): the hop in flight then is closed, no "
+                          "later hop is sent, the request ends cancelled on purpose; one that finished first counts "
+                          "as answered. P and D must be idle within kv_lease_duration + idle_margin_s")
+
     transform: Transform | None = Field(
         None, description="route pd: D's request derived from the prompt and P's answer as a router would "
                           "(rig/config/routes.py); parity against the reference of the prompt D got")
@@ -85,6 +98,37 @@ class Step(StrictModel):
     expect_status: int | None = Field(
         None, ge=400, le=599, description="every request of this step must end with this HTTP status (an "
                                           "expected refusal, e.g. 400 for a body D refuses)")
+
+    @model_validator(mode="after")
+    def _cancel_sweep(self) -> Step:
+        if self.cancel_after_ms is None:
+            return self
+        lo, hi = self.cancel_after_ms
+        if not (0 <= lo <= hi < float("inf")):
+            raise ValueError(f"step {self.id!r}: cancel_after_ms [{lo:g}, {hi:g}]: give [lo, hi] ms with 0 <= lo <= hi")
+        if self.route != "pd":
+            raise ValueError(f"step {self.id!r}: cancel_after_ms cancels a P/D request; set route: pd (route "
+                             f"{self.route} has no hop to cut in between)")
+        return self
+
+    def cancel_at_ms(self, k: int) -> float | None:
+        """When request ``k`` of the step is cancelled (ms after it was sent); None = never."""
+        if self.cancel_after_ms is None:
+            return None
+        lo, hi = self.cancel_after_ms
+        return lo if self.count == 1 else lo + k * (hi - lo) / (self.count - 1)
+
+    @model_validator(mode="after")
+    def _one_prompt_source(self) -> Step:
+        given = [f for f in ("same_as", "head_of", "prefix_of", "repeat_of") if getattr(self, f)]
+        if len(given) > 1:
+            raise ValueError(f"step {self.id!r}: {' and '.join(given)}: give one prompt source (same_as = another "
+                             "request's whole prompt, head_of = its first prompt_tokens tokens, prefix_of = an "
+                             "earlier step's prompt + fresh tokens, repeat_of = the prompt D got in an earlier step)")
+        if (self.same_as or self.head_of) and self.prompts > 1:
+            raise ValueError(f"step {self.id!r}: same_as / head_of send one reused prompt per request; "
+                             "set request.prompts: 1")
+        return self
 
     @model_validator(mode="after")
     def _transform_on_pd(self) -> Step:
@@ -247,8 +291,6 @@ class SequenceConfig(StrictModel):
                         raise ValueError(f"sequence.steps[{s.id}].repeat_of: the step must start after step "
                                          f"{src_id!r} (its prompt comes from P's answer there); add start: "
                                          f"{{after: {src_id}, event: answered}}")
-            if s.prefix_of and s.repeat_of:
-                raise ValueError(f"sequence.steps[{s.id}]: give prefix_of or repeat_of, not both")
         if self.router is not None and not any(s.route == "router" for s in self.steps):
             raise ValueError("sequence.router: no step has route router; add one or remove router")
         return self
@@ -267,3 +309,9 @@ class SequenceConfig(StrictModel):
     def abandons(self) -> bool:
         """True when some step never sends its decode hop (P's lease bounds the idle check)."""
         return any(s.route == "pd-abandon" for s in self.steps)
+
+    @property
+    def cancels(self) -> bool:
+        """True when some step cancels its requests on purpose (``cancel_after_ms``): a request cut
+        after P answered leaves P's blocks to its lease, which then bounds the idle check."""
+        return any(s.cancel_after_ms is not None for s in self.steps)

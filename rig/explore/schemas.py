@@ -3,61 +3,30 @@
 The explorer draws request fields from the schema of ``CompletionRequest`` and
 ``ChatCompletionRequest`` (vllm/entrypoints/openai/completion/protocol.py and
 chat_completion/protocol.py, 0.32.0) as the build under test defines them, not from a
-hand-picked list: the rig's core never imports vLLM, so a subprocess of ``launch.command``'s
-interpreter dumps ``model_json_schema()`` once and the result is cached under ``cache_dir``
-(keyed by the interpreter path and its vLLM version). A build whose interpreter cannot import
-those models yields ``{}``: the explorer then says so and draws no extra fields.
+hand-picked list: the rig's core never imports vLLM, so the rig's one schema reader
+(rig/cluster/request_schemas.py) asks a subprocess of ``launch.command``'s interpreter, cached per
+vLLM version. A build whose interpreter cannot answer yields ``{}``: the explorer then says so and
+draws no extra fields. :func:`field_types` turns a schema into what the generator draws from.
 """
 
 from __future__ import annotations
 
-import hashlib
-import json
-import subprocess
 from pathlib import Path
 from typing import Any
 
-_DUMP = r"""
-import json, sys
-out = {}
-try:
-    import vllm
-    out["version"] = getattr(vllm, "__version__", "")
-except Exception as e:
-    print(json.dumps({"error": f"{type(e).__name__}: {e}"})); sys.exit(0)
-for name, mod, cls in (("completions", "vllm.entrypoints.openai.completion.protocol", "CompletionRequest"),
-                       ("chat", "vllm.entrypoints.openai.chat_completion.protocol", "ChatCompletionRequest")):
-    try:
-        m = __import__(mod, fromlist=[cls])
-        out[name] = getattr(m, cls).model_json_schema()
-    except Exception as e:
-        out.setdefault("errors", {})[name] = f"{type(e).__name__}: {e}"
-print(json.dumps(out))
-"""
+from rig.cluster.request_schemas import request_schemas as cluster_request_schemas
 
 
-def request_schemas(python: str, cache_dir: str | Path, timeout_s: float = 600) -> dict[str, dict[str, Any]]:
+def request_schemas(python: str, cache_dir: str | Path) -> dict[str, dict[str, Any]]:
     """``{endpoint: json_schema}`` for ``completions`` and ``chat`` as the vLLM under ``python``
-    (an interpreter path, ``launch.command[0]`` with ``{python}`` resolved) defines them; ``{}``
-    when that interpreter has no vLLM or the models moved. Cached as JSON under
-    ``<cache_dir>/request-schemas/``. Raises nothing for a missing vLLM; ``OSError`` only when
-    the interpreter cannot be executed at all."""
-    key = hashlib.blake2b(str(Path(python).resolve()).encode(), digest_size=8).hexdigest()
-    cache = Path(cache_dir) / "request-schemas" / f"{key}.json"
-    if cache.is_file():
-        data = json.loads(cache.read_text())
-    else:
-        try:
-            out = subprocess.run([python, "-c", _DUMP], capture_output=True, text=True, timeout=timeout_s,
-                                 check=False)
-            lines = out.stdout.strip().splitlines()
-            data = json.loads(lines[-1]) if lines else {"error": out.stderr[-500:]}
-        except (subprocess.TimeoutExpired, ValueError) as e:
-            data = {"error": f"{type(e).__name__}: {e}"}
-        if "error" not in data:
-            cache.parent.mkdir(parents=True, exist_ok=True)
-            cache.write_text(json.dumps(data))
-    return {k: v for k, v in data.items() if k in ("completions", "chat") and isinstance(v, dict)}
+    (``launch.command``'s interpreter) defines them, read by the rig's one schema reader
+    (:func:`rig.cluster.request_schemas.request_schemas`, cached per vLLM version); ``{}`` when that
+    interpreter cannot answer (no vLLM, the models moved): the explorer then draws no extra fields."""
+    try:
+        schemas = cluster_request_schemas(python, Path(cache_dir))
+    except RuntimeError:
+        return {}
+    return {k: v for k, v in schemas.items() if k in ("completions", "chat") and isinstance(v, dict)}
 
 
 def field_types(schema: dict[str, Any]) -> dict[str, dict[str, Any]]:

@@ -3,7 +3,8 @@
 what could not be looked at is "not checked", never ok.
 
 - ``completed``: every request ended with D's (or, route prefill, P's) answer; an abandoned
-  request (route pd-abandon) counts when P answered its prefill hop. Failed per request, named
+  request (route pd-abandon) counts when P answered its prefill hop, a request cancelled on purpose
+  (``cancel_after_ms``) when it was cut or answered first. Failed per request, named
   with its step, outcome and diagnosis.
 - ``token-counts``: per step, every answered request has ``max_tokens`` completion tokens and
   ``prompt_tokens`` prompt tokens in its usage (times ``request.prompts``, completion also times
@@ -19,6 +20,9 @@ what could not be looked at is "not checked", never ok.
   abandoned prefill answer; the detail names the steps still outstanding then (bug record R06: a
   heartbeated head must not shield expired leases; vllm/.../nixl/base_worker.py
   ``_reap_expired_send_leases``, PR #50789).
+- ``gauges-account`` (``require: [gauges-account]``): D's gauges counted every request outstanding
+  at D, but for gaps shorter than ``timeouts.stall_window_s`` (vLLM PR #56640: a full prefix-cache
+  hit parked in WAITING_FOR_REMOTE_KVS and counted nowhere).
 - ``idle-after`` over the kind's own drains, with the bound it applied.
 - ``refusal-relayed`` (steps with route router): every router request that ended without an
   answer got D's own refusal, status and error message, as D answers the same body sent straight
@@ -51,7 +55,7 @@ from rig.judge.checks import (
 from rig.judge.verdict import _kv_pulled, required_checks  # the one kv-pulled rule, over the pd steps only
 from rig.observe.observations import ScenarioObservation
 from rig.transport.records import PDRecord
-from rig.workload.sequence import ABANDONED, SequenceResult
+from rig.workload.sequence import ABANDONED, CANCELLED, SequenceResult
 
 PULLING_ROUTES = ("pd", "router")  # D pulls the prompt's KV over NIXL on these routes
 
@@ -65,7 +69,7 @@ def _ended_well(rec: PDRecord, route: str, expect_status: int | None = None) -> 
         return rec.outcome == "cancelled" and rec.diagnosis == ABANDONED
     if expect_status is not None:
         return rec.outcome == "http_error" and rec.decode is not None and rec.decode.status == expect_status
-    return rec.outcome == "ok"
+    return rec.outcome == "ok" or (rec.outcome == "cancelled" and rec.diagnosis.startswith(CANCELLED))
 
 
 def completed_check(obs: ScenarioObservation, result: SequenceResult, spec: SequenceConfig | None = None) -> Check:
@@ -78,8 +82,10 @@ def completed_check(obs: ScenarioObservation, result: SequenceResult, spec: Sequ
     bad = [r for r in obs.records if not _ended_well(r, steps[r.request_id][1], expected.get(steps[r.request_id][0]))]
     if not bad:
         n_ab = sum(1 for r in obs.records if steps[r.request_id][1] == "pd-abandon")
-        return Check("completed", True, f"{len(obs.records) - n_ab} answered"
-                     + (f", {n_ab} abandoned after P answered" if n_ab else ""))
+        n_cut = sum(1 for r in obs.records if r.outcome == "cancelled" and r.diagnosis.startswith(CANCELLED))
+        return Check("completed", True, f"{len(obs.records) - n_ab - n_cut} answered"
+                     + (f", {n_ab} abandoned after P answered" if n_ab else "")
+                     + (f", {n_cut} cancelled on purpose (cancel_after_ms)" if n_cut else ""))
     text = "; ".join(f"{r.request_id} (step {steps[r.request_id][0]}"
                      + (f", expected HTTP {expected[steps[r.request_id][0]]}" if expected.get(steps[r.request_id][0])
                         else "") + f"): {r.outcome}"
@@ -180,6 +186,23 @@ def no_stall_check(result: SequenceResult, records: list[PDRecord] | None = None
     return Check("no-stall", True, "D never froze with requests waiting while requests were outstanding")
 
 
+def gauges_account_check(result: SequenceResult) -> Check:
+    """``gauges-account`` (``require: [gauges-account]``; vLLM PR #56640: a request parked in
+    WAITING_FOR_REMOTE_KVS that D reports in no gauge): D's running + waiting / kv-fetch gauges
+    counted every request outstanding at D, but for gaps shorter than ``timeouts.stall_window_s``
+    (a request between D's HTTP server and its engine, an answer on its way back). Not checked
+    when D was never sampled with a request outstanding at it."""
+    g, window = result.gauges, result.gauge_window_s
+    if g.samples == 0:
+        return Check("gauges-account", None, "not checked: D was never sampled with a request outstanding at it")
+    if g.longest_s < window:
+        return Check("gauges-account", True, f"D's gauges counted every outstanding request in {g.samples} samples "
+                                             f"(longest shortfall {g.longest_s:g} s, bound {window:g} s)")
+    return Check("gauges-account", False, f"D's gauges showed {g.visible:g} of {g.outstanding} outstanding requests "
+                                          f"for {g.longest_s:g} s (until {g.at_ms:g} ms): requests D holds but "
+                                          "counts in no gauge (running, waiting, kv_fetch)")
+
+
 def lease_reaped_check(result: SequenceResult, lease_s: float, margin_s: float,
                        reap_while: str | None = None) -> Check:
     """``lease-reaped``: P reaped every abandoned lease within the bound (module docstring). With
@@ -225,9 +248,12 @@ def sequence_checks(sc: ScenarioConfig, obs: ScenarioObservation, result: Sequen
     if spec.routes_through_router:
         out.append(refusal_relayed_check(result))
     out.append(no_stall_check(result, obs.records))
+    if "gauges-account" in sc.require:
+        out.append(gauges_account_check(result))
     if spec.abandons:
         out.append(lease_reaped_check(result, result.lease_s, spec.idle_margin_s, spec.reap_while))
-    bound = f"within {result.idle_bound_s:g} s" + (" = kv_lease_duration + idle_margin_s" if spec.abandons else "")
+    bound = f"within {result.idle_bound_s:g} s" + (" = kv_lease_duration + idle_margin_s"
+                                                    if spec.abandons or spec.cancels else "")
     out.append(idle_check(obs, drains=result.drains, describe=lambda d: f"{d.describe()} ({bound})")
                if result.drains else Check("idle-after", None, "not checked: no drain was observed"))
     out += [alive_check(obs), fatal_log_check(obs), kv_integrity_check(obs)]

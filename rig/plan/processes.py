@@ -51,14 +51,18 @@ def kv_transfer_config(cfg: RigConfig, role: str, inst: InstanceConfig) -> dict[
     return connector_json(
         mode=cfg.connector_of(inst), kv_role="kv_producer" if role == "prefill" else "kv_consumer",
         device=cfg.device, lookup_rpc_port=cfg.mooncake.lookup_rpc_base_port + cfg.index_of(inst.name),
-        kv_buffer_device=cfg.nixl.kv_buffer_device, nixl_extra=_nixl_extra(cfg),
-        kv_load_failure_policy=inst.kv_load_failure_policy)
+        kv_buffer_device=cfg.nixl.kv_buffer_device, nixl_extra=_nixl_extra(cfg, inst),
+        kv_load_failure_policy=inst.kv_load_failure_policy,
+        store_extra=inst.kv_connector_extra_config.store if inst.kv_connector_extra_config else None)
 
 
-def _nixl_extra(cfg: RigConfig) -> dict[str, Any]:
-    """The NIXL ``kv_connector_extra_config`` keys the config sets (None = vLLM's default)."""
+def _nixl_extra(cfg: RigConfig, inst: InstanceConfig) -> dict[str, Any]:
+    """The NIXL ``kv_connector_extra_config`` keys the config sets (None = vLLM's default): the
+    top-level ``nixl.num_threads`` / ``nixl.kv_lease_duration``, then the instance's own
+    ``kv_connector_extra_config.nixl`` keys, which win."""
     extra = {"num_threads": cfg.nixl.num_threads, "kv_lease_duration": cfg.nixl.kv_lease_duration}
-    return {k: v for k, v in extra.items() if v is not None}
+    out = {k: v for k, v in extra.items() if v is not None}
+    return {**out, **(inst.kv_connector_extra_config.nixl if inst.kv_connector_extra_config else {})}
 
 
 def vllm_argv(cfg: RigConfig, role: str, inst: InstanceConfig, model_path: str, python: str,
@@ -77,7 +81,7 @@ def vllm_argv(cfg: RigConfig, role: str, inst: InstanceConfig, model_path: str, 
         "--host", cfg.launch.host,
         "--port", str(inst.port),
         "--block-size", str(inst.block_size or cfg.block_size),
-        "--max-model-len", str(cfg.max_model_len),
+        "--max-model-len", str(cfg.max_model_len_of(inst)),
         "--dtype", cfg.dtype,
         "--seed", str(cfg.launch.seed),
         "--kv-transfer-config", json.dumps(kv_transfer_config(cfg, role, inst), separators=(",", ":")),

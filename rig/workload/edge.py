@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 
 import httpx
 
@@ -27,7 +27,7 @@ from rig.observe.stall import EarlyRule, Stall, StallWatcher, watch
 from rig.transport.client import Transport, cancel_task
 from rig.transport.endpoint import Endpoint
 from rig.transport.records import Hop, PDRecord, classify, prefill_failure
-from rig.workload.prompts import make_prompt, request_prompt, seed_of
+from rig.workload.prompts import make_prompt, resolve, seed_of
 
 BetweenHops = Callable[[PDRecord], Awaitable[None]]
 
@@ -135,10 +135,14 @@ async def run_edge(sc: ScenarioConfig, client: Transport, http: httpx.AsyncClien
                    store: SnapshotStore | None, obs: ScenarioObservation,
                    transfer_window_s: float | None = None, between: BetweenHops | None = None,
                    early: EarlyRule | None = None, engine_cpu: Callable[[], float | ProcSample | None] | None = None,
-                   inconclusive_s: float = 0.0, router: Endpoint | None = None) -> None:
+                   inconclusive_s: float = 0.0, router: Endpoint | None = None,
+                   scenarios: Sequence[ScenarioConfig] = ()) -> None:
     """Run one edge scenario, filling ``obs.records``, ``obs.parity`` and ``obs.stall_diagnosis``.
     With ``router`` every request is one request to that router (which drives both hops) instead
     of the rig's prefill and decode hops; the router's answer is kept as the decode hop.
+
+    Request ``i``'s prompt follows the seed rule, or the scenario's ``same_as`` / ``head_of``
+    resolved among ``scenarios`` (the run's; rig.workload.prompts.resolve).
 
     Each request has ``deadline_s`` seconds for both hops; past it the request is ``timeout``.
     D frozen for ``window_s`` seconds (``transfer_window_s`` while a KV read is in flight) is a
@@ -150,7 +154,7 @@ async def run_edge(sc: ScenarioConfig, client: Transport, http: httpx.AsyncClien
     seed = sc.seed if sc.seed is not None else seed_of(sc.name)
     fields = sc.request or RequestFields()
     obs.records = [PDRecord(request_id=f"{sc.name}-{i}", prompt_len=sc.prompt_tokens, max_tokens=sc.max_tokens,
-                            prompt=request_prompt(sc.prompt_tokens, seed + i, fields.prompts),
+                            prompt=resolve(scenarios, sc, None, i),
                             endpoint=fields.endpoint)
                    for i in range(sc.concurrent)]
     decode_tasks: dict[str, asyncio.Task] = {}

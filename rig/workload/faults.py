@@ -378,7 +378,7 @@ class _Exchange:
             pass
         # After the recovery request: its own blocks must come back too. The bound counts from
         # here, later than the fault, so it is never tighter than the lease that applies.
-        self.result.idle_bound_s = ctx.cfg.nixl.lease_s + self.spec.idle_margin_s
+        self.result.idle_bound_s = ctx.cfg.lease_s_of(ctx.prefill.name) + self.spec.idle_margin_s
         for e in (ctx.decode, ctx.prefill):
             self.result.drains.append(await wait_idle(ctx.http, e.name, e.url, before[e.name],
                                                       self.result.idle_bound_s))

@@ -22,6 +22,8 @@ hops, each its own record (request ids ``<scenario>-<step>-<k * decode_hops + j>
 got is kept in ``PDRecord.decode_prompt`` and parity is computed against the reference of that
 prompt. A router step's request that ended without an answer is sent once more straight to D
 with the same body (``refusals``): the client's status and error must be D's own.
+A ``pd`` step with ``cancel_after_ms`` closes request k's hops in flight at its point of the sweep
+(outcome ``cancelled``, :data:`CANCELLED`; event ``cut``), and no later hop is sent.
 
 While any request is outstanding, D is watched by the one stall watcher
 (:func:`rig.observe.stall.watch`); on a stall every outstanding request is cancelled and ends
@@ -54,9 +56,10 @@ from rig.transport.client import cancel_task
 from rig.transport.endpoint import Endpoint
 from rig.transport.hops import derive_decode
 from rig.transport.records import PDRecord, classify, prefill_failure
-from rig.workload.prompts import make_prompt, request_prompt, seed_of
+from rig.workload.prompts import make_prompt, resolve, seed_of
 
 ABANDONED = "abandoned by the scenario: the decode hop is never sent (P holds the blocks until its lease)"
+CANCELLED = "cancelled by the scenario (cancel_after_ms)"
 
 
 @dataclass
@@ -97,6 +100,40 @@ class LeaseReap:
 
 
 @dataclass
+class GaugeGap:
+    """Whether D's gauges counted the requests the rig had outstanding at D (a decode hop, or a
+    straight-to-D request, sent and not ended). ``visible`` per sample = ``num_requests_running`` +
+    the larger of ``num_requests_waiting`` and the sum of ``num_requests_kv_fetch_by_stage`` (a
+    request in WAITING_FOR_REMOTE_KVS that a build counts in neither is invisible: vLLM PR #56640).
+    ``samples``: scrapes taken with a request outstanding at D; ``longest_s`` the longest run of
+    consecutive such scrapes in which ``visible`` stayed below the outstanding count, seconds from
+    its first to its last scrape; ``outstanding`` / ``visible`` / ``at_ms`` at that run's last scrape."""
+
+    samples: int = 0
+    longest_s: float = 0.0
+    outstanding: int = 0
+    visible: float = 0.0
+    at_ms: float | None = None
+    _since: float | None = None
+
+    def feed(self, snap: m.MetricSnapshot, outstanding: int, now_s: float, now_ms: float) -> None:
+        """Account one scrape of D taken at monotonic ``now_s`` with ``outstanding`` requests at D."""
+        if outstanding == 0:
+            self._since = None
+            return
+        self.samples += 1
+        fetch = sum(snap.by_label(m.KV_FETCH_BY_STAGE, "stage").values())
+        visible = snap.value(m.RUNNING) + max(snap.value(m.WAITING), fetch)
+        if visible >= outstanding:
+            self._since = None
+            return
+        self._since = now_s if self._since is None else self._since
+        if now_s - self._since >= self.longest_s:
+            self.longest_s = round(now_s - self._since, 3)
+            self.outstanding, self.visible, self.at_ms = outstanding, visible, now_ms
+
+
+@dataclass
 class RefusalProbe:
     """A router request that ended without an answer, and D's own answer to the same body sent
     straight to it: ``client_status`` / ``client_error`` what the router's client got,
@@ -121,6 +158,8 @@ class SequenceResult:
     drains: list[DrainResult] = field(default_factory=list)
     idle_bound_s: float = 0.0
     lease_s: float = 0.0  # nixl.kv_lease_duration of the run (the lease-reaped bound)
+    gauges: GaugeGap = field(default_factory=GaugeGap)
+    gauge_window_s: float = 0.0  # timeouts.stall_window_s: a gap this long fails gauges-account
     router_url: str = ""  # where route router steps went ('' = no router step)
     refusals: list[RefusalProbe] = field(default_factory=list)
 
@@ -180,20 +219,20 @@ class _Sequence:
 
     def _records(self) -> list[tuple[Step, PDRecord]]:
         """Every step's records, in step order; ``prefix_of`` prompts start with the source step's
-        (its request ``k mod count``); ``repeat_of`` prompts are filled when the step is sent."""
+        (its request ``k mod count``); ``repeat_of`` prompts are filled when the step is sent; the
+        others follow the seed rule or their ``same_as`` / ``head_of`` (rig.workload.prompts.resolve)."""
         seed = self.sc.seed if self.sc.seed is not None else seed_of(self.sc.name)
         out: list[tuple[Step, PDRecord]] = []
         prompts: dict[str, list] = {}
         for s in self.spec.steps:
             prompts[s.id] = []
             for k in range(s.count):
-                kseed = seed_of(f"{seed}/{s.id}/{k}")
                 if s.prefix_of is not None:
                     src = prompts[s.prefix_of]
                     head = src[k % len(src)]
-                    prompt = head + make_prompt(s.prompt_tokens - len(head), kseed)
-                else:
-                    prompt = request_prompt(s.prompt_tokens, kseed, s.prompts)
+                    prompt = head + make_prompt(s.prompt_tokens - len(head), seed_of(f"{seed}/{s.id}/{k}"))
+                else:  # the seed rule, or same_as / head_of (rig.workload.prompts.resolve)
+                    prompt = resolve(self.ctx.cfg.scenarios, self.sc, s, k)
                 prompts[s.id].append(prompt)
                 group = []
                 for j in range(s.decode_hops):
@@ -221,7 +260,11 @@ class _Sequence:
         several decode hops) over ``s.route``, bounded by the scenario's deadline."""
         try:
             async with asyncio.timeout(self.deadline_s):
-                await self._route(s, recs)
+                at_ms = s.cancel_at_ms(int(recs[0].request_id.rsplit("-", 1)[1]) // s.decode_hops)
+                if at_ms is None:
+                    await self._route(s, recs)
+                else:
+                    await self._cut(s, recs, at_ms)
         except TimeoutError:
             for rec in recs:
                 if rec.outcome == "pending":
@@ -238,6 +281,23 @@ class _Sequence:
                 if rec.decode_sent_at is not None and rec.verdict_after_s is None:
                     rec.verdict_after_s = time.monotonic() - rec.decode_sent_at
                 await self.states[s.id].end()
+
+    async def _cut(self, s: Step, recs: list[PDRecord], at_ms: float) -> None:
+        """Send the group ``recs`` over ``s.route`` and close whatever hops are in flight ``at_ms``
+        after it was sent (no later hop is sent); a request answered first keeps its answer."""
+        inner = asyncio.create_task(self._route(s, recs))
+        done, _ = await asyncio.wait({inner}, timeout=at_ms / 1000)
+        if inner in done:
+            inner.result()
+            return
+        await cancel_task(inner)
+        for rec in recs:
+            if rec.outcome not in ("pending", "cancelled"):
+                continue  # this decode hop ended before the cut
+            e = self.entries[rec.request_id]
+            e.events_ms["cut"] = self.ms()
+            hop = "decode" if "decode-sent" in e.events_ms else "prefill"
+            rec.outcome, rec.diagnosis = "cancelled", f"{CANCELLED}: {hop} hop closed {at_ms:g} ms after it was sent"
 
     def _repeat_prompt(self, s: Step, rec: PDRecord) -> bool:
         """Fill ``rec.prompt`` from the prompt D got in step ``s.repeat_of`` (its request of the same
@@ -354,6 +414,12 @@ class _Sequence:
                 out.append(f"{sid} ({len(busy)} of {st.step.count}, route {st.step.route})")
         return out
 
+    def _at_d(self) -> int:
+        """Requests outstanding at D: a decode hop sent (``pd``) or a straight-to-D request sent, not ended.
+        A router step's requests are not counted: when its router sends the decode hop is not seen."""
+        return sum(1 for e in self.entries.values() if e.ended_ms is None and (
+            (e.route == "pd" and "decode-sent" in e.events_ms) or (e.route == "decode" and "sent" in e.events_ms)))
+
     # -- watchers -------------------------------------------------------------------------
 
     async def _watch_d(self, done: asyncio.Event) -> None:
@@ -361,11 +427,17 @@ class _Sequence:
         outstanding request with the diagnosis naming the steps they belong to."""
         t = self.ctx.cfg.timeouts
         d, http = self.ctx.decode, self.ctx.http
+        self.result.gauge_window_s = t.stall_window_s
+
+        def sampled(snap: m.MetricSnapshot) -> None:
+            self.ctx.store.sample(self.sc.name, snap)
+            self.result.gauges.feed(snap, self._at_d(), time.monotonic(), self.ms())
+
         stall = await watch(StallWatcher(t.stall_window_s, transfer_window_s=t.kv_transfer_s,
                                          inconclusive_s=t.stall_inconclusive_wait(self.sc.deadline_s),
                                          probe=self.ctx.cluster.proc_sample),
                             lambda: m.scrape(http, d.url, d.name), done.is_set, t.metrics_interval_s,
-                            on_sample=lambda snap: self.ctx.store.sample(self.sc.name, snap))
+                            on_sample=sampled)
         if stall is None:
             return
         outstanding = self._outstanding()
@@ -387,7 +459,7 @@ class _Sequence:
         assert reap is not None
         p, http = self.ctx.prefill, self.ctx.http
         interval = self.ctx.cfg.timeouts.metrics_interval_s
-        bound_ms = 1000 * (self.ctx.cfg.nixl.lease_s + self.spec.idle_margin_s)
+        bound_ms = 1000 * (self.ctx.cfg.lease_s_of(self.ctx.prefill.name) + self.spec.idle_margin_s)
         while True:
             try:
                 snap = await m.scrape(http, p.url, p.name, timeout_s=2.0)
@@ -409,7 +481,7 @@ class _Sequence:
 
     async def run(self) -> SequenceResult:
         ctx, spec = self.ctx, self.spec
-        self.result.lease_s = ctx.cfg.nixl.lease_s
+        self.result.lease_s = ctx.cfg.lease_s_of(ctx.prefill.name)
         if spec.routes_through_router:
             if not self.router.url:
                 raise RuntimeError("a router step needs a router: the runner starts pdrig proxy for it "
@@ -464,8 +536,8 @@ class _Sequence:
         abandoned request's blocks when its lease expires, vllm/.../nixl/base_worker.py
         ``_reap_expired_send_leases``)."""
         ctx = self.ctx
-        self.result.idle_bound_s = (ctx.cfg.nixl.lease_s + self.spec.idle_margin_s if self.spec.abandons
-                                    else ctx.cfg.timeouts.drain_s)
+        self.result.idle_bound_s = (ctx.cfg.lease_s_of(ctx.prefill.name) + self.spec.idle_margin_s
+                                    if self.spec.abandons or self.spec.cancels else ctx.cfg.timeouts.drain_s)
         for e in (ctx.decode, ctx.prefill):
             snap = before[e.name]
             base = snap.value(m.KV_USAGE) if snap is not None else 0.0

@@ -311,7 +311,7 @@ async def run_wave_scenario(sc: ScenarioConfig, cfg: RigConfig, p: Endpoint, d: 
     return await run_wave(sc, cfg.model.served_name, [p], [d], http, store, Path(run_dir) / "waves",
                           deadline_s=sc.deadline_s or cfg.timeouts.request_s,
                           usable_blocks=usable_blocks_of(cfg, [p.name, d.name]),
-                          block_size=cfg.block_size, max_model_len=cfg.max_model_len,
+                          block_size=cfg.block_size, max_model_len=cfg.max_model_len_of(d.name),
                           progress="off" if quiet else "auto", explain=explain, probe=probe,
                           **stall_settings(cfg, sc.deadline_s))
 
