@@ -208,8 +208,8 @@ class ScenarioConfig(StrictModel):
         default_factory=list,
         description="checks required beyond the kind's (not checked -> ERROR): counters-monotonic "
                     "(bug record R12, any kind), cached-tokens (bug record R15, kind edge, instances with "
-                    "--enable-prompt-tokens-details), gauges-account (kind sequence: D's running/waiting/kv-fetch gauges count every request "
-                    "outstanding at D, vLLM PR #56640)")
+                    "--enable-prompt-tokens-details), gauges-account (kind sequence: D's running/waiting/kv-fetch "
+                    "gauges count every request outstanding at D, vLLM PR #56640)")
 
     @model_validator(mode="before")
     @classmethod
