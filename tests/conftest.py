@@ -189,7 +189,7 @@ def _idle_host_for_fakes(request, monkeypatch):
     host's load average (rig.cluster.proctree.host_load), and on a host at load 50 a fake's spinning
     EngineCore may get too little CPU to count as stepping, which would make their verdicts depend
     on other people's work. Live tests (marker ``e2e``) keep the real load; a test that needs a load
-    patches it itself (tests/test_stall_evidence.py)."""
+    patches it itself (tests/observe/test_stall_evidence.py)."""
     if request.node.get_closest_marker("e2e") is None:
         from rig.cluster import proctree
 
