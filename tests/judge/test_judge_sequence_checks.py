@@ -1,0 +1,209 @@
+"""Sequence checks on hand-built results (rig/judge/sequence_checks.py): a miscounted answer of any
+step fails naming it, an unanswered request is not counted as answered, the required list grows
+with pd and pd-abandon steps. Written against `make mutation` survivors (docs/howto/mutation.md)."""
+
+from __future__ import annotations
+
+import pytest
+
+from rig.config import ScenarioConfig
+from rig.judge.sequence_checks import completed_check, sequence_required, token_counts_check
+from rig.observe.observations import ScenarioObservation
+from rig.transport.records import Hop, PDRecord
+from rig.workload.sequence import ABANDONED, SequenceEntry, SequenceResult
+
+LOAD = {"id": "load", "route": "pd", "prompt_tokens": 64, "max_tokens": 8}
+HEAD = {"id": "head", "route": "decode", "prompt_tokens": 32, "max_tokens": 4}
+
+
+def scen(*steps: dict) -> ScenarioConfig:
+    return ScenarioConfig.model_validate({"name": "s", "kind": "sequence", "sequence": {"steps": list(steps)}})
+
+
+def answered(rid: str, prompt: int, completion: int, ids: int | None = None) -> PDRecord:
+    r = PDRecord(rid, prompt, completion, outcome="ok")
+    r.decode = Hop("decode", status=200, token_ids=[1] * (completion if ids is None else ids),
+                   usage={"prompt_tokens": prompt, "completion_tokens": completion})
+    return r
+
+
+def run(records: list[PDRecord], steps: dict[str, tuple[str, str]]):
+    obs = ScenarioObservation(scenario="s", decode="decode", prefill="prefill", records=records)
+    res = SequenceResult(entries=[SequenceEntry(rid, st, route) for rid, (st, route) in steps.items()])
+    return obs, res
+
+
+STEPS = {"l0": ("load", "pd"), "l1": ("load", "pd"), "h0": ("head", "decode")}
+
+
+def test_token_counts_hold_per_step_and_name_the_counts():
+    sc = scen(LOAD, HEAD)
+    obs, res = run([answered("l0", 64, 8), answered("l1", 64, 8), answered("h0", 32, 4)], STEPS)
+    c = token_counts_check(sc.sequence, obs, res)
+    assert c.ok is True and c.detail == "load: 2 x 64+8, head: 1 x 32+4"
+
+
+@pytest.mark.parametrize("rec,why", [
+    (answered("h0", 31, 4), "h0: usage prompt/completion 31/4, expected 32/4"),
+    (answered("h0", 32, 3), "h0: usage prompt/completion 32/3, expected 32/4"),
+    (answered("h0", 32, 3, ids=4), "h0: usage prompt/completion 32/3, expected 32/4, 4 token_ids but usage says 3"),
+    (answered("h0", 32, 4, ids=5), "h0: 5 token_ids but usage says 4"),
+])
+def test_a_miscounted_answer_fails_naming_only_itself(rec, why):
+    sc = scen(LOAD, HEAD)
+    obs, res = run([answered("l0", 64, 8), answered("l1", 64, 8), rec], STEPS)
+    c = token_counts_check(sc.sequence, obs, res)
+    assert c.ok is False and c.detail == why and c.requests == ("h0",)
+
+
+def test_unanswered_requests_are_not_counted_and_none_answered_is_not_checked():
+    sc = scen(LOAD, HEAD)
+    t = PDRecord("h0", 32, 4, outcome="timeout")
+    t.decode = Hop("decode", status=200, usage={"prompt_tokens": 1, "completion_tokens": 1})  # a partial hop
+    obs, res = run([answered("l0", 64, 8), answered("l1", 64, 8), t], STEPS)
+    assert token_counts_check(sc.sequence, obs, res).ok is True
+    no_hop = PDRecord("h0", 32, 4, outcome="ok")  # ok without a decode hop: nothing to count
+    obs, res = run([no_hop], {"h0": ("head", "decode")})
+    c = token_counts_check(sc.sequence, obs, res)
+    assert c.ok is None and c.detail == "not checked: no answered request"
+
+
+def test_several_prompts_and_n_multiply_the_usage():
+    step = {**HEAD, "request": {"prompts": 2, "decode": {"n": 3}}}
+    sc = scen(step)
+    obs, res = run([answered("h0", 64, 24)], {"h0": ("head", "decode")})
+    assert token_counts_check(sc.sequence, obs, res).ok is True
+    obs, res = run([answered("h0", 64, 8)], {"h0": ("head", "decode")})
+    assert token_counts_check(sc.sequence, obs, res).ok is False
+
+
+def test_many_failures_are_all_named_and_the_detail_shows_six():
+    sc = scen(HEAD)
+    recs = [answered(f"h{i}", 31, 4) for i in range(8)]
+    obs, res = run(recs, {f"h{i}": ("head", "decode") for i in range(8)})
+    c = token_counts_check(sc.sequence, obs, res)
+    assert c.ok is False and c.requests == tuple(f"h{i}" for i in range(8)) and c.detail.count("h") == 6
+
+
+def test_completed():
+    obs, res = run([], {})
+    assert completed_check(obs, res).ok is None
+    ab = PDRecord("a0", 8, 8, outcome="cancelled", diagnosis=ABANDONED)
+    steps = {**STEPS, "a0": ("gone", "pd-abandon")}
+    obs, res = run([answered("l0", 64, 8), answered("l1", 64, 8), answered("h0", 32, 4), ab], steps)
+    c = completed_check(obs, res)
+    assert c.ok is True and c.detail == "3 answered, 1 abandoned after P answered"
+    obs, res = run([answered("l0", 64, 8)], {"l0": ("load", "pd")})
+    assert completed_check(obs, res).detail == "1 answered"
+    # a cancel that was not the planned abandon, and an abandoned-route request that was answered
+    other = PDRecord("a0", 8, 8, outcome="cancelled", diagnosis="cancelled by the stall watcher")
+    obs, res = run([other, answered("a1", 8, 8)], {"a0": ("gone", "pd-abandon"), "a1": ("gone", "pd-abandon")})
+    c = completed_check(obs, res)
+    assert c.ok is False and c.requests == ("a0", "a1")
+    assert c.detail.startswith("a0 (step gone): cancelled (cancelled by the stall watcher); a1 (step gone): ok")
+    many = [PDRecord(f"h{i}", 8, 8, outcome="timeout") for i in range(8)]
+    obs, res = run(many, {f"h{i}": ("head", "decode") for i in range(8)})
+    c = completed_check(obs, res)
+    assert c.ok is False and c.detail.endswith("h5 (step head): timeout; and 2 more") and len(c.requests) == 8
+    obs, res = run(many[:6], {f"h{i}": ("head", "decode") for i in range(6)})
+    assert "more" not in completed_check(obs, res).detail
+
+
+def test_sequence_required_grows_with_pd_and_abandon_steps():
+    base = set(sequence_required(scen(HEAD)))
+    assert "kv-pulled" not in base and "lease-reaped" not in base
+    assert set(sequence_required(scen(LOAD, HEAD))) - base == {"kv-pulled"}
+    gone = {"id": "gone", "route": "pd-abandon", "prompt_tokens": 8, "max_tokens": 8}
+    assert set(sequence_required(scen(HEAD, gone))) - base == {"lease-reaped"}
+
+
+# ------------------------------------------------------------------------- lease-reaped, kv-pulled, the list
+
+def test_lease_reaped_at_its_bound_and_its_gaps():
+    from rig.judge.sequence_checks import lease_reaped_check
+    from rig.workload.sequence import LeaseReap
+    res = SequenceResult(reap=LeaseReap(expired_before=2, want=3, last_abandoned_ms=500, reaped_ms=10500, rose=3,
+                                        outstanding_then=["head (1 of 1, route pd)"]))
+    c = lease_reaped_check(res, 5, 5)  # exactly lease + margin = 10 s after: in time
+    assert c.ok is True and c.detail == ("P's expired counter rose by 3 (>= 3 abandoned) 10.0 s after the last "
+                                         "abandoned prefill answer (bound 10 s), while outstanding: head (1 of 1, "
+                                         "route pd)")
+    res.reap.reaped_ms = 10600
+    assert lease_reaped_check(res, 5, 5).ok is False
+    res.reap.reaped_ms, res.reap.outstanding_then = 10600, []
+    c = lease_reaped_check(res, 5, 5, reap_while="head")  # late: failed even though the step had ended
+    assert c.ok is False and "while outstanding: no request" in c.detail
+    assert lease_reaped_check(SequenceResult(), 5, 5).ok is None
+    res.reap.last_abandoned_ms = None
+    c = lease_reaped_check(res, 5, 5)
+    assert c.ok is None and c.detail == "not checked: no abandoned request was answered by P"
+
+
+def test_kv_pulled_counts_the_pd_steps_only():
+    from rig.judge.sequence_checks import kv_pulled_pd_check
+    from rig.observe.observations import TransferEvidence
+    obs, res = run([answered("l0", 64, 8), answered("h0", 32, 4)], {"l0": ("load", "pd"), "h0": ("head", "decode")})
+    obs.evidence = TransferEvidence(nixl_bytes=1.0, nixl_transfers=1, external_prompt_tokens=64)
+    c = kv_pulled_pd_check(obs, res)
+    assert c.ok is True and c.detail.startswith("pd and router steps only: D: external_kv_transfer +64")
+    assert "nixl 1 B in 1 transfers" in c.detail
+    obs.evidence = TransferEvidence(nixl_bytes=1.0, nixl_transfers=1, external_prompt_tokens=63)
+    c = kv_pulled_pd_check(obs, res)
+    assert c.ok is False and c.requests == ("l0",)
+
+
+def test_sequence_checks_list_and_gaps():
+    from rig.judge.sequence_checks import sequence_checks
+    from rig.observe.observations import DrainResult
+    gone = {"id": "gone", "route": "pd-abandon", "prompt_tokens": 8, "max_tokens": 8}
+    sc = scen(LOAD, HEAD, gone)
+    obs, res = run([answered("l0", 64, 8)], {"l0": ("load", "pd")})
+    assert [c.name for c in sequence_checks(sc, obs, None)] == ["completed"]
+    assert sequence_checks(sc, obs, None)[0].ok is None
+    names = [c.name for c in sequence_checks(sc, obs, res)]
+    assert names == ["completed", "token-counts", "kv-pulled", "parity", "no-stall", "lease-reaped", "idle-after",
+                     "alive", "no-fatal-log", "kv-integrity"]
+    idle = next(c for c in sequence_checks(sc, obs, res) if c.name == "idle-after")
+    assert idle.ok is None and idle.detail == "not checked: no drain was observed"
+    res.drains, res.idle_bound_s = [DrainResult("decode", True, 0.2, 0.0, {"waiting": 0, "running": 0,
+                                                                           "kv_usage": 0})], 12.0
+    idle = next(c for c in sequence_checks(sc, obs, res) if c.name == "idle-after")
+    assert idle.ok is True and idle.detail == ("decode idle after 0.2 s (within 12 s = kv_lease_duration + "
+                                               "idle_margin_s)")
+    plain = scen(HEAD)
+    obs, res2 = run([answered("h0", 32, 4)], {"h0": ("head", "decode")})
+    res2.drains, res2.idle_bound_s = res.drains, 12.0
+    res = res2
+    names = [c.name for c in sequence_checks(plain, obs, res)]
+    assert "kv-pulled" not in names and "lease-reaped" not in names
+    idle = next(c for c in sequence_checks(plain, obs, res) if c.name == "idle-after")
+    assert idle.detail == "decode idle after 0.2 s (within 12 s)"
+    no_parity = ScenarioConfig.model_validate({"name": "s", "kind": "sequence", "parity": False,
+                                               "sequence": {"steps": [HEAD]}})
+    assert "parity" not in [c.name for c in sequence_checks(no_parity, obs, res)]
+
+
+def test_every_sequence_check_carries_its_name_in_every_state():
+    from rig.judge.sequence_checks import lease_reaped_check, no_stall_check
+    from rig.workload.sequence import LeaseReap
+    assert [c.name for c in (no_stall_check(SequenceResult()), no_stall_check(SequenceResult(stall="x")))] == [
+        "no-stall", "no-stall"]
+    c = no_stall_check(SequenceResult())
+    assert c.detail == "D never froze with requests waiting while requests were outstanding"
+    states = [LeaseReap(expired_before=None), LeaseReap(expired_before=1), LeaseReap(expired_before=1,
+              last_abandoned_ms=0), LeaseReap(expired_before=1, last_abandoned_ms=0, reaped_ms=100)]
+    got = [lease_reaped_check(SequenceResult(reap=r), 5, 5, reap_while="x") for r in states]
+    got.append(lease_reaped_check(SequenceResult(), 5, 5))
+    assert {c.name for c in got} == {"lease-reaped"}
+    assert [c.ok for c in got] == [None, None, False, None, None]
+    assert got[0].detail == "not checked: P has no vllm:nixl_num_kv_expired_reqs_total"
+    assert got[4].detail == "not checked: no step abandons its decode hop"
+    assert got[2].detail == ("P's nixl_num_kv_expired_reqs_total rose by 0 of 0 within kv_lease_duration + "
+                             "idle_margin_s = 10 s of the last abandoned prefill answer: expired leases not reaped")
+    obs, res = run([], {})
+    c = completed_check(obs, res)
+    assert (c.name, c.detail) == ("completed", "not checked: no request was sent")
+    obs, res = run([answered("h0", 32, 4)], {"h0": ("head", "decode")})
+    assert completed_check(obs, res).name == "completed"
+    obs, res = run([PDRecord("h0", 32, 4, outcome="timeout")], {"h0": ("head", "decode")})
+    assert completed_check(obs, res).name == "completed"

@@ -1,0 +1,279 @@
+"""Wave checks on built results, no servers (rig/judge/wave_checks.py): P's prefix hits that differ
+from the expectation fail, a stall is explained only by held blocks that really fill P's pool
+and only until their lease expires, a wave without a transfer or an answer fails kv-pulled.
+Written against `make mutation` survivors (docs/howto/mutation.md)."""
+
+from __future__ import annotations
+
+import pytest
+
+from rig.config import ScenarioConfig
+from rig.judge.wave_checks import _prefix_hits, _stall_check, explain_stall, wave_checks, wave_kv_pulled
+from rig.observe.observations import ScenarioObservation, TransferEvidence
+from rig.transport.records import WaveRecord
+from rig.workload.wave_result import WaveResult
+
+
+def rec(i: int = 0, outcome: str = "ok", prompt_len: int = 31, tokens: int | None = 2, **kw) -> WaveRecord:
+    return WaveRecord(request_id=f"w-{i}", prompt_len=prompt_len, max_tokens=2, index=i, stream=False,
+                      outcome=outcome, tokens=tokens, **kw)
+
+
+def wave(records: list[WaveRecord] | None = None, kind: str = "prefix-wave", **kw) -> WaveResult:
+    base = dict(scenario="w", kind=kind, client="fast", params={"prompt_tokens": 31, "concurrency": 2},
+                instances={"prefill": "prefill", "decode": "decode"},
+                records=records if records is not None else [rec()],
+                expected_prefix_hits=64, prefix_fits=True, deltas={"prefill": {"prefix_hits": 64.0}},
+                usable_blocks={"prefill": 8}, block_size=16, kv_lease_s=30.0)
+    base.update(kw)
+    return WaveResult(**base)
+
+
+def obs(**kw) -> ScenarioObservation:
+    o = ScenarioObservation(scenario="w", decode="decode", prefill="prefill",
+                            evidence=TransferEvidence(nixl_bytes=1024.0, nixl_transfers=1, external_prompt_tokens=31))
+    for k, v in kw.items():
+        setattr(o, k, v)
+    return o
+
+
+# ------------------------------------------------------------------------- prefix-hits
+
+@pytest.mark.parametrize("hits,ok", [(64.0, True), (63.0, False), (65.0, False), (0.0, False)])
+def test_prefix_hits_must_equal_the_expectation(hits, ok):
+    c = _prefix_hits(obs(), wave(deltas={"prefill": {"prefix_hits": hits}}), [rec()])
+    assert c.ok is ok and c.detail.startswith(f"P hits {hits:.0f} tokens, expected 64")
+
+
+def test_only_ps_hits_count_and_ds_are_named():
+    w = wave(deltas={"prefill": {"prefix_hits": 10.0}, "decode": {"prefix_hits": 54.0, "external_prefix_hits": 3.0}})
+    c = _prefix_hits(obs(), w, [rec()])
+    assert c.ok is False and c.detail.endswith("D decode: local 54, external 3")
+    two_p = wave(instances={"p1": "prefill", "p2": "prefill", "decode": "decode"},
+                 deltas={"p1": {"prefix_hits": 30.0}, "p2": {"prefix_hits": 34.0}})
+    assert _prefix_hits(obs(), two_p, [rec()]).ok is True
+
+
+@pytest.mark.parametrize("kw,why", [
+    ({"expected_prefix_hits": None}, "the expected hits are unknown"),
+    ({"prefix_fits": False}, "the prefixes cannot all stay cached on P"),
+])
+def test_prefix_hits_not_checked_when_the_expectation_cannot_hold(kw, why):
+    c = _prefix_hits(obs(), wave(deltas={"prefill": {"prefix_hits": 40.0}}, **kw), [rec()])
+    assert c.ok is None and c.detail.startswith(f"not checked: {why}; ")
+
+
+def test_prefix_hits_matching_its_expectation_is_ok_even_where_it_might_not_have():
+    c = _prefix_hits(obs(), wave(prefix_fits=False), [rec()])
+    assert c.ok is True and c.detail.endswith("; matched although the prefixes could not all stay cached on P")
+    c = _prefix_hits(obs(), wave(), [rec(), rec(1, outcome="cancelled", cancel_point="before-prefill")])
+    assert c.ok is True and c.detail.endswith("; matched although 1 requests cancelled before P answered")
+
+
+def test_prefix_hits_not_checked_after_early_cancels_or_without_ps_counter():
+    early = [rec(), rec(1, outcome="cancelled", cancel_point="before-prefill")]
+    c = _prefix_hits(obs(), wave(deltas={"prefill": {"prefix_hits": 40.0}}), early)
+    assert c.ok is None and c.detail.startswith("not checked: 1 requests cancelled before P answered")
+    c = _prefix_hits(obs(missing_metrics={"prefill": ["vllm:prefix_cache_hits_total"]}), wave(), [rec()])
+    assert c.ok is None and "prefill lacks" in c.detail
+
+
+# ------------------------------------------------------------------------- explain_stall
+
+def held(i: int, t_end: float, prompt_len: int = 31) -> WaveRecord:
+    return rec(i, outcome="cancelled", prompt_len=prompt_len, planned_cancel="between", cancel_point="between",
+               p_instance="prefill", t_end=t_end)
+
+
+def stall(start: float = 40.0, duration: float = 5.0, instance: str = "prefill") -> dict:
+    return {"instance": instance, "start_s": start, "duration_s": duration, "diagnosis": "frozen"}
+
+
+# 6 held requests of 31+1 tokens = 2 blocks each (16-token blocks) = 12 blocks; + 2 in flight x 2 = 16
+HELD = [held(i, 20.0 + i) for i in range(6)]
+
+
+def test_a_stall_of_ps_pool_full_of_abandoned_blocks_is_explained():
+    text = explain_stall(stall(), wave(HELD, usable_blocks={"prefill": 16}))
+    assert text.startswith("6 requests abandoned between the hops in the 30 s before hold ~12 of P's 16 usable")
+
+
+def test_a_decode_stall_is_never_explained():
+    assert explain_stall(stall(instance="decode"), wave(HELD, usable_blocks={"prefill": 16})) == ""
+
+
+@pytest.mark.parametrize("usable,explained", [(16, True), (17, False), (None, True)])
+def test_held_blocks_plus_in_flight_must_reach_ps_usable_blocks(usable, explained):
+    text = explain_stall(stall(), wave(HELD, usable_blocks={"prefill": usable}))
+    assert bool(text) is explained, text
+
+
+def test_the_held_requests_are_ps_cancelled_between_the_hops_in_the_lease_before_the_stall():
+    w = wave(usable_blocks={"prefill": 2}, params={"prompt_tokens": 31, "concurrency": 0})
+    assert explain_stall(stall(40.0), wave([held(0, 9.0)], **_kw(w))) != ""  # 40 - 30 - 1 = 9: inside
+    assert explain_stall(stall(40.0), wave([held(0, 8.9)], **_kw(w))) == ""  # ended before the lease window
+    assert explain_stall(stall(40.0), wave([held(0, 41.0)], **_kw(w))) != ""  # up to 1 s after the start
+    assert explain_stall(stall(40.0), wave([held(0, 41.1)], **_kw(w))) == ""
+    other_p = held(0, 20.0)
+    other_p.p_instance = "p2"
+    assert explain_stall(stall(40.0), wave([other_p], **_kw(w))) == ""
+    answered = rec(0, t_end=20.0, p_instance="prefill", cancel_point=None)
+    assert explain_stall(stall(40.0), wave([answered], **_kw(w))) == ""
+    no_end = held(0, 20.0)
+    no_end.t_end = None
+    assert explain_stall(stall(40.0), wave([no_end], **_kw(w))) == ""
+
+
+def _kw(w: WaveResult) -> dict:
+    return {"usable_blocks": w.usable_blocks, "params": w.params}
+
+
+def test_a_stall_that_outlives_the_first_lease_is_not_explained():
+    w = dict(usable_blocks={"prefill": 2}, params={"prompt_tokens": 31, "concurrency": 0})
+    # first lease expires at 20 + 30 = 50; + 12 s slack = 62
+    assert explain_stall(stall(40.0, 22.0), wave([held(0, 20.0)], **w)) != ""
+    assert explain_stall(stall(40.0, 22.1), wave([held(0, 20.0)], **w)) == ""
+
+
+def test_block_arithmetic_of_held_and_in_flight_requests():
+    # a 32-token prompt + 1 = 33 tokens = 3 blocks of 16; in flight: 2 x cdiv(32, 16) = 4 -> 7
+    w = dict(params={"prompt_tokens": 31, "concurrency": 2})
+    assert explain_stall(stall(), wave([held(0, 20.0, prompt_len=32)], usable_blocks={"prefill": 7}, **w)) != ""
+    assert explain_stall(stall(), wave([held(0, 20.0, prompt_len=32)], usable_blocks={"prefill": 8}, **w)) == ""
+    # no block size known: 16
+    assert explain_stall(stall(), wave([held(0, 20.0, prompt_len=32)], usable_blocks={"prefill": 7},
+                                       block_size=None, **w)) != ""
+
+
+def test_the_stall_check_fails_on_any_unexplained_stall():
+    assert _stall_check(wave()).ok is True
+    w = wave(stalls=[{**stall(), "explained": "held blocks"}, {**stall(instance="decode"), "explained": ""}])
+    c = _stall_check(w)
+    assert c.ok is False and "decode at 40 s for 5 s: UNEXPLAINED: frozen" in c.detail
+    assert _stall_check(wave(stalls=[{**stall(), "explained": "held"}])).ok is True
+
+
+# ------------------------------------------------------------------------- kv-pulled and the others
+
+@pytest.mark.parametrize("ev,ok", [
+    (TransferEvidence(nixl_transfers=1, external_prompt_tokens=31), True),
+    (TransferEvidence(nixl_transfers=0, external_prompt_tokens=31), False),
+    (TransferEvidence(nixl_transfers=1, external_prompt_tokens=30), False),
+    (TransferEvidence(nixl_transfers=1, external_prompt_tokens=20, cached_prompt_tokens=11), True),
+])
+def test_wave_kv_pulled(ev, ok):
+    c = wave_kv_pulled(obs(evidence=ev), [rec()])
+    assert c.ok is ok and c.requests == (() if ok else ("w-0",))
+
+
+def test_wave_kv_pulled_without_answer_or_metrics():
+    c = wave_kv_pulled(obs(), [rec(outcome="timeout")])
+    assert c.ok is False and c.requests == ("w-0",)
+    assert wave_kv_pulled(obs(evidence=None), [rec()]).ok is None
+    assert wave_kv_pulled(obs(missing_metrics={"decode": ["vllm:nixl_bytes_transferred_sum"]}), [rec()]).ok is None
+    # a parity mismatch is answered: its prompt must have been pulled too
+    assert wave_kv_pulled(obs(), [rec(), rec(1, outcome="parity_mismatch")]).ok is False
+
+
+def sc(**kw) -> ScenarioConfig:
+    base = dict(name="w", kind="pressure-wave", prompt_tokens=31, max_tokens=2)
+    base.update(kw)
+    return ScenarioConfig(**base)
+
+
+def states(checks) -> dict:
+    return {c.name: c.ok for c in checks}
+
+
+def test_wave_checks_fail_on_errors_empties_and_wrong_counts():
+    w = wave([rec(0), rec(1, outcome="timeout"), rec(2, outcome="empty", tokens=0), rec(3, tokens=1),
+              rec(4, outcome="cancelled", planned_cancel="between", cancel_point="between"),
+              rec(5, outcome="cancelled")], kind="pressure-wave")
+    cs = {c.name: c for c in wave_checks(sc(), obs(), w)}
+    assert cs["completed"].ok is False and set(cs["completed"].requests) == {"w-1", "w-2", "w-5"}
+    assert cs["no-errors"].ok is False and cs["no-errors"].requests == ("w-1", "w-5")
+    assert cs["no-errors"].detail.startswith("aborted 1, timeout 1; first: w-1: timeout")
+    assert cs["no-empty"].ok is False and cs["no-empty"].requests == ("w-2",)
+    assert cs["token-counts"].ok is False and cs["token-counts"].requests == ("w-3",)
+    assert cs["alive"].ok is True and cs["no-fatal-log"].ok is None  # none died; no log was scanned here
+    bare = {c.name: c for c in wave_checks(sc(), obs(), w, unwatched=True)}  # bare URLs: nothing to watch
+    assert bare["alive"].ok is None and bare["alive"].detail.startswith("not checked: not required")
+
+
+def test_wave_token_counts_against_usage_and_max_model_len():
+    r = rec(0, usage_tokens=3)
+    assert states(wave_checks(sc(), obs(), wave([r], kind="pressure-wave")))["token-counts"] is False
+    # clamped by max_model_len: 32 - 31 = 1 token expected
+    w = wave([rec(0, tokens=1)], kind="pressure-wave", max_model_len=32)
+    assert states(wave_checks(sc(), obs(), w))["token-counts"] is True
+    assert states(wave_checks(sc(), obs(), wave([rec(0, tokens=1)], kind="pressure-wave")))["token-counts"] is False
+    nothing = wave([rec(0, outcome="timeout")], kind="pressure-wave")
+    c = next(c for c in wave_checks(sc(), obs(), nothing) if c.name == "token-counts")
+    assert c.ok is False and c.detail == "no answer to count" and c.requests == ("w-0",)
+
+
+def test_wave_parity_sample():
+    w = wave([rec(0), rec(1, outcome="parity_mismatch", parity="diverged at 0")], kind="pressure-wave",
+             params={"parity_fraction": 0.5}, parity={"compared": 2, "equal": 1})
+    c = next(c for c in wave_checks(sc(), obs(), w) if c.name == "parity")
+    assert c.ok is False and c.requests == ("w-1",)
+    w = wave([rec(0)], kind="pressure-wave", params={"parity_fraction": 0.5}, parity={"compared": 0})
+    assert states(wave_checks(sc(), obs(), w))["parity"] is None
+    w = wave([rec(0)], kind="pressure-wave", params={"parity_fraction": 0.5}, parity={"compared": 1, "equal": 1,
+                                                                                       "failed": 1})
+    assert states(wave_checks(sc(), obs(), w))["parity"] is None
+    w = wave([rec(0)], kind="pressure-wave", params={"parity_fraction": 0.5}, parity={"compared": 1, "refused": 1})
+    assert states(wave_checks(sc(), obs(), w))["parity"] is False
+    w = wave([rec(0, outcome="timeout")], kind="pressure-wave", params={"parity_fraction": 0.5})
+    assert states(wave_checks(sc(), obs(), w))["parity"] is False
+    w = wave([rec(0)], kind="pressure-wave", params={"parity_fraction": 0.5}, parity={"compared": 1, "equal": 1})
+    assert states(wave_checks(sc(), obs(), w))["parity"] is True
+    assert "parity" not in states(wave_checks(sc(parity=False), obs(), w))
+
+
+# ------------------------------------------------------------------------- judge_wave
+
+def full_obs(**kw) -> ScenarioObservation:
+    from rig.observe.observations import DrainResult
+    o = obs(fatal_lines={"prefill": [], "decode": []}, kv_integrity_lines={"prefill": [], "decode": []},
+            drains=[DrainResult("decode", True, 0.1, 0.0, {"waiting": 0, "running": 0, "kv_usage": 0}),
+                    DrainResult("prefill", True, 0.1, 0.0, {"waiting": 0, "running": 0, "kv_usage": 0})],
+            vllm_version="0.32.0", versions={"prefill": "0.32.0", "decode": "0.32.0"})
+    for k, v in kw.items():
+        setattr(o, k, v)
+    return o
+
+
+def healthy_wave(**kw) -> WaveResult:
+    kw.setdefault("params", {"prompt_tokens": 31, "concurrency": 2, "parity_fraction": 1.0})
+    kw.setdefault("parity", {"compared": 1, "equal": 1})
+    return wave(kw.pop("records", [rec(0)]), kind="pressure-wave", **kw)
+
+
+def test_judge_wave_passes_a_healthy_wave_and_never_a_broken_one():
+    from rig.judge.wave_checks import judge_wave
+    v = judge_wave(sc(), full_obs(), healthy_wave())
+    assert v.verdict == "PASS", v.reason
+    # the wave's own error (a metrics scrape failed) is a failed check, also with records
+    v = judge_wave(sc(), full_obs(), healthy_wave(error="metrics unavailable: ConnectError"))
+    assert v.verdict == "FAIL" and "metrics: metrics unavailable: ConnectError" in v.reason
+    # no records and an error: the wave did not run
+    v = judge_wave(sc(), full_obs(), wave([], kind="pressure-wave", error="boom"))
+    assert (v.verdict, v.reason, v.scenario) == ("ERROR", "boom", "w")
+    v = judge_wave(sc(), full_obs(error="rig: lost the decode"), healthy_wave())
+    assert (v.verdict, v.reason) == ("ERROR", "rig: lost the decode")
+    v = judge_wave(sc(), full_obs(), None)
+    assert (v.verdict, v.reason) == ("ERROR", "the wave did not run")
+
+
+def test_judge_wave_explains_recorded_stalls_and_fails_the_unexplained():
+    from rig.judge.wave_checks import judge_wave
+    w = healthy_wave(stalls=[stall(instance="decode")])
+    v = judge_wave(sc(), full_obs(), w)
+    assert v.verdict == "FAIL" and "UNEXPLAINED" in v.reason and w.stalls[0]["explained"] == ""
+    w = healthy_wave(records=HELD + [rec(9)], usable_blocks={"prefill": 16}, stalls=[stall()])
+    judge_wave(sc(), full_obs(), w)
+    assert w.stalls[0]["explained"].startswith("6 requests abandoned between the hops")
+    w = healthy_wave(stalls=[{**stall(instance="decode"), "explained": "given by the wave"}])
+    judge_wave(sc(), full_obs(), w)
+    assert w.stalls[0]["explained"] == "given by the wave"  # an explanation the wave gave is kept
