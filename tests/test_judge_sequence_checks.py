@@ -207,3 +207,179 @@ def test_every_sequence_check_carries_its_name_in_every_state():
     assert completed_check(obs, res).name == "completed"
     obs, res = run([PDRecord("h0", 32, 4, outcome="timeout")], {"h0": ("head", "decode")})
     assert completed_check(obs, res).name == "completed"
+
+
+# ------------------------------------------------------------------------- router steps: refusal, repeat, kv-pulled
+
+ROUTED = {"id": "routed", "route": "router", "prompt_tokens": 16, "max_tokens": 4}
+AGAIN = {"id": "again", "route": "decode", "prompt_tokens": 16, "max_tokens": 4, "repeat_of": "routed",
+         "start": {"after": "routed", "event": "answered"}}
+
+
+def test_refusal_relayed_fails_on_another_status_or_message_and_names_each():
+    from rig.judge.sequence_checks import refusal_relayed_check
+    from rig.workload.sequence import RefusalProbe
+    assert refusal_relayed_check(SequenceResult()).ok is None
+    assert refusal_relayed_check(SequenceResult()).name == "refusal-relayed"
+    same = RefusalProbe("r0", 400, "too long", 400, "too long")
+    c = refusal_relayed_check(SequenceResult(refusals=[same]))
+    assert c.ok is True and c.name == "refusal-relayed"
+    assert c.detail == "1 refusal(s) relayed as D gave them: HTTP 400 (too long)"
+    status = RefusalProbe("r1", 200, "", 400, "too long")  # the router said 200 where D refused
+    message = RefusalProbe("r2", 400, "bad gateway", 400, "too long")  # D's status, another message
+    c = refusal_relayed_check(SequenceResult(refusals=[same, status, message]))
+    assert c.ok is False and c.name == "refusal-relayed" and c.requests == ("r1", "r2")
+    assert c.detail == ("r1: the router's client got HTTP 200 (); D answers the same body with HTTP 400 (too long)"
+                        "; and 1 more")
+    c = refusal_relayed_check(SequenceResult(refusals=[RefusalProbe("r3", 502, "x", None, "")]))
+    assert c.ok is False and c.detail == ("r3: the router's client got HTTP 502 (x); D answers the same body with "
+                                          "HTTP None (an answer)")
+
+
+def _repeat_run(parity_statuses: list[str | None], outcome: str = "ok"):
+    from rig.observe.parity import ParityResult
+    recs = [answered("r0", 16, 4)] + [answered(f"a{i}", 16, 4) for i in range(len(parity_statuses))]
+    for r in recs[1:]:
+        r.outcome = outcome
+    obs, res = run(recs, {"r0": ("routed", "router"), **{f"a{i}": ("again", "decode")
+                                                        for i in range(len(parity_statuses))}})
+    eq = ParityResult("equal")
+    obs.parity = [eq] + [None if s is None else ParityResult(s, position=2, pd_token=5, ref_token=6, reason="")
+                         for s in parity_statuses]
+    return obs, res
+
+
+def test_repeat_equal_fails_on_a_diverged_repeat_only():
+    from rig.judge.sequence_checks import repeat_equal_check
+    spec = scen(ROUTED, AGAIN).sequence
+    obs, res = _repeat_run(["equal", "equal"])
+    c = repeat_equal_check(spec, obs, res)
+    assert c.ok is True and c.name == "repeat-equal"
+    assert c.detail == "2 later direct request(s) for the same prompt equal the reference"
+    obs, res = _repeat_run(["equal", "diverged"])
+    c = repeat_equal_check(spec, obs, res)
+    assert c.ok is False and c.requests == ("a1",) and c.name == "repeat-equal"
+    assert c.detail == "a1: diverged at 2: 5 != 6 (D's prefix cache may hold blocks an earlier wrong transfer wrote)"
+    obs, res = _repeat_run(["diverged"] * 5)
+    c = repeat_equal_check(spec, obs, res)
+    assert c.requests == tuple(f"a{i}" for i in range(5)) and c.detail.count("diverged") == 3
+    # a diverged *routed* request is parity's business, not repeat-equal's
+    obs, res = _repeat_run(["equal"])
+    from rig.observe.parity import ParityResult
+    obs.parity[0] = ParityResult("diverged", position=0, pd_token=1, ref_token=2)
+    assert repeat_equal_check(spec, obs, res).ok is True
+
+
+@pytest.mark.parametrize("statuses,outcome", [([None], "ok"), (["refused"], "ok"), (["diverged"], "timeout"),
+                                              ([], "ok")])
+def test_repeat_equal_not_checked_without_a_compared_answered_repeat(statuses, outcome):
+    from rig.judge.sequence_checks import repeat_equal_check
+    obs, res = _repeat_run(statuses, outcome)
+    c = repeat_equal_check(scen(ROUTED, AGAIN).sequence, obs, res)
+    assert c.ok is None and c.name == "repeat-equal"
+    assert c.detail == "not checked: no repeated request was answered and compared"
+
+
+def test_repeat_equal_with_parity_missing_for_the_last_request_is_not_checked():
+    from rig.judge.sequence_checks import repeat_equal_check
+    obs, res = _repeat_run(["diverged"])
+    obs.parity = obs.parity[:1]  # parity of the repeat never computed
+    assert repeat_equal_check(scen(ROUTED, AGAIN).sequence, obs, res).ok is None
+
+
+def test_kv_pulled_counts_router_steps_and_leaves_out_a_stripped_transfer():
+    from rig.judge.sequence_checks import kv_pulled_pd_check
+    from rig.observe.observations import TransferEvidence
+    obs, res = run([answered("r0", 16, 4), answered("h0", 32, 4)], {"r0": ("routed", "router"),
+                                                                     "h0": ("head", "decode")})
+    obs.evidence = TransferEvidence(nixl_bytes=1.0, nixl_transfers=1, external_prompt_tokens=15)
+    c = kv_pulled_pd_check(obs, res, scen(ROUTED, HEAD).sequence)
+    assert c.ok is False and c.requests == ("r0",)  # the router's request pulled one token short
+    stripped = {**LOAD, "transform": {"strip": ["kv_transfer_params"]}}
+    obs, res = run([answered("l0", 64, 8), answered("r0", 16, 4)], {"l0": ("load", "pd"), "r0": ("routed", "router")})
+    obs.evidence = TransferEvidence(nixl_bytes=1.0, nixl_transfers=1, external_prompt_tokens=16)
+    assert kv_pulled_pd_check(obs, res, scen(stripped, ROUTED).sequence).ok is True
+    assert kv_pulled_pd_check(obs, res, scen(LOAD, ROUTED).sequence).ok is False  # l0 counted: 64 tokens missing
+    other = {**LOAD, "transform": {"strip": ["max_tokens"]}}
+    assert kv_pulled_pd_check(obs, res, scen(other, ROUTED).sequence).ok is False
+
+
+def test_router_and_repeat_steps_add_their_checks_and_requirements():
+    from rig.judge.sequence_checks import sequence_checks
+    sc = scen(ROUTED, AGAIN)
+    obs, res = _repeat_run(["equal"])
+    names = [c.name for c in sequence_checks(sc, obs, res)]
+    assert names[:6] == ["completed", "token-counts", "kv-pulled", "parity", "repeat-equal", "refusal-relayed"]
+    base = set(sequence_required(scen(HEAD)))
+    assert set(sequence_required(sc)) - base == {"kv-pulled", "repeat-equal"}
+    refused = {**ROUTED, "expect_status": 400}
+    assert set(sequence_required(scen(refused))) - base == {"kv-pulled", "refusal-relayed"}
+    assert "refusal-relayed" not in sequence_required(scen({**HEAD, "expect_status": 400}))
+    no_parity = ScenarioConfig.model_validate({"name": "s", "kind": "sequence", "parity": False,
+                                               "sequence": {"steps": [ROUTED, AGAIN]}})
+    assert "repeat-equal" not in sequence_required(no_parity)
+    assert "repeat-equal" not in [c.name for c in sequence_checks(no_parity, obs, res)]
+    sc2 = scen(ROUTED)
+    assert "repeat-equal" not in [c.name for c in sequence_checks(sc2, *_repeat_run([]))]
+    assert "refusal-relayed" not in [c.name for c in sequence_checks(scen(HEAD), *run([], {}))]
+    assert len(sequence_required(scen(LOAD, ROUTED))) == len(set(sequence_required(scen(LOAD, ROUTED))))
+
+
+def test_an_expected_refusal_counts_as_completed_only_with_that_status_from_d():
+    refused = {**HEAD, "expect_status": 400}
+    spec = scen(refused).sequence
+    ok = PDRecord("h0", 32, 4, outcome="http_error")
+    ok.decode = Hop("decode", status=400)
+    obs, res = run([ok], {"h0": ("head", "decode")})
+    assert completed_check(obs, res, spec).ok is True
+    wrong = PDRecord("h0", 32, 4, outcome="http_error")
+    wrong.decode = Hop("decode", status=500)
+    obs, res = run([wrong], {"h0": ("head", "decode")})
+    c = completed_check(obs, res, spec)
+    assert c.ok is False and c.detail == "h0 (step head, expected HTTP 400): http_error"
+    p_only = PDRecord("h0", 32, 4, outcome="http_error")  # no decode hop: P refused, not D
+    obs, res = run([p_only], {"h0": ("head", "decode")})
+    assert completed_check(obs, res, spec).ok is False
+    answered_instead = answered("h0", 32, 4)
+    obs, res = run([answered_instead], {"h0": ("head", "decode")})
+    assert completed_check(obs, res, spec).ok is False
+
+
+def test_token_counts_of_a_transformed_router_request_use_the_prompt_d_got():
+    step = {**LOAD, "transform": {"append_first_token": True, "set": {"max_tokens": 2}}}
+    spec = scen(step).sequence
+    rec = answered("l0", 65, 2)
+    rec.decode_prompt = [1] * 65
+    obs, res = run([rec], {"l0": ("load", "pd")})
+    c = token_counts_check(spec, obs, res)
+    assert c.ok is True
+    rec2 = answered("l0", 64, 8)
+    rec2.decode_prompt = [1] * 65
+    obs, res = run([rec2], {"l0": ("load", "pd")})
+    assert token_counts_check(spec, obs, res).detail == "l0: usage prompt/completion 64/8, expected 65/2"
+
+
+def test_token_counts_on_chat_compare_the_completion_only():
+    step = {**HEAD, "request": {"endpoint": "chat"}}
+    spec = scen(step).sequence
+    obs, res = run([answered("h0", 50, 4)], {"h0": ("head", "decode")})
+    assert token_counts_check(spec, obs, res).ok is True
+    obs, res = run([answered("h0", 32, 3)], {"h0": ("head", "decode")})
+    c = token_counts_check(spec, obs, res)
+    assert c.ok is False and c.detail == "h0: usage prompt/completion None/3, expected None/4"
+
+
+def test_gauges_account_states():
+    from rig.judge.sequence_checks import gauges_account_check
+    from rig.workload.sequence import GaugeGap
+    c = gauges_account_check(SequenceResult())
+    assert c.ok is None and c.name == "gauges-account"
+    res = SequenceResult(gauges=GaugeGap(samples=4, longest_s=1.9, outstanding=2, visible=1.0), gauge_window_s=2.0)
+    c = gauges_account_check(res)
+    assert c.ok is True and c.detail == ("D's gauges counted every outstanding request in 4 samples (longest "
+                                         "shortfall 1.9 s, bound 2 s)")
+    res.gauges.longest_s, res.gauges.at_ms = 2.0, 1500.0  # at the bound: a gap as long as the stall window fails
+    c = gauges_account_check(res)
+    assert c.ok is False and c.name == "gauges-account"
+    assert c.detail == ("D's gauges showed 1 of 2 outstanding requests for 2 s (until 1500 ms): requests D holds but "
+                        "counts in no gauge (running, waiting, kv_fetch)")
