@@ -59,12 +59,20 @@ def test_only_ps_hits_count_and_ds_are_named():
     ({"prefix_fits": False}, "the prefixes cannot all stay cached on P"),
 ])
 def test_prefix_hits_not_checked_when_the_expectation_cannot_hold(kw, why):
-    c = _prefix_hits(obs(), wave(**kw), [rec()])
+    c = _prefix_hits(obs(), wave(**kw, deltas={"prefill": {"prefix_hits": 63.0}}), [rec()])
     assert c.ok is None and c.detail.startswith(f"not checked: {why}; ")
 
 
-def test_prefix_hits_not_checked_after_early_cancels_or_without_ps_counter():
+def test_prefix_hits_equal_to_the_expectation_are_ok_even_where_they_might_not_have_been():
+    c = _prefix_hits(obs(), wave(prefix_fits=False), [rec()])
+    assert c.ok is True and c.detail.endswith("; matched although the prefixes could not all stay cached on P")
     c = _prefix_hits(obs(), wave(), [rec(), rec(1, outcome="cancelled", cancel_point="before-prefill")])
+    assert c.ok is True and c.detail.endswith("; matched although 1 requests cancelled before P answered")
+
+
+def test_prefix_hits_not_checked_after_early_cancels_or_without_ps_counter():
+    early = [rec(), rec(1, outcome="cancelled", cancel_point="before-prefill")]
+    c = _prefix_hits(obs(), wave(deltas={"prefill": {"prefix_hits": 63.0}}), early)
     assert c.ok is None and c.detail.startswith("not checked: 1 requests cancelled before P answered")
     c = _prefix_hits(obs(missing_metrics={"prefill": ["vllm:prefix_cache_hits_total"]}), wave(), [rec()])
     assert c.ok is None and "prefill lacks" in c.detail
@@ -187,7 +195,9 @@ def test_wave_checks_fail_on_errors_empties_and_wrong_counts():
     assert cs["no-errors"].detail.startswith("aborted 1, timeout 1; first: w-1: timeout")
     assert cs["no-empty"].ok is False and cs["no-empty"].requests == ("w-2",)
     assert cs["token-counts"].ok is False and cs["token-counts"].requests == ("w-3",)
-    assert cs["alive"].ok is None and cs["no-fatal-log"].ok is None  # no processes of the rig's
+    assert cs["alive"].ok is True and cs["no-fatal-log"].ok is None  # no death seen; no log scanned
+    cs = {c.name: c for c in wave_checks(sc(), obs(), w, unwatched=True)}  # pdrig wave at bare URLs
+    assert cs["alive"].ok is None and cs["no-fatal-log"].ok is None and cs["kv-integrity"].ok is None
 
 
 def test_wave_token_counts_against_usage_and_max_model_len():
@@ -267,3 +277,68 @@ def test_judge_wave_explains_recorded_stalls_and_fails_the_unexplained():
     w = healthy_wave(stalls=[{**stall(instance="decode"), "explained": "given by the wave"}])
     judge_wave(sc(), full_obs(), w)
     assert w.stalls[0]["explained"] == "given by the wave"  # an explanation the wave gave is kept
+
+
+# ------------------------------------------------------------------------- details and gaps (mutation survivors)
+
+def test_wave_parity_details_and_a_sample_that_never_ran():
+    from rig.judge.wave_checks import _wave_parity
+    c = _wave_parity(wave(parity={"compared": 3, "equal": 3}), [rec()], 1)
+    assert (c.name, c.ok, c.detail) == ("parity", True, "3/3 sampled answers equal to a direct request to P")
+    c = _wave_parity(wave(parity={}), [rec()], 1)  # no sample compared at all: never ok
+    assert c.ok is None and c.detail == "not checked: 0/0 sampled answers equal to a direct request to P"
+    c = _wave_parity(wave(parity={"compared": 2, "equal": 2, "failed": 1}), [rec()], 1)
+    assert c.ok is None and c.detail == ("not checked: 2/2 sampled answers equal to a direct request to P, "
+                                         "1 references failed")
+    bad = rec(1, outcome="parity_mismatch", parity="diverged at 0: 1 != 2")
+    c = _wave_parity(wave(parity={"compared": 2, "equal": 1}), [rec(), bad], 1)
+    assert c.ok is False and c.requests == ("w-1",)
+    assert c.detail == "1/2 sampled answers equal to a direct request to P; w-1: diverged at 0: 1 != 2"
+    c = _wave_parity(wave(parity={}), [rec(0, outcome="timeout"), rec(1, outcome="cancelled", planned_cancel="x",
+                                                                       cancel_point="between")], 0)
+    assert (c.ok, c.detail, c.requests) == (False, "no answer to compare", ("w-0",))
+
+
+def test_prefix_hits_detail_names_every_count_and_its_name_in_every_state():
+    w = wave(instances={"prefill": "prefill", "decode": "decode"}, deltas={"prefill": {"prefix_hits": 64.0}},
+             prefix_note="2 prefixes x 32")
+    c = _prefix_hits(obs(), w, [rec()])
+    assert (c.name, c.ok) == ("prefix-hits", True)
+    assert c.detail == "P hits 64 tokens, expected 64 (2 prefixes x 32); D decode: local 0, external 0"
+    c = _prefix_hits(obs(), wave(deltas={}, expected_prefix_hits=0), [rec()])
+    assert c.ok is True and c.detail.startswith("P hits 0 tokens, expected 0")  # no delta = no hit
+    c = _prefix_hits(obs(), wave(deltas={}, expected_prefix_hits=1), [rec()])
+    assert c.ok is False and c.name == "prefix-hits"
+    c = _prefix_hits(obs(), wave(expected_prefix_hits=None), [rec()])
+    assert c.detail.startswith("not checked: the expected hits are unknown; P hits 64 tokens, expected ? (")
+    d2 = wave(instances={"prefill": "prefill", "d1": "decode", "d2": "decode"})
+    assert _prefix_hits(obs(), d2, [rec()]).detail.endswith("D d1: local 0, external 0; d2: local 0, external 0")
+    c = _prefix_hits(obs(missing_metrics={"prefill": ["vllm:prefix_cache_hits_total"]}), wave(), [rec()])
+    assert c.name == "prefix-hits"
+
+
+def test_stall_check_details_the_first_four_and_counts_the_rest():
+    c = _stall_check(wave())
+    assert (c.name, c.ok, c.detail) == ("no-stall", True, "no instance froze with requests waiting")
+    five = [{**stall(start=float(i)), "explained": ""} for i in range(5)]
+    c = _stall_check(wave(stalls=five))
+    assert c.name == "no-stall" and c.ok is False
+    assert c.detail == "; ".join(f"prefill at {i} s for 5 s: UNEXPLAINED: frozen" for i in range(4)) + "; +1 more"
+    c = _stall_check(wave(stalls=five[:4]))
+    assert "more" not in c.detail and c.detail.count("UNEXPLAINED") == 4
+    shy = [{**stall(), "explained": "", "inconclusive": True}, {**stall(instance="decode"), "explained": "held"}]
+    c = _stall_check(wave(stalls=shy))
+    assert c.ok is None and c.name == "no-stall" and c.detail.startswith(
+        "not checked: every unexplained freeze was inconclusive: prefill at 40 s for 5 s: UNEXPLAINED: frozen")
+    mixed = [{**stall(), "explained": "", "inconclusive": True}, {**stall(instance="decode"), "explained": ""}]
+    assert _stall_check(wave(stalls=mixed)).ok is False
+
+
+def test_the_first_error_is_named_without_trailing_space():
+    w = wave([rec(0), rec(1, outcome="timeout")], kind="pressure-wave")
+    cs = {c.name: c for c in wave_checks(sc(), obs(), w)}
+    assert cs["no-errors"].detail == "timeout 1; first: w-1: timeout"
+    w = wave([rec(0), rec(1, outcome="empty", tokens=0)], kind="pressure-wave")
+    cs = {c.name: c for c in wave_checks(sc(), obs(), w)}
+    assert cs["no-empty"].detail == "1 empty answers (200 without tokens); first: w-1: empty"
+    assert cs["no-errors"].ok is True
