@@ -261,3 +261,61 @@ def test_shared_params_with_ps_log_unscanned_matches_nothing_and_does_not_crash(
     obs.unscanned_logs["prefill"] = "log file missing"
     sig = KnownIssue.model_validate(KI).symptom
     assert not match(sig, obs, facts_of_records(obs)).matched
+
+
+# ------------------------------------------------------------------------- crash and http-error: who they excuse
+
+def _obs(**kw):
+    from rig.observe.observations import ScenarioObservation
+    o = ScenarioObservation(scenario="s", decode="decode", prefill="prefill")
+    for k, v in kw.items():
+        setattr(o, k, v)
+    return o
+
+
+def _crash_sig(instance: str = "decode", fatal_log: str = "AssertionError"):
+    from rig.config.expectations import CrashSignature
+    return CrashSignature(kind="crash", instance=instance, fatal_log=fatal_log)
+
+
+def test_a_crash_excuses_only_the_requests_that_failed_never_an_answered_one():
+    from rig.judge.signatures import RequestFacts
+    reqs = [RequestFacts("a", "ok", 8, parity="diverged"), RequestFacts("b", "connection_error", 8)]
+    m = match(_crash_sig(), _obs(dead={"decode": 1}, death_lines={"decode": "AssertionError: x"}), reqs)
+    assert m.matched and m.requests == frozenset({"b"}) and m.instances == frozenset({"decode"})
+    assert "kv-integrity" in m.explains and {"alive", "no-fatal-log"} <= m.run_checks
+    assert m.seen == m.shown == "decode died (exit 1): AssertionError: x"
+    assert m.expected == "decode dies with a fatal line matching /AssertionError/"
+
+
+def test_a_crash_reads_the_fatal_log_when_no_death_line_and_names_what_it_saw_otherwise():
+    o = _obs(dead={"decode": 1}, fatal_lines={"decode": ["AssertionError: y", "later"]})
+    assert match(_crash_sig(), o, []).matched
+    m = match(_crash_sig(), _obs(dead={"decode": 1}), [])
+    assert not m.matched and m.seen == "decode died (exit 1): no fatal line"
+    assert m.expected == "decode dies with a fatal line matching /AssertionError/"
+    assert not match(_crash_sig(fatal_log="X"), _obs(dead={"decode": 1}), []).matched  # no line matches nothing
+    m = match(_crash_sig(), _obs(dead={"prefill": 9}), [])
+    assert not m.matched and m.seen == "decode alive; prefill died"
+    assert match(_crash_sig(), _obs(), []).seen == "decode alive"
+    m = match(_crash_sig(), _obs(dead={"decode": 1, "prefill": 2}, death_lines={"decode": "AssertionError"}), [])
+    assert m.matched and not ({"alive", "no-fatal-log"} & m.run_checks)  # another death is not excused
+
+
+def test_an_http_error_signature_names_what_else_failed():
+    from rig.config.expectations import HttpErrorSignature
+    from rig.judge.signatures import RequestFacts
+    sig = HttpErrorSignature(kind="http-error", status=400, message="too long", hop="decode")
+    reqs = [RequestFacts("a", "ok", 8), RequestFacts("b", "http_error", 8, hop="decode", status=400,
+                                                        error="prompt too long"),
+            RequestFacts("c", "http_error", 8, hop="prefill", status=500, error="boom"),
+            RequestFacts("d", "timeout", 8)]
+    m = match(sig, _obs(), reqs)
+    assert m.requests == frozenset({"b"}) and m.shown == "b: prompt too long"
+    assert m.seen == "c: http_error on prefill boom; d: timeout on -"
+    assert m.expected == "HTTP 400 on the decode hop matching /too long/"
+    bare = HttpErrorSignature(kind="http-error", hop="decode")
+    m = match(bare, _obs(), [RequestFacts("a", "ok", 8)])
+    assert not m.matched and m.seen == "no HTTP error" and m.expected == "HTTP error on the decode hop"
+    m = match(sig, _obs(), [RequestFacts("b", "http_error", 8, hop="decode", status=400, error="")])
+    assert not m.matched  # an empty message does not match /too long/
