@@ -219,8 +219,9 @@ AGAIN = {"id": "again", "route": "decode", "prompt_tokens": 16, "max_tokens": 4,
 def test_refusal_relayed_fails_on_another_status_or_message_and_names_each():
     from rig.judge.sequence_checks import refusal_relayed_check
     from rig.workload.sequence import RefusalProbe
-    assert refusal_relayed_check(SequenceResult()).ok is None
-    assert refusal_relayed_check(SequenceResult()).name == "refusal-relayed"
+    c = refusal_relayed_check(SequenceResult())
+    assert (c.name, c.ok, c.detail) == ("refusal-relayed", None,
+                                        "not checked: every router request was answered (no refusal to relay)")
     same = RefusalProbe("r0", 400, "too long", 400, "too long")
     c = refusal_relayed_check(SequenceResult(refusals=[same]))
     assert c.ok is True and c.name == "refusal-relayed"
@@ -373,11 +374,12 @@ def test_gauges_account_states():
     from rig.judge.sequence_checks import gauges_account_check
     from rig.workload.sequence import GaugeGap
     c = gauges_account_check(SequenceResult())
-    assert c.ok is None and c.name == "gauges-account"
+    assert (c.name, c.ok, c.detail) == ("gauges-account", None,
+                                        "not checked: D was never sampled with a request outstanding at it")
     res = SequenceResult(gauges=GaugeGap(samples=4, longest_s=1.9, outstanding=2, visible=1.0), gauge_window_s=2.0)
     c = gauges_account_check(res)
-    assert c.ok is True and c.detail == ("D's gauges counted every outstanding request in 4 samples (longest "
-                                         "shortfall 1.9 s, bound 2 s)")
+    assert c.ok is True and c.name == "gauges-account"
+    assert c.detail == "D's gauges counted every outstanding request in 4 samples (longest shortfall 1.9 s, bound 2 s)"
     res.gauges.longest_s, res.gauges.at_ms = 2.0, 1500.0  # at the bound: a gap as long as the stall window fails
     c = gauges_account_check(res)
     assert c.ok is False and c.name == "gauges-account"
