@@ -319,3 +319,24 @@ def test_an_http_error_signature_names_what_else_failed():
     assert not m.matched and m.seen == "no HTTP error" and m.expected == "HTTP error on the decode hop"
     m = match(sig, _obs(), [RequestFacts("b", "http_error", 8, hop="decode", status=400, error="")])
     assert not m.matched  # an empty message does not match /too long/
+
+
+def test_a_stall_signatures_kv_bounds_hold_at_their_edges_and_later_requests_are_still_read():
+    from rig.config.expectations import StallSignature
+    from rig.judge.signatures import RequestFacts
+    f = replace(stall_facts(), kv_usage=0.25)
+    frozen = RequestFacts("s", "stalled", 126, stall=f, error="frozen")
+    first = RequestFacts("t", "timeout", 126, error="deadline")
+    o = _obs()
+    for bounds in ({"kv_usage_max": 0.25}, {"kv_usage_min": 0.25}):  # both bounds are inclusive
+        sig = StallSignature(kind="stall", instance="decode", **bounds)
+        m = match(sig, o, [first, frozen])
+        assert m.requests == frozenset({"s"}) and m.seen == "t: timeout (deadline)", bounds
+    m = match(StallSignature(kind="stall", kv_usage_min=0.5), o, [frozen])
+    assert not m.matched and m.seen == "s: stalled with kv 25.0%"
+    assert m.expected == "stall with instance decode (decode), kv >= 50%"
+    m = match(StallSignature(kind="stall", kv_usage_max=0.2), o, [frozen, RequestFacts("a", "ok", 8)])
+    assert not m.matched and m.seen == "s: stalled with kv 25.0%"
+    assert m.expected == "stall with instance decode (decode), kv <= 20%"
+    m = match(StallSignature(kind="stall"), o, [RequestFacts("a", "ok", 8)])
+    assert m.seen == "no stalled request" and "kv-integrity" in m.explains
