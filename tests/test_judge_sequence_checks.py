@@ -385,3 +385,32 @@ def test_gauges_account_states():
     assert c.ok is False and c.name == "gauges-account"
     assert c.detail == ("D's gauges showed 1 of 2 outstanding requests for 2 s (until 1500 ms): requests D holds but "
                         "counts in no gauge (running, waiting, kv_fetch)")
+
+
+def test_lease_reaped_with_reap_while_at_the_bound_and_its_wording():
+    from rig.judge.sequence_checks import lease_reaped_check
+    from rig.workload.sequence import LeaseReap
+    reap = LeaseReap(expired_before=2, want=3, last_abandoned_ms=0, reaped_ms=10000, rose=3,
+                     outstanding_then=["tail (1 of 2, route pd)", "other (1 of 1, route pd)"])
+    c = lease_reaped_check(SequenceResult(reap=reap), 5, 5, reap_while="head")  # in time, but head had ended
+    assert (c.name, c.ok) == ("lease-reaped", None)
+    assert c.detail == ("not checked: step 'head' had ended before P reaped the abandoned leases, so no live entry "
+                        "stood in front of them (P's expired counter rose by 3 (>= 3 abandoned) 10.0 s after the "
+                        "last abandoned prefill answer (bound 10 s), while outstanding: tail (1 of 2, route pd), "
+                        "other (1 of 1, route pd)); keep that step outstanding longer (e.g. saturate D longer)")
+    c = lease_reaped_check(SequenceResult(reap=reap), 5, 5, reap_while="tail")
+    assert (c.name, c.ok) == ("lease-reaped", True)
+    late = LeaseReap(expired_before=2, want=3, last_abandoned_ms=0, reaped_ms=100000, rose=3)
+    c = lease_reaped_check(SequenceResult(reap=late), 90, 5)
+    assert (c.name, c.ok) == ("lease-reaped", False) and " 100.0 s after " in c.detail
+
+
+def test_refusal_relayed_cuts_long_messages_at_their_bound():
+    from rig.judge.sequence_checks import refusal_relayed_check
+    from rig.workload.sequence import RefusalProbe
+    long_c, long_d = "c" * 200, "d" * 200
+    c = refusal_relayed_check(SequenceResult(refusals=[RefusalProbe("r", 502, long_c, 400, long_d)]))
+    assert c.detail == (f"r: the router's client got HTTP 502 ({'c' * 160}); D answers the same body with HTTP 400 "
+                        f"({'d' * 160})")
+    c = refusal_relayed_check(SequenceResult(refusals=[RefusalProbe("r", 400, long_c, 400, long_c)]))
+    assert c.detail == f"1 refusal(s) relayed as D gave them: HTTP 400 ({'c' * 120})"

@@ -60,7 +60,7 @@ def test_only_ps_hits_count_and_ds_are_named():
 ])
 def test_prefix_hits_not_checked_when_the_expectation_cannot_hold(kw, why):
     c = _prefix_hits(obs(), wave(**kw, deltas={"prefill": {"prefix_hits": 63.0}}), [rec()])
-    assert c.ok is None and c.detail.startswith(f"not checked: {why}; ")
+    assert c.ok is None and c.name == "prefix-hits" and c.detail.startswith(f"not checked: {why}; ")
 
 
 def test_prefix_hits_equal_to_the_expectation_are_ok_even_where_they_might_not_have_been():
