@@ -414,3 +414,121 @@ def test_refusal_relayed_cuts_long_messages_at_their_bound():
                         f"({'d' * 160})")
     c = refusal_relayed_check(SequenceResult(refusals=[RefusalProbe("r", 400, long_c, 400, long_c)]))
     assert c.detail == f"1 refusal(s) relayed as D gave them: HTTP 400 ({'c' * 120})"
+
+
+# ------------------------------------------------------------------------- sequence_checks passes the spec on
+
+def _check(checks, name):
+    return next(c for c in checks if c.name == name)
+
+
+def test_sequence_checks_judge_an_expected_refusal_answered_200_as_incomplete():
+    from rig.judge.sequence_checks import sequence_checks
+    sc = scen({**HEAD, "expect_status": 400})
+    obs, res = run([answered("h0", 32, 4)], {"h0": ("head", "decode")})
+    c = _check(sequence_checks(sc, obs, res), "completed")
+    assert c.ok is False and c.requests == ("h0",) and "expected HTTP 400" in c.detail
+
+
+def test_sequence_checks_leave_a_stripped_transfer_out_of_kv_pulled():
+    from rig.judge.sequence_checks import sequence_checks
+    from rig.observe.observations import TransferEvidence
+    sc = scen({**LOAD, "transform": {"strip": ["kv_transfer_params"]}}, ROUTED)
+    obs, res = run([answered("l0", 64, 8), answered("r0", 16, 4)], {"l0": ("load", "pd"), "r0": ("routed", "router")})
+    obs.evidence = TransferEvidence(nixl_bytes=1.0, nixl_transfers=1, external_prompt_tokens=16)
+    assert _check(sequence_checks(sc, obs, res), "kv-pulled").ok is True
+
+
+def test_kv_pulled_on_pd_steps_is_a_lower_bound_as_other_steps_reach_d_too():
+    from rig.judge.sequence_checks import kv_pulled_pd_check
+    from rig.observe.observations import TransferEvidence
+    obs, res = run([answered("l0", 64, 8), answered("h0", 32, 4)], {"l0": ("load", "pd"), "h0": ("head", "decode")})
+    obs.evidence = TransferEvidence(nixl_bytes=1.0, nixl_transfers=2, external_prompt_tokens=64 + 32)
+    assert kv_pulled_pd_check(obs, res, scen(LOAD, HEAD).sequence).ok is True
+
+
+def test_sequence_checks_pass_reap_while_and_the_lease_to_lease_reaped():
+    from rig.judge.sequence_checks import sequence_checks
+    from rig.workload.sequence import LeaseReap
+    gone = {"id": "gone", "route": "pd-abandon", "prompt_tokens": 8, "max_tokens": 8}
+    sc = ScenarioConfig.model_validate({"name": "s", "kind": "sequence", "sequence": {
+        "steps": [HEAD, gone], "reap_while": "head", "idle_margin_s": 5}})
+    obs, res = run([answered("h0", 32, 4)], {"h0": ("head", "decode")})
+    res.lease_s = 5.0
+    res.reap = LeaseReap(expired_before=1, want=1, last_abandoned_ms=0, reaped_ms=9000, rose=1, outstanding_then=[])
+    c = _check(sequence_checks(sc, obs, res), "lease-reaped")
+    assert c.ok is None and c.detail.startswith("not checked: step 'head' had ended")  # never ok
+    res.reap.outstanding_then = ["head (1 of 1, route decode)"]
+    c = _check(sequence_checks(sc, obs, res), "lease-reaped")
+    assert c.ok is True and "(bound 10 s)" in c.detail
+    res.lease_s, res.reap.reaped_ms = 3.0, 9000  # bound 8 s: 9 s is late
+    assert _check(sequence_checks(sc, obs, res), "lease-reaped").ok is False
+
+
+def test_sequence_checks_add_gauges_account_when_required_and_stream_complete_when_streamed():
+    from rig.judge.sequence_checks import sequence_checks
+    from rig.workload.sequence import GaugeGap
+    sc = ScenarioConfig.model_validate({"name": "s", "kind": "sequence", "require": ["gauges-account"],
+                                        "sequence": {"steps": [HEAD]}})
+    obs, res = run([answered("h0", 32, 4)], {"h0": ("head", "decode")})
+    res.gauges, res.gauge_window_s = GaugeGap(samples=2, longest_s=5.0, outstanding=1, visible=0.0, at_ms=10.0), 1.0
+    assert _check(sequence_checks(sc, obs, res), "gauges-account").ok is False
+    assert "gauges-account" not in [c.name for c in sequence_checks(scen(HEAD), obs, res)]
+    assert "stream-complete" not in [c.name for c in sequence_checks(scen(HEAD), obs, res)]
+    obs.records[0].decode.ttft_s = 0.1  # a streamed answer
+    names = [c.name for c in sequence_checks(scen(HEAD), obs, res)]
+    assert names[-1] == "stream-complete"
+
+
+def test_sequence_checks_not_run_and_an_inconclusive_stall():
+    from rig.judge.sequence_checks import no_stall_check, sequence_checks
+    obs, res = run([answered("h0", 32, 4)], {"h0": ("head", "decode")})
+    c = sequence_checks(scen(HEAD), obs, None)
+    assert [(x.name, x.ok, x.detail) for x in c] == [("completed", None,
+                                                      "not checked: the sequence workload did not run")]
+    from rig.transport.records import StallEvidence
+    from test_verdict import stall_facts, stalled_record
+    shy = stalled_record(0, replace_facts(stall_facts(), StallEvidence(frozen_s=8.0, finding="starved")))
+    firm = stalled_record(1)
+    res = SequenceResult(stall="D froze 9 s")
+    c = no_stall_check(res, [answered("h0", 32, 4), shy])
+    assert (c.name, c.ok, c.detail) == ("no-stall", None, "not checked: D froze, inconclusively: D froze 9 s")
+    assert no_stall_check(res, [firm]).ok is False and no_stall_check(res).ok is False
+    obs, res2 = run([shy], {"edge-126-0": ("head", "decode")})
+    res2.stall = "D froze 9 s"
+    assert _check(sequence_checks(scen(HEAD), obs, res2), "no-stall").ok is None
+
+
+def replace_facts(facts, evidence):
+    from dataclasses import replace as _r
+    return _r(facts, evidence=evidence)
+
+
+def test_completed_counts_cancels_on_purpose_apart():
+    from rig.workload.sequence import CANCELLED
+    cut = PDRecord("c0", 8, 8, outcome="cancelled", diagnosis=CANCELLED + " after 50 ms")
+    stray = PDRecord("c1", 8, 8, outcome="timeout", diagnosis=CANCELLED + " after 50 ms")
+    obs, res = run([answered("l0", 64, 8), cut], {"l0": ("load", "pd"), "c0": ("load", "pd")})
+    c = completed_check(obs, res)
+    assert c.ok is True and c.detail == "1 answered, 1 cancelled on purpose (cancel_after_ms)"
+    obs, res = run([answered("l0", 64, 8), stray], {"l0": ("load", "pd"), "c1": ("load", "pd")})
+    assert completed_check(obs, res).ok is False  # a timeout is not a cancel, whatever its diagnosis says
+    other = PDRecord("c2", 8, 8, outcome="cancelled", diagnosis="cancelled by the stall watcher")
+    obs, res = run([other], {"c2": ("load", "pd")})
+    assert completed_check(obs, res).ok is False
+    many = [PDRecord(f"h{i}", 8, 8, outcome="timeout", diagnosis="d" * 300) for i in range(7)]
+    obs, res = run(many, {f"h{i}": ("head", "decode") for i in range(7)})
+    c = completed_check(obs, res)
+    assert c.detail.endswith("; and 1 more") and f"({'d' * 200})" in c.detail and "d" * 201 not in c.detail
+
+
+def test_token_counts_of_a_transform_without_max_tokens_use_the_steps():
+    spec = scen({**LOAD, "transform": {"append_first_token": True}}).sequence
+    rec = answered("l0", 65, 8)
+    rec.decode_prompt = [1] * 65
+    obs, res = run([rec], {"l0": ("load", "pd")})
+    assert token_counts_check(spec, obs, res).ok is True
+    c = token_counts_check(scen(HEAD).sequence, *run([], {}))
+    assert (c.name, c.ok) == ("token-counts", None)
+    obs, res = run([answered("h0", 31, 4)], {"h0": ("head", "decode")})
+    assert token_counts_check(scen(HEAD).sequence, obs, res).name == "token-counts"
