@@ -342,3 +342,70 @@ def test_the_first_error_is_named_without_trailing_space():
     cs = {c.name: c for c in wave_checks(sc(), obs(), w)}
     assert cs["no-empty"].detail == "1 empty answers (200 without tokens); first: w-1: empty"
     assert cs["no-errors"].ok is True
+
+
+# ------------------------------------------------------------------------- kv-integrity and the all-cancelled rule
+
+LINE = ("(Worker pid=1) ERROR [pull_worker.py:667] Potentially invalid KV blocks for unrecognized request {rid} were "
+        "retrieved by a decode worker. They may have expired.")
+
+
+def test_wave_kv_integrity_fails_an_answered_request_and_explains_an_abandoned_one():
+    answered_rec = rec(0, remote_request_id="cmpl-p-0")
+    cut = rec(1, outcome="cancelled", planned_cancel="between", cancel_point="between", remote_request_id="cmpl-p-1")
+    w = wave([answered_rec, cut], kind="pressure-wave")
+    o = obs(kv_integrity_lines={"prefill": [LINE.format(rid="cmpl-p-0")], "decode": []})
+    c = next(c for c in wave_checks(sc(), o, w) if c.name == "kv-integrity")
+    assert c.ok is False and c.requests == ("w-0",)
+    o = obs(kv_integrity_lines={"prefill": [LINE.format(rid="cmpl-p-1")], "decode": []})
+    c = next(c for c in wave_checks(sc(), o, w) if c.name == "kv-integrity")
+    assert c.ok is True and "w-1" in c.detail and "lease housekeeping" in c.detail
+    mismatch = rec(2, outcome="parity_mismatch", parity="diverged at 0", remote_request_id="cmpl-p-2")
+    o = obs(kv_integrity_lines={"prefill": [LINE.format(rid="cmpl-p-2")], "decode": []})
+    c = next(c for c in wave_checks(sc(), o, wave([mismatch], kind="pressure-wave")) if c.name == "kv-integrity")
+    assert c.ok is False and c.requests == ("w-2",)  # a parity mismatch was answered too
+
+
+def _all_cut(n: int = 2, kind: str = "pressure-wave", **kw) -> WaveResult:
+    cuts = [rec(i, outcome="cancelled", planned_cancel="between", cancel_point="between") for i in range(n)]
+    kw.setdefault("params", {"prompt_tokens": 31, "concurrency": 2, "parity_fraction": 1.0})
+    return wave(cuts, kind=kind, **kw)
+
+
+def test_an_all_cancelled_wave_has_its_answer_checks_not_checked_and_named():
+    why = "not checked: all 2 requests were cancelled on purpose (between 2): no answer to "
+    cs = {c.name: c for c in wave_checks(sc(), obs(), _all_cut())}
+    assert (cs["token-counts"].ok, cs["token-counts"].detail) == (None, why + "count")
+    assert (cs["kv-pulled"].ok, cs["kv-pulled"].detail) == (None, why + "show a transfer for")
+    assert (cs["parity"].ok, cs["parity"].detail) == (None, why + "compare")
+    assert "prefix-hits" not in cs
+    assert cs["completed"].ok is True and cs["completed"].detail == ("0/0 completed (2 requests, 2 cancelled on "
+                                                                     "purpose: between 2)")
+    cs = {c.name: c for c in wave_checks(sc(kind="prefix-wave", prompt_tokens=48), obs(), _all_cut(kind="prefix-wave"))}
+    assert (cs["prefix-hits"].ok, cs["prefix-hits"].detail) == (None, why + "hit P's prefix cache for")
+    assert "parity" not in {c.name for c in wave_checks(sc(parity=False), obs(), _all_cut())}
+    no_sample = _all_cut(params={"prompt_tokens": 31, "concurrency": 2, "parity_fraction": 0.0})
+    assert "parity" not in {c.name for c in wave_checks(sc(), obs(), no_sample)}
+
+
+def test_judge_wave_on_an_all_cancelled_wave_judges_the_run_level_checks():
+    from rig.judge.wave_checks import judge_wave
+    v = judge_wave(sc(), full_obs(), _all_cut(parity={}))
+    assert v.verdict == "PASS", v.reason
+    assert v.reason.startswith("all 2 requests cancelled on purpose: no answer to judge; completed, no-errors")
+    assert v.reason.endswith(" hold")
+    v = judge_wave(sc(), full_obs(dead={"decode": -9}), _all_cut(parity={}))
+    assert v.verdict == "FAIL" and not v.reason.startswith("all 2 requests")
+    one_answered = _all_cut(parity={})
+    one_answered.records.append(rec(5))
+    v = judge_wave(sc(), full_obs(), one_answered)
+    assert not v.reason.startswith("all ")  # an answer is judged: parity was never compared, so not PASS
+    assert v.verdict == "ERROR"
+
+
+def test_judge_wave_unwatched_says_why_the_process_checks_were_not_required():
+    from rig.judge.wave_checks import UNWATCHED, UNWATCHED_WHY, judge_wave
+    v = judge_wave(sc(), full_obs(), healthy_wave(), unwatched=True)
+    assert v.verdict == "PASS" and v.reason.endswith(f"; {', '.join(UNWATCHED)} not checked, {UNWATCHED_WHY}")
+    v = judge_wave(sc(), full_obs(), healthy_wave(records=[rec(0, outcome="timeout")]), unwatched=True)
+    assert v.verdict == "FAIL" and UNWATCHED_WHY not in v.reason
