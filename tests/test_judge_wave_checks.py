@@ -409,3 +409,46 @@ def test_judge_wave_unwatched_says_why_the_process_checks_were_not_required():
     assert v.verdict == "PASS" and v.reason.endswith(f"; {', '.join(UNWATCHED)} not checked, {UNWATCHED_WHY}")
     v = judge_wave(sc(), full_obs(), healthy_wave(records=[rec(0, outcome="timeout")]), unwatched=True)
     assert v.verdict == "FAIL" and UNWATCHED_WHY not in v.reason
+
+
+def test_in_flight_blocks_count_only_the_requests_the_wave_had_in_flight():
+    # 6 held x 2 blocks = 12: without a concurrency nothing else is in flight, so 13 usable blocks are not full
+    assert explain_stall(stall(), wave(HELD, usable_blocks={"prefill": 13}, params={"prompt_tokens": 31})) == ""
+    # a 32-token prompt in flight + its first token = 33 tokens = 3 blocks of 16: 12 + 3 = 15 fill 15
+    w = wave(HELD, usable_blocks={"prefill": 15}, params={"prompt_tokens": 32, "concurrency": 1})
+    assert explain_stall(stall(), w).startswith("6 requests abandoned between the hops in the 30 s before hold ~12 "
+                                                "of P's 15 usable blocks")
+    w = wave(HELD, usable_blocks={}, params={"prompt_tokens": 31, "concurrency": 1})
+    assert explain_stall(stall(), w).endswith("hold ~12 of P's ? usable blocks until NIXL's kv_lease_duration expires "
+                                              "(nobody tells P that D will never read them)")
+
+
+def test_wave_kv_pulled_details_and_gaps():
+    c = wave_kv_pulled(obs(), [rec(0, outcome="timeout")])
+    assert (c.name, c.ok, c.detail, c.requests) == ("kv-pulled", False, "no answered request to show a transfer for",
+                                                    ("w-0",))
+    c = wave_kv_pulled(obs(evidence=None), [rec()])
+    assert (c.name, c.ok, c.detail) == ("kv-pulled", None, "not checked: no decode metrics")
+    c = wave_kv_pulled(obs(), [rec()])
+    assert c.detail == ("D: 31 prompt tokens from external_kv_transfer + 0 from its prefix cache (expected >= 31 for "
+                        "1 answered prompts), nixl 1024 B in 1 transfers")
+
+
+def test_wave_check_details_when_all_is_well_and_cancel_points_in_order():
+    cut = [rec(i, outcome="cancelled", planned_cancel=p, cancel_point=p)
+           for i, p in enumerate(["during-decode", "between", "between"], start=1)]
+    w = wave([rec(0), *cut], kind="pressure-wave")
+    cs = {c.name: c for c in wave_checks(sc(), obs(), w)}
+    assert cs["completed"].detail == "1/1 completed (4 requests, 3 cancelled on purpose: between 2, during-decode 1)"
+    assert cs["no-errors"].detail == "no timeouts, HTTP or connection errors"
+    assert cs["no-empty"].detail == "no empty answers"
+    assert cs["token-counts"].detail == "every answer has its expected token count"
+    w = wave([rec(i, tokens=1) for i in range(5)], kind="pressure-wave")
+    c = next(c for c in wave_checks(sc(), obs(), w) if c.name == "token-counts")
+    assert c.detail == "5 wrong: w-0: 1 tokens, expected 2; w-1: 1 tokens, expected 2; w-2: 1 tokens, expected 2"
+    w = wave([rec(0, outcome="timeout")], kind="pressure-wave")
+    c = next(c for c in wave_checks(sc(), obs(), w) if c.name == "token-counts")
+    assert (c.ok, c.detail, c.requests) == (False, "no answer to count", ("w-0",))
+    w = wave([rec(0, tokens=3)], kind="pressure-wave")  # expect.completion_tokens overrides max_tokens
+    assert next(c for c in wave_checks(sc(expect={"completion_tokens": 3}), obs(), w)
+                if c.name == "token-counts").ok is True
