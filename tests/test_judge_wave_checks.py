@@ -452,3 +452,16 @@ def test_wave_check_details_when_all_is_well_and_cancel_points_in_order():
     w = wave([rec(0, tokens=3)], kind="pressure-wave")  # expect.completion_tokens overrides max_tokens
     assert next(c for c in wave_checks(sc(expect={"completion_tokens": 3}), obs(), w)
                 if c.name == "token-counts").ok is True
+
+
+def test_cancel_points_are_listed_by_name_even_an_unknown_point():
+    cut = [rec(1, outcome="cancelled", planned_cancel="between", cancel_point="between"),
+           rec(2, outcome="cancelled", planned_cancel="between", cancel_point=None),
+           rec(3, outcome="cancelled", planned_cancel="between", cancel_point=None)]
+    c = next(c for c in wave_checks(sc(), obs(), wave([rec(0), *cut], kind="pressure-wave")) if c.name == "completed")
+    assert c.detail == "1/1 completed (4 requests, 3 cancelled on purpose: None 2, between 1)"
+
+
+def test_one_unexplained_stall_is_named_exactly():
+    c = _stall_check(wave(stalls=[{**stall(), "explained": ""}]))
+    assert (c.name, c.ok, c.detail) == ("no-stall", False, "prefill at 40 s for 5 s: UNEXPLAINED: frozen")
