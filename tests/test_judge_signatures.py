@@ -340,3 +340,69 @@ def test_a_stall_signatures_kv_bounds_hold_at_their_edges_and_later_requests_are
     assert m.expected == "stall with instance decode (decode), kv <= 20%"
     m = match(StallSignature(kind="stall"), o, [RequestFacts("a", "ok", 8)])
     assert m.seen == "no stalled request" and "kv-integrity" in m.explains
+
+
+# ------------------------------------------------------------------------- appended-token (a router's appended token)
+
+ASSERT = "AssertionError: assert num_decode_blocks <= len(prefill_group)"
+
+
+def _appended_sig(**kw):
+    from rig.config.expectations import AppendedTokenSignature
+    return AppendedTokenSignature(kind="appended-token", **kw)
+
+
+def test_appended_token_matches_a_wrong_appended_answer_only():
+    from rig.judge.signatures import RequestFacts
+    sig = _appended_sig()
+    m = match(sig, _obs(), [RequestFacts("a", "ok", 8, parity="equal", appended=True)])
+    assert not m.matched and m.seen == "decode alive"
+    assert m.expected.startswith("an answered request with P's first token appended whose tokens differ from the "
+                                 "reference of the prompt D got, and/or decode dies with a fatal line matching /")
+    m = match(sig, _obs(), [RequestFacts("b", "ok", 8, parity="diverged")])
+    assert not m.matched and m.seen == "b diverged without an appended token; decode alive"
+    m = match(sig, _obs(), [RequestFacts("a", "ok", 8, parity="diverged", appended=True),
+                            RequestFacts("t", "timeout", 8, appended=True)])
+    assert m.requests == frozenset({"a"}) and m.explains == frozenset({"parity"})
+    assert "kv-pulled" not in m.run_checks and not m.instances
+    assert m.shown == "a: HTTP 200, tokens differ from the reference of the appended prompt"
+
+
+def test_appended_token_matches_ds_death_by_the_assert_in_any_fatal_line():
+    from rig.judge.signatures import RequestFacts
+    o = _obs(dead={"decode": 1}, death_lines={"decode": "RuntimeError: EngineCore died"},
+             fatal_lines={"decode": ["Traceback -> " + ASSERT, "RuntimeError: EngineCore died"]})
+    reqs = [RequestFacts("a", "connection_error", 8, appended=True), RequestFacts("b", "ok", 8)]
+    m = match(_appended_sig(), o, reqs)
+    assert m.matched and m.instances == frozenset({"decode"}) and m.requests == frozenset({"a"})
+    assert {"kv-integrity", "parity"} <= m.explains and {"kv-pulled", "alive", "no-fatal-log"} <= m.run_checks
+    want = f"decode died (exit 1): RuntimeError: EngineCore died; fatal line: Traceback -> {ASSERT}"
+    assert m.seen == want and m.shown == want
+    o = _obs(dead={"decode": 1}, death_lines={"decode": ASSERT})  # the death line is the assert itself
+    m = match(_appended_sig(), o, reqs)
+    assert m.matched and m.shown == f"decode died (exit 1): {ASSERT}"
+    o = _obs(dead={"decode": 1}, death_lines={"decode": "RuntimeError: other"}, fatal_lines={"decode": ["KeyError"]})
+    m = match(_appended_sig(), o, reqs)
+    assert not m.matched and m.seen == "decode died (exit 1): RuntimeError: other"
+    assert not match(_appended_sig(), _obs(dead={"prefill": 1}, death_lines={"prefill": ASSERT}), reqs).matched
+
+
+def test_appended_token_with_cache_corrupted_also_excuses_a_later_request_for_the_prompt_d_got():
+    from rig.judge.signatures import RequestFacts
+    from rig.transport.records import PDRecord
+    first = PDRecord("a", 4, 2, outcome="ok", prompt=[1, 2, 3, 4])
+    first.decode_prompt = [1, 2, 3, 4, 9]
+    later = PDRecord("r", 5, 2, outcome="ok", prompt=[1, 2, 3, 4, 9])
+    other = PDRecord("o", 5, 2, outcome="ok", prompt=[7, 7, 7, 7, 7])
+    reqs = [RequestFacts("a", "ok", 4, parity="diverged", appended=True), RequestFacts("r", "ok", 5, parity="diverged"),
+            RequestFacts("o", "ok", 5, parity="diverged")]
+    o = _obs(records=[first, later, other])
+    m = match(_appended_sig(cache_corrupted=True), o, reqs)
+    assert m.requests == frozenset({"a", "r"}) and m.explains == frozenset({"parity", "repeat-equal"})
+    assert m.shown == ("a: HTTP 200, tokens differ from the reference of the appended prompt; r: a later request for "
+                       "the prompt D got diverges too (D's prefix cache)")
+    assert m.seen == "o diverged without an appended token; decode alive"
+    m = match(_appended_sig(), o, reqs)  # without cache_corrupted the later divergence is not excused
+    assert m.requests == frozenset({"a"}) and m.seen == "r, o diverged without an appended token; decode alive"
+    timed_out = [reqs[0], RequestFacts("r", "timeout", 5, parity="diverged")]
+    assert match(_appended_sig(cache_corrupted=True), o, timed_out).requests == frozenset({"a"})
