@@ -261,6 +261,9 @@ def test_repeat_equal_fails_on_a_diverged_repeat_only():
     c = repeat_equal_check(spec, obs, res)
     assert c.ok is False and c.requests == ("a1",) and c.name == "repeat-equal"
     assert c.detail == "a1: diverged at 2: 5 != 6 (D's prefix cache may hold blocks an earlier wrong transfer wrote)"
+    obs, res = _repeat_run(["diverged"] * 2)
+    why = "diverged at 2: 5 != 6 (D's prefix cache may hold blocks an earlier wrong transfer wrote)"
+    assert repeat_equal_check(spec, obs, res).detail == f"a0: {why}; a1: {why}"
     obs, res = _repeat_run(["diverged"] * 5)
     c = repeat_equal_check(spec, obs, res)
     assert c.requests == tuple(f"a{i}" for i in range(5)) and c.detail.count("diverged") == 3

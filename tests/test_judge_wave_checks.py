@@ -407,6 +407,7 @@ def test_judge_wave_unwatched_says_why_the_process_checks_were_not_required():
     from rig.judge.wave_checks import UNWATCHED, UNWATCHED_WHY, judge_wave
     v = judge_wave(sc(), full_obs(), healthy_wave(), unwatched=True)
     assert v.verdict == "PASS" and v.reason.endswith(f"; {', '.join(UNWATCHED)} not checked, {UNWATCHED_WHY}")
+    assert not v.reason.startswith(";")  # the sentence is added to the reason, not in its place
     v = judge_wave(sc(), full_obs(), healthy_wave(records=[rec(0, outcome="timeout")]), unwatched=True)
     assert v.verdict == "FAIL" and UNWATCHED_WHY not in v.reason
 
