@@ -466,3 +466,10 @@ def test_cancel_points_are_listed_by_name_even_an_unknown_point():
 def test_one_unexplained_stall_is_named_exactly():
     c = _stall_check(wave(stalls=[{**stall(), "explained": ""}]))
     assert (c.name, c.ok, c.detail) == ("no-stall", False, "prefill at 40 s for 5 s: UNEXPLAINED: frozen")
+
+
+def test_idle_after_names_a_leak_in_ps_usable_blocks():
+    from rig.observe.observations import DrainResult
+    leak = DrainResult("prefill", False, 5.0, 0.0, {"waiting": 0, "running": 0, "kv_usage": 0.5})
+    c = next(c for c in wave_checks(sc(), obs(drains=[leak]), healthy_wave()) if c.name == "idle-after")
+    assert c.ok is False and c.detail.endswith(" = 4.0 of 8 usable blocks held (4.0 blocks' worth above the baseline)")
