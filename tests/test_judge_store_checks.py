@@ -178,3 +178,36 @@ def test_a_store_scenario_that_did_not_run_is_error_and_a_death_is_fail():
     v = judge_store(scen("store-roundtrip"), obs(dead={"decode": 1}, death_lines={"decode": "AssertionError: x"}),
                     healthy(error="decode died"))
     assert v.verdict == "FAIL" and "decode died (exit 1)" in v.reason
+
+
+def test_a_failed_request_beside_cancels_on_purpose_still_fails_completed():
+    cut = PDRecord("c0", 64, 4, outcome="cancelled")
+    cut.cancel = PlannedCancel("prefill", 100.0, fired_ms=120.0, point="between")
+    lost = PDRecord("t0", 64, 4, outcome="timeout")
+    cs = by_name(store_checks(scen("prefix-wave-store"), obs(ok(), lost, cut),
+                              healthy("prefix-wave-store", routes=["pd", "pd", "pd"])))
+    assert cs["completed"].ok is False and cs["completed"].requests == ("t0",)
+    assert cs["completed"].detail.startswith("1/2 completed; t0: timeout; 1 cancelled on purpose")
+    cs = by_name(store_checks(scen("prefix-wave-store"), obs(ok()), healthy("prefix-wave-store", routes=["pd"])))
+    assert cs["completed"].detail == "1/1 completed"  # nothing cancelled: no cancel summary
+
+
+def test_a_reset_that_never_ran_is_required_so_the_verdict_is_not_pass():
+    sc = scen("prefix-wave-store", reset_prefix_cache=True, rounds=2)
+    so = healthy("prefix-wave-store", routes=["pd"])
+    o = obs(ok(), fatal_lines={"prefill": [], "decode": []})
+    v = judge_store(sc, o, so)
+    assert v.verdict == "ERROR" and "prefix-cache-reset" in v.reason
+
+
+def test_a_known_crash_before_the_store_ran_is_xfail_and_only_alive_is_judged():
+    sc = ScenarioConfig.model_validate({"name": "s", "kind": "store-roundtrip", "prompt_tokens": 64, "max_tokens": 4,
+                                        "known_issue": {"id": "store-load-async", "title": "t", "affects": ">=0.1",
+                                                        "symptom": {"kind": "crash", "instance": "decode",
+                                                                    "fatal_log": "load_async"}}})
+    o = obs(dead={"decode": 1}, death_lines={"decode": "AssertionError: load_async must be true"},
+            vllm_version="0.32.0", versions={"prefill": "0.32.0", "decode": "0.32.0"})
+    v = judge_store(sc, o, healthy(error="decode died at the warm-up"))
+    assert v.verdict == "XFAIL", v.reason
+    o.death_lines = {"decode": "RuntimeError: other"}
+    assert judge_store(sc, o, healthy(error="decode died")).verdict == "FAIL"
