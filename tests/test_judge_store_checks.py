@@ -211,3 +211,20 @@ def test_a_known_crash_before_the_store_ran_is_xfail_and_only_alive_is_judged():
     assert v.verdict == "XFAIL", v.reason
     o.death_lines = {"decode": "RuntimeError: other"}
     assert judge_store(sc, o, healthy(error="decode died")).verdict == "FAIL"
+
+
+def test_store_counters_absent_from_the_master_fail_and_one_is_enough():
+    absent = by_name(store_checks(scen("store-roundtrip"), obs(ok()), healthy(master={}, master_after={})))
+    assert absent["store-written"].ok is False and absent["master-served"].ok is False
+    assert absent["store-written"].detail.endswith("master put_end +0 items, key_count 0")
+    assert absent["master-served"].detail == "master get_replica_list +0 items, mem_cache_hit_bytes +0"
+    one = healthy(master={"put_end_items": 1, "get_replica_list_items": 1}, d_ops={"load_get": {"ok_bytes": 1}},
+                  per_request=[{"request_id": "r0", "store_tokens": 64, "expected_store_tokens": 64}])
+    cs = by_name(store_checks(scen("store-roundtrip"), obs(ok()), one))
+    assert all(cs[n].ok for n in ("store-written", "master-served", "store-loaded", "d-cache-cold", "not-nixl"))
+    warm = healthy(per_request=[{"request_id": "r0", "store_tokens": 64, "expected_store_tokens": 64,
+                                 "local_prefix_hits": 1}])
+    assert by_name(store_checks(scen("store-roundtrip"), obs(ok()), warm))["d-cache-cold"].ok is False
+    two = healthy(p_ops={"save_put": {"keys": 2, "ok_bytes": 4096}, "load_get": {"keys": 3}},
+                  d_ops={"load_get": {"keys": 5, "ok_bytes": 4096}})
+    assert by_name(store_checks(scen("store-roundtrip"), obs(ok()), two))["failed-loads"].detail.endswith("(of 8 keys)")
