@@ -212,3 +212,104 @@ def test_shrink_drops_a_start_rule_whose_step_is_gone():
     action = Action(index=0, steps=[_step(0), _step(1, 63, start={"after": "s0", "event": "answered"})])
     out = shrink(action, lambda a: any(s.prompt_tokens == 63 for s in a.steps), TOPO, budget=20)
     assert [(s.id, s.start) for s in out.action.steps] == [("s1", None)]
+
+
+# --- motifs: the decode hop held past the lease, n on the prefill hop, several prompts, the
+# appended first token, prompt reuse ---------------------------------------------------------------
+LEASE_TOPO = Topology("prefill", "decode", 32, 128, usable_blocks=4, spec_tokens=1, lease_s=5)
+MOTIFS = ("lease-hold", "n-prefill", "prompts", "append-first-token", "reuse")
+
+
+def _motif(m: str, i: int, seed: int = 4) -> Action:
+    return Generator(seed, LEASE_TOPO, FIELDS).action(i, [m], {m: {"motif": m}})
+
+
+def test_each_motif_has_its_shape_and_validates_as_its_scenario(tmp_path):
+    base = {**fake_config(tmp_path), "nixl": {"kv_lease_duration": 5}}
+    seen: dict[str, int] = {}
+    for m in MOTIFS:
+        for i in range(40):
+            a = _motif(m, i)
+            if a.why != m:
+                continue  # the goal bias picks this action's shape half the time
+            seen[m] = seen.get(m, 0) + 1
+            s = a.steps
+            if m == "lease-hold":
+                assert len(s) == 1 and s[0].route == "pd" and a.flush_prefill and a.hold_s in (2.5, 8.0, 10.0)
+            elif m == "n-prefill":
+                assert s[0].fields_for("prefill")["n"] == 2 and "n" not in s[0].fields_for("decode")
+                assert s[0].fields_for("prefill")["temperature"] == 1.0  # 0.32.0 refuses n > 1 greedy
+            elif m == "prompts":
+                assert s[0].route == "pd" and s[0].prompts in (2, 3)
+            elif m == "append-first-token":
+                assert s[0].route == "decode" and s[1].appends and s[1].prefix_of == "s0"
+                assert s[1].prompt_tokens % 32 == 0 and s[0].prompt_tokens % 32 == 0
+                assert all(x.repeat_of == "s1" and x.prompt_tokens == s[1].prompt_tokens + 1 for x in s[2:])
+            else:
+                assert len(s) == 2 and (s[1].repeat_of or s[1].prefix_of) == "s0"
+            sc = scenario_of(a, LEASE_TOPO, f"x{i:05d}")
+            cfg = RigConfig.model_validate({**base, "scenarios": yaml.safe_load(suite_yaml([sc], "h"))})
+            if a.hold_s:
+                assert cfg.scenarios[0].kind == "edge" and cfg.scenarios[0].hold_between_s == a.hold_s
+                assert cfg.scenarios[0].flush_prefill
+    assert set(seen) == set(MOTIFS)
+
+
+def test_a_hold_past_the_lease_takes_the_lease_known_issue(tmp_path):
+    """The emitted lease-hold scenario validates with the stale-read known issue exactly when the
+    hold exceeds the lease (rig.config.topology refuses a stale-kv issue on a shorter hold)."""
+    base = {**fake_config(tmp_path), "nixl": {"kv_lease_duration": 5}}
+    ki = {"id": "lease-read", "title": "t", "affects": ">=0.1", "symptom": {"kind": "stale-kv", "parity": True}}
+    holds = {}
+    for i in range(60):
+        a = _motif("lease-hold", i)
+        if a.hold_s:
+            sc = scenario_of(a, LEASE_TOPO, "x", ki)
+            try:
+                RigConfig.model_validate({**base, "scenarios": [sc]})
+                holds[a.hold_s] = True
+            except ValueError as e:
+                assert "must exceed nixl.kv_lease_duration 5" in str(e)
+                holds[a.hold_s] = False
+    assert holds == {2.5: False, 8.0: True, 10.0: True}
+
+
+def test_motifs_follow_the_seed_and_the_generators_choice():
+    assert [_motif("lease-hold", i).model_dump() for i in range(20)] == \
+        [_motif("lease-hold", i).model_dump() for i in range(20)]
+    off = Generator(4, LEASE_TOPO, FIELDS, motifs=[])
+    assert not any(a.hold_s or any(s.appends or s.repeat_of for s in a.steps) for a in
+                   (off.action(i, ["append-first-token"], {"append-first-token": {"motif": "append-first-token"}})
+                    for i in range(60)))
+    # without the decode route, the motifs that send on it are not drawn
+    assert "reuse" not in Generator(1, LEASE_TOPO, routes=["pd", "prefill"]).motifs
+    with pytest.raises(ValueError, match="motifs: unknown"):
+        Generator(1, LEASE_TOPO, motifs=["nemesis"])
+
+
+def test_a_default_budget_draws_every_motif():
+    """40 actions (make explore's EXPLORE_ACTIONS) with every goal unreached draw each motif."""
+    from rig.explore.coverage import GOALS
+    hints = {g.name: g.hint for g in GOALS}
+    gen = Generator(1, LEASE_TOPO, FIELDS)
+    drawn = [gen.action(i, list(hints), hints) for i in range(40)]
+    assert any(a.hold_s > LEASE_TOPO.lease_s for a in drawn)
+    assert any(s.appends for a in drawn for s in a.steps)
+    assert any(s.fields_for("prefill").get("n") == 2 for a in drawn for s in a.steps)
+    assert any(s.prompts > 1 for a in drawn for s in a.steps)
+    assert any(s.repeat_of for a in drawn for s in a.steps)
+
+
+def test_hold_needs_one_pd_step_and_survives_shrinking():
+    one = [Step(id="s0", route="pd", prompt_tokens=64, max_tokens=8)]
+    with pytest.raises(ValueError, match="flush_prefill needs hold_s"):
+        Action(index=0, steps=one, flush_prefill=True)
+    with pytest.raises(ValueError, match="hold_s needs exactly one pd step"):
+        Action(index=0, steps=[*one, Step(id="s1", route="decode", prompt_tokens=32, max_tokens=1)], hold_s=8)
+    with pytest.raises(ValueError, match="hold_s needs exactly one pd step"):
+        Action(index=0, steps=[Step(id="s0", route="decode", prompt_tokens=64, max_tokens=8)], hold_s=8)
+    a = Action(index=0, steps=[one[0].model_copy(update={"count": 2})], hold_s=8, flush_prefill=True)
+    # the bug shows whatever the length, as long as the hold is kept: shrinking keeps the hold
+    result = shrink(a, lambda c: c.hold_s > 5 and c.flush_prefill, LEASE_TOPO, budget=20)
+    assert result.action.hold_s == 8 and result.action.steps[0].count == 1
+    assert result.action.steps[0].prompt_tokens < 64

@@ -22,7 +22,7 @@ from rig.observe.observations import ScenarioObservation
 class Goal:
     """One "sometimes" goal: ``reached(action, obs, topo)`` says whether this action reached it;
     ``hint`` biases the generator (keys: route, length: edge|pool-exact|long, count, endpoint,
-    stream, prompts, field)."""
+    stream, prompts, field, motif: a rig.explore.grammar.MOTIF_WEIGHTS name)."""
 
     name: str
     description: str
@@ -67,12 +67,18 @@ GOALS: tuple[Goal, ...] = (
     Goal("spec-drafts", "speculative drafts proposed on D", lambda a, o, t: _ev(o, "spec_drafts") > 0,
          {"route": "pd"}),
     Goal("d-prefix-hit", "a prefix-cache hit on D", lambda a, o, t: _ev(o, "cached_prompt_tokens") > 0,
-         {"route": "decode"}, note="needs prompt reuse across steps (prompt reuse by name is not in the "
-                                   "scenario language yet): reached only by chance"),
+         {"motif": "reuse"}),
     Goal("failed-transfer", "a failed NIXL transfer counted", lambda a, o, t: _ev(o, "failed_transfers") > 0, {}),
     Goal("lease-expired", "P logged a read of KV it had released (lease expired)",
-         lambda a, o, t: any(o.kv_integrity_lines.values()), {"route": "pd-abandon"},
-         note="a decode hop held past the lease is a nemesis action, not drawn yet"),
+         lambda a, o, t: any(o.kv_integrity_lines.values()), {"motif": "lease-hold"}),
+    Goal("held-past-lease", "a decode hop held past P's lease while P's pool was cycled",
+         lambda a, o, t: a.hold_s > t.lease_s and a.flush_prefill, {"motif": "lease-hold"}),
+    Goal("n-on-prefill", "n > 1 on the prefill hop only",
+         lambda a, o, t: any(int(s.fields_for("prefill").get("n") or 1) > 1 for s in a.steps), {"motif": "n-prefill"}),
+    Goal("append-first-token", "a router appending P's first token to D's prompt",
+         lambda a, o, t: any(s.appends for s in a.steps), {"motif": "append-first-token"}),
+    Goal("prompt-reuse", "a prompt sent again or extended by a later step",
+         lambda a, o, t: any(s.repeat_of or s.prefix_of for s in a.steps), {"motif": "reuse"}),
     Goal("abandoned", "a P/D request abandoned between the hops",
          lambda a, o, t: any(s.route == "pd-abandon" for s in a.steps), {"route": "pd-abandon"}),
     Goal("burst", "two or more P/D requests in flight together",
@@ -84,7 +90,7 @@ GOALS: tuple[Goal, ...] = (
          lambda a, o, t: any(bool(s.fields_for("decode").get("stream")) for s in a.steps)
          and any(r.outcome == "ok" for r in o.records), {"stream": True}),
     Goal("several-prompts", "one request carrying several prompts",
-         lambda a, o, t: any(s.prompts > 1 for s in a.steps), {"prompts": 2}),
+         lambda a, o, t: any(s.prompts > 1 for s in a.steps), {"motif": "prompts"}),
 )
 GOAL_NAMES = tuple(g.name for g in GOALS)
 

@@ -33,6 +33,10 @@ def scenario_of(action: Action, topo: Topology, name: str, known_issue: dict[str
             sc["request"] = s.request.model_dump(mode="json", exclude_defaults=True)
         if s.ignore_eos:
             sc.setdefault("request", {}).setdefault("all", {})["ignore_eos"] = True
+        if action.hold_s:
+            # the hold plus the flush and the answer, with room on a loaded host
+            sc.update(hold_between_s=action.hold_s, flush_prefill=action.flush_prefill,
+                      deadline_s=max(90.0, action.hold_s + 60))
     else:
         sc = {**base, "kind": "sequence", "sequence": {"steps": [step_dict(s) for s in steps], "idle_margin_s": 2}}
     if known_issue is not None:

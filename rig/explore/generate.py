@@ -22,9 +22,13 @@ from rig.config.request_fields import CHAT_FIELDS, COMPLETIONS_FIELDS
 from rig.config.sequence import ROUTE_EVENTS, StartRule, Step
 from rig.explore.grammar import (
     ENDPOINT_WEIGHTS,
+    HOLD_FACTORS,
+    HOLD_WEIGHTS,
     MAX_COUNT,
     MAX_STEPS,
     MAX_TOKENS_CHOICES,
+    MOTIF_SHARE,
+    MOTIF_WEIGHTS,
     ROUTE_WEIGHTS,
     START_DELAYS_MS,
     Action,
@@ -55,6 +59,7 @@ INT_RANGES: dict[str, tuple[int, int]] = {"n": (1, 2), "top_k": (1, 8), "min_tok
                                           "prompt_logprobs": (0, 1), "top_logprobs": (0, 2),
                                           "thinking_token_budget": (1, 4)}
 NUMBERS = (0.0, 0.5, 1.0, 1.3)
+MOTIF_GOAL_WEIGHT = 3.0  # weight of an unreached goal whose hint is a motif, against 1 for the others
 
 
 def drawable_fields(schemas: dict[str, dict[str, Any]], allow_logprobs: bool = False) -> dict[str, dict[str, dict]]:
@@ -96,17 +101,27 @@ class Generator:
     (0..1): share of steps that carry 1-2 drawn fields. ``bias`` (0..1): share of actions shaped
     by an unreached goal's hint. ``routes``: the routes drawn (default every route of
     :data:`ROUTE_WEIGHTS`; e.g. without ``pd-abandon`` where P reaps no lease, as the fake server).
+    ``motifs``: the motifs drawn (:data:`rig.explore.grammar.MOTIF_WEIGHTS`; None: every one whose
+    routes are drawn; []: none), ``motif_share`` (0..1) of the actions not shaped by a goal.
     Every action has a step that is answered (an action of abandoned requests only has nothing to
-    compare with the reference)."""
+    compare with the reference). ValueError names an unknown route or motif."""
 
     def __init__(self, seed: int, topo: Topology, fields: dict[str, dict[str, dict]] | None = None,
-                 field_share: float = 0.5, bias: float = 0.5, routes: list[str] | None = None):
+                 field_share: float = 0.5, bias: float = 0.5, routes: list[str] | None = None,
+                 motifs: list[str] | None = None, motif_share: float = MOTIF_SHARE):
         self.seed, self.topo, self.fields = seed, topo, fields or {}
-        self.field_share, self.bias = field_share, bias
+        self.field_share, self.bias, self.motif_share = field_share, bias, motif_share
         unknown = [r for r in routes or [] if r not in ROUTE_WEIGHTS]
         if unknown:
             raise ValueError(f"routes: unknown {unknown}; give some of {list(ROUTE_WEIGHTS)}")
         self.routes = {r: w for r, w in ROUTE_WEIGHTS.items() if not routes or r in routes}
+        bad = [m for m in motifs or [] if m not in MOTIF_WEIGHTS]
+        if bad:
+            raise ValueError(f"motifs: unknown {bad}; give some of {list(MOTIF_WEIGHTS)}")
+        # a motif sends on these routes: drawn only when the generator draws them
+        needs = {"append-first-token": {"pd", "decode"}, "reuse": {"pd", "decode"}}
+        self.motifs = {m: w for m, w in MOTIF_WEIGHTS.items()
+                       if (motifs is None or m in motifs) and needs.get(m, {"pd"}) <= set(self.routes)}
 
     def action(self, index: int, unreached: list[str] | None = None,
                hints: dict[str, dict[str, Any]] | None = None) -> Action:
@@ -116,10 +131,21 @@ class Generator:
         hint: dict[str, Any] = {}
         why = ""
         if unreached and rng.random() < self.bias:
-            why = rng.choice(unreached)
+            # goals a motif reaches weigh MOTIF_GOAL_WEIGHT: their code paths are out of reach of
+            # a step drawn part by part
+            why = rng.choices(unreached, [MOTIF_GOAL_WEIGHT if (hints or {}).get(g, {}).get("motif") else 1.0
+                                          for g in unreached])[0]
             hint = (hints or {}).get(why, {})
-            if hint.get("route") not in (None, *self.routes):  # a route this generator does not draw
-                why, hint = "", {}
+            if hint.get("route") not in (None, *self.routes) or hint.get("motif") not in (None, *self.motifs):
+                why, hint = "", {}  # a route or motif this generator does not draw
+        motif = hint.get("motif")
+        if motif is None and not hint and self.motifs and rng.random() < self.motif_share:
+            motif = rng.choices(list(self.motifs), list(self.motifs.values()))[0]
+        if motif is not None:
+            action = self._motif(rng, index, motif, why)
+            action.sequence()
+            check_fits(action, self.topo)
+            return action
         n_steps = (2 if hint.get("route") == "pd-abandon" else 1) if hint else rng.choices((1, 2, 3), (6, 3, 1))[0]
         steps: list[Step] = []
         for i in range(min(n_steps, MAX_STEPS)):
@@ -174,3 +200,46 @@ class Generator:
                               after_ms=rng.choice(START_DELAYS_MS))
         return Step(id=sid, route=route, prompt_tokens=n, max_tokens=max_tokens, count=count,
                     request=request or None, start=start)
+
+    def _motif(self, rng: random.Random, index: int, motif: str, why: str) -> Action:
+        """Action ``index`` shaped as ``motif`` (rig.explore.grammar.MOTIF_WEIGHTS), its lengths,
+        hold and seeds drawn from ``rng``."""
+        t, bs = self.topo, self.topo.block_size
+        # whole blocks leave room for 8 completion tokens (and an appended token)
+        whole = [k * bs for k in range(1, t.max_model_len // bs + 1) if k * bs + 9 <= t.max_model_len] or [1]
+        n, m = rng.choice(whole), rng.choice([m for m in MAX_TOKENS_CHOICES if m >= 2])
+        m = min(m, t.max_model_len - n - 1)
+        if motif == "lease-hold":
+            hold = round(t.lease_s * rng.choices(HOLD_FACTORS, HOLD_WEIGHTS)[0], 1)
+            return Action(index=index, why=why, hold_s=hold, flush_prefill=True,
+                          steps=[Step(id="s0", route="pd", prompt_tokens=n, max_tokens=m)])
+        if motif == "n-prefill":
+            req = {"prefill": {"n": 2, "temperature": 1.0, "seed": rng.randrange(1000)}}
+            return Action(index=index, why=why, steps=[Step(id="s0", route="pd", prompt_tokens=n, max_tokens=m,
+                                                            request=req)])
+        if motif == "prompts":
+            n = rng.choice([k for k in t.edge_lengths() if k + m <= t.max_model_len] or [n])
+            return Action(index=index, why=why, steps=[Step(id="s0", route="pd", prompt_tokens=n, max_tokens=m,
+                                                            request={"prompts": rng.choice((2, 2, 3))})])
+        if motif == "append-first-token":
+            # the warm prompt fills whole blocks of the P/D prompt's prefix in D's cache
+            n = rng.choice([k for k in whole if k > bs] or [n])
+            warm = rng.choice([k * bs for k in range(1, n // bs)] or [max(1, n - 1)])
+            steps = [Step(id="s0", route="decode", prompt_tokens=warm, max_tokens=2),
+                     Step(id="s1", route="pd", prompt_tokens=n, max_tokens=m, prefix_of="s0",
+                          transform={"append_first_token": True}, start={"after": "s0", "event": "answered"})]
+            if rng.random() < 0.5:
+                steps.append(Step(id="s2", route="decode", prompt_tokens=n + 1, max_tokens=m, repeat_of="s1",
+                                  start={"after": "s1", "event": "answered"}))
+            return Action(index=index, why=why, steps=steps)
+        # reuse: a prompt, then the same prompt again (D's prefix cache) or a longer one starting with it
+        first = rng.choice(["pd", "decode"])
+        steps = [Step(id="s0", route=first, prompt_tokens=n, max_tokens=m)]
+        longer = [k for k in t.edge_lengths() if n < k and k + m <= t.max_model_len]
+        if longer and rng.random() < 0.5:
+            steps.append(Step(id="s1", route=rng.choice(["pd", "decode"]), prompt_tokens=rng.choice(longer),
+                              max_tokens=m, prefix_of="s0", start={"after": "s0", "event": "answered"}))
+        else:
+            steps.append(Step(id="s1", route=rng.choice(["pd", "decode"]), prompt_tokens=n, max_tokens=m,
+                              repeat_of="s0", start={"after": "s0", "event": "answered"}))
+        return Action(index=index, why=why, steps=steps)
