@@ -38,11 +38,11 @@ MODULES ?=
 mutation: check-venv  ## mutation testing of rig/judge, rig/observe (mutmut 3, fast tests; MODULES=judge.verdict,observe.stall): score per module, exit 1 on a survivor not in the baseline
 	PYTHONPATH=$(CURDIR) nice -n 10 $(PY) scripts/mutation.py $(if $(MODULES),--modules $(MODULES)) $(ARGS)
 
-lint: check-venv  ## ruff (rig, tests, scripts), mypy (rig), the import-layers contract (lint-imports + tests/test_layers.py)
+lint: check-venv  ## ruff (rig, tests, scripts), mypy (rig), the import-layers contract (lint-imports + tests/repo/test_layers.py)
 	$(VENV)/bin/ruff check rig tests scripts
 	$(VENV)/bin/mypy
 	PYTHONPATH=$(CURDIR) $(VENV)/bin/lint-imports --no-cache
-	PYTHONPATH=$(CURDIR) $(PY) -m pytest -q -p no:cacheprovider tests/test_layers.py
+	PYTHONPATH=$(CURDIR) $(PY) -m pytest -q -p no:cacheprovider tests/repo/test_layers.py
 
 test-fast: check-venv  ## unit and fake-server tests only (no live vLLM)
 	$(PY) -m pytest -m "not e2e" $(ARGS)
@@ -59,7 +59,7 @@ lease: check-venv  ## NIXL lease expiry: decode hop held past a 5 s kv_lease_dur
 faults: check-venv  ## fault scenarios on one topology: kill P after its answer, cancel D in its pull, SIGSTOP D past a 5 s lease
 	$(PDRIG) e2e --config $(CONFIG) --set suite=suites/faults.yaml --set nixl.kv_lease_duration=5 $(ARGS)
 
-# The Mooncake profile's part of the regression suite (BUGS R14): MOONCAKE_ARGS go to its run
+# The Mooncake profile's part of the regression suite (bug record R14): MOONCAKE_ARGS go to its run
 # (ARGS to the nixl profile's). r14-cancel-wave-store runs at the upstream size (3 rounds x 66
 # requests); R14_ROUNDS=N runs N rounds instead (more chances for the abort race).
 MOONCAKE_ARGS ?=

@@ -61,7 +61,7 @@ def fresh_prompt_seeds(cfg: RigConfig, salt: str) -> RigConfig:
     Prompts seeded by the scenario name alone are then prefix-cache hits on decode from the second
     run on, and ``kv-pulled`` (every prompt token must come from external_kv_transfer) fails
     although nothing is wrong (a second ``pdrig e2e --attach`` against the same ``pdrig up`` pulled
-    only part of the prompt: docs/kubernetes.md). The seeds used are in the run's config.yaml / report.
+    only part of the prompt: docs/howto/attach.md). The seeds used are in the run's config.yaml / report.
     A request that reuses another's prompt by name (``same_as`` / ``head_of``) is resolved against
     these seeds (rig.workload.prompts.resolve), so reuse holds within the run.
     """
@@ -606,8 +606,8 @@ def build_parser() -> argparse.ArgumentParser:
     from rig.run.wave_cli import add_wave_parser  # `pdrig wave prefix|pressure` (rig/run/wave_cli.py)
 
     add_wave_parser(sub)
-    from rig.cluster.builds import add_build_parser  # `pdrig build NAME` (issue #11)
-    from rig.run.matrix import add_matrix_parser  # `pdrig matrix --builds a,b` (issue #11)
+    from rig.cluster.builds import add_build_parser  # `pdrig build NAME`
+    from rig.run.matrix import add_matrix_parser  # `pdrig matrix --builds a,b`
 
     add_build_parser(sub)
     add_matrix_parser(sub)

@@ -41,7 +41,7 @@ Contracts:
   to both hops.
 
 The proxy is deliberately thin: it never parses D's answer. Its speed is measured by
-scripts/bench_proxy.py against vLLM's toy proxy design (docs/proxy.md). (A little over 400
+scripts/bench_proxy.py against vLLM's toy proxy design (docs/measurements.md). (A little over 400
 lines of code: the hops, their failure mapping, the metrics and the in-thread server of ``pdrig up
 --proxy`` share one contract, stated here.)
 """

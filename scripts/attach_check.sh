@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The attach-mode check of docs/kubernetes.md, by hand: `pdrig up` on the CPU default, then
+# The attach-mode check of docs/howto/attach.md, by hand: `pdrig up` on the CPU default, then
 # `pdrig e2e --attach` against its endpoints three times: log sources as file paths (the verdicts
 # of a normal run), a fatal line planted in D's log during a scenario (FAIL on no-fatal-log), and
 # no log sources (the log checks are "not checked"). Starts live vLLM servers (~35 s); stops them.

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Benchmark of the live suite against the floor it cannot beat (issue #13; not a test).
+"""Benchmark of the live suite against the floor it cannot beat (not a test).
 
 1. **Bare start-up** of one P+D pair: the first prefill and decode of the config's plan spawned
    from their argv/env (pinned as the plan says), timed to ``/health`` + ``/v1/models``, then

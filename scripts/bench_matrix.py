@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Benchmark of ``pdrig matrix``: time per build against one P+D start-up of that build plus its
-scenarios (issue #13 goal 3; not a test).
+scenarios (not a test).
 
 For each build (in order): the bare start-up of one P+D pair with the build's interpreter
 (:func:`bench_e2e.bare_startup`: plan argv, pinned as configured, to ``/health`` +
@@ -10,7 +10,7 @@ scenarios' own wall (``observation.wall_s``) and
 
     ratio = suite run / (bare pair start-up of the build + its scenarios)
 
-which issue #13 wants <= 1.5 for every build after the first. Writes a JSON (with the load
+whose goal is <= 1.5 for every build after the first. Writes a JSON (with the load
 average before and after) and prints a table. Starts live servers: run it under
 ``/work/bin/live`` on the team box.
 

@@ -22,7 +22,7 @@ Reported per path and mode (non-streamed / streamed): throughput (requests/s at 
 (user + system, /proc: what the proxy costs whatever else runs on the host), and latency p50/p99
 at concurrency 1; ``added`` is the path's latency minus ``direct``'s. On a loaded host the added
 latency is mostly the proxy waiting for a CPU (three wake-ups per request), hence the CPU column.
-Goal (issue #14): pdrig >= 3x toy throughput and <= 1 ms added p50. Other load on the host (live
+Goal: pdrig >= 3x toy throughput and <= 1 ms added p50. Other load on the host (live
 vLLM servers) lowers every figure; the load average is printed.
 
     .venv/bin/python scripts/bench_proxy.py                      # ~1 min

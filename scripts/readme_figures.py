@@ -7,7 +7,7 @@
 
 1. ``e2e``: what ``make e2e`` runs (``pdrig e2e --config configs/cpu-tiny.yaml``), timed from the
    outside, with start-up and warm-up per phase and the verdicts from its report.json.
-2. ``wave``: the README's manual-wave recipe: ``pdrig up`` (default topology, warmed up), then
+2. ``wave``: the manual-wave recipe of docs/howto/waves.md: ``pdrig up`` (default topology, warmed up), then
    ``pdrig wave pressure --endpoints ... --requests N --concurrency C`` timed from the outside,
    with throughput and latency percentiles from the wave's own statistics; then Ctrl-C to ``up``.
 

@@ -7,7 +7,7 @@
 #
 # Idempotent: a stamp in the venv records what was installed; a second run with the same
 # inputs returns at once. The vLLM install quirks are in scripts/install-vllm.sh (shared with
-# `pdrig build`; why each: docs/vllm-cpu-facts.md); Mooncake's master and store need libibverbs and libnl from the OS (below).
+# `pdrig build`; why each: docs/explanation/vllm-cpu-facts.md); Mooncake's master and store need libibverbs and libnl from the OS (below).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import signal
 import socket
+import sys
 import time
 from contextlib import ExitStack, suppress
 from pathlib import Path
@@ -20,6 +21,14 @@ import yaml
 ROOT = Path(__file__).resolve().parent.parent
 FAKE = ROOT / "tests" / "fake_vllm.py"
 DATA = ROOT / "tests" / "data"
+
+# Test modules share helpers by module name (``from test_verdict import sc``) across the folders of
+# tests/ (one per layer, fake/, live/, repo/): every folder is on sys.path, so a test file runs alone
+# or in any order whichever folder holds the module it borrows from. Module names stay unique.
+for _folder in sorted(p for p in Path(__file__).resolve().parent.iterdir()
+                      if p.is_dir() and p.name not in ("data", "__pycache__")):
+    if str(_folder) not in sys.path:
+        sys.path.insert(0, str(_folder))
 
 
 def free_ports(n: int) -> list[int]:
@@ -180,9 +189,52 @@ def _idle_host_for_fakes(request, monkeypatch):
     host's load average (rig.cluster.proctree.host_load), and on a host at load 50 a fake's spinning
     EngineCore may get too little CPU to count as stepping, which would make their verdicts depend
     on other people's work. Live tests (marker ``e2e``) keep the real load; a test that needs a load
-    patches it itself (tests/test_stall_evidence.py)."""
+    patches it itself (tests/observe/test_stall_evidence.py)."""
     if request.node.get_closest_marker("e2e") is None:
         from rig.cluster import proctree
 
         monkeypatch.setattr(proctree, "host_load", lambda: (0.0, 0.0, 0.0))
     yield
+
+
+def run_fake_suite(tmp: Path, overrides: list[str] | tuple[str, ...] = (), **cfg_kw: Any):
+    """Run every scenario of a fake-server config written under ``tmp`` (``cfg_kw`` go to
+    :func:`fake_config`, ``overrides`` are ``--set`` strings) with the suite runner, quietly.
+    Returns ``(RunResult, run_dir)``."""
+    from rig.config import load_config
+    from rig.run.runner import SuiteRunner, new_run_dir
+
+    tmp.mkdir(parents=True, exist_ok=True)
+    cfg = load_config(write_config(tmp, fake_config(tmp, **cfg_kw)), list(overrides))
+    run_dir = new_run_dir(cfg)
+    return SuiteRunner(cfg, list(cfg.scenarios), run_dir, quiet=True).run(), run_dir
+
+
+def fake_suite_fixtures(dirname: str, *, suite_of=None, overrides: list[str] | tuple[str, ...] = (),
+                        **cfg_kw: Any):
+    """The module fixtures of a test file that judges one fake-server suite run:
+
+    - ``base_dir`` (module): a fresh directory ``dirname``-N holding every config, run and model
+      cache of the module, so every fake server the module starts has it in its argv;
+    - ``no_survivors`` (autouse): after each test no process mentioning ``base_dir`` may be alive
+      (leftovers are killed by PID, then the test fails);
+    - ``suite`` (module): :func:`run_fake_suite` of ``cfg_kw`` and ``overrides`` under
+      ``base_dir/suite``, run once for the module; ``suite_of(result, run_dir)`` reshapes it.
+
+    Use: ``base_dir, no_survivors, suite = fake_suite_fixtures("fake-x", decodes=..., scenarios=...)``.
+    """
+    @pytest.fixture(scope="module", name="base_dir")
+    def base_dir_(tmp_path_factory) -> Path:
+        return tmp_path_factory.mktemp(dirname)
+
+    @pytest.fixture(autouse=True, name="no_survivors")
+    def no_survivors_(base_dir):
+        yield
+        assert_no_survivors(base_dir, within_s=10)
+
+    @pytest.fixture(scope="module", name="suite")
+    def suite_(base_dir):
+        result, run_dir = run_fake_suite(base_dir / "suite", overrides, **cfg_kw)
+        return suite_of(result, run_dir) if suite_of else (result, run_dir)
+
+    return base_dir_, no_survivors_, suite_

@@ -54,16 +54,16 @@ Faults (FAKE_VLLM_FAULT):
   empty-stream       completions answer 200 with zero tokens and empty text
   fatal-log          serves normally; after the first completion logs
                      "ERROR ... Cannot get 3 free blocks from the pool"
-  generate-drops-ktp the generate endpoint answers kv_transfer_params null (BUGS R21, vllm PR #42644)
+  generate-drops-ktp the generate endpoint answers kv_transfer_params null (bug record R21, vllm PR #42644)
   failed-transfer-count  each KV pull that succeeds also counts vllm:nixl_num_failed_transfers
-                     (BUGS R19, vllm PR #58038: a NIXL build without telemetry)
+                     (bug record R19, vllm PR #58038: a NIXL build without telemetry)
   fabricate-prompt-logprobs  a decode-side request with prompt_logprobs (or echo + logprobs) pulls the
-                     prompt's KV (as vLLM 0.27.1) and answers made-up prompt logprobs (BUGS R23's
+                     prompt's KV (as vLLM 0.27.1) and answers made-up prompt logprobs (bug record R23's
                      HTTP-200 form); without this fault the fake recomputes such a prompt on D and pulls
                      nothing, as vLLM 0.32.0 (sampling_params.py skip_reading_prefix_cache)
   logprob-jitter     decode-side answers add ARG (a float) to every logprob they return
   append-mismatch    decode-side requests whose prompt is longer than the remote_num_tokens P
-                     exported (a router appended P's first token, BUGS R26) answer 200 with
+                     exported (a router appended P's first token, bug record R26) answer 200 with
                      (tok+1) % 1024 at every position; the ARG-th such request (default 2) kills
                      the server with "AssertionError: assert num_decode_blocks <= len(prefill_group)"
                      (vLLM 0.32.0 nixl/base_worker.py _apply_prefix_caching); with ARG 0 never

@@ -1,4 +1,4 @@
-"""vLLM builds as data (``configs/builds.yaml``) and ``pdrig build NAME`` (issue #11).
+"""vLLM builds as data (``configs/builds.yaml``) and ``pdrig build NAME``.
 
 A build is a name plus exactly one of:
 

@@ -2,9 +2,9 @@
 
 Checking that a port is free before launch cannot see a server of another run that has not
 bound its port yet: vLLM listens on its HTTP port only after loading the model, so two runs on
-one config used to start both topologies and collide minutes later (issue #9; before/after in
-docs/evidence.md). So a run *reserves* every TCP port it will use (HTTP, NIXL side channels, Mooncake's master and
-store-client ports) before it starts anything, for its whole life:
+one config used to start both topologies and collide minutes later (before/after in
+docs/explanation/evidence.md). So a run *reserves* every TCP port it will use (HTTP, NIXL side
+channels, Mooncake's master and store-client ports) before it starts anything, for its whole life:
 
 - one lock file per port, ``<lock_dir>/<port>.lock`` (``ports.lock_dir``, default
   ``/tmp/pdrig-ports``), held with an exclusive ``flock``; the file names the holder (its run

@@ -63,16 +63,16 @@ FATAL_PATTERNS = (
     "Segmentation fault",
     "Illegal instruction",
     "core dumped",
-    # BUGS R12 (vllm PRs #34079, #43828): a negative counter increment kills the API server's
+    # bug record R12 (vllm PRs #34079, #43828): a negative counter increment kills the API server's
     # output handler (prometheus_client's ValueError, then vllm/v1/engine/async_llm.py's log).
     "Counters can only be incremented by non-negative amounts",
     "AsyncLLM output_handler failed",
-    # BUGS R14 (vllm #46240, #51786, #52954): a late or duplicate transfer completion trips the
+    # bug record R14 (vllm #46240, #51786, #52954): a late or duplicate transfer completion trips the
     # scheduler's asserts in _update_from_kv_xfer_finished (vllm/v1/core/sched/scheduler.py,
     # 0.32.0) and EngineCore dies; the traceback quotes the assert's source line.
     "assert req_id in self.requests",
     "assert RequestStatus.is_finished(req.status)",
-    # BUGS R26 (vllm PR #50558, #51505): D's prompt one token longer than P exported (a router
+    # bug record R26 (vllm PR #50558, #51505): D's prompt one token longer than P exported (a router
     # appended P's first token) trips nixl/base_worker.py _apply_prefix_caching's assert (0.32.0).
     "assert num_decode_blocks <= len(prefill_group)",
 )
@@ -505,8 +505,8 @@ class Cluster:
         Used to hold instances started ahead of their phase: an idle vLLM CPU instance with
         NIXL spins about two cores. A frozen instance is continued by :meth:`thaw` or by
         teardown (:func:`~rig.cluster.reaper.kill_groups` sends SIGCONT after SIGTERM).
-        vLLM 0.32.0 survives a stop of the whole group: docs/faults.md
-        (``fault-sigstop-d-past-lease``) and docs/performance.md. Raises ClusterError in attach
+        vLLM 0.32.0 survives a stop of the whole group: docs/measurements.md
+        (``fault-sigstop-d-past-lease``). Raises ClusterError in attach
         mode or for an instance this cluster did not start (:meth:`signal`). A container the engine
         cannot pause (after the retries of rig.cluster.containers) is left running, with a
         warning on stderr: holding is a saving of CPU, not something a verdict rests on."""
@@ -527,7 +527,7 @@ class Cluster:
             self.signal(n, signal.SIGCONT)
             self.frozen.discard(n)
 
-    # -- faults (issue #12: rig/workload/faults.py) -----------------------------------------------------
+    # -- faults (rig/workload/faults.py) -----------------------------------------------------------------
 
     def signal(self, name: str, sig: int) -> int:
         """Send ``sig`` to instance ``name``'s whole process group (API server, EngineCore,

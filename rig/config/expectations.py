@@ -13,12 +13,12 @@ from pydantic import Field, field_validator, model_validator
 from rig.config.base import StrictModel, regex_field
 
 # Run-level checks (not tied to one request) a signature may name in ``excuses``; everything
-# else a known issue excuses only on the requests that show its symptom (issue #9 item 2).
+# else a known issue excuses only on the requests that show its symptom.
 # Checks a scenario may add to its kind's required ones (``ScenarioConfig.require``):
-# rig/judge/counters.py (BUGS R12) and rig/judge/cached_tokens.py (BUGS R15).
+# rig/judge/counters.py (bug record R12) and rig/judge/cached_tokens.py (bug record R15).
 OptionalCheck = Literal["counters-monotonic", "cached-tokens", "gauges-account"]
 # ``spec-drafted`` / ``preempted`` (expect.min_spec_drafts / min_preemptions): a symptom that stops
-# every request before its first decode step leaves the counter flat (BUGS R01's pool deadlock).
+# every request before its first decode step leaves the counter flat (bug record R01's pool deadlock).
 RunLevelCheck = Literal["alive", "no-fatal-log", "idle-after", "no-stall", "kv-integrity", "counters-monotonic",
                         "spec-drafted", "preempted", "counters", "nixl-failed-transfers"]
 # The sample-name endings of the series the metrics timeline keeps (rig.observe.metrics
@@ -60,7 +60,7 @@ class StallSignature(SignatureBase):
                                                          "that must be > 0, e.g. waiting_to_start")
     kv_usage_max: float | None = Field(None, ge=0, le=1, description="KV usage ceiling (0..1) while frozen")
     kv_usage_min: float | None = Field(None, ge=0, le=1, description="KV usage floor (0..1) while frozen, e.g. "
-                                                                     "0.99 for a full pool (BUGS R01)")
+                                                                     "0.99 for a full pool (bug record R01)")
     admission: Literal["fits-but-waits", "never-fits"] | None = None
 
     @model_validator(mode="after")
@@ -134,7 +134,7 @@ class LeakSignature(SignatureBase):
     line (nixl base_worker.py, 0.32.0) naming the request whose ``remote_request_id`` P returned.
     ``blocks_of`` says whose blocks: ``sibling`` = only another child of the same parallel-sampling
     request (``n`` > 1 on the prefill hop: ``<i>_<id>`` children, the params name one of them;
-    BUGS R16, vllm PR #38900), ``request`` = the named child itself (D never released what it
+    bug record R16, vllm PR #38900), ``request`` = the named child itself (D never released what it
     read), ``any`` = either. Explains ``released-by-d`` on those requests only."""
 
     kind: Literal["leak"]
@@ -148,9 +148,9 @@ class WrongOutputSignature(SignatureBase):
 
 
 class WrongMetricsSignature(SignatureBase):
-    """An answer (HTTP 200, right text) that reports a wrong number: BUGS.md's "wrong metrics" class.
+    """An answer (HTTP 200, right text) that reports a wrong number: the bug record's "wrong metrics" class.
 
-    ``check: cached-tokens`` (BUGS R15; vllm #43370, #44607, #47136, PRs #46357/#46898): D's
+    ``check: cached-tokens`` (bug record R15; vllm #43370, #44607, #47136, PRs #46357/#46898): D's
     ``usage.prompt_tokens_details.cached_tokens`` exceeds P's hits + D's local hits
     (rig/judge/cached_tokens.py) AND is at least ``min_cached_share`` of the request's prompt
     tokens: D counted the tokens it pulled over NIXL as cached. A smaller overcount is another
@@ -249,7 +249,7 @@ class CounterRule(StrictModel):
     ``_total`` (or a histogram's ``_count`` / ``_sum``), e.g. ``vllm:nixl_num_kv_expired_reqs_total``
     (vllm/distributed/kv_transfer/kv_connector/v1/nixl/stats.py, 0.32.0). Give ``delta`` (exactly
     this much) or ``min`` and/or ``max`` (inclusive bounds). An instance that lacks the metric makes
-    the check "not checked" naming it, never ok (BUGS R19: a counter split needs both counters)."""
+    the check "not checked" naming it, never ok (bug record R19: a counter split needs both counters)."""
 
     # Not ``on``: YAML 1.1 (PyYAML) reads a bare ``on`` key as the boolean true.
     instance: str = Field(description="prefill, decode (the scenario's pair) or an instance name")
@@ -259,7 +259,7 @@ class CounterRule(StrictModel):
     delta: int | None = Field(None, ge=0, description="the counter must rise by exactly this much")
     min: int | None = Field(None, ge=0, description="the counter must rise by at least this much")
     max: int | None = Field(None, ge=0, description="the counter may rise by at most this much")
-    why: str = Field("", description="what the rule stands for (shown in the check), e.g. 'BUGS R19'")
+    why: str = Field("", description="what the rule stands for (shown in the check), e.g. 'bug record R19'")
     if_present: bool = Field(
         False, description="true: an instance without the metric leaves this rule out (named in the check) "
                            "instead of making the check not checked; for a supporting counter an older vLLM "
@@ -320,18 +320,18 @@ class Outcome(StrictModel):
     min_preemptions: int | None = Field(
         None, ge=1, description="vllm:num_preemptions_total of the instance `min_preemptions_on` names (default "
                                 "decode) must rise by at least this over the scenario (check `preempted`): a "
-                                "tight pool that must preempt (BUGS R11); every request must still finish "
+                                "tight pool that must preempt (bug record R11); every request must still finish "
                                 "with parity")
     min_preemptions_on: Literal["prefill", "decode"] | None = Field(
         None, description="whose preemption counter `min_preemptions` reads: 'decode' (the default: a tight "
                           "decode pool with long generations) or 'prefill' (a tight prefill pool with chunked "
-                          "prefill, BUGS R11's P side, vllm PR #50297)")
+                          "prefill, bug record R11's P side, vllm PR #50297)")
     min_spec_drafts: int | None = Field(
         None, ge=1, description="decode's vllm:spec_decode_num_drafts_total must rise by at least this (check "
-                                "`spec-drafted`): D's speculative method really proposed drafts (BUGS R09)")
+                                "`spec-drafted`): D's speculative method really proposed drafts (bug record R09)")
     counters: list[CounterRule] = Field(
         default_factory=list, description="counter assertions (check `counters`): e.g. {instance: prefill, metric: "
-                                          "vllm:nixl_num_kv_expired_reqs_total, delta: 1} (BUGS R19)")
+                                          "vllm:nixl_num_kv_expired_reqs_total, delta: 1} (bug record R19)")
     prompt_source: PromptSource = Field(
         "pulled", description="how D serves every prompt token (check `kv-pulled`, exact deltas of D's "
                               "vllm:prompt_tokens_by_source_total and NIXL bytes): pulled (the default: over NIXL, "
@@ -362,7 +362,7 @@ class Outcome(StrictModel):
 
 class VersionedOutcome(Outcome):
     """An expected outcome that holds on the vLLM versions ``vllm`` (PEP 440), e.g. a refusal
-    an older release gave where a newer one clamps (issue #11 item 5)."""
+    an older release gave where a newer one clamps."""
 
     vllm: str = Field(description="PEP 440 specifier, e.g. '<0.28'")
     note: str = Field("", description="where the difference was measured")

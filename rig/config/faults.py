@@ -1,4 +1,4 @@
-"""Fault actions as data (issue #12 item 2): what a ``kind: fault`` scenario does to the exchange.
+"""Fault actions as data: what a ``kind: fault`` scenario does to the exchange.
 
 A fault is a *trigger* (an event of the P/D exchange), a *target* (an instance by role or name,
 or the faulted request itself) and an *action*. The models here only validate; the executor is

@@ -27,7 +27,7 @@ def _env_strings(v: Any) -> Any:
 class SpeculativeConfig(StrictModel):
     """vLLM's ``--speculative-config`` (see vllm/config/speculative.py).
 
-    ``ngram`` works on the CPU backend; the first request pays a JIT compilation (docs/vllm-cpu-facts.md).
+    ``ngram`` works on the CPU backend; the first request pays a JIT compilation (docs/explanation/vllm-cpu-facts.md).
     """
 
     method: str = "ngram"
@@ -79,7 +79,7 @@ class InstanceConfig(StrictModel):
         None, min_length=1,
         description="CPU affinity of the whole server (every process and thread), e.g. [1]; "
                     "None = all CPUs. On small CPU hosts give P and D disjoint CPUs: an idle vLLM "
-                    "CPU instance with NIXL spins (docs/vllm-cpu-facts.md)")
+                    "CPU instance with NIXL spins (docs/explanation/vllm-cpu-facts.md)")
     tensor_parallel_size: int = Field(1, ge=1)
     num_gpu_blocks_override: int | None = Field(
         None, ge=2, description="KV blocks incl. vLLM's null block: N gives N-1 usable blocks")
@@ -89,7 +89,7 @@ class InstanceConfig(StrictModel):
     connector: ConnectorMode | None = Field(None, description="None = the top-level connector")
     block_size: int | None = Field(
         None, ge=1, description="this instance's --block-size (tokens); None = the top-level block_size. "
-                                "P != D is a topology of its own (BUGS R08: per-request handshake failures)")
+                                "P != D is a topology of its own (bug record R08: per-request handshake failures)")
     max_model_len: int | None = Field(
         None, ge=2, description="this instance's --max-model-len (tokens); None = the top-level max_model_len. "
                                 "A decode below prefill's refuses longer prompts with HTTP 400 (vLLM #29906)")
@@ -146,7 +146,7 @@ class LaunchConfig(StrictModel):
         False, description="pdrig e2e: start every instance of the suite together, spread over the "
                            "CPUs, each pinned to its own cpus once ready; instances a phase does not use "
                            "are held stopped (SIGSTOP) until it does. For CPU hosts, where start-up is "
-                           "CPU-bound (docs/performance.md)")
+                           "CPU-bound (docs/measurements.md)")
     seed: int = 0
     extra_args: list[str] = Field(default_factory=list, description="appended to every instance")
     extra_args_by_vllm: dict[str, list[str]] = Field(

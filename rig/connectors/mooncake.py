@@ -7,7 +7,7 @@ already needs ``libibverbs.so.1``) or anything from the rig; the host probes (sh
 the master binary) are in rig.cluster.mooncake, the config's Mooncake checks in rig.config.
 The rules were read from vLLM 0.32.0's source (``vllm/distributed/mooncake_store.py``,
 ``vllm/distributed/kv_transfer/kv_connector/v1/mooncake/``) and checked with live CPU servers
-and ``mooncake-transfer-engine-non-cuda==0.3.13.post1``; docs/mooncake-notes.md has the
+and ``mooncake-transfer-engine-non-cuda==0.3.13.post1``; docs/explanation/mooncake.md has the
 measurements (commands, ports, bytes, metric names).
 """
 

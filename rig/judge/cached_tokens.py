@@ -1,4 +1,4 @@
-"""``cached-tokens`` (BUGS R15): D must not report as cached a prompt it pulled over NIXL.
+"""``cached-tokens`` (bug record R15): D must not report as cached a prompt it pulled over NIXL.
 
 With ``--enable-prompt-tokens-details`` vLLM answers ``usage.prompt_tokens_details.cached_tokens``
 (vllm/entrypoints/openai/completion/serving.py). The upstream reports (vllm #43370, #44607,

@@ -25,7 +25,7 @@ from rig.transport.records import PDRecord
 from rig.workload.retrieval import RetrievalResult
 
 # Which metrics each metric check reads (rig/observe/metrics.py names): missing on the instance it
-# looks at -> that check is "not checked" (issue #9 item 5).
+# looks at -> that check is "not checked".
 KV_PULLED_METRICS = (m.NIXL_BYTES_SUM, m.NIXL_XFER_COUNT, m.PROMPT_TOKENS_BY_SOURCE)
 IDLE_METRICS = (m.RUNNING, m.WAITING, m.KV_USAGE)
 PREFIX_HIT_METRICS = (m.PREFIX_HITS,)
@@ -136,8 +136,8 @@ def completion_checks(outcome: Outcome, records: list[PDRecord]) -> list[Check]:
 
 
 def several_prompts_usage(r: PDRecord) -> list[str]:
-    """What is wrong with the usage of a request that carried several token-ID prompts (issue #12
-    item 1): D's ``usage.prompt_tokens`` must be their sum (vLLM counts each prompt once, whatever
+    """What is wrong with the usage of a request that carried several token-ID prompts:
+    D's ``usage.prompt_tokens`` must be their sum (vLLM counts each prompt once, whatever
     ``n``), and there must be one choice per prompt and sample (``prompts * n``). Empty for
     single-prompt requests and when D gave no usage (the token-count check names that)."""
     if r.decode is None or not r.prompt or not isinstance(r.prompt[0], list):
@@ -199,9 +199,9 @@ def counter_rose_check(obs: ScenarioObservation, field: str, want: int,
     """The check of ``expect.<field>`` (:data:`RISING_COUNTERS`): the counter of ``on`` (the
     scenario's decode, or its prefill: ``expect.min_preemptions_on``) rose by at least ``want``
     over the scenario, so the scenario really exercised what it is about: ``preempted`` (a
-    tight pool preempted, BUGS R11: D's with long generations, P's with chunked prefill, vllm PR
+    tight pool preempted, bug record R11: D's with long generations, P's with chunked prefill, vllm PR
     #50297; whether every request still finished with parity is the other checks') or
-    ``spec-drafted`` (D's spec method proposed drafts, BUGS R09). A run-level check; not checked
+    ``spec-drafted`` (D's spec method proposed drafts, bug record R09). A run-level check; not checked
     when that instance lacks the metric or its metrics were not taken."""
     name, metric, attr = RISING_COUNTERS[field]
     instance, evidence = (obs.prefill, obs.prefill_evidence) if on == "prefill" else (obs.decode, obs.evidence)
@@ -322,7 +322,7 @@ def idle_check(obs: ScenarioObservation, drains=None, describe=None) -> Check:
 
 
 def stream_check(records: list[PDRecord]) -> Check | None:
-    """``stream-complete`` (issue #12 item 1): every streamed decode answer was complete and in
+    """``stream-complete``: every streamed decode answer was complete and in
     order (each choice ended with a ``finish_reason``, no token after it, ``[DONE]`` at the end;
     :class:`rig.transport.answers.StreamReader`). None when no answered decode hop was streamed (the
     scenario did not ask for streaming: nothing to judge, so no check)."""
@@ -380,7 +380,7 @@ def lease_released_ids(lines: list[str]) -> list[tuple[str, str]]:
 
 
 def lease_release_check(obs: ScenarioObservation) -> Check:
-    """``released-by-d`` (BUGS R16, vllm PR #38900): no block of an *answered* request, or of a
+    """``released-by-d`` (bug record R16, vllm PR #38900): no block of an *answered* request, or of a
     sibling child of it (``n`` > 1 splits a request into ``<i>_<id>`` children, and the
     ``kv_transfer_params`` name one of them; so are the prompts of a several-prompt request,
     whose answer names the first prompt's only), was released by P's lease reaper: D's read should

@@ -1,4 +1,4 @@
-"""Counter assertions (BUGS R19): ``expect.counters`` as one check, ``counters``, and the healthy-run
+"""Counter assertions (bug record R19): ``expect.counters`` as one check, ``counters``, and the healthy-run
 rule ``nixl-failed-transfers``.
 
 A :class:`~rig.config.CounterRule` says how much one Prometheus counter of one instance may move
@@ -15,7 +15,7 @@ life's last sample and its end are not seen): a ``min`` may still hold, a ``delt
 naming it, never ok.
 
 ``nixl-failed-transfers`` (:data:`HEALTHY_RULE`): on a healthy run D's
-``vllm:nixl_num_failed_transfers_total`` does not move (BUGS R19; vllm PR #58038: a NIXL build
+``vllm:nixl_num_failed_transfers_total`` does not move (bug record R19; vllm PR #58038: a NIXL build
 without telemetry counted every finished transfer as failed; PR #55854: expired reads counted as
 transport failures). rig/judge/verdict.py applies it to scenarios expected to pass whose kind pulls
 over NIXL and injects no fault.
@@ -33,7 +33,7 @@ from rig.observe import metrics as m
 NAME = "counters"
 HEALTHY_NAME = "nixl-failed-transfers"
 HEALTHY_RULE = CounterRule(instance="decode", metric=m.NIXL_FAILED_TRANSFERS, delta=0,
-                           why="healthy run: no failed NIXL transfer (BUGS R19)")
+                           why="healthy run: no failed NIXL transfer (bug record R19)")
 
 _LABEL = re.compile(r'(\w+)="((?:[^"\\]|\\.)*)"')
 

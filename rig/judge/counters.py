@@ -1,4 +1,4 @@
-"""``counters-monotonic`` (BUGS R12): no Prometheus counter of an instance ever went down.
+"""``counters-monotonic`` (bug record R12): no Prometheus counter of an instance ever went down.
 
 vLLM's P/D token accounting has driven ``prompt_tokens_by_source`` negative (vllm PRs #34079,
 #36812, #43285, #43828; vllm-ascend #10788; LMCache #2912): prometheus_client refuses the

@@ -1,4 +1,4 @@
-"""An early stall verdict by reasoning, not waiting (issue #13 goal 1).
+"""An early stall verdict by reasoning, not waiting.
 
 The stall window (``timeouts.stall_window_s``, 8 s on the CPU default) is what the rig waits when it
 knows nothing about why a request does not move. For an admission stall it can know more:
@@ -46,7 +46,7 @@ class AdmissionReasoning:
     min_samples: int = 4
     # An admission takes one scheduler step, and 0.05 CPU-s is many steps. A frozen D's EngineCore
     # still uses a little CPU (it sleeps 1 ms after each step that ran no model); what it used in
-    # the 0.32.0 livelock, and why the threshold was lowered to this: docs/performance.md.
+    # the 0.32.0 livelock, and why the threshold was lowered to this: docs/measurements.md.
     min_engine_cpu_s: float = 0.05
     kv_usage_max: float = 0.05
 

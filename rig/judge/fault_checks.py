@@ -1,4 +1,4 @@
-"""The checks of a fault scenario (issue #12 item 3), from its observation and the executor's
+"""The checks of a fault scenario, from its observation and the executor's
 :class:`~rig.workload.faults.FaultResult`: did each fault fire at its event, how did the faulted requests
 end, did the survivors (and the restarted instances) serve and drain. Tri-state like every
 check (:mod:`rig.judge.checks`): an event that never came is "not checked", never ok.

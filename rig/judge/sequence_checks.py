@@ -1,4 +1,4 @@
-"""The checks of a sequence scenario (BUGS R02, R06), from its observation and the executor's
+"""The checks of a sequence scenario (bug record R02, R06), from its observation and the executor's
 :class:`~rig.workload.sequence.SequenceResult`. Tri-state like every check (:mod:`rig.judge.checks`):
 what could not be looked at is "not checked", never ok.
 
@@ -17,7 +17,7 @@ what could not be looked at is "not checked", never ok.
   known issue excuses it with ``excuses: [no-stall]``).
 - ``lease-reaped`` (steps with route pd-abandon): P's ``nixl_num_kv_expired_reqs_total`` rose by
   the abandoned requests within ``nixl.kv_lease_duration + sequence.idle_margin_s`` of the last
-  abandoned prefill answer; the detail names the steps still outstanding then (BUGS R06: a
+  abandoned prefill answer; the detail names the steps still outstanding then (bug record R06: a
   heartbeated head must not shield expired leases; vllm/.../nixl/base_worker.py
   ``_reap_expired_send_leases``, PR #50789).
 - ``gauges-account`` (``require: [gauges-account]``): D's gauges counted every request outstanding
@@ -26,10 +26,10 @@ what could not be looked at is "not checked", never ok.
 - ``idle-after`` over the kind's own drains, with the bound it applied.
 - ``refusal-relayed`` (steps with route router): every router request that ended without an
   answer got D's own refusal, status and error message, as D answers the same body sent straight
-  to it (BUGS R27: a router must not report 200, or another error, when D refuses; vllm #23981,
+  to it (bug record R27: a router must not report 200, or another error, when D refuses; vllm #23981,
   #54707). Required when a router step expects a refusal (``expect_status``).
 - ``repeat-equal`` (steps with ``repeat_of``): the later direct requests for the prompt D got in an
-  earlier step equal the reference (BUGS R26: D's prefix cache must not keep blocks a wrong
+  earlier step equal the reference (bug record R26: D's prefix cache must not keep blocks a wrong
   transfer wrote).
 
 A step with ``expect_status`` counts as completed when every one of its requests ended with that
@@ -208,7 +208,7 @@ def lease_reaped_check(result: SequenceResult, lease_s: float, margin_s: float,
     """``lease-reaped``: P reaped every abandoned lease within the bound (module docstring). With
     ``reap_while`` (``sequence.reap_while``) a timely reap counts only when that step was still
     outstanding then; "not checked" when it had ended first (nothing stood in front of the
-    expired leases, so the scenario did not test BUGS R06's case)."""
+    expired leases, so the scenario did not test bug record R06's case)."""
     reap = result.reap
     if reap is None:
         return Check("lease-reaped", None, "not checked: no step abandons its decode hop")

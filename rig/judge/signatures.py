@@ -1,4 +1,4 @@
-"""Known-issue signatures matched against observations, field by field (issue #9 item 1).
+"""Known-issue signatures matched against observations, field by field.
 
 Like pytest's ``xfail(raises=...)``: a known issue excuses only the symptom its signature
 describes, on the requests that show it. :func:`match` returns a :class:`Match`: which requests
@@ -70,7 +70,7 @@ def facts_of_records(obs: ScenarioObservation) -> list[RequestFacts]:
                 hop = name
                 break
         # P answered 200 without kv_transfer_params (rig.transport.records: outcome http_error,
-        # no decode hop): the prefill hop is the one that failed (BUGS R21's symptom).
+        # no decode hop): the prefill hop is the one that failed (bug record R21's symptom).
         if hop is None and r.outcome == "http_error" and r.prefill is not None and r.decode is None:
             hop = "prefill"
         h = r.decode if hop == "decode" else r.prefill if hop == "prefill" else None
@@ -397,7 +397,7 @@ def _leak(sig: LeakSignature, obs: ScenarioObservation, reqs: list[RequestFacts]
 
 def _wrong_metrics(sig: WrongMetricsSignature, obs: ScenarioObservation) -> Match:
     # sig.check == "cached-tokens" (the only one so far): the requests the check fails on whose D
-    # reported at least min_cached_share of the prompt as cached (BUGS R15's D-counts-the-pull).
+    # reported at least min_cached_share of the prompt as cached (bug record R15's D-counts-the-pull).
     over = overcounted(obs) or []
     share = sig.min_cached_share
     hits = [c for c in over if c.prompt and c.d >= share * c.prompt]

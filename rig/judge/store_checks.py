@@ -1,4 +1,4 @@
-"""The checks and the verdict of a Mooncake store scenario (issue #3; kinds ``store-roundtrip``,
+"""The checks and the verdict of a Mooncake store scenario (kinds ``store-roundtrip``,
 ``prefix-wave-store``, ``long-generation``, see rig.workload.store). They read the records in
 the :class:`~rig.observe.observations.ScenarioObservation` and the store counters in the
 :class:`~rig.observe.store_metrics.StoreObservation`; each check is tri-state.
@@ -46,7 +46,7 @@ def cancel_summary(records: list[PDRecord]) -> str:
 
 def store_checks(sc: ScenarioConfig, obs: ScenarioObservation, so: StoreObservation) -> list[Check]:
     """The named checks of a store scenario (see the module docstring), each tri-state."""
-    # Requests cancelled on purpose (the store wave's cancel_fraction, BUGS R14) are intended
+    # Requests cancelled on purpose (the store wave's cancel_fraction, bug record R14) are intended
     # outcomes: every other request must answer, with parity.
     kept = [(r, p) for r, p in zip(obs.records, obs.parity + [None] * len(obs.records), strict=False)
             if not r.intentional]

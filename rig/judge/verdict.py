@@ -1,4 +1,4 @@
-"""Step 6 of the rig's flow: the ONE verdict engine, for every scenario kind (issue #9).
+"""Step 6 of the rig's flow: the ONE verdict engine, for every scenario kind.
 
 Kinds produce observations and named checks (:mod:`rig.judge.checks`); this module turns them into a
 verdict. Like pytest's ``skipping.py`` it has a frozen :class:`Expectation` (what the scenario
@@ -67,7 +67,7 @@ __all__ = ["Check", "Expectation", "ScenarioVerdict", "decide", "judge", "expect
 PASSING = ("PASS", "XFAIL")
 
 # The checks each kind requires: a scenario whose required check was not checked cannot PASS
-# or XFAIL (issue #9 item 4). Parity drops out when the scenario sets ``parity: false``.
+# or XFAIL. Parity drops out when the scenario sets ``parity: false``.
 REQUIRED: dict[str, tuple[str, ...]] = {
     "edge": ("completed", "token-counts", "kv-pulled", "parity", "alive", "no-fatal-log", "kv-integrity",
              "idle-after"),
@@ -83,10 +83,10 @@ REQUIRED: dict[str, tuple[str, ...]] = {
     "long-generation": ("completed", "token-counts", "parity", "failed-loads", "store-written", "kv-pressure",
                         "master-alive", "alive", "no-fatal-log", "idle-after"),
     "fault": ("fault-fired", "fault-outcome", "recovery-serves", "parity", "idle-after", "alive", "no-fatal-log",
-              "kv-integrity"),  # rig/workload/faults.py (issue #12)
+              "kv-integrity"),  # rig/workload/faults.py
     "retrieval": ("completed", "token-counts", "kv-pulled", "parity", "alive", "no-fatal-log", "kv-integrity",
                   "idle-after", "retrieval"),
-    # rig/workload/sequence.py (BUGS R02, R06); + kv-pulled with pd steps, + lease-reaped with pd-abandon
+    # rig/workload/sequence.py (bug record R02, R06); + kv-pulled with pd steps, + lease-reaped with pd-abandon
     # steps (rig.judge.sequence_checks.sequence_required)
     "sequence": ("completed", "token-counts", "parity", "no-stall", "idle-after", "alive", "no-fatal-log",
                  "kv-integrity"),
@@ -98,9 +98,9 @@ REFUSAL_REQUIRED = ("completed", "alive", "no-fatal-log", "idle-after")
 def required_checks(sc: ScenarioConfig, refusal: bool = False) -> tuple[str, ...]:
     """The checks scenario ``sc`` requires (:data:`REQUIRED` of its kind; parity only with
     ``sc.parity``; ``preempted`` / ``spec-drafted`` with ``expect.min_preemptions`` /
-    ``min_spec_drafts``; ``counters`` with ``expect.counters``, BUGS R19; :data:`REFUSAL_REQUIRED`
+    ``min_spec_drafts``; ``counters`` with ``expect.counters``, bug record R19; :data:`REFUSAL_REQUIRED`
     when its expected outcome is an HTTP refusal) plus the ones it asks for in ``sc.require``
-    (BUGS R12 / R15)."""
+    (bug record R12 / R15)."""
     names = REFUSAL_REQUIRED if refusal else REQUIRED[sc.kind]
     if not refusal:
         names = names + tuple(check for f, (check, _, _) in RISING_COUNTERS.items()
@@ -211,7 +211,7 @@ def decide(name: str, checks: list[Check], exp: Expectation, m: Match | None = N
 
     if error and not dead:
         return v("ERROR", error)
-    if exp.problem and not dead:  # a death is a FAIL whatever else is unknown (issue #9 item 6)
+    if exp.problem and not dead:  # a death is a FAIL whatever else is unknown
         return v("ERROR", exp.problem)
     failed = [c for c in checks if c.ok is False]
     # Only an expectation that applies explains anything: a known issue outside its range
@@ -264,7 +264,7 @@ def _inconclusive(gaps: list[Check]) -> str:
 
 
 def canary_match(obs: ScenarioObservation, checks: list[Check], reqs: list[RequestFacts] | None = None) -> Match:
-    """The catch of a tampered scenario (issue #9 item 3): a parity divergence on an answered
+    """The catch of a tampered scenario: a parity divergence on an answered
     request whose KV was pulled (``kv-pulled`` did not fail on it), or an HTTP error status from
     D. A timeout, a stall or a missing pull is no catch."""
     reqs = facts_of_records(obs) if reqs is None else reqs
@@ -418,7 +418,7 @@ def judge(sc: ScenarioConfig, obs: ScenarioObservation, blocks: BlockFacts | Non
     if checks is None:
         checks = edge_checks(sc, obs, outcome)
     # Every kind's instances are sampled into the metrics timeline: no counter may go down
-    # within a process life (BUGS R12); "not checked" without a timeline, and not required.
+    # within a process life (bug record R12); "not checked" without a timeline, and not required.
     checks = list(checks) + list(extra or []) + [counters_monotonic_check(obs.timeline)]
     exp = expectation_of(sc, obs, refusal)
     checks += counter_checks(sc, obs, outcome or sc.expect, exp, refusal)
@@ -442,7 +442,7 @@ def healthy_run(sc: ScenarioConfig, exp: Expectation, refusal: bool) -> bool:
     """True when ``sc`` is a healthy P/D run on this version: its kind pulls over NIXL and injects
     no fault (``kv-pulled`` in its :data:`REQUIRED`, so not ``fault`` nor the store kinds), and it
     is expected to pass (no known issue that applies, no canary, no expected refusal). The rule
-    :data:`rig.judge.counter_rules.HEALTHY_RULE` holds on those (BUGS R19)."""
+    :data:`rig.judge.counter_rules.HEALTHY_RULE` holds on those (bug record R19)."""
     return ("kv-pulled" in REQUIRED[sc.kind] and exp.known_issue is None and exp.tamper is None
             and not refusal)
 

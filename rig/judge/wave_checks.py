@@ -1,4 +1,4 @@
-"""The checks and the verdict of a wave scenario (``prefix-wave`` / ``pressure-wave``, issue #4).
+"""The checks and the verdict of a wave scenario (``prefix-wave`` / ``pressure-wave``).
 
 Every check names the requests it failed on. The wave itself (rig.workload.waves) only drives the
 requests and records what it saw in a :class:`~rig.workload.wave_result.WaveResult`; this module

@@ -8,7 +8,7 @@ What the runner asks of a phase's instances, besides the requests its kinds send
   never clean;
 - whether they are alive (:func:`settle_deaths`): a vLLM server whose EngineCore died answers
   HTTP 500, stops serving and then exits (with code 0: vllm/entrypoints/launcher.py's shutdown;
-  tests/data/vllm-0.30.0-decode-ngram-crash.log, docs/evidence.md). An instance that stopped
+  tests/data/vllm-0.30.0-decode-ngram-crash.log, docs/explanation/evidence.md). An instance that stopped
   answering ``/health`` gets ``timeouts.shutdown_grace_s`` to exit before it is called alive, so
   a dying decode reads as a death (FAIL), not as "metrics unavailable" (ERROR);
 - their vLLM versions from ``/version`` (:func:`read_versions`; "unknown" when it does not answer);

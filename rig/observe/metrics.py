@@ -2,7 +2,7 @@
 
 Parsing uses ``prometheus_client.parser`` (the library that renders vLLM's metrics). Names are
 the *sample* names as exposed by vLLM 0.32.0, counters ending in ``_total`` and histograms in
-``_sum``/``_count`` (vllm/v1/metrics/loggers.py; docs/vllm-cpu-facts.md "Metrics the rig reads").
+``_sum``/``_count`` (vllm/v1/metrics/loggers.py; docs/explanation/vllm-cpu-facts.md "Metrics the rig reads").
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ NIXL_EXPIRED = "vllm:nixl_num_kv_expired_reqs_total"
 # restart from 0 with a new process, so monotonicity is judged per (instance, this value).
 PROCESS_START = "process_start_time_seconds"
 # The sample suffixes of a counter (``_total``) and of a histogram or summary (``_count``,
-# ``_sum``): values that may never decrease within one process's life (BUGS R12).
+# ``_sum``): values that may never decrease within one process's life (bug record R12).
 MONOTONIC_SUFFIXES = ("_total", "_count", "_sum")
 
 # What the checks read, per instance role, checked once per phase after warm-up (rig.run.runner).

@@ -98,7 +98,7 @@ def compare(pd_tokens: list[int], ref_tokens: list[int], pd_max_tokens: int, ref
 
 def compare_choices(pd_choices: list[list[int]], ref_choices: list[list[int]], pd_max_tokens: int,
                     ref_max_tokens: int) -> ParityResult:
-    """Parity per choice (``n`` > 1 or several prompts in one request; issue #12 item 1): choice
+    """Parity per choice (``n`` > 1 or several prompts in one request): choice
     ``i`` of the P/D answer against choice ``i`` of the reference, the first that is not equal
     (its ``reason`` names the choice) or equal. A different number of choices is a divergence."""
     if len(pd_choices) != len(ref_choices):

@@ -9,7 +9,7 @@ is any of: requests wait (``num_requests_waiting > 0``, the 0.32.0 admission liv
 sit in an async KV load (any ``num_requests_kv_fetch_by_stage`` > 0, i.e. WAITING_FOR_REMOTE_KVS,
 which a build need not count as waiting); or, on a detector told the instance's pool holds only
 its own requests' blocks (``full_pool``, a decode), the pool is full (KV usage >= :data:`FULL_POOL`)
-with nothing waiting at all: BUGS R01 (vllm PR #57104), where two finished loads that fill the
+with nothing waiting at all: bug record R01 (vllm PR #57104), where two finished loads that fill the
 pool each wait for the other's blocks with no request waiting for capacity. A prefill is never
 given ``full_pool``: it holds finished requests' blocks for decode's pull (up to the NIXL lease)
 with nothing running or waiting, which is not a stall. The diagnosis quotes the frozen values, e.g.::
@@ -159,7 +159,7 @@ def _signature(s: m.MetricSnapshot) -> tuple:
     return tuple(s.value(n) for n in _PROGRESS) + (fetch, reasons)
 
 
-# KV usage (0..1) from which a pool counts as full: R01's hang shows "KV ~100 %" (BUGS R01); with
+# KV usage (0..1) from which a pool counts as full: R01's hang shows "KV ~100 %" (bug record R01); with
 # the CPU profiles' 4-block pools every step is 25 %, so 0.99 means every usable block is taken.
 FULL_POOL = 0.99
 
@@ -183,7 +183,7 @@ def describe(s: m.MetricSnapshot, duration_s: float) -> str:
 
     "admission livelock" when requests wait for capacity with the KV cache essentially empty
     (the engine has room it will not use); "pool deadlock" when nothing runs with the pool full
-    (KV usage >= :data:`FULL_POOL`, BUGS R01); "stall" otherwise.
+    (KV usage >= :data:`FULL_POOL`, bug record R01); "stall" otherwise.
     """
     waiting = s.value(m.WAITING)
     kv = s.value(m.KV_USAGE)
@@ -213,7 +213,7 @@ class StallDetector:
     Any change of the progress signature, the blocked condition ending, or a gap between two
     samples longer than ``max_gap_s`` (default half the window) restarts the window.
     ``full_pool``: the instance's pool holds only its own requests' blocks (a decode), so a full
-    pool with nothing running is blocked even with nothing waiting (:func:`is_blocked`, BUGS R01).
+    pool with nothing running is blocked even with nothing waiting (:func:`is_blocked`, bug record R01).
 
     ``inconclusive_s``: when the window is reached but the evidence is inconclusive (the engine
     starved by a loaded host, or compiling: :func:`evidence_of`), keep waiting up to this many

@@ -1,11 +1,11 @@
-"""What the rig reads from a Mooncake store topology's ``/metrics`` (issue #3): the store
+"""What the rig reads from a Mooncake store topology's ``/metrics``: the store
 connector's per-operation counters on each vLLM instance, the engine counters a store verdict
 reads, the master's own counters and gauges, and the :class:`StoreObservation` a store scenario
 fills (rig.workload.store) and its judge reads (rig.judge.store_checks).
 
 D loads only *full* blocks and never the block holding the last prompt token, so a prompt of
 ``n`` tokens can take at most ``floor((n-1)/bs) x bs`` tokens from the store (measured,
-docs/mooncake-notes.md; :func:`loadable_tokens`).
+docs/explanation/mooncake.md; :func:`loadable_tokens`).
 """
 
 from __future__ import annotations
@@ -182,7 +182,7 @@ class StoreObservation:
     stall_diagnosis: str = ""
     notes: list[str] = field(default_factory=list)
     error: str = ""
-    # prefix-wave-store rounds (BUGS R14): one row per POST /reset_prefix_cache between rounds
+    # prefix-wave-store rounds (bug record R14): one row per POST /reset_prefix_cache between rounds
     # (round, instance, HTTP status, success, attempts, seconds until success).
     resets: list[dict[str, Any]] = field(default_factory=list)
 

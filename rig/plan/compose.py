@@ -62,7 +62,7 @@ def container_plan(cfg: RigConfig, names: list[str] | None = None) -> Plan:
     """The plan as the containers see it: run dir, model path and interpreter of the image.
 
     With ``names``, only those processes (and any Mooncake master, which the engines need):
-    on a small host all of a config's instances at once starve each other (README, CPU notes).
+    on a small host all of a config's instances at once starve each other (docs/explanation/cpu-default.md).
     Ports and side-channel ports stay those of the whole config. No host binary is passed to
     build_plan, so an unset ``mooncake.master_binary`` is ``mooncake_master`` on the image's PATH,
     not a binary found in the host's venv.

@@ -5,7 +5,7 @@ Topology glue only: the argv, JSON and environment come from the pure builders i
 rig.connectors.mooncake, the ports from the config's rules (``RigConfig.store_client_ports``),
 the binary from the caller (rig.cluster.mooncake finds it on the host). The config's Mooncake
 checks are in rig.config.topology, the host preflight in rig.cluster.mooncake.
-docs/mooncake-notes.md has the measurements behind each rule.
+docs/explanation/mooncake.md has the measurements behind each rule.
 """
 
 from __future__ import annotations

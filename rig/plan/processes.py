@@ -24,7 +24,7 @@ from rig.connectors.mooncake import MASTER_BINARY_NAME
 from rig.plan import mooncake
 from rig.plan.spec import Plan, ProcessSpec
 
-# Environment every CPU server needs (measured; docs/vllm-cpu-facts.md "Environment every CPU server gets"):
+# Environment every CPU server needs (measured; docs/explanation/vllm-cpu-facts.md "Environment every CPU server gets"):
 CPU_ENV = {
     # Without it vLLM loads AVX-512 kernels and dies with SIGILL on AVX2-only hosts.
     "VLLM_TARGET_DEVICE": "cpu",
@@ -94,7 +94,8 @@ def vllm_argv(cfg: RigConfig, role: str, inst: InstanceConfig, model_path: str, 
         argv += ["--tensor-parallel-size", str(inst.tensor_parallel_size)]
     if inst.speculative is not None:
         spec = inst.speculative.to_vllm_json()
-        if "model" in spec:  # "{model}": the served model is its own draft (draft_model on CPU, docs/vllm-cpu-facts.md)
+        # "{model}": the served model is its own draft (draft_model on CPU, docs/explanation/vllm-cpu-facts.md)
+        if "model" in spec:
             spec["model"] = spec["model"].replace("{model}", model_path)
         argv += ["--speculative-config", json.dumps(spec, separators=(",", ":"))]
     argv += ["--enable-prefix-caching" if inst.enable_prefix_caching else "--no-enable-prefix-caching"]

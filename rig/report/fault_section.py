@@ -1,4 +1,4 @@
-"""The markdown section of a fault scenario for summary.md (issue #12): each fault with its
+"""The markdown section of a fault scenario for summary.md: each fault with its
 event, action and completion times."""
 
 from __future__ import annotations

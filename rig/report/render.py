@@ -67,9 +67,9 @@ def _ms(v: float | None) -> str:
 
 
 # The bug-record reference a regression scenario's description starts with (configs/suites/
-# regressions*.yaml): "R11 (vllm PRs #50297, #48245): ...", "BUGS R14 (vllm #46240, ...): ...",
-# "issue #12 item 1: ...". Issue #12 asks the run's table to carry it.
-_REFERENCE = re.compile(r"^\s*(?:BUGS\s+)?((?:R\d{2}\b[^:()]*|issue #\d+[^:()]*)(?:\([^)]*\))?[^:()]*?)\s*:")
+# regressions*.yaml): "R11 (vllm PRs #50297, #48245): ...", "bug record R14 (vllm #46240, ...): ...".
+# The run's table carries it, so a reader goes from a verdict to the public report it replays.
+_REFERENCE = re.compile(r"^\s*(?:bug record\s+)?(R\d{2}\b[^:()]*(?:\([^)]*\))?[^:()]*?)\s*:")
 
 
 def reference_of(description: str | None) -> str:

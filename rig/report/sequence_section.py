@@ -1,4 +1,4 @@
-"""The markdown section of a sequence scenario for summary.md (BUGS R02, R06): every request with
+"""The markdown section of a sequence scenario for summary.md (bug record R02, R06): every request with
 its step, route and event times (ms from the scenario's start), then the stall and the lease reap."""
 
 from __future__ import annotations

@@ -50,7 +50,7 @@ def store_section(sc: ScenarioConfig, obs: ScenarioObservation, so: StoreObserva
                                                  f"+{so.master.get('put_start_alloc_failures', 0):.0f}"),
         ("P puts visible in the master after", ", ".join(f"{w:.2f} s" for w in so.put_waits) or "-"),
     ]
-    if any(r.cancel is not None for r in obs.records):  # the store wave's planned cancels (BUGS R14)
+    if any(r.cancel is not None for r in obs.records):  # the store wave's planned cancels (bug record R14)
         facts.append(("planned cancellations", cancel_summary(obs.records)))
     if so.resets:
         facts.append(("prefix-cache resets between rounds", "; ".join(

@@ -100,7 +100,7 @@ async def _run_edge(sc: ScenarioConfig, ctx: ScenarioContext, obs: ScenarioObser
                                          ctx.cfg.max_model_len_of(ctx.prefill.name), seed_of(sc.name))
         between = hold
     blocks = block_facts(ctx.cfg, ctx.decode.name)
-    # Reasoning instead of waiting (issue #13): an admission stall is decided once the block
+    # Reasoning instead of waiting: an admission stall is decided once the block
     # arithmetic and D's EngineCore CPU time prove it; held decode hops keep the plain window.
     early = None if between is not None else AdmissionReasoning(blocks, (sc.prompt_tokens,))
     name = ctx.decode.name
@@ -120,15 +120,15 @@ async def _usable_from_metrics(ctx: ScenarioContext) -> int | None:
 
 
 def _judge_edge(sc: ScenarioConfig, obs: ScenarioObservation, result: Any, _sections: list[str]) -> ScenarioVerdict:
-    # The checks that follow request fields (issue #12 item 1): a streamed decode hop must be
+    # The checks that follow request fields: a streamed decode hop must be
     # complete and in order; fields such as n on the prefill hop must not leave blocks to the lease.
     extra = [c for c in (stream_check(obs.records),) if c is not None]
     if sc.request is not None:
         extra.append(lease_release_check(obs))
-    # BUGS R15: D's usage.prompt_tokens_details.cached_tokens, on the scenarios that ask for it
-    # (``require: [cached-tokens]``). Not on every scenario whose hops report it: BUGS.md asks for an
+    # bug record R15: D's usage.prompt_tokens_details.cached_tokens, on the scenarios that ask for it
+    # (``require: [cached-tokens]``). Not on every scenario whose hops report it: the bug record asks for an
     # informational verdict until upstream settles the semantics, and on 0.28.0 every P/D answer
-    # shows R15 (docs/regressions.md), which would hide each scenario's own subject behind it.
+    # shows R15 (docs/bug-record.md), which would hide each scenario's own subject behind it.
     if "cached-tokens" in sc.require:
         extra.append(cached_tokens_check(obs))
     return judge(sc, obs, blocks=result if isinstance(result, BlockFacts) else None, extra=extra or None)
@@ -177,7 +177,7 @@ async def _run_fault(sc: ScenarioConfig, ctx: ScenarioContext, obs: ScenarioObse
 
 def _judge_fault(sc: ScenarioConfig, obs: ScenarioObservation, result: FaultResult | None,
                  sections: list[str]) -> ScenarioVerdict:
-    """Fault scenarios (issue #12): rig.judge.fault_checks.fault_checks through the one engine."""
+    """Fault scenarios: rig.judge.fault_checks.fault_checks through the one engine."""
     return _with_section(sc, obs, result, judge(sc, obs, checks=fault_checks(sc, obs, result)), sections)
 
 
@@ -187,7 +187,7 @@ async def _run_sequence(sc: ScenarioConfig, ctx: ScenarioContext, obs: ScenarioO
 
 def _judge_sequence(sc: ScenarioConfig, obs: ScenarioObservation, result: SequenceResult | None,
                     sections: list[str]) -> ScenarioVerdict:
-    """Sequence scenarios (BUGS R02, R06): rig.judge.sequence_checks through the one engine, with the
+    """Sequence scenarios (bug record R02, R06): rig.judge.sequence_checks through the one engine, with the
     required checks of its steps' routes."""
     return _with_section(sc, obs, result, judge(sc, obs, checks=sequence_checks(sc, obs, result),
                                                 required=sequence_required(sc)), sections)

@@ -1,4 +1,4 @@
-"""``pdrig matrix``: the same suites on several vLLM builds, one build at a time (issue #11).
+"""``pdrig matrix``: the same suites on several vLLM builds, one build at a time.
 
 For each build (in the order given) and each suite, the rig config is loaded with the suite's
 overrides (configs/builds.yaml ``suites:``), the build's interpreter replaces ``{python}`` in

@@ -527,7 +527,7 @@ class SuiteRunner:
         store.save(f"{sc.name}-after", after_d)
         store.sample(sc.name, after_d)
         obs.evidence = TransferEvidence.between(before[d.name], after_d)
-        # P's counters too (its preemptions: expect.min_preemptions_on prefill, BUGS R11's P side).
+        # P's counters too (its preemptions: expect.min_preemptions_on prefill, bug record R11's P side).
         # P's metrics are not in the warm-up's presence list, so a counter P lacks is listed here:
         # the check that reads it is then "not checked", never a 0 that fails or passes.
         # A P that a fault killed answers nothing: no prefill evidence (not checked), and the

@@ -3,7 +3,7 @@
 
 A manual wave needs a healthy P/D pair, not the suite's reproducer: cpu-tiny's first decode
 (``decode``, 4 usable blocks, ngram k=1) is where vLLM 0.32.0's admission livelock lives, and a
-wave against it crawls (issue #16). So the default pair is, in order:
+wave against it crawls. So the default pair is, in order:
 the pair of the config's first wave scenario; else the first prefill with the first decode that
 no known issue of the config is expected on; else the first prefill and the first decode.
 """

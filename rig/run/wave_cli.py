@@ -255,7 +255,7 @@ async def _run(args: argparse.Namespace, cfg: RigConfig | None, sc: Any, ps: lis
         obs = ScenarioObservation(scenario=sc.name, decode=",".join(e.name for e in ds),
                                   prefill=",".join(e.name for e in ps), evidence=ev, drains=wave.drains,
                                   wall_s=time.monotonic() - t0, error="" if wave.records else wave.error,
-                                  timeline=store.rows_of(sc.name))  # counters-monotonic (BUGS R12)
+                                  timeline=store.rows_of(sc.name))  # counters-monotonic (bug record R12)
         await watch.observe(http, obs)
         with contextlib.suppress(httpx.HTTPError, ValueError):
             obs.vllm_version = (await http.get(ds[0].url + "/version")).json().get("version", "")

@@ -22,9 +22,8 @@ import msgspec
 
 from rig.transport.records import Hop
 
-# msgspec's JSON codec: bodies (token-ID lists) encode ~10x and answers decode ~4x faster than the
-# standard library's json (48-token prompt, 8-token answer: 6.2 -> 0.6 us and 7.1 -> 1.9 us per
-# call on the 2-core/24 GiB CPU box, 2026-11-30, docs/performance.md). Its DecodeError is a ValueError.
+# msgspec's JSON codec: bodies (token-ID lists) encode and answers decode several times faster than
+# the standard library's json (figures: docs/measurements.md). Its DecodeError is a ValueError.
 encode = msgspec.json.Encoder().encode
 decode = msgspec.json.Decoder().decode
 

@@ -13,7 +13,7 @@ and differ only in how bytes move: :class:`AiohttpTransport` (the default everyw
 store tests use to put an ``httpx.MockTransport`` world behind it) and
 :class:`~rig.transport.fast.FastTransport` (``--client fast``: keep-alive POSTs over asyncio
 protocols with httptools' parser, about twice aiohttp's P/D requests per client CPU-second).
-scripts/bench_workload.py measures them (figures in docs/performance.md); httpx's pool does not
+scripts/bench_workload.py measures them (figures in docs/measurements.md); httpx's pool does not
 scale to a wave's concurrency.
 
 Hops never raise for HTTP problems: they return a :class:`~rig.transport.records.Hop` whose
@@ -90,7 +90,7 @@ class AiohttpTransport(HopsBase):
             timeout=aiohttp.ClientTimeout(total=None, sock_connect=10.0, sock_read=timeout_s),
             read_bufsize=1 << 20,  # SSE lines with prompt_token_ids of long prompts
             # vLLM sets no cookies; without a jar aiohttp skips cookie filtering per request
-            # (+5 % aiohttp exchanges per CPU-s against the fake, 2-core/24 GiB CPU box, 2026-11-30).
+            # (the gain: docs/measurements.md).
             cookie_jar=aiohttp.DummyCookieJar(),
             skip_auto_headers=("User-Agent",))
 

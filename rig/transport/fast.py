@@ -3,7 +3,7 @@
 Why it exists: a wave is thousands of small two-hop P/D requests, and with aiohttp most of the
 client's CPU goes to aiohttp's request machinery (per-request ClientRequest/ClientResponse
 objects, header multidicts, timers and tasks), not to the rig. Measured with
-scripts/bench_workload.py (figures with date, machine and command in docs/performance.md).
+scripts/bench_workload.py (figures with date, machine and command in docs/measurements.md).
 This module keeps only what the rig's hops need and leaves the HTTP grammar to a well-kept
 parser: ``httptools`` (MagicStack, the llhttp bindings uvicorn uses) parses status, headers,
 ``Content-Length`` and chunked bodies; asyncio's (uvloop's) transports do the I/O.

@@ -174,7 +174,7 @@ def prefill_failure(hop: Hop) -> tuple[Outcome, str] | None:
         # with them null, so D would re-prefill; a P without a kv_producer role answers the same.
         return "http_error", ("prefill answered HTTP 200 without kv_transfer_params (null): no KV handle for D to pull "
                               "(P's endpoint dropped them, as the token-in generate endpoint did before vllm PR "
-                              "#42644, BUGS R21; or P is not a kv_producer)")
+                              "#42644, bug record R21; or P is not a kv_producer)")
     return outcome, f"prefill: {hop.error or 'empty answer'}"
 
 
@@ -192,7 +192,7 @@ class RequestRecord:
 
 @dataclass
 class PlannedCancel:
-    """A cancellation a workload planned for one P/D request (the store wave, BUGS R14).
+    """A cancellation a workload planned for one P/D request (the store wave, bug record R14).
 
     ``hop`` (``prefill`` | ``decode``) is closed ``after_ms`` milliseconds after it was sent.
     ``fired_ms``: when the rig really closed it, in ms after that hop was sent at ``sent_at``
@@ -227,7 +227,7 @@ class PDRecord(RequestRecord):
     verdict_after_s: float | None = None
     stall: StallFacts | None = None  # the frozen state when the rig marked it ``stalled``
     endpoint: str = "completions"
-    cancel: PlannedCancel | None = None  # a planned cancellation (store wave, BUGS R14)
+    cancel: PlannedCancel | None = None  # a planned cancellation (store wave, bug record R14)
     stream: bool = False  # the decode hop is streamed (SSE)
     reference: Hop | None = None  # the non-disaggregated reference answer parity compared with
     # The prompt D got when a router transform changed it (P's first token appended,

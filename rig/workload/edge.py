@@ -117,7 +117,7 @@ async def _watch(http: httpx.AsyncClient, d: Endpoint, window_s: float, interval
     EngineCore CPU seconds) after each sample: the early rule's evidence of scheduler iterations
     (rig.judge.early_verdict) and every stall's evidence."""
     # Fed D alone, whose pool holds only its own requests' blocks: a full pool with nothing
-    # running is a stall even with nothing waiting (BUGS R01, rig.observe.stall.is_blocked).
+    # running is a stall even with nothing waiting (bug record R01, rig.observe.stall.is_blocked).
     watcher = StallWatcher(window_s, transfer_window_s=transfer_window_s, early=early, full_pool=True,
                            inconclusive_s=inconclusive_s)
     stall = await watch(watcher, lambda: m.scrape(http, d.url, d.name),
@@ -189,7 +189,7 @@ async def run_edge(sc: ScenarioConfig, client: Transport, http: httpx.AsyncClien
 
 async def reference(client: Transport, p: Endpoint, rec: PDRecord, fields: RequestFields | None) -> Hop:
     """The non-disaggregated reference of ``rec`` on P, with the scenario's reference fields
-    (issue #12: e.g. the same ``n`` as the decode hop, so parity compares choice by choice)."""
+    (e.g. the same ``n`` as the decode hop, so parity compares choice by choice)."""
     fields = fields or RequestFields()
     return await client.direct(p, rec.prompt, rec.max_tokens, fields=fields.for_hop("reference"),
                                endpoint=fields.endpoint)

@@ -1,4 +1,4 @@
-"""Faults and recovery (issue #12 items 2-3): the executor of ``kind: fault`` scenarios.
+"""Faults and recovery: the executor of ``kind: fault`` scenarios.
 
 The scenario sends ``fault.requests`` P/D requests one after another. The faults
 (:mod:`rig.config.faults`) fire at events of the exchange of request ``fault.faulted`` (P answered;
@@ -259,7 +259,7 @@ class _Exchange:
         sent = rec.decode_sent_at or time.monotonic()
         if f.trigger.event == "decode-sent":
             target = sent + f.trigger.after_ms / 1000
-            # asyncio runs a timer up to its clock resolution early (seen live: docs/faults.md):
+            # asyncio runs a timer up to its clock resolution early (seen live: docs/measurements.md):
             # sleep again until the event has really come, never fire before it.
             while (now := time.monotonic()) < target:
                 await asyncio.sleep(target - now)

@@ -1,4 +1,4 @@
-"""Requests over several routes in a given order: the executor of ``kind: sequence`` (BUGS R02, R06).
+"""Requests over several routes in a given order: the executor of ``kind: sequence`` (bug record R02, R06).
 
 Every step of the scenario (:mod:`rig.config.sequence`) becomes ``count`` requests sent together
 when the step's start rule fires: at the scenario's start, or ``after_ms`` after an earlier step
@@ -30,7 +30,7 @@ While any request is outstanding, D is watched by the one stall watcher
 ``stalled`` with the diagnosis, which names the steps whose requests were outstanding. P's
 ``vllm:nixl_num_kv_expired_reqs_total`` is sampled too when a step abandons its decode hop, so the
 ``lease-reaped`` check can say when P reaped the abandoned leases and which steps were still
-outstanding then (BUGS R06: a heartbeated entry must not shield expired ones).
+outstanding then (bug record R06: a heartbeated entry must not shield expired ones).
 
 Each request's step, route and event times (ms from the scenario's start) go to
 ``sequence-<scenario>.json`` in the run directory, also when the scenario fails or is interrupted.
@@ -84,7 +84,7 @@ class SequenceEntry:
 
 @dataclass
 class LeaseReap:
-    """P's reaping of abandoned leases (BUGS R06): ``expired_before`` P's
+    """P's reaping of abandoned leases (bug record R06): ``expired_before`` P's
     ``nixl_num_kv_expired_reqs_total`` at the start; ``want`` the abandoned requests;
     ``last_abandoned_ms`` when the last of them was answered by P; ``reaped_ms`` when the counter
     had risen by ``want`` (None = not seen), ``rose`` by how much at the end, ``outstanding_then``
@@ -565,7 +565,7 @@ class _Sequence:
     async def _probe_refusals(self) -> None:
         """Every router request that ended without an answer, sent once more straight to D with
         the same body: what D itself answers (:class:`RefusalProbe`), for the ``refusal-relayed``
-        check (BUGS R27: a router must pass D's refusal on, never report 200)."""
+        check (bug record R27: a router must pass D's refusal on, never report 200)."""
         ctx, by_step = self.ctx, {s.id: s for s in self.spec.steps}
         for e in self.entries.values():
             rec = self._by_id[e.request_id]

@@ -1,4 +1,4 @@
-"""Mooncake store scenarios (issue #3): the workloads and what they record.
+"""Mooncake store scenarios: the workloads and what they record.
 
 The topology is P (``kv_producer``) + D (``kv_consumer``) with ``nixl+store`` (or
 ``mooncake-store``) and a supervised ``mooncake_master`` (rig.plan.mooncake, rig.connectors.mooncake).
@@ -6,7 +6,7 @@ P writes the full blocks
 of every prompt it computes into the store; any instance that later meets the same prefix may
 load them instead of computing them. D loads only *full* blocks and never the block holding the
 last prompt token, so a prompt of ``n`` tokens can take at most ``floor((n-1)/bs) x bs`` tokens
-from the store (measured, docs/mooncake-notes.md).
+from the store (measured, docs/explanation/mooncake.md).
 
 Kinds (``ScenarioConfig.kind``, settings in ``ScenarioConfig.store``):
 
@@ -182,7 +182,7 @@ async def _prefix_wave(sc: ScenarioConfig, st: StoreScenarioConfig, ctx: StoreCo
     index = 0
     for rnd in range(st.rounds):
         if rnd > 0 and st.reset_prefix_cache:
-            # BUGS R14: empty P's and D's own prefix caches (the store stays warm), so the next
+            # bug record R14: empty P's and D's own prefix caches (the store stays warm), so the next
             # round's prefixes come from the store again while requests are being cancelled.
             for ep in (ctx.p, ctx.d):
                 so.resets.append({"round": rnd, **await reset_prefix_cache(ctx.http, ep, st.reset_timeout_s)})

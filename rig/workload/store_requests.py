@@ -272,7 +272,7 @@ async def run_batch(ctx: StoreContext, sc: ScenarioConfig, recs: list[PDRecord],
     diagnosis = await watcher
     # return_exceptions keeps one request's failure from cancelling the others, but a rig
     # exception is the rig's bug, not a vLLM symptom: re-raise it (the runner reports ERROR and
-    # writes rig-traceback.txt) instead of leaving its requests "cancelled" (issue #9).
+    # writes rig-traceback.txt) instead of leaving its requests "cancelled".
     for res in results:
         if isinstance(res, Exception):
             raise res

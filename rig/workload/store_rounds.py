@@ -1,4 +1,4 @@
-"""The R14 options of the store wave (``prefix-wave-store``; BUGS R14, vllm #46240, #52954):
+"""The R14 options of the store wave (``prefix-wave-store``; bug record R14, vllm #46240, #52954):
 which requests are cancelled on purpose and when, which decode hops are streamed, and the prefix
 cache reset between rounds. rig.workload.store runs them; the cancellation itself happens in
 rig.workload.store_requests.send (the hop is closed at its time, never before).

@@ -1,4 +1,4 @@
-"""Prefix waves and pressure waves through P/D (issue #4): the requests and what they did.
+"""Prefix waves and pressure waves through P/D: the requests and what they did.
 
 **Prefix wave** (``kind: prefix-wave``): ``groups`` (G) x ``per_group`` (N) requests; the
 prompts of a group share a ``prefix_tokens`` (K) prefix and end in a unique suffix. P's prefix

@@ -1,0 +1,353 @@
+"""Evidence gathering and the drain check without servers (rig/observe/evidence.py,
+rig/observe/drain.py): a log that cannot be read is unscanned (never clean), an instance that
+stops answering is given time to die, a missing metric is named, a drain without a sample is not
+idle. Fakes: a duck-typed cluster with in-memory log sources and httpx.MockTransport. Written
+against `make mutation` survivors (docs/howto/mutation.md)."""
+
+from __future__ import annotations
+
+import asyncio
+
+import httpx
+import pytest
+
+from rig.observe import metrics as m
+from rig.observe.drain import check_drains, describe_drain, drain_from_samples
+from rig.observe.evidence import (
+    NO_LOG_SOURCE,
+    UNKNOWN_VERSION,
+    LogScanner,
+    MetricPresence,
+    healthy,
+    metric_presence,
+    read_versions,
+    settle_deaths,
+)
+from rig.observe.observations import DrainResult, ScenarioObservation
+from rig.transport.endpoint import Endpoint
+from test_stall import IDLE, LIVELOCK, TEMPLATE
+
+FATAL = "ERROR 12-01 [core.py:1] EngineCore encountered a fatal error."
+INVALID = "ERROR [pull_worker.py:667] Potentially invalid KV blocks for unrecognized request cmpl-p-0 were retrieved"
+
+
+class Log:
+    """A log source: text grows with ``write``; ``readable`` False makes ``since`` return None."""
+
+    def __init__(self, text: str = "", readable: bool = True, markable: bool = True):
+        self.text, self.readable, self.markable = text, readable, markable
+
+    def write(self, s: str) -> None:
+        self.text += s
+
+    def mark(self) -> int | None:
+        return len(self.text) if self.markable else None
+
+    def since(self, mark: int | None) -> str | None:
+        return self.text[mark or 0:] if self.readable else None
+
+    def describe(self) -> str:
+        return "mem.log"
+
+
+class Cluster:
+    def __init__(self, logs: dict[str, Log | None], dead: dict[str, int] | None = None, frozen=()):
+        self.logs, self.procs, self.frozen = logs, dict.fromkeys(logs), set(frozen)
+        self._dead = dict(dead or {})
+
+    def log_source(self, n):
+        return self.logs.get(n)
+
+    def dead(self):
+        return dict(self._dead)
+
+    def url(self, n):
+        return f"http://{n}"
+
+
+def obs() -> ScenarioObservation:
+    return ScenarioObservation(scenario="s", decode="decode", prefill="prefill")
+
+
+# ------------------------------------------------------------------------- LogScanner
+
+def test_scan_reads_only_what_was_written_since_the_last_scan():
+    p, d = Log("warm-up " + FATAL + "\n"), Log()
+    c = Cluster({"prefill": p, "decode": d})
+    sc = LogScanner()
+    sc.phase_started(c)
+    o = obs()
+    sc.scan(c, o)
+    assert o.fatal_lines == {"prefill": [], "decode": []} and o.unscanned_logs == {}
+    p.write(INVALID + "\n")
+    d.write(FATAL + "\n")
+    o = obs()
+    sc.scan(c, o)
+    assert o.fatal_lines["prefill"] == [] and len(o.fatal_lines["decode"]) == 1
+    assert o.kv_integrity_lines["prefill"] == [INVALID]
+    o = obs()
+    sc.scan(c, o)  # nothing new: the lines are not counted twice
+    assert o.fatal_lines == {"prefill": [], "decode": []}
+
+
+def test_a_log_that_cannot_be_read_is_unscanned_never_clean():
+    p, d = Log(), Log(readable=False)
+    c = Cluster({"prefill": p, "decode": d, "router": None})
+    sc = LogScanner()
+    sc.phase_started(c)
+    o = obs()
+    sc.scan(c, o)
+    assert "decode" not in o.fatal_lines and o.unscanned_logs["decode"] == "cannot read mem.log"
+    assert o.unscanned_logs["router"] == NO_LOG_SOURCE and "router" not in o.fatal_lines
+    assert o.fatal_lines == {"prefill": []}
+
+
+def test_a_log_not_readable_at_phase_start_is_unscanned_then_read_from_then_on():
+    d = Log(FATAL + "\n", markable=False)
+    c = Cluster({"decode": d})
+    sc = LogScanner()
+    sc.phase_started(c)  # no mark: unreadable when the phase started
+    d.markable = True
+    o = obs()
+    sc.scan(c, o)
+    assert o.unscanned_logs["decode"] == "mem.log was not readable when the phase started"
+    d.write(FATAL + "\n")
+    o = obs()
+    sc.scan(c, o)
+    assert o.unscanned_logs == {} and len(o.fatal_lines["decode"]) == 1
+
+
+def test_a_frozen_instance_is_neither_scanned_nor_unscanned_and_forget_restarts_the_mark():
+    d = Log(FATAL + "\n")
+    c = Cluster({"decode": d}, frozen=["decode"])
+    sc = LogScanner()
+    sc.phase_started(c)
+    o = obs()
+    sc.scan(c, o)
+    assert o.fatal_lines == {} and o.unscanned_logs == {}
+    c.frozen = set()
+    sc.phase_started(c)  # continued: marked now, the earlier line is not this phase's
+    o = obs()
+    sc.scan(c, o)
+    assert o.fatal_lines == {"decode": []}
+    d.write(FATAL + "\n")
+    sc.forget(["decode"])
+    sc.phase_started(c)
+    o = obs()
+    sc.scan(c, o)
+    assert o.fatal_lines == {"decode": []}
+
+
+def test_the_death_line_is_the_first_fatal_line_since_the_start():
+    d = Log("old " + FATAL + "\n")
+    c = Cluster({"decode": d})
+    sc = LogScanner()
+    sc.starting(c, ["decode"])
+    assert sc.death_line(c, "decode") == "no fatal line; the log is empty"
+    d.write("INFO serving\nINFO still\n")
+    assert sc.death_line(c, "decode") == "no fatal line; last log line: INFO still"
+    d.write(FATAL + "\nINFO after\n")
+    assert "EngineCore encountered a fatal error" in sc.death_line(c, "decode")
+    d.readable = False
+    assert sc.death_line(c, "decode") == "cannot read mem.log"
+    assert sc.death_line(Cluster({"decode": None}), "decode") == NO_LOG_SOURCE
+    fresh = LogScanner()  # never told of a start: the whole log
+    d.readable = True
+    assert "fatal error" in fresh.death_line(c, "decode")
+
+
+# ------------------------------------------------------------------------- HTTP facts
+
+def client(handler) -> httpx.AsyncClient:
+    return httpx.AsyncClient(transport=httpx.MockTransport(handler))
+
+
+def run(coro):
+    return asyncio.run(coro)
+
+
+def test_healthy_is_200_only():
+    async def go(status):
+        async with client(lambda r: httpx.Response(status)) as h:
+            return await healthy(h, "http://d")
+
+    async def refused():
+        def boom(r):
+            raise httpx.ConnectError("refused")
+        async with client(boom) as h:
+            return await healthy(h, "http://d")
+    assert run(go(200)) is True and run(go(500)) is False and run(refused()) is False
+
+
+def test_settle_deaths_waits_for_a_silent_instance_to_exit():
+    c = Cluster({"decode": Log(), "prefill": Log()})
+    calls = {"n": 0}
+
+    def handler(r):
+        calls["n"] += 1
+        if calls["n"] == 3:
+            c._dead["decode"] = 0  # exits while we wait (vLLM's shutdown exits 0)
+        return httpx.Response(200 if r.url.host == "prefill" else 500)
+
+    async def go():
+        async with client(handler) as h:
+            return await settle_deaths(h, c, ["decode", "prefill"], 30.0)
+    assert run(go()) == {"decode": 0}
+
+
+def test_settle_deaths_returns_at_once_when_all_answer_and_gives_up_at_the_deadline():
+    c = Cluster({"decode": Log()})
+
+    async def go(status, within):
+        async with client(lambda r: httpx.Response(status)) as h:
+            return await settle_deaths(h, c, ["decode"], within)
+    assert run(go(200, 30.0)) == {}
+    assert run(go(500, 0.0)) == {}  # silent but alive at the deadline: not dead
+
+
+def test_read_versions_unknown_when_not_answered():
+    def handler(r):
+        host = r.url.host
+        if host == "a":
+            return httpx.Response(200, json={"version": "0.32.0"})
+        if host == "b":
+            return httpx.Response(404)
+        if host == "c":
+            return httpx.Response(200, text="not json")
+        if host == "d":
+            return httpx.Response(200, json={"other": 1})
+        raise httpx.ConnectError("refused")
+
+    async def go():
+        async with client(handler) as h:
+            return await read_versions(h, Cluster({}), ["a", "b", "c", "d", "e"])
+    assert run(go()) == {"a": "0.32.0", "b": UNKNOWN_VERSION, "c": UNKNOWN_VERSION, "d": UNKNOWN_VERSION,
+                         "e": UNKNOWN_VERSION}
+
+
+def test_metric_presence_names_what_is_missing_and_what_was_unreachable():
+    text = TEMPLATE.format(**LIVELOCK)
+
+    def handler(r):
+        if r.url.host == "gone":
+            raise httpx.ConnectError("refused")
+        return httpx.Response(200, text=text)
+
+    async def go():
+        async with client(handler) as h:
+            return await metric_presence(h, Cluster({}), {"decode": "decode", "gone": "prefill"}, {"decode": True})
+    pres = run(go())
+    assert pres.unreachable == {"gone": "ConnectError: refused"}
+    want = m.missing_metrics(m.parse_metrics(text, "decode", t=0), m.required_metrics("decode", True))
+    assert pres.required["decode"] == want and want  # the template lacks some required metrics
+    assert pres.error({"decode": "0.32.0"}).startswith(f"metrics the checks read are missing: decode (vLLM 0.32.0) "
+                                                       f"lacks {want[0]}")
+
+
+def test_metric_presence_lists_and_error():
+    p = MetricPresence(required={"d": ["a"], "p": []}, diagnostic={"d": ["b"], "p": [], "x": ["c"]})
+    assert p.all_missing() == {"d": ["a", "b"], "x": ["c"]}
+    assert p.error({}).startswith("metrics the checks read are missing: d (vLLM unknown) lacks a")
+    assert MetricPresence(required={"p": []}).error({}) == ""
+
+
+# ------------------------------------------------------------------------- drain
+
+def row(t: float, inst: str = "decode", waiting=0.0, running=0.0, kv=0.0) -> dict:
+    return {"t": t, "instance": inst, "num_requests_waiting": waiting, "num_requests_running": running,
+            "kv_cache_usage_perc": kv}
+
+
+def test_drain_from_samples_needs_a_sample_in_the_window():
+    d = drain_from_samples("decode", [row(1.0), row(20.0)], 0.0, t_end=5.0, drain_s=10.0)
+    assert d.idle is False and d.error == "no sample within 10 s after the wave"
+    d = drain_from_samples("decode", [row(6.0, inst="prefill")], 0.0, t_end=5.0, drain_s=10.0)
+    assert d.idle is False
+
+
+def test_drain_from_samples_first_idle_sample_in_the_window_decides():
+    rows = [row(3.0), row(6.0, waiting=1), row(8.0, kv=0.1), row(9.0), row(15.0), row(16.0, waiting=3)]
+    d = drain_from_samples("decode", rows, 0.0, t_end=5.0, drain_s=10.0)
+    assert d.idle is True and d.after_s == 4.0
+    d = drain_from_samples("decode", rows[:3], 0.0, t_end=5.0, drain_s=10.0)
+    assert d.idle is False and d.final["kv_usage"] == 0.1 and d.error == ""
+    assert drain_from_samples("decode", [row(8.0, kv=0.1)], 0.1, t_end=5.0, drain_s=10.0).idle is True
+    # the window's edges are inside it
+    assert drain_from_samples("decode", [row(5.0)], 0.0, t_end=5.0, drain_s=10.0).idle is True
+    assert drain_from_samples("decode", [row(15.0)], 0.0, t_end=5.0, drain_s=10.0).idle is True
+
+
+def test_drain_from_samples_absent_gauge_is_not_checked():
+    r = row(6.0)
+    r["num_requests_running"] = None
+    d = drain_from_samples("decode", [r], 0.0, t_end=5.0, drain_s=10.0)
+    assert d.idle is None and "vllm:num_requests_running absent" in d.error
+
+
+def test_drain_from_snapshots():
+    busy = m.parse_metrics(TEMPLATE.format(**LIVELOCK), "decode", t=6.0)
+    idle = m.parse_metrics(TEMPLATE.format(**IDLE), "decode", t=7.0)
+    other = m.parse_metrics(TEMPLATE.format(**IDLE), "prefill", t=6.5)
+    d = drain_from_samples("decode", [idle, other, busy], 0.0, t_end=5.0, drain_s=10.0)
+    assert d.idle is True and d.after_s == 2.0
+    assert drain_from_samples("decode", [busy, other], 0.0, t_end=5.0, drain_s=10.0).idle is False
+
+
+def test_describe_drain_states_the_leak_in_blocks():
+    leak = DrainResult("decode", False, 10.0, 0.25, {"waiting": 0.0, "running": 0.0, "kv_usage": 0.75})
+    text = describe_drain(leak, 4)
+    assert text.startswith(leak.describe())
+    assert text.endswith(" = 3.0 of 4 usable blocks held (2.0 blocks' worth above the baseline)")
+    assert describe_drain(leak, None).endswith(" (usable block count unknown)")
+    idle = DrainResult("decode", True, 1.0, 0.25, {"waiting": 0.0, "running": 0.0, "kv_usage": 0.25})
+    assert describe_drain(idle, 4) == idle.describe()
+    at_base = DrainResult("decode", False, 10.0, 0.25, {"waiting": 1.0, "running": 0.0, "kv_usage": 0.25})
+    assert describe_drain(at_base, 4) == at_base.describe()  # waiting, no KV above the baseline
+    err = DrainResult("decode", False, 10.0, 0.0, {"kv_usage": 0.5}, "ConnectError")
+    assert describe_drain(err, 4) == err.describe()
+
+
+@pytest.mark.parametrize("text,idle", [(TEMPLATE.format(**IDLE), True), (TEMPLATE.format(**LIVELOCK), False)])
+def test_check_drains_waits_on_every_endpoint(text, idle):
+    async def go():
+        async with client(lambda r: httpx.Response(200, text=text)) as h:
+            return await check_drains(h, [Endpoint("decode", "http://d"), Endpoint("prefill", "http://p")],
+                                      {"decode": 0.0}, drain_s=0.3, interval_s=0.05)
+    out = run(go())
+    assert [d.instance for d in out] == ["decode", "prefill"] and all(d.idle is idle for d in out)
+
+
+def test_a_frozen_or_sourceless_instance_does_not_stop_the_scan_of_the_next():
+    d = Log()
+    c = Cluster({"held": Log(), "router": None, "decode": d}, frozen=["held"])
+    sc = LogScanner()
+    sc.phase_started(c)
+    d.write(FATAL + "\n")
+    o = obs()
+    sc.scan(c, o)
+    assert len(o.fatal_lines["decode"]) == 1 and o.unscanned_logs == {"router": NO_LOG_SOURCE}
+    assert "held" not in o.fatal_lines
+
+
+def test_an_unreachable_instance_does_not_stop_the_presence_check_of_the_next():
+    text = TEMPLATE.format(**LIVELOCK)
+
+    def handler(r):
+        if r.url.host == "gone":
+            raise httpx.ConnectError("refused")
+        return httpx.Response(200, text=text)
+
+    async def go():
+        async with client(handler) as h:
+            return await metric_presence(h, Cluster({}), {"gone": "prefill", "decode": "decode"}, {})
+    pres = run(go())
+    assert "gone" in pres.unreachable and "decode" in pres.required and "decode" in pres.diagnostic
+    # without NIXL the decode is not asked for the NIXL metrics
+    snap = m.parse_metrics(text, "decode", t=0)
+    assert pres.required["decode"] == m.missing_metrics(snap, m.required_metrics("decode", False))
+    assert pres.diagnostic["decode"] == m.missing_metrics(snap, m.DIAGNOSTIC_METRICS.get("decode", ()))
+
+
+def test_a_fresh_scanner_reads_the_death_line_from_the_logs_first_byte():
+    d = Log(FATAL + "\n")
+    assert LogScanner().death_line(Cluster({"decode": d}), "decode") == FATAL
