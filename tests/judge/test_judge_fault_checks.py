@@ -182,3 +182,51 @@ def test_a_survivors_unscanned_log_is_not_checked_when_another_instance_was_kill
     assert c.ok is None and c.detail == ("not checked: decode: log file missing (survivors; prefill killed by the "
                                          "fault: its log not judged)")
     assert c.requests == ()
+
+
+def test_every_fault_check_names_itself_and_says_why_in_each_state():
+    c = fault_fired_check(FaultResult())
+    assert (c.name, c.ok, c.detail) == ("fault-fired", None,
+                                        "not checked: no fault event happened (did the prefill hop fail?)")
+    bad = FaultEvent("sigkill prefill", "prefill", error="no such process")
+    bad2 = FaultEvent("sigstop decode", "decode", error="denied")
+    c = fault_fired_check(FaultResult(events=[bad, bad2]))
+    assert (c.name, c.ok) == ("fault-fired", False)
+    assert c.detail == "sigkill prefill: no such process; sigstop decode: denied"
+    c = fault_fired_check(FaultResult(events=[fired(at=1.0, lag=2.0)]))
+    assert c.detail == "sigkill prefill on prefill-answered: fired 2000 ms after its event; SIGKILL to prefill"
+    c = fault_outcome_check(obs(), FaultResult())
+    assert (c.name, c.ok, c.detail) == ("fault-outcome", None, "not checked: no request was sent")
+    r1 = PDRecord("f-0", 4, 2, outcome="http_error", diagnosis="e" * 200)
+    r2 = PDRecord("f-1", 4, 2, outcome="connection_error")
+    c = fault_outcome_check(obs(r1, r2), FaultResult())
+    assert c.detail == f"f-0: http_error ({'e' * 160}); f-1: connection_error"
+    c = recovery_serves_check(obs(), FaultResult(), 2)
+    assert (c.name, c.ok, c.detail) == ("recovery-serves", None,
+                                        "not checked: recovery was not run (fault.recovery: false)")
+    res = FaultResult(recovery_id="f-recovery", restarted={"prefill": 31.25}, restart_errors={"decode": "port busy"})
+    c = recovery_serves_check(obs(recovery()), res, 2)
+    assert (c.name, c.ok) == ("recovery-serves", None)
+    assert c.detail == ("not checked: D's /metrics unavailable around the recovery request; prefill restarted on its "
+                        "ports (ready after 31.2 s); decode NOT restarted: port busy")
+    c = recovery_serves_check(obs(recovery("timeout")), res, 2)
+    assert (c.name, c.ok, c.requests) == ("recovery-serves", False, ("f-recovery",))
+    assert c.detail.startswith("f-recovery: timeout x; prefill restarted")
+    res.recovery_pulled = 1.0
+    c = recovery_serves_check(obs(recovery(tokens=1)), res, 2)
+    assert (c.name, c.ok, c.requests) == ("recovery-serves", False, ("f-recovery",))
+    assert c.detail.startswith("f-recovery: completion_tokens 1 != 2, D pulled 1 prompt tokens over NIXL, "
+                               "expected >= 4; prefill restarted")
+    assert [(x.name, x.ok, x.detail) for x in fault_checks(sc(), obs(), None)] == [
+        ("fault-fired", None, "not checked: the fault workload did not run")]
+
+
+def test_fault_checks_pass_the_expected_survivor_errors_on():
+    tb = "Traceback (most recent call last): -> nixlRemoteDisconnectError: NIXL_ERR_REMOTE_DISCONNECT"
+    fault = {**KILL_P, "expected_survivor_errors": ["NIXL_ERR_REMOTE_DISCONNECT"]}
+    o = obs(recovery(), fatal_lines={"prefill": [], "decode": [tb]})
+    res = FaultResult(events=[fired()], killed=["prefill"], restarted={"prefill": 30.0})
+    c = next(c for c in fault_checks(sc(fault=fault), o, res) if c.name == "no-fatal-log")
+    assert c.ok is True and "decode: 1 handled traceback(s)" in c.detail
+    c = next(c for c in fault_checks(sc(), o, res) if c.name == "no-fatal-log")
+    assert c.ok is False

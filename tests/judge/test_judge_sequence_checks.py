@@ -207,3 +207,331 @@ def test_every_sequence_check_carries_its_name_in_every_state():
     assert completed_check(obs, res).name == "completed"
     obs, res = run([PDRecord("h0", 32, 4, outcome="timeout")], {"h0": ("head", "decode")})
     assert completed_check(obs, res).name == "completed"
+
+
+# ------------------------------------------------------------------------- router steps: refusal, repeat, kv-pulled
+
+ROUTED = {"id": "routed", "route": "router", "prompt_tokens": 16, "max_tokens": 4}
+AGAIN = {"id": "again", "route": "decode", "prompt_tokens": 16, "max_tokens": 4, "repeat_of": "routed",
+         "start": {"after": "routed", "event": "answered"}}
+
+
+def test_refusal_relayed_fails_on_another_status_or_message_and_names_each():
+    from rig.judge.sequence_checks import refusal_relayed_check
+    from rig.workload.sequence import RefusalProbe
+    c = refusal_relayed_check(SequenceResult())
+    assert (c.name, c.ok, c.detail) == ("refusal-relayed", None,
+                                        "not checked: every router request was answered (no refusal to relay)")
+    same = RefusalProbe("r0", 400, "too long", 400, "too long")
+    c = refusal_relayed_check(SequenceResult(refusals=[same]))
+    assert c.ok is True and c.name == "refusal-relayed"
+    assert c.detail == "1 refusal(s) relayed as D gave them: HTTP 400 (too long)"
+    status = RefusalProbe("r1", 200, "", 400, "too long")  # the router said 200 where D refused
+    message = RefusalProbe("r2", 400, "bad gateway", 400, "too long")  # D's status, another message
+    c = refusal_relayed_check(SequenceResult(refusals=[same, status, message]))
+    assert c.ok is False and c.name == "refusal-relayed" and c.requests == ("r1", "r2")
+    assert c.detail == ("r1: the router's client got HTTP 200 (); D answers the same body with HTTP 400 (too long)"
+                        "; and 1 more")
+    c = refusal_relayed_check(SequenceResult(refusals=[RefusalProbe("r3", 502, "x", None, "")]))
+    assert c.ok is False and c.detail == ("r3: the router's client got HTTP 502 (x); D answers the same body with "
+                                          "HTTP None (an answer)")
+
+
+def _repeat_run(parity_statuses: list[str | None], outcome: str = "ok"):
+    from rig.observe.parity import ParityResult
+    recs = [answered("r0", 16, 4)] + [answered(f"a{i}", 16, 4) for i in range(len(parity_statuses))]
+    for r in recs[1:]:
+        r.outcome = outcome
+    obs, res = run(recs, {"r0": ("routed", "router"), **{f"a{i}": ("again", "decode")
+                                                        for i in range(len(parity_statuses))}})
+    eq = ParityResult("equal")
+    obs.parity = [eq] + [None if s is None else ParityResult(s, position=2, pd_token=5, ref_token=6, reason="")
+                         for s in parity_statuses]
+    return obs, res
+
+
+def test_repeat_equal_fails_on_a_diverged_repeat_only():
+    from rig.judge.sequence_checks import repeat_equal_check
+    spec = scen(ROUTED, AGAIN).sequence
+    obs, res = _repeat_run(["equal", "equal"])
+    c = repeat_equal_check(spec, obs, res)
+    assert c.ok is True and c.name == "repeat-equal"
+    assert c.detail == "2 later direct request(s) for the same prompt equal the reference"
+    obs, res = _repeat_run(["equal", "diverged"])
+    c = repeat_equal_check(spec, obs, res)
+    assert c.ok is False and c.requests == ("a1",) and c.name == "repeat-equal"
+    assert c.detail == "a1: diverged at 2: 5 != 6 (D's prefix cache may hold blocks an earlier wrong transfer wrote)"
+    obs, res = _repeat_run(["diverged"] * 2)
+    why = "diverged at 2: 5 != 6 (D's prefix cache may hold blocks an earlier wrong transfer wrote)"
+    assert repeat_equal_check(spec, obs, res).detail == f"a0: {why}; a1: {why}"
+    obs, res = _repeat_run(["diverged"] * 5)
+    c = repeat_equal_check(spec, obs, res)
+    assert c.requests == tuple(f"a{i}" for i in range(5)) and c.detail.count("diverged") == 3
+    # a diverged *routed* request is parity's business, not repeat-equal's
+    obs, res = _repeat_run(["equal"])
+    from rig.observe.parity import ParityResult
+    obs.parity[0] = ParityResult("diverged", position=0, pd_token=1, ref_token=2)
+    assert repeat_equal_check(spec, obs, res).ok is True
+
+
+@pytest.mark.parametrize("statuses,outcome", [([None], "ok"), (["refused"], "ok"), (["diverged"], "timeout"),
+                                              ([], "ok")])
+def test_repeat_equal_not_checked_without_a_compared_answered_repeat(statuses, outcome):
+    from rig.judge.sequence_checks import repeat_equal_check
+    obs, res = _repeat_run(statuses, outcome)
+    c = repeat_equal_check(scen(ROUTED, AGAIN).sequence, obs, res)
+    assert c.ok is None and c.name == "repeat-equal"
+    assert c.detail == "not checked: no repeated request was answered and compared"
+
+
+def test_repeat_equal_with_parity_missing_for_the_last_request_is_not_checked():
+    from rig.judge.sequence_checks import repeat_equal_check
+    obs, res = _repeat_run(["diverged"])
+    obs.parity = obs.parity[:1]  # parity of the repeat never computed
+    assert repeat_equal_check(scen(ROUTED, AGAIN).sequence, obs, res).ok is None
+
+
+def test_kv_pulled_counts_router_steps_and_leaves_out_a_stripped_transfer():
+    from rig.judge.sequence_checks import kv_pulled_pd_check
+    from rig.observe.observations import TransferEvidence
+    obs, res = run([answered("r0", 16, 4), answered("h0", 32, 4)], {"r0": ("routed", "router"),
+                                                                     "h0": ("head", "decode")})
+    obs.evidence = TransferEvidence(nixl_bytes=1.0, nixl_transfers=1, external_prompt_tokens=15)
+    c = kv_pulled_pd_check(obs, res, scen(ROUTED, HEAD).sequence)
+    assert c.ok is False and c.requests == ("r0",)  # the router's request pulled one token short
+    stripped = {**LOAD, "transform": {"strip": ["kv_transfer_params"]}}
+    obs, res = run([answered("l0", 64, 8), answered("r0", 16, 4)], {"l0": ("load", "pd"), "r0": ("routed", "router")})
+    obs.evidence = TransferEvidence(nixl_bytes=1.0, nixl_transfers=1, external_prompt_tokens=16)
+    assert kv_pulled_pd_check(obs, res, scen(stripped, ROUTED).sequence).ok is True
+    assert kv_pulled_pd_check(obs, res, scen(LOAD, ROUTED).sequence).ok is False  # l0 counted: 64 tokens missing
+    other = {**LOAD, "transform": {"strip": ["max_tokens"]}}
+    assert kv_pulled_pd_check(obs, res, scen(other, ROUTED).sequence).ok is False
+
+
+def test_router_and_repeat_steps_add_their_checks_and_requirements():
+    from rig.judge.sequence_checks import sequence_checks
+    sc = scen(ROUTED, AGAIN)
+    obs, res = _repeat_run(["equal"])
+    names = [c.name for c in sequence_checks(sc, obs, res)]
+    assert names[:6] == ["completed", "token-counts", "kv-pulled", "parity", "repeat-equal", "refusal-relayed"]
+    base = set(sequence_required(scen(HEAD)))
+    assert set(sequence_required(sc)) - base == {"kv-pulled", "repeat-equal"}
+    refused = {**ROUTED, "expect_status": 400}
+    assert set(sequence_required(scen(refused))) - base == {"kv-pulled", "refusal-relayed"}
+    assert "refusal-relayed" not in sequence_required(scen({**HEAD, "expect_status": 400}))
+    no_parity = ScenarioConfig.model_validate({"name": "s", "kind": "sequence", "parity": False,
+                                               "sequence": {"steps": [ROUTED, AGAIN]}})
+    assert "repeat-equal" not in sequence_required(no_parity)
+    assert "repeat-equal" not in [c.name for c in sequence_checks(no_parity, obs, res)]
+    sc2 = scen(ROUTED)
+    assert "repeat-equal" not in [c.name for c in sequence_checks(sc2, *_repeat_run([]))]
+    assert "refusal-relayed" not in [c.name for c in sequence_checks(scen(HEAD), *run([], {}))]
+    assert len(sequence_required(scen(LOAD, ROUTED))) == len(set(sequence_required(scen(LOAD, ROUTED))))
+
+
+def test_an_expected_refusal_counts_as_completed_only_with_that_status_from_d():
+    refused = {**HEAD, "expect_status": 400}
+    spec = scen(refused).sequence
+    ok = PDRecord("h0", 32, 4, outcome="http_error")
+    ok.decode = Hop("decode", status=400)
+    obs, res = run([ok], {"h0": ("head", "decode")})
+    assert completed_check(obs, res, spec).ok is True
+    wrong = PDRecord("h0", 32, 4, outcome="http_error")
+    wrong.decode = Hop("decode", status=500)
+    obs, res = run([wrong], {"h0": ("head", "decode")})
+    c = completed_check(obs, res, spec)
+    assert c.ok is False and c.detail == "h0 (step head, expected HTTP 400): http_error"
+    p_only = PDRecord("h0", 32, 4, outcome="http_error")  # no decode hop: P refused, not D
+    obs, res = run([p_only], {"h0": ("head", "decode")})
+    assert completed_check(obs, res, spec).ok is False
+    answered_instead = answered("h0", 32, 4)
+    obs, res = run([answered_instead], {"h0": ("head", "decode")})
+    assert completed_check(obs, res, spec).ok is False
+
+
+def test_token_counts_of_a_transformed_router_request_use_the_prompt_d_got():
+    step = {**LOAD, "transform": {"append_first_token": True, "set": {"max_tokens": 2}}}
+    spec = scen(step).sequence
+    rec = answered("l0", 65, 2)
+    rec.decode_prompt = [1] * 65
+    obs, res = run([rec], {"l0": ("load", "pd")})
+    c = token_counts_check(spec, obs, res)
+    assert c.ok is True
+    rec2 = answered("l0", 64, 8)
+    rec2.decode_prompt = [1] * 65
+    obs, res = run([rec2], {"l0": ("load", "pd")})
+    assert token_counts_check(spec, obs, res).detail == "l0: usage prompt/completion 64/8, expected 65/2"
+
+
+def test_token_counts_on_chat_compare_the_completion_only():
+    step = {**HEAD, "request": {"endpoint": "chat"}}
+    spec = scen(step).sequence
+    obs, res = run([answered("h0", 50, 4)], {"h0": ("head", "decode")})
+    assert token_counts_check(spec, obs, res).ok is True
+    obs, res = run([answered("h0", 32, 3)], {"h0": ("head", "decode")})
+    c = token_counts_check(spec, obs, res)
+    assert c.ok is False and c.detail == "h0: usage prompt/completion None/3, expected None/4"
+
+
+def test_gauges_account_states():
+    from rig.judge.sequence_checks import gauges_account_check
+    from rig.workload.sequence import GaugeGap
+    c = gauges_account_check(SequenceResult())
+    assert (c.name, c.ok, c.detail) == ("gauges-account", None,
+                                        "not checked: D was never sampled with a request outstanding at it")
+    res = SequenceResult(gauges=GaugeGap(samples=4, longest_s=1.9, outstanding=2, visible=1.0), gauge_window_s=2.0)
+    c = gauges_account_check(res)
+    assert c.ok is True and c.name == "gauges-account"
+    assert c.detail == "D's gauges counted every outstanding request in 4 samples (longest shortfall 1.9 s, bound 2 s)"
+    res.gauges.longest_s, res.gauges.at_ms = 2.0, 1500.0  # at the bound: a gap as long as the stall window fails
+    c = gauges_account_check(res)
+    assert c.ok is False and c.name == "gauges-account"
+    assert c.detail == ("D's gauges showed 1 of 2 outstanding requests for 2 s (until 1500 ms): requests D holds but "
+                        "counts in no gauge (running, waiting, kv_fetch)")
+
+
+def test_lease_reaped_with_reap_while_at_the_bound_and_its_wording():
+    from rig.judge.sequence_checks import lease_reaped_check
+    from rig.workload.sequence import LeaseReap
+    reap = LeaseReap(expired_before=2, want=3, last_abandoned_ms=0, reaped_ms=10000, rose=3,
+                     outstanding_then=["tail (1 of 2, route pd)", "other (1 of 1, route pd)"])
+    c = lease_reaped_check(SequenceResult(reap=reap), 5, 5, reap_while="head")  # in time, but head had ended
+    assert (c.name, c.ok) == ("lease-reaped", None)
+    assert c.detail == ("not checked: step 'head' had ended before P reaped the abandoned leases, so no live entry "
+                        "stood in front of them (P's expired counter rose by 3 (>= 3 abandoned) 10.0 s after the "
+                        "last abandoned prefill answer (bound 10 s), while outstanding: tail (1 of 2, route pd), "
+                        "other (1 of 1, route pd)); keep that step outstanding longer (e.g. saturate D longer)")
+    c = lease_reaped_check(SequenceResult(reap=reap), 5, 5, reap_while="tail")
+    assert (c.name, c.ok) == ("lease-reaped", True)
+    late = LeaseReap(expired_before=2, want=3, last_abandoned_ms=0, reaped_ms=100000, rose=3)
+    c = lease_reaped_check(SequenceResult(reap=late), 90, 5)
+    assert (c.name, c.ok) == ("lease-reaped", False) and " 100.0 s after " in c.detail
+
+
+def test_refusal_relayed_cuts_long_messages_at_their_bound():
+    from rig.judge.sequence_checks import refusal_relayed_check
+    from rig.workload.sequence import RefusalProbe
+    long_c, long_d = "c" * 200, "d" * 200
+    c = refusal_relayed_check(SequenceResult(refusals=[RefusalProbe("r", 502, long_c, 400, long_d)]))
+    assert c.detail == (f"r: the router's client got HTTP 502 ({'c' * 160}); D answers the same body with HTTP 400 "
+                        f"({'d' * 160})")
+    c = refusal_relayed_check(SequenceResult(refusals=[RefusalProbe("r", 400, long_c, 400, long_c)]))
+    assert c.detail == f"1 refusal(s) relayed as D gave them: HTTP 400 ({'c' * 120})"
+
+
+# ------------------------------------------------------------------------- sequence_checks passes the spec on
+
+def _check(checks, name):
+    return next(c for c in checks if c.name == name)
+
+
+def test_sequence_checks_judge_an_expected_refusal_answered_200_as_incomplete():
+    from rig.judge.sequence_checks import sequence_checks
+    sc = scen({**HEAD, "expect_status": 400})
+    obs, res = run([answered("h0", 32, 4)], {"h0": ("head", "decode")})
+    c = _check(sequence_checks(sc, obs, res), "completed")
+    assert c.ok is False and c.requests == ("h0",) and "expected HTTP 400" in c.detail
+
+
+def test_sequence_checks_leave_a_stripped_transfer_out_of_kv_pulled():
+    from rig.judge.sequence_checks import sequence_checks
+    from rig.observe.observations import TransferEvidence
+    sc = scen({**LOAD, "transform": {"strip": ["kv_transfer_params"]}}, ROUTED)
+    obs, res = run([answered("l0", 64, 8), answered("r0", 16, 4)], {"l0": ("load", "pd"), "r0": ("routed", "router")})
+    obs.evidence = TransferEvidence(nixl_bytes=1.0, nixl_transfers=1, external_prompt_tokens=16)
+    assert _check(sequence_checks(sc, obs, res), "kv-pulled").ok is True
+
+
+def test_kv_pulled_on_pd_steps_is_a_lower_bound_as_other_steps_reach_d_too():
+    from rig.judge.sequence_checks import kv_pulled_pd_check
+    from rig.observe.observations import TransferEvidence
+    obs, res = run([answered("l0", 64, 8), answered("h0", 32, 4)], {"l0": ("load", "pd"), "h0": ("head", "decode")})
+    obs.evidence = TransferEvidence(nixl_bytes=1.0, nixl_transfers=2, external_prompt_tokens=64 + 32)
+    assert kv_pulled_pd_check(obs, res, scen(LOAD, HEAD).sequence).ok is True
+
+
+def test_sequence_checks_pass_reap_while_and_the_lease_to_lease_reaped():
+    from rig.judge.sequence_checks import sequence_checks
+    from rig.workload.sequence import LeaseReap
+    gone = {"id": "gone", "route": "pd-abandon", "prompt_tokens": 8, "max_tokens": 8}
+    sc = ScenarioConfig.model_validate({"name": "s", "kind": "sequence", "sequence": {
+        "steps": [HEAD, gone], "reap_while": "head", "idle_margin_s": 5}})
+    obs, res = run([answered("h0", 32, 4)], {"h0": ("head", "decode")})
+    res.lease_s = 5.0
+    res.reap = LeaseReap(expired_before=1, want=1, last_abandoned_ms=0, reaped_ms=9000, rose=1, outstanding_then=[])
+    c = _check(sequence_checks(sc, obs, res), "lease-reaped")
+    assert c.ok is None and c.detail.startswith("not checked: step 'head' had ended")  # never ok
+    res.reap.outstanding_then = ["head (1 of 1, route decode)"]
+    c = _check(sequence_checks(sc, obs, res), "lease-reaped")
+    assert c.ok is True and "(bound 10 s)" in c.detail
+    res.lease_s, res.reap.reaped_ms = 3.0, 9000  # bound 8 s: 9 s is late
+    assert _check(sequence_checks(sc, obs, res), "lease-reaped").ok is False
+
+
+def test_sequence_checks_add_gauges_account_when_required_and_stream_complete_when_streamed():
+    from rig.judge.sequence_checks import sequence_checks
+    from rig.workload.sequence import GaugeGap
+    sc = ScenarioConfig.model_validate({"name": "s", "kind": "sequence", "require": ["gauges-account"],
+                                        "sequence": {"steps": [HEAD]}})
+    obs, res = run([answered("h0", 32, 4)], {"h0": ("head", "decode")})
+    res.gauges, res.gauge_window_s = GaugeGap(samples=2, longest_s=5.0, outstanding=1, visible=0.0, at_ms=10.0), 1.0
+    assert _check(sequence_checks(sc, obs, res), "gauges-account").ok is False
+    assert "gauges-account" not in [c.name for c in sequence_checks(scen(HEAD), obs, res)]
+    assert "stream-complete" not in [c.name for c in sequence_checks(scen(HEAD), obs, res)]
+    obs.records[0].decode.ttft_s = 0.1  # a streamed answer
+    names = [c.name for c in sequence_checks(scen(HEAD), obs, res)]
+    assert names[-1] == "stream-complete"
+
+
+def test_sequence_checks_not_run_and_an_inconclusive_stall():
+    from rig.judge.sequence_checks import no_stall_check, sequence_checks
+    obs, res = run([answered("h0", 32, 4)], {"h0": ("head", "decode")})
+    c = sequence_checks(scen(HEAD), obs, None)
+    assert [(x.name, x.ok, x.detail) for x in c] == [("completed", None,
+                                                      "not checked: the sequence workload did not run")]
+    from rig.transport.records import StallEvidence
+    from test_verdict import stall_facts, stalled_record
+    shy = stalled_record(0, replace_facts(stall_facts(), StallEvidence(frozen_s=8.0, finding="starved")))
+    firm = stalled_record(1)
+    res = SequenceResult(stall="D froze 9 s")
+    c = no_stall_check(res, [answered("h0", 32, 4), shy])
+    assert (c.name, c.ok, c.detail) == ("no-stall", None, "not checked: D froze, inconclusively: D froze 9 s")
+    assert no_stall_check(res, [firm]).ok is False and no_stall_check(res).ok is False
+    obs, res2 = run([shy], {"edge-126-0": ("head", "decode")})
+    res2.stall = "D froze 9 s"
+    assert _check(sequence_checks(scen(HEAD), obs, res2), "no-stall").ok is None
+
+
+def replace_facts(facts, evidence):
+    from dataclasses import replace as _r
+    return _r(facts, evidence=evidence)
+
+
+def test_completed_counts_cancels_on_purpose_apart():
+    from rig.workload.sequence import CANCELLED
+    cut = PDRecord("c0", 8, 8, outcome="cancelled", diagnosis=CANCELLED + " after 50 ms")
+    stray = PDRecord("c1", 8, 8, outcome="timeout", diagnosis=CANCELLED + " after 50 ms")
+    obs, res = run([answered("l0", 64, 8), cut], {"l0": ("load", "pd"), "c0": ("load", "pd")})
+    c = completed_check(obs, res)
+    assert c.ok is True and c.detail == "1 answered, 1 cancelled on purpose (cancel_after_ms)"
+    obs, res = run([answered("l0", 64, 8), stray], {"l0": ("load", "pd"), "c1": ("load", "pd")})
+    assert completed_check(obs, res).ok is False  # a timeout is not a cancel, whatever its diagnosis says
+    other = PDRecord("c2", 8, 8, outcome="cancelled", diagnosis="cancelled by the stall watcher")
+    obs, res = run([other], {"c2": ("load", "pd")})
+    assert completed_check(obs, res).ok is False
+    many = [PDRecord(f"h{i}", 8, 8, outcome="timeout", diagnosis="d" * 300) for i in range(7)]
+    obs, res = run(many, {f"h{i}": ("head", "decode") for i in range(7)})
+    c = completed_check(obs, res)
+    assert c.detail.endswith("; and 1 more") and f"({'d' * 200})" in c.detail and "d" * 201 not in c.detail
+
+
+def test_token_counts_of_a_transform_without_max_tokens_use_the_steps():
+    spec = scen({**LOAD, "transform": {"append_first_token": True}}).sequence
+    rec = answered("l0", 65, 8)
+    rec.decode_prompt = [1] * 65
+    obs, res = run([rec], {"l0": ("load", "pd")})
+    assert token_counts_check(spec, obs, res).ok is True
+    c = token_counts_check(scen(HEAD).sequence, *run([], {}))
+    assert (c.name, c.ok) == ("token-counts", None)
+    obs, res = run([answered("h0", 31, 4)], {"h0": ("head", "decode")})
+    assert token_counts_check(scen(HEAD).sequence, obs, res).name == "token-counts"

@@ -261,3 +261,148 @@ def test_shared_params_with_ps_log_unscanned_matches_nothing_and_does_not_crash(
     obs.unscanned_logs["prefill"] = "log file missing"
     sig = KnownIssue.model_validate(KI).symptom
     assert not match(sig, obs, facts_of_records(obs)).matched
+
+
+# ------------------------------------------------------------------------- crash and http-error: who they excuse
+
+def _obs(**kw):
+    from rig.observe.observations import ScenarioObservation
+    o = ScenarioObservation(scenario="s", decode="decode", prefill="prefill")
+    for k, v in kw.items():
+        setattr(o, k, v)
+    return o
+
+
+def _crash_sig(instance: str = "decode", fatal_log: str = "AssertionError"):
+    from rig.config.expectations import CrashSignature
+    return CrashSignature(kind="crash", instance=instance, fatal_log=fatal_log)
+
+
+def test_a_crash_excuses_only_the_requests_that_failed_never_an_answered_one():
+    from rig.judge.signatures import RequestFacts
+    reqs = [RequestFacts("a", "ok", 8, parity="diverged"), RequestFacts("b", "connection_error", 8)]
+    m = match(_crash_sig(), _obs(dead={"decode": 1}, death_lines={"decode": "AssertionError: x"}), reqs)
+    assert m.matched and m.requests == frozenset({"b"}) and m.instances == frozenset({"decode"})
+    assert "kv-integrity" in m.explains and {"alive", "no-fatal-log"} <= m.run_checks
+    assert m.seen == m.shown == "decode died (exit 1): AssertionError: x"
+    assert m.expected == "decode dies with a fatal line matching /AssertionError/"
+
+
+def test_a_crash_reads_the_fatal_log_when_no_death_line_and_names_what_it_saw_otherwise():
+    o = _obs(dead={"decode": 1}, fatal_lines={"decode": ["AssertionError: y", "later"]})
+    assert match(_crash_sig(), o, []).matched
+    m = match(_crash_sig(), _obs(dead={"decode": 1}), [])
+    assert not m.matched and m.seen == "decode died (exit 1): no fatal line"
+    assert m.expected == "decode dies with a fatal line matching /AssertionError/"
+    assert not match(_crash_sig(fatal_log="X"), _obs(dead={"decode": 1}), []).matched  # no line matches nothing
+    m = match(_crash_sig(), _obs(dead={"prefill": 9}), [])
+    assert not m.matched and m.seen == "decode alive; prefill died"
+    assert match(_crash_sig(), _obs(), []).seen == "decode alive"
+    m = match(_crash_sig(), _obs(dead={"decode": 1, "prefill": 2}, death_lines={"decode": "AssertionError"}), [])
+    assert m.matched and not ({"alive", "no-fatal-log"} & m.run_checks)  # another death is not excused
+
+
+def test_an_http_error_signature_names_what_else_failed():
+    from rig.config.expectations import HttpErrorSignature
+    from rig.judge.signatures import RequestFacts
+    sig = HttpErrorSignature(kind="http-error", status=400, message="too long", hop="decode")
+    reqs = [RequestFacts("a", "ok", 8), RequestFacts("b", "http_error", 8, hop="decode", status=400,
+                                                        error="prompt too long"),
+            RequestFacts("c", "http_error", 8, hop="prefill", status=500, error="boom"),
+            RequestFacts("d", "timeout", 8)]
+    m = match(sig, _obs(), reqs)
+    assert m.requests == frozenset({"b"}) and m.shown == "b: prompt too long"
+    assert m.seen == "c: http_error on prefill boom; d: timeout on -"
+    assert m.expected == "HTTP 400 on the decode hop matching /too long/"
+    bare = HttpErrorSignature(kind="http-error", hop="decode")
+    m = match(bare, _obs(), [RequestFacts("a", "ok", 8)])
+    assert not m.matched and m.seen == "no HTTP error" and m.expected == "HTTP error on the decode hop"
+    m = match(sig, _obs(), [RequestFacts("b", "http_error", 8, hop="decode", status=400, error="")])
+    assert not m.matched  # an empty message does not match /too long/
+
+
+def test_a_stall_signatures_kv_bounds_hold_at_their_edges_and_later_requests_are_still_read():
+    from rig.config.expectations import StallSignature
+    from rig.judge.signatures import RequestFacts
+    f = replace(stall_facts(), kv_usage=0.25)
+    frozen = RequestFacts("s", "stalled", 126, stall=f, error="frozen")
+    first = RequestFacts("t", "timeout", 126, error="deadline")
+    o = _obs()
+    for bounds in ({"kv_usage_max": 0.25}, {"kv_usage_min": 0.25}):  # both bounds are inclusive
+        sig = StallSignature(kind="stall", instance="decode", **bounds)
+        m = match(sig, o, [first, frozen])
+        assert m.requests == frozenset({"s"}) and m.seen == "t: timeout (deadline)", bounds
+    m = match(StallSignature(kind="stall", kv_usage_min=0.5), o, [frozen])
+    assert not m.matched and m.seen == "s: stalled with kv 25.0%"
+    assert m.expected == "stall with instance decode (decode), kv >= 50%"
+    m = match(StallSignature(kind="stall", kv_usage_max=0.2), o, [frozen, RequestFacts("a", "ok", 8)])
+    assert not m.matched and m.seen == "s: stalled with kv 25.0%"
+    assert m.expected == "stall with instance decode (decode), kv <= 20%"
+    m = match(StallSignature(kind="stall"), o, [RequestFacts("a", "ok", 8)])
+    assert m.seen == "no stalled request" and "kv-integrity" in m.explains
+
+
+# ------------------------------------------------------------------------- appended-token (a router's appended token)
+
+ASSERT = "AssertionError: assert num_decode_blocks <= len(prefill_group)"
+
+
+def _appended_sig(**kw):
+    from rig.config.expectations import AppendedTokenSignature
+    return AppendedTokenSignature(kind="appended-token", **kw)
+
+
+def test_appended_token_matches_a_wrong_appended_answer_only():
+    from rig.judge.signatures import RequestFacts
+    sig = _appended_sig()
+    m = match(sig, _obs(), [RequestFacts("a", "ok", 8, parity="equal", appended=True)])
+    assert not m.matched and m.seen == "decode alive"
+    assert m.expected.startswith("an answered request with P's first token appended whose tokens differ from the "
+                                 "reference of the prompt D got, and/or decode dies with a fatal line matching /")
+    m = match(sig, _obs(), [RequestFacts("b", "ok", 8, parity="diverged")])
+    assert not m.matched and m.seen == "b diverged without an appended token; decode alive"
+    m = match(sig, _obs(), [RequestFacts("a", "ok", 8, parity="diverged", appended=True),
+                            RequestFacts("t", "timeout", 8, appended=True)])
+    assert m.requests == frozenset({"a"}) and m.explains == frozenset({"parity"})
+    assert "kv-pulled" not in m.run_checks and not m.instances
+    assert m.shown == "a: HTTP 200, tokens differ from the reference of the appended prompt"
+
+
+def test_appended_token_matches_ds_death_by_the_assert_in_any_fatal_line():
+    from rig.judge.signatures import RequestFacts
+    o = _obs(dead={"decode": 1}, death_lines={"decode": "RuntimeError: EngineCore died"},
+             fatal_lines={"decode": ["Traceback -> " + ASSERT, "RuntimeError: EngineCore died"]})
+    reqs = [RequestFacts("a", "connection_error", 8, appended=True), RequestFacts("b", "ok", 8)]
+    m = match(_appended_sig(), o, reqs)
+    assert m.matched and m.instances == frozenset({"decode"}) and m.requests == frozenset({"a"})
+    assert {"kv-integrity", "parity"} <= m.explains and {"kv-pulled", "alive", "no-fatal-log"} <= m.run_checks
+    want = f"decode died (exit 1): RuntimeError: EngineCore died; fatal line: Traceback -> {ASSERT}"
+    assert m.seen == want and m.shown == want
+    o = _obs(dead={"decode": 1}, death_lines={"decode": ASSERT})  # the death line is the assert itself
+    m = match(_appended_sig(), o, reqs)
+    assert m.matched and m.shown == f"decode died (exit 1): {ASSERT}"
+    o = _obs(dead={"decode": 1}, death_lines={"decode": "RuntimeError: other"}, fatal_lines={"decode": ["KeyError"]})
+    m = match(_appended_sig(), o, reqs)
+    assert not m.matched and m.seen == "decode died (exit 1): RuntimeError: other"
+    assert not match(_appended_sig(), _obs(dead={"prefill": 1}, death_lines={"prefill": ASSERT}), reqs).matched
+
+
+def test_appended_token_with_cache_corrupted_also_excuses_a_later_request_for_the_prompt_d_got():
+    from rig.judge.signatures import RequestFacts
+    from rig.transport.records import PDRecord
+    first = PDRecord("a", 4, 2, outcome="ok", prompt=[1, 2, 3, 4])
+    first.decode_prompt = [1, 2, 3, 4, 9]
+    later = PDRecord("r", 5, 2, outcome="ok", prompt=[1, 2, 3, 4, 9])
+    other = PDRecord("o", 5, 2, outcome="ok", prompt=[7, 7, 7, 7, 7])
+    reqs = [RequestFacts("a", "ok", 4, parity="diverged", appended=True), RequestFacts("r", "ok", 5, parity="diverged"),
+            RequestFacts("o", "ok", 5, parity="diverged")]
+    o = _obs(records=[first, later, other])
+    m = match(_appended_sig(cache_corrupted=True), o, reqs)
+    assert m.requests == frozenset({"a", "r"}) and m.explains == frozenset({"parity", "repeat-equal"})
+    assert m.shown == ("a: HTTP 200, tokens differ from the reference of the appended prompt; r: a later request for "
+                       "the prompt D got diverges too (D's prefix cache)")
+    assert m.seen == "o diverged without an appended token; decode alive"
+    m = match(_appended_sig(), o, reqs)  # without cache_corrupted the later divergence is not excused
+    assert m.requests == frozenset({"a"}) and m.seen == "r, o diverged without an appended token; decode alive"
+    timed_out = [reqs[0], RequestFacts("r", "timeout", 5, parity="diverged")]
+    assert match(_appended_sig(cache_corrupted=True), o, timed_out).requests == frozenset({"a"})

@@ -59,11 +59,11 @@ def test_only_ps_hits_count_and_ds_are_named():
     ({"prefix_fits": False}, "the prefixes cannot all stay cached on P"),
 ])
 def test_prefix_hits_not_checked_when_the_expectation_cannot_hold(kw, why):
-    c = _prefix_hits(obs(), wave(deltas={"prefill": {"prefix_hits": 40.0}}, **kw), [rec()])
-    assert c.ok is None and c.detail.startswith(f"not checked: {why}; ")
+    c = _prefix_hits(obs(), wave(**kw, deltas={"prefill": {"prefix_hits": 63.0}}), [rec()])
+    assert c.ok is None and c.name == "prefix-hits" and c.detail.startswith(f"not checked: {why}; ")
 
 
-def test_prefix_hits_matching_its_expectation_is_ok_even_where_it_might_not_have():
+def test_prefix_hits_equal_to_the_expectation_are_ok_even_where_they_might_not_have_been():
     c = _prefix_hits(obs(), wave(prefix_fits=False), [rec()])
     assert c.ok is True and c.detail.endswith("; matched although the prefixes could not all stay cached on P")
     c = _prefix_hits(obs(), wave(), [rec(), rec(1, outcome="cancelled", cancel_point="before-prefill")])
@@ -72,7 +72,7 @@ def test_prefix_hits_matching_its_expectation_is_ok_even_where_it_might_not_have
 
 def test_prefix_hits_not_checked_after_early_cancels_or_without_ps_counter():
     early = [rec(), rec(1, outcome="cancelled", cancel_point="before-prefill")]
-    c = _prefix_hits(obs(), wave(deltas={"prefill": {"prefix_hits": 40.0}}), early)
+    c = _prefix_hits(obs(), wave(deltas={"prefill": {"prefix_hits": 63.0}}), early)
     assert c.ok is None and c.detail.startswith("not checked: 1 requests cancelled before P answered")
     c = _prefix_hits(obs(missing_metrics={"prefill": ["vllm:prefix_cache_hits_total"]}), wave(), [rec()])
     assert c.ok is None and "prefill lacks" in c.detail
@@ -195,9 +195,10 @@ def test_wave_checks_fail_on_errors_empties_and_wrong_counts():
     assert cs["no-errors"].detail.startswith("aborted 1, timeout 1; first: w-1: timeout")
     assert cs["no-empty"].ok is False and cs["no-empty"].requests == ("w-2",)
     assert cs["token-counts"].ok is False and cs["token-counts"].requests == ("w-3",)
-    assert cs["alive"].ok is True and cs["no-fatal-log"].ok is None  # none died; no log was scanned here
-    bare = {c.name: c for c in wave_checks(sc(), obs(), w, unwatched=True)}  # bare URLs: nothing to watch
-    assert bare["alive"].ok is None and bare["alive"].detail.startswith("not checked: not required")
+    assert cs["alive"].ok is True and cs["no-fatal-log"].ok is None  # no death seen; no log scanned
+    cs = {c.name: c for c in wave_checks(sc(), obs(), w, unwatched=True)}  # pdrig wave at bare URLs
+    assert cs["alive"].ok is None and cs["no-fatal-log"].ok is None and cs["kv-integrity"].ok is None
+    assert cs["alive"].detail.startswith("not checked: not required")
 
 
 def test_wave_token_counts_against_usage_and_max_model_len():
@@ -277,3 +278,199 @@ def test_judge_wave_explains_recorded_stalls_and_fails_the_unexplained():
     w = healthy_wave(stalls=[{**stall(instance="decode"), "explained": "given by the wave"}])
     judge_wave(sc(), full_obs(), w)
     assert w.stalls[0]["explained"] == "given by the wave"  # an explanation the wave gave is kept
+
+
+# ------------------------------------------------------------------------- details and gaps (mutation survivors)
+
+def test_wave_parity_details_and_a_sample_that_never_ran():
+    from rig.judge.wave_checks import _wave_parity
+    c = _wave_parity(wave(parity={"compared": 3, "equal": 3}), [rec()], 1)
+    assert (c.name, c.ok, c.detail) == ("parity", True, "3/3 sampled answers equal to a direct request to P")
+    c = _wave_parity(wave(parity={}), [rec()], 1)  # no sample compared at all: never ok
+    assert c.ok is None and c.detail == "not checked: 0/0 sampled answers equal to a direct request to P"
+    c = _wave_parity(wave(parity={"compared": 2, "equal": 2, "failed": 1}), [rec()], 1)
+    assert c.ok is None and c.detail == ("not checked: 2/2 sampled answers equal to a direct request to P, "
+                                         "1 references failed")
+    bad = rec(1, outcome="parity_mismatch", parity="diverged at 0: 1 != 2")
+    c = _wave_parity(wave(parity={"compared": 2, "equal": 1}), [rec(), bad], 1)
+    assert c.ok is False and c.requests == ("w-1",)
+    assert c.detail == "1/2 sampled answers equal to a direct request to P; w-1: diverged at 0: 1 != 2"
+    c = _wave_parity(wave(parity={}), [rec(0, outcome="timeout"), rec(1, outcome="cancelled", planned_cancel="x",
+                                                                       cancel_point="between")], 0)
+    assert (c.ok, c.detail, c.requests) == (False, "no answer to compare", ("w-0",))
+
+
+def test_prefix_hits_detail_names_every_count_and_its_name_in_every_state():
+    w = wave(instances={"prefill": "prefill", "decode": "decode"}, deltas={"prefill": {"prefix_hits": 64.0}},
+             prefix_note="2 prefixes x 32")
+    c = _prefix_hits(obs(), w, [rec()])
+    assert (c.name, c.ok) == ("prefix-hits", True)
+    assert c.detail == "P hits 64 tokens, expected 64 (2 prefixes x 32); D decode: local 0, external 0"
+    c = _prefix_hits(obs(), wave(deltas={}, expected_prefix_hits=0), [rec()])
+    assert c.ok is True and c.detail.startswith("P hits 0 tokens, expected 0")  # no delta = no hit
+    c = _prefix_hits(obs(), wave(deltas={}, expected_prefix_hits=1), [rec()])
+    assert c.ok is False and c.name == "prefix-hits"
+    c = _prefix_hits(obs(), wave(expected_prefix_hits=None), [rec()])
+    assert c.detail.startswith("not checked: the expected hits are unknown; P hits 64 tokens, expected ? (")
+    d2 = wave(instances={"prefill": "prefill", "d1": "decode", "d2": "decode"})
+    assert _prefix_hits(obs(), d2, [rec()]).detail.endswith("D d1: local 0, external 0; d2: local 0, external 0")
+    c = _prefix_hits(obs(missing_metrics={"prefill": ["vllm:prefix_cache_hits_total"]}), wave(), [rec()])
+    assert c.name == "prefix-hits"
+
+
+def test_stall_check_details_the_first_four_and_counts_the_rest():
+    c = _stall_check(wave())
+    assert (c.name, c.ok, c.detail) == ("no-stall", True, "no instance froze with requests waiting")
+    five = [{**stall(start=float(i)), "explained": ""} for i in range(5)]
+    c = _stall_check(wave(stalls=five))
+    assert c.name == "no-stall" and c.ok is False
+    assert c.detail == "; ".join(f"prefill at {i} s for 5 s: UNEXPLAINED: frozen" for i in range(4)) + "; +1 more"
+    c = _stall_check(wave(stalls=five[:4]))
+    assert "more" not in c.detail and c.detail.count("UNEXPLAINED") == 4
+    shy = [{**stall(), "explained": "", "inconclusive": True}, {**stall(instance="decode"), "explained": "held"}]
+    c = _stall_check(wave(stalls=shy))
+    assert c.ok is None and c.name == "no-stall" and c.detail.startswith(
+        "not checked: every unexplained freeze was inconclusive: prefill at 40 s for 5 s: UNEXPLAINED: frozen")
+    mixed = [{**stall(), "explained": "", "inconclusive": True}, {**stall(instance="decode"), "explained": ""}]
+    assert _stall_check(wave(stalls=mixed)).ok is False
+
+
+def test_the_first_error_is_named_without_trailing_space():
+    w = wave([rec(0), rec(1, outcome="timeout")], kind="pressure-wave")
+    cs = {c.name: c for c in wave_checks(sc(), obs(), w)}
+    assert cs["no-errors"].detail == "timeout 1; first: w-1: timeout"
+    w = wave([rec(0), rec(1, outcome="empty", tokens=0)], kind="pressure-wave")
+    cs = {c.name: c for c in wave_checks(sc(), obs(), w)}
+    assert cs["no-empty"].detail == "1 empty answers (200 without tokens); first: w-1: empty"
+    assert cs["no-errors"].ok is True
+
+
+# ------------------------------------------------------------------------- kv-integrity and the all-cancelled rule
+
+LINE = ("(Worker pid=1) ERROR [pull_worker.py:667] Potentially invalid KV blocks for unrecognized request {rid} were "
+        "retrieved by a decode worker. They may have expired.")
+
+
+def test_wave_kv_integrity_fails_an_answered_request_and_explains_an_abandoned_one():
+    answered_rec = rec(0, remote_request_id="cmpl-p-0")
+    cut = rec(1, outcome="cancelled", planned_cancel="between", cancel_point="between", remote_request_id="cmpl-p-1")
+    w = wave([answered_rec, cut], kind="pressure-wave")
+    o = obs(kv_integrity_lines={"prefill": [LINE.format(rid="cmpl-p-0")], "decode": []})
+    c = next(c for c in wave_checks(sc(), o, w) if c.name == "kv-integrity")
+    assert c.ok is False and c.requests == ("w-0",)
+    o = obs(kv_integrity_lines={"prefill": [LINE.format(rid="cmpl-p-1")], "decode": []})
+    c = next(c for c in wave_checks(sc(), o, w) if c.name == "kv-integrity")
+    assert c.ok is True and "w-1" in c.detail and "lease housekeeping" in c.detail
+    mismatch = rec(2, outcome="parity_mismatch", parity="diverged at 0", remote_request_id="cmpl-p-2")
+    o = obs(kv_integrity_lines={"prefill": [LINE.format(rid="cmpl-p-2")], "decode": []})
+    c = next(c for c in wave_checks(sc(), o, wave([mismatch], kind="pressure-wave")) if c.name == "kv-integrity")
+    assert c.ok is False and c.requests == ("w-2",)  # a parity mismatch was answered too
+
+
+def _all_cut(n: int = 2, kind: str = "pressure-wave", **kw) -> WaveResult:
+    cuts = [rec(i, outcome="cancelled", planned_cancel="between", cancel_point="between") for i in range(n)]
+    kw.setdefault("params", {"prompt_tokens": 31, "concurrency": 2, "parity_fraction": 1.0})
+    return wave(cuts, kind=kind, **kw)
+
+
+def test_an_all_cancelled_wave_has_its_answer_checks_not_checked_and_named():
+    why = "not checked: all 2 requests were cancelled on purpose (between 2): no answer to "
+    cs = {c.name: c for c in wave_checks(sc(), obs(), _all_cut())}
+    assert (cs["token-counts"].ok, cs["token-counts"].detail) == (None, why + "count")
+    assert (cs["kv-pulled"].ok, cs["kv-pulled"].detail) == (None, why + "show a transfer for")
+    assert (cs["parity"].ok, cs["parity"].detail) == (None, why + "compare")
+    assert "prefix-hits" not in cs
+    assert cs["completed"].ok is True and cs["completed"].detail == ("0/0 completed (2 requests, 2 cancelled on "
+                                                                     "purpose: between 2)")
+    cs = {c.name: c for c in wave_checks(sc(kind="prefix-wave", prompt_tokens=48), obs(), _all_cut(kind="prefix-wave"))}
+    assert (cs["prefix-hits"].ok, cs["prefix-hits"].detail) == (None, why + "hit P's prefix cache for")
+    assert "parity" not in {c.name for c in wave_checks(sc(parity=False), obs(), _all_cut())}
+    no_sample = _all_cut(params={"prompt_tokens": 31, "concurrency": 2, "parity_fraction": 0.0})
+    assert "parity" not in {c.name for c in wave_checks(sc(), obs(), no_sample)}
+
+
+def test_judge_wave_on_an_all_cancelled_wave_judges_the_run_level_checks():
+    from rig.judge.wave_checks import judge_wave
+    v = judge_wave(sc(), full_obs(), _all_cut(parity={}))
+    assert v.verdict == "PASS", v.reason
+    assert v.reason.startswith("all 2 requests cancelled on purpose: no answer to judge; completed, no-errors")
+    assert v.reason.endswith(" hold")
+    v = judge_wave(sc(), full_obs(dead={"decode": -9}), _all_cut(parity={}))
+    assert v.verdict == "FAIL" and not v.reason.startswith("all 2 requests")
+    one_answered = _all_cut(parity={})
+    one_answered.records.append(rec(5))
+    v = judge_wave(sc(), full_obs(), one_answered)
+    assert not v.reason.startswith("all ")  # an answer is judged: parity was never compared, so not PASS
+    assert v.verdict == "ERROR"
+
+
+def test_judge_wave_unwatched_says_why_the_process_checks_were_not_required():
+    from rig.judge.wave_checks import UNWATCHED, UNWATCHED_WHY, judge_wave
+    v = judge_wave(sc(), full_obs(), healthy_wave(), unwatched=True)
+    assert v.verdict == "PASS" and v.reason.endswith(f"; {', '.join(UNWATCHED)} not checked, {UNWATCHED_WHY}")
+    assert not v.reason.startswith(";")  # the sentence is added to the reason, not in its place
+    v = judge_wave(sc(), full_obs(), healthy_wave(records=[rec(0, outcome="timeout")]), unwatched=True)
+    assert v.verdict == "FAIL" and UNWATCHED_WHY not in v.reason
+
+
+def test_in_flight_blocks_count_only_the_requests_the_wave_had_in_flight():
+    # 6 held x 2 blocks = 12: without a concurrency nothing else is in flight, so 13 usable blocks are not full
+    assert explain_stall(stall(), wave(HELD, usable_blocks={"prefill": 13}, params={"prompt_tokens": 31})) == ""
+    # a 32-token prompt in flight + its first token = 33 tokens = 3 blocks of 16: 12 + 3 = 15 fill 15
+    w = wave(HELD, usable_blocks={"prefill": 15}, params={"prompt_tokens": 32, "concurrency": 1})
+    assert explain_stall(stall(), w).startswith("6 requests abandoned between the hops in the 30 s before hold ~12 "
+                                                "of P's 15 usable blocks")
+    w = wave(HELD, usable_blocks={}, params={"prompt_tokens": 31, "concurrency": 1})
+    assert explain_stall(stall(), w).endswith("hold ~12 of P's ? usable blocks until NIXL's kv_lease_duration expires "
+                                              "(nobody tells P that D will never read them)")
+
+
+def test_wave_kv_pulled_details_and_gaps():
+    c = wave_kv_pulled(obs(), [rec(0, outcome="timeout")])
+    assert (c.name, c.ok, c.detail, c.requests) == ("kv-pulled", False, "no answered request to show a transfer for",
+                                                    ("w-0",))
+    c = wave_kv_pulled(obs(evidence=None), [rec()])
+    assert (c.name, c.ok, c.detail) == ("kv-pulled", None, "not checked: no decode metrics")
+    c = wave_kv_pulled(obs(), [rec()])
+    assert c.detail == ("D: 31 prompt tokens from external_kv_transfer + 0 from its prefix cache (expected >= 31 for "
+                        "1 answered prompts), nixl 1024 B in 1 transfers")
+
+
+def test_wave_check_details_when_all_is_well_and_cancel_points_in_order():
+    cut = [rec(i, outcome="cancelled", planned_cancel=p, cancel_point=p)
+           for i, p in enumerate(["during-decode", "between", "between"], start=1)]
+    w = wave([rec(0), *cut], kind="pressure-wave")
+    cs = {c.name: c for c in wave_checks(sc(), obs(), w)}
+    assert cs["completed"].detail == "1/1 completed (4 requests, 3 cancelled on purpose: between 2, during-decode 1)"
+    assert cs["no-errors"].detail == "no timeouts, HTTP or connection errors"
+    assert cs["no-empty"].detail == "no empty answers"
+    assert cs["token-counts"].detail == "every answer has its expected token count"
+    w = wave([rec(i, tokens=1) for i in range(5)], kind="pressure-wave")
+    c = next(c for c in wave_checks(sc(), obs(), w) if c.name == "token-counts")
+    assert c.detail == "5 wrong: w-0: 1 tokens, expected 2; w-1: 1 tokens, expected 2; w-2: 1 tokens, expected 2"
+    w = wave([rec(0, outcome="timeout")], kind="pressure-wave")
+    c = next(c for c in wave_checks(sc(), obs(), w) if c.name == "token-counts")
+    assert (c.ok, c.detail, c.requests) == (False, "no answer to count", ("w-0",))
+    w = wave([rec(0, tokens=3)], kind="pressure-wave")  # expect.completion_tokens overrides max_tokens
+    assert next(c for c in wave_checks(sc(expect={"completion_tokens": 3}), obs(), w)
+                if c.name == "token-counts").ok is True
+
+
+def test_cancel_points_are_listed_by_name_even_an_unknown_point():
+    cut = [rec(1, outcome="cancelled", planned_cancel="between", cancel_point="between"),
+           rec(2, outcome="cancelled", planned_cancel="between", cancel_point=None),
+           rec(3, outcome="cancelled", planned_cancel="between", cancel_point=None)]
+    c = next(c for c in wave_checks(sc(), obs(), wave([rec(0), *cut], kind="pressure-wave")) if c.name == "completed")
+    assert c.detail == "1/1 completed (4 requests, 3 cancelled on purpose: None 2, between 1)"
+
+
+def test_one_unexplained_stall_is_named_exactly():
+    c = _stall_check(wave(stalls=[{**stall(), "explained": ""}]))
+    assert (c.name, c.ok, c.detail) == ("no-stall", False, "prefill at 40 s for 5 s: UNEXPLAINED: frozen")
+
+
+def test_idle_after_names_a_leak_in_ps_usable_blocks():
+    from rig.observe.observations import DrainResult
+    leak = DrainResult("prefill", False, 5.0, 0.0, {"waiting": 0, "running": 0, "kv_usage": 0.5})
+    c = next(c for c in wave_checks(sc(), obs(drains=[leak]), healthy_wave()) if c.name == "idle-after")
+    assert c.ok is False and c.detail.endswith(" = 4.0 of 8 usable blocks held (4.0 blocks' worth above the baseline)")

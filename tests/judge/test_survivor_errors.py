@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-from rig.cluster.logs import fatal_lines
+from rig.cluster.logs import TRACEBACK, fatal_lines
 from rig.cluster.processes import FATAL_PATTERNS
 from rig.config.faults import FaultScenarioConfig
 from rig.judge.fault_checks import _fatal_log_check_survivors
@@ -77,3 +77,30 @@ def test_a_bad_regex_is_named():
     with pytest.raises(ValidationError, match="expected_survivor_errors: '\\(' is not a regular expression"):
         FaultScenarioConfig.model_validate({"faults": [{"trigger": {"event": "prefill-answered"}, "target": "prefill",
                                                         "action": "sigkill"}], "expected_survivor_errors": ["("]})
+
+
+def test_only_a_traceback_line_is_read_for_its_exception():
+    # a fatal line that is not a traceback, with " -> " and the expected text in it, still fails
+    o = ScenarioObservation(scenario="r10", decode="decode", prefill="prefill",
+                            fatal_lines={"decode": ["ERROR Cannot get 3 free blocks -> NIXL_ERR_REMOTE_DISCONNECT"]})
+    c = _fatal_log_check_survivors(o, result(), tuple(DISCONNECT))
+    assert c.ok is False and c.detail.startswith("decode: ")
+
+
+def test_handled_tracebacks_without_a_kill_are_counted_per_survivor():
+    tb = f"{TRACEBACK}: -> nixlRemoteDisconnectError: NIXL_ERR_REMOTE_DISCONNECT"
+    o = ScenarioObservation(scenario="r10", decode="decode", prefill="prefill",
+                            fatal_lines={"decode": [tb, tb], "prefill": [tb]})
+    nothing_killed = FaultResult(events=result().events, killed=[])
+    c = _fatal_log_check_survivors(o, nothing_killed, tuple(DISCONNECT))
+    assert c.ok is True and c.name == "no-fatal-log"
+    assert c.detail.endswith("(survivors; decode: 2 handled traceback(s) the fault was expected to cause "
+                             "(expected_survivor_errors); prefill: 1 handled traceback(s) the fault was expected to "
+                             "cause (expected_survivor_errors))")
+    c = _fatal_log_check_survivors(obs_with(D_LOG), result(), tuple(DISCONNECT))
+    assert c.detail.endswith("(survivors; prefill killed by the fault: its log not judged; decode: 1 handled "
+                             "traceback(s) the fault was expected to cause (expected_survivor_errors))")
+    # the killed instance's unscanned log is not a gap of the survivors
+    o = obs_with(D_LOG)
+    o.unscanned_logs = {"prefill": "gone"}
+    assert _fatal_log_check_survivors(o, result(), tuple(DISCONNECT)).ok is True
