@@ -408,6 +408,17 @@ class RigConfig(StrictModel):
                     f"scenarios[{i}] ({sc.name}).prompt_tokens {sc.prompt_tokens} is not below decode's "
                     f"max_model_len {d_mml}: decode refuses the decode hop with HTTP 400; if that is the point, "
                     "set expect.http_status: 400, else shorten the prompt")
+            room = d_mml - sc.prompt_tokens
+            if (sc.sequence is None and sc.parity and sc.expect.http_status is None and d_mml < p_mml
+                    and 0 < room < sc.max_tokens):
+                # vLLM (0.32.0, entrypoints/serve/utils/api_utils.py get_max_tokens) clamps max_tokens to
+                # the room D has left, while the reference on prefill, with its larger max_model_len, is
+                # not clamped: the answers differ in length and parity would fail a correct decode.
+                raise ValueError(
+                    f"scenarios[{i}] ({sc.name}): prompt_tokens {sc.prompt_tokens} + max_tokens {sc.max_tokens} "
+                    f"exceeds decode's max_model_len {d_mml} (prefill's is {p_mml}): decode clamps the "
+                    f"completion to {room} tokens and the reference does not; lower max_tokens to {room}, or "
+                    f"test the clamp with parity: false and expect.completion_tokens: {room}")
             mml = min(p_mml, d_mml)
             for j, st in enumerate(sc.sequence.steps if sc.sequence else []):  # kind sequence (bug record R02, R06)
                 plus = 1 if st.appends else 0  # D's prompt carries P's first token (transform)

@@ -301,3 +301,22 @@ def test_drain_below_the_nixl_lease_is_a_warning_naming_the_fix():
     assert load_config(CONFIGS / "cpu-tiny.yaml",
                        ["timeouts.drain_s=10", "nixl.kv_lease_duration=5"]).wait_warnings() == []
     assert load_config(CONFIGS / "cpu-tiny.yaml").wait_warnings() == []
+
+
+def _regressions_with(tmp_path, scenario: dict):
+    suite = tmp_path / "one.yaml"
+    suite.write_text(yaml.safe_dump([scenario]))
+    return load_config(CONFIGS / "cpu-regressions.yaml", [f"suite={suite}"])
+
+
+def test_edge_over_decodes_own_max_model_len_is_refused_where_parity_would_fail(tmp_path):
+    # decode-mml112 has max_model_len 112, prefill 128: D clamps 110 + 4 to 2 tokens, the reference
+    # on P does not, so parity would fail a correct decode.
+    base = {"name": "clamp", "decode": "decode-mml112", "prompt_tokens": 110, "max_tokens": 4}
+    with pytest.raises(ConfigError) as e:
+        _regressions_with(tmp_path, base)
+    msg = str(e.value)
+    assert "exceeds decode's max_model_len 112 (prefill's is 128)" in msg and "lower max_tokens to 2" in msg
+    assert _regressions_with(tmp_path, {**base, "max_tokens": 2}).scenarios[0].max_tokens == 2
+    clamp = {**base, "parity": False, "expect": {"completion_tokens": 2}}
+    assert _regressions_with(tmp_path, clamp).scenarios[0].parity is False
