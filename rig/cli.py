@@ -212,7 +212,12 @@ def cmd_config(args: argparse.Namespace) -> int:
         try:
             lines = explain(RigConfig, args.explain)
         except KeyError as e:
-            raise ConfigError(f"--explain {e.args[0]}") from None
+            # A scenario field (expect.prompt_source, sequence.steps.transform) lives under
+            # `scenarios.` in a profile; users write it as a suite file spells it.
+            try:
+                lines = explain(RigConfig, f"scenarios.{args.explain}")
+            except KeyError:
+                raise ConfigError(f"--explain {e.args[0]}") from None
         print("# defaults of the schema; a profile may set others: `pdrig config -c FILE` prints its values")
         print("\n".join(lines))
         return 0

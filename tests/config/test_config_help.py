@@ -112,6 +112,13 @@ def test_explain_accepts_set_style_paths_with_item_names():
     assert explain(RigConfig, "scenarios.0.wave.concurrency")[0].startswith("scenarios.wave.concurrency: int = 64")
 
 
+def test_explain_takes_a_scenario_field_as_a_suite_spells_it(capsys, restore_signals):
+    assert cli.main(["config", "--explain", "expect.prompt_source"]) == 0
+    assert capsys.readouterr().out.splitlines()[1].startswith("scenarios.expect.prompt_source: 'pulled' | 'recomputed'")
+    assert cli.main(["config", "--explain", "expect.bogus"]) == 2  # neither a profile nor a scenario field
+    assert "--explain expect: no such field" in capsys.readouterr().err
+
+
 def test_explain_unknown_path_suggests(capsys, restore_signals):
     assert cli.main(["config", "--explain", "decode.cpu"]) == 2
     assert "did you mean 'cpus'?" in capsys.readouterr().err
