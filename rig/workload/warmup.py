@@ -181,21 +181,37 @@ async def warm_up(client: Transport, http: httpx.AsyncClient, prefill: Endpoint,
         return "", failed
 
 
+def leaves_blocks_on_prefill(path: WarmPath) -> bool:
+    """True when a P/D round trip along ``path`` leaves blocks on P that no decode hop frees: several
+    prompts in one request (P returns the first prompt's ``kv_transfer_params`` only) or ``n`` > 1 on
+    the prefill hop (the params name one child; vLLM PR #38900). Those blocks wait for P's
+    ``kv_lease_duration`` and their expiry would be counted inside the next scenario's window
+    (``vllm:nixl_num_kv_expired_reqs_total``), so such a path is warmed with direct requests only."""
+    return path.prompts > 1 or int(path.prefill.get("n") or 1) > 1
+
+
 async def _warm_path(client: Transport, prefill: Endpoint, decode: Endpoint, path: WarmPath, seed: int,
                      log: Callable[[str], None]) -> None:
-    """One P/D round trip and one direct request to P along ``path`` (prompt from ``seed``)."""
+    """One P/D round trip and one direct request to P along ``path`` (prompt from ``seed``); a path
+    that :func:`leaves_blocks_on_prefill` gets a direct request to D with the decode hop's fields
+    instead of the round trip."""
     prompt: Any = make_prompt(WARM_PROMPT_TOKENS, seed)
     if path.prompts > 1:
         prompt = [make_prompt(WARM_PROMPT_TOKENS, seed * 100 + k) for k in range(path.prompts)]
     what = f"{path.endpoint} {sorted({*path.prefill, *path.decode, *path.reference})}"
-    p_hop = await client.prefill(prefill, prompt, fields=path.prefill, endpoint=path.endpoint)
-    if p_hop.error or not p_hop.kv_transfer_params:
-        log(f"warm-up {what} prefill hop to {prefill.name} failed: {p_hop.error or 'no kv_transfer_params'}")
+    if leaves_blocks_on_prefill(path):
+        d_direct = await client.direct(decode, prompt, 2, fields=path.decode, endpoint=path.endpoint)
+        if d_direct.error:
+            log(f"warm-up {what} direct request to {decode.name} failed: {d_direct.error}")
     else:
-        d_hop = await client.decode(decode, prompt, 2, p_hop.kv_transfer_params, fields=path.decode,
-                                    endpoint=path.endpoint)
-        if d_hop.error:
-            log(f"warm-up {what} decode hop to {decode.name} failed: {d_hop.error}")
+        p_hop = await client.prefill(prefill, prompt, fields=path.prefill, endpoint=path.endpoint)
+        if p_hop.error or not p_hop.kv_transfer_params:
+            log(f"warm-up {what} prefill hop to {prefill.name} failed: {p_hop.error or 'no kv_transfer_params'}")
+        else:
+            d_hop = await client.decode(decode, prompt, 2, p_hop.kv_transfer_params, fields=path.decode,
+                                        endpoint=path.endpoint)
+            if d_hop.error:
+                log(f"warm-up {what} decode hop to {decode.name} failed: {d_hop.error}")
     ref = await client.direct(prefill, prompt, 2, fields=path.reference, endpoint=path.endpoint)
     if ref.error:
         log(f"warm-up {what} direct request to {prefill.name} failed: {ref.error}")

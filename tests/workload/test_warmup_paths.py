@@ -41,3 +41,39 @@ def test_the_warm_up_sends_each_path_before_the_measured_requests(tmp_path):
     # scenarios' decode hops (plain, logprobs): the first logprobs request D saw was the warm-up's.
     with_logprobs = [i for i, f in enumerate(fields) if "logprobs" in f]
     assert len(fields) == 5 and with_logprobs == [2, 4], fields
+
+
+def test_paths_that_leave_blocks_on_prefill_are_warmed_without_a_round_trip():
+    """Several prompts per request, or n > 1 on the prefill hop, leave blocks on P that no decode
+    hop frees (their lease expiry would land in the next scenario's counters): direct requests only."""
+    import asyncio
+
+    from rig.transport.endpoint import Endpoint
+    from rig.transport.records import Hop
+    from rig.workload.warmup import _warm_path, leaves_blocks_on_prefill
+
+    calls: list[tuple[str, str]] = []
+
+    class Stub:
+        async def prefill(self, ep, prompt, **kw):
+            calls.append(("prefill", ep.name))
+            return Hop(ep.name, kv_transfer_params={"remote_block_ids": [[1]]})
+
+        async def decode(self, ep, prompt, n, params, **kw):
+            calls.append(("decode", ep.name))
+            return Hop(ep.name)
+
+        async def direct(self, ep, prompt, n, **kw):
+            calls.append(("direct", ep.name))
+            return Hop(ep.name)
+
+    p, d = Endpoint("prefill", "http://127.0.0.1:1"), Endpoint("decode", "http://127.0.0.1:2")
+    two_prompts, n2, plain = WarmPath(prompts=2), WarmPath(prefill={"n": 2}), WarmPath(decode={"logprobs": 1})
+    assert leaves_blocks_on_prefill(two_prompts) and leaves_blocks_on_prefill(n2)
+    assert not leaves_blocks_on_prefill(plain)
+    for path, expected in ((two_prompts, [("direct", "decode"), ("direct", "prefill")]),
+                           (n2, [("direct", "decode"), ("direct", "prefill")]),
+                           (plain, [("prefill", "prefill"), ("decode", "decode"), ("direct", "prefill")])):
+        calls.clear()
+        asyncio.run(_warm_path(Stub(), p, d, path, 21, lambda _: None))
+        assert calls == expected, (path, calls)
