@@ -64,8 +64,9 @@ for ep, where in req["models"].items():
         continue
     try:
         out["schemas"][ep] = classes[ep].model_json_schema()
-    except Exception:
+    except Exception as e:  # a model pydantic cannot render: its field names still catch misspellings
         out["schemas"][ep] = {"properties": {f: {} for f in classes[ep].model_fields}}
+        out["missing"][ep + ".types"] = f"{where}: no JSON schema ({type(e).__name__}: {e}); field names only"
 try:
     from vllm.sampling_params import SamplingParams
     out["schemas"]["sampling_params"] = {"properties": {

@@ -178,7 +178,9 @@ class StartupWatch:
     def finish(self, outcome: str, reason: str = "", now: float | None = None) -> None:
         """Close the watch: the current phase's seconds, the load now, ``outcome`` and ``reason``."""
         now = time.monotonic() if now is None else now
-        with contextlib.suppress(Exception):
+        # A last look at /proc and the log: the process may be gone (OSError) or its stat line
+        # half-written (ValueError); the figures then end at the previous look.
+        with contextlib.suppress(OSError, ValueError):
             self.look(now)
         self.phase_s[self.phase] = now - self.phase_since
         self.outcome, self.reason = outcome, reason
