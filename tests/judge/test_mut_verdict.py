@@ -6,9 +6,12 @@ Written against `make mutation` survivors (docs/howto/mutation.md)."""
 
 from __future__ import annotations
 
-from rig.judge.verdict import _kv_pulled, canary_match, judge
-from rig.observe.observations import TransferEvidence
-from test_verdict import error_record, obs_of, ok_record, sc
+from rig.config import KnownIssue
+from rig.judge.checks import Check
+from rig.judge.signatures import Match
+from rig.judge.verdict import Expectation, _kv_pulled, canary_match, decide, expectation_of, judge, required_checks
+from rig.observe.observations import ScenarioObservation, TransferEvidence
+from test_verdict import LIVELOCK, error_record, obs_of, ok_record, sc
 
 BLOCK = 32_768  # bytes of one 32-token block (the tiny model at float32)
 
@@ -121,3 +124,319 @@ def test_preemptions_are_read_on_decode_unless_another_instance_is_named():
     pre = next(c for c in v.checks if c.name == "preempted")
     assert (pre.ok, pre.detail) == (None, "not checked: no decode metrics")
     assert v.verdict == "ERROR" and "preempted not checked: no decode metrics" in v.reason
+
+
+# ------------------------------------------------------------------------- kv-pulled's forms
+
+def full(computed: float = 0, ext: float = 0, cached: float = 0, nbytes: float = 0, transfers: float = 0):
+    return TransferEvidence(nixl_bytes=nbytes, nixl_transfers=transfers, external_prompt_tokens=ext,
+                            computed_prompt_tokens=computed, cached_prompt_tokens=cached)
+
+
+def test_the_recomputed_form_holds_only_on_a_full_local_compute_and_nothing_pulled():
+    def ok(ev, recs=None):
+        return _kv_pulled(obs_of(recs or [ok_record()], evidence=ev), "recomputed").ok
+
+    c = _kv_pulled(obs_of([ok_record()], evidence=full(computed=126)), "recomputed")
+    assert c.ok is True and c.requests == ()
+    assert c.detail == ("D: external_kv_transfer +0, local_cache_hit +0, local_compute +126, nixl 0 B in 0 "
+                        "transfers; expected recomputed (declared): local_compute +126, nothing pulled (0 B), no "
+                        "prefix-cache hit; per request (edge-126-0 ran alone)")
+    assert ok(full(computed=125)) is False and ok(full(computed=127)) is False  # exact: one request alone
+    assert ok(full(computed=126, ext=1)) is False
+    assert ok(full(computed=126, cached=1)) is False
+    assert ok(full(computed=126, nbytes=1)) is False and ok(full(computed=126, nbytes=65536, transfers=1)) is False
+    assert ok(full(ext=126)) is False and ok(full(cached=126)) is False and ok(full(nbytes=0)) is False
+    c = _kv_pulled(obs_of([ok_record()], evidence=full(computed=126, ext=126, nbytes=65536, transfers=1)),
+                   "recomputed")
+    assert c.ok is False and c.requests == ("edge-126-0",)
+
+
+def _unanswered(i: int = 1):
+    rec = error_record(i)
+    rec.decode_sent_at = 1.0  # it reached D: D may have counted its prompt too
+    return rec
+
+
+def test_a_request_that_reached_d_unanswered_makes_the_recompute_a_lower_bound():
+    recs = [ok_record(0), _unanswered()]
+    c = _kv_pulled(obs_of(recs, evidence=full(computed=126)), "recomputed")
+    assert c.ok is True, c.detail
+    assert c.detail.endswith("; one delta over 2 requests, 1 of which reached D without an answer: lower bounds")
+    assert _kv_pulled(obs_of(recs, evidence=full(computed=200)), "recomputed").ok is True
+    assert _kv_pulled(obs_of(recs, evidence=full(computed=125)), "recomputed").ok is False
+
+
+def test_an_unanswered_request_that_never_reached_d_keeps_the_counts_exact():
+    never = error_record(1, hop="prefill")  # decode_sent_at None: D never saw it
+    c = _kv_pulled(obs_of([ok_record(0), never], evidence=full(ext=126, nbytes=65536, transfers=1)))
+    assert c.ok is True and c.detail.endswith("; one delta over the 2 requests sent together (not per request)")
+    assert _kv_pulled(obs_of([ok_record(0), never], evidence=full(ext=127, nbytes=65536, transfers=1))).ok is False
+
+
+def test_an_answered_request_that_reached_d_is_no_lower_bound():
+    rec = ok_record()
+    rec.decode_sent_at = 1.0
+    c = _kv_pulled(obs_of([rec], evidence=full(ext=126, computed=1, nbytes=65536, transfers=1)))
+    assert c.ok is False and c.detail.endswith("per request (edge-126-0 ran alone)")
+
+
+def test_the_pulled_lower_bound_drops_local_compute_and_reads_at_least():
+    recs = [ok_record(0), _unanswered()]
+    c = _kv_pulled(obs_of(recs, evidence=full(ext=200, computed=9, nbytes=65536, transfers=2)))
+    assert c.ok is True
+    assert c.detail == ("D: external_kv_transfer +200, local_cache_hit +0, local_compute +9, nixl 65536 B in 2 "
+                        "transfers; expected pulled: external_kv_transfer + local_cache_hit >= +126, nixl bytes > 0 "
+                        "in >= 1 transfers; one delta over 2 requests, 1 of which reached D without an answer: "
+                        "lower bounds")
+    assert _kv_pulled(obs_of(recs, evidence=full(ext=125, nbytes=65536, transfers=2))).ok is False
+    # exact when nothing else reached D: one computed token is a failure
+    c = _kv_pulled(obs_of([ok_record()], evidence=full(ext=126, computed=3, nbytes=65536, transfers=1)))
+    assert c.ok is False
+
+
+def test_a_sequence_asks_for_lower_bounds_over_every_request_that_reached_d():
+    obs = obs_of([ok_record()], evidence=full(ext=300, computed=40, nbytes=65536, transfers=3),
+                 kv_bytes_per_block=BLOCK, block_size=32)
+    c = _kv_pulled(obs, exact=False)
+    assert c.ok is True and c.detail.endswith("nixl bytes > 0 in >= 1 transfers; one delta over every request "
+                                              "that reached D: lower bounds"), c.detail
+
+
+def test_the_exact_bytes_need_both_the_block_size_and_the_blocks_bytes():
+    rec = ok_record(n=70)
+    no_size = obs_of([rec], evidence=full(ext=70, nbytes=12345, transfers=1), kv_bytes_per_block=BLOCK)
+    c = _kv_pulled(no_size)
+    assert c.ok is True and "nixl bytes > 0 in >= 1 transfers" in c.detail
+    no_bytes = obs_of([rec], evidence=full(ext=70, nbytes=12345, transfers=1), block_size=32)
+    c = _kv_pulled(no_bytes)
+    assert c.ok is True and "nixl bytes > 0 in >= 1 transfers" in c.detail
+
+
+def test_a_prefix_hit_on_d_moves_fewer_blocks_so_the_bytes_are_not_exact():
+    obs = obs_of([ok_record(n=70)], evidence=full(ext=38, cached=32, nbytes=2 * BLOCK, transfers=1),
+                 kv_bytes_per_block=BLOCK, block_size=32)
+    c = _kv_pulled(obs)
+    assert c.ok is True and "nixl bytes > 0 in >= 1 transfers" in c.detail, c.detail
+    obs.evidence = full(ext=70, nbytes=2 * BLOCK, transfers=1)  # no hit: all 3 blocks must move
+    c = _kv_pulled(obs)
+    assert c.ok is False and "nixl 98304 B (3 blocks x 32768 B)" in c.detail
+
+
+# ------------------------------------------------------------------------- decide
+
+KI = KnownIssue.model_validate(LIVELOCK)
+KI_LOOSE = KnownIssue.model_validate({**LIVELOCK, "strict": False})
+REQ = ("completed", "alive")
+
+
+def chk(name: str, ok: bool | None, detail: str = "", requests: tuple[str, ...] = ()) -> Check:
+    return Check(name, ok, detail or f"{name} said so", requests)
+
+
+HELD = [chk("completed", True), chk("alive", True)]
+
+
+def test_a_rig_error_is_error_unless_an_instance_died():
+    exp = Expectation("pass", REQ)
+    assert (decide("s", HELD, exp, error="rig broke").verdict, decide("s", HELD, exp, error="rig broke").reason) == (
+        "ERROR", "rig broke")
+    dead = [chk("completed", True), chk("alive", False, "decode died (exit 1)")]
+    v = decide("s", dead, exp, error="rig broke", dead=True)
+    assert (v.verdict, v.reason) == ("FAIL", "alive: decode died (exit 1)")
+    assert (v.scenario, v.expectation, v.checks) == ("s", "pass", dead)
+
+
+def test_an_expectation_problem_is_error_unless_an_instance_died():
+    exp = Expectation("xfail: x", REQ, problem="versions differ")
+    assert (decide("s", HELD, exp).verdict, decide("s", HELD, exp).reason) == ("ERROR", "versions differ")
+    dead = [chk("completed", True), chk("alive", False, "decode died")]
+    assert decide("s", dead, exp, dead=True).verdict == "FAIL"
+
+
+def test_a_death_leads_the_failures_and_the_rest_keep_their_order():
+    checks = [chk("parity", False, "1 diverged"), chk("completed", False, "0/1"), chk("alive", False, "decode died"),
+              chk("no-fatal-log", False, "a line")]
+    v = decide("s", checks, Expectation("pass", ()))
+    assert (v.verdict, v.reason) == ("FAIL", "alive: decode died; parity: 1 diverged; completed: 0/1; "
+                                             "no-fatal-log: a line")
+
+
+def test_a_required_check_missing_or_not_checked_is_named_in_the_error():
+    v = decide("s", [chk("completed", True), chk("parity", None, "not checked: no reference")],
+               Expectation("pass", ("completed", "parity", "alive")))
+    assert (v.verdict, v.reason) == ("ERROR", "inconclusive: parity not checked: no reference; alive not checked: "
+                                              "the kind produced no such check")
+
+
+def test_a_check_not_checked_and_not_required_does_not_stop_a_pass():
+    v = decide("s", HELD + [chk("counters-monotonic", None, "not checked")], Expectation("pass", REQ))
+    assert (v.verdict, v.reason) == ("PASS", "all checks hold")
+
+
+def test_no_check_could_look_is_error_listing_what_was_seen_cut_at_300_characters():
+    checks = [chk("a", None, "not checked: " + "x" * 200), chk("b", None, "not checked: " + "y" * 200)]
+    v = decide("s", checks, Expectation("pass", ()))
+    listed = ("a: not checked: " + "x" * 200 + "; b: not checked: " + "y" * 200)[:300]
+    assert (v.verdict, v.reason) == ("ERROR", f"inconclusive: no check could look ({listed})")
+    v = decide("s", [], Expectation("pass", ()))
+    assert (v.verdict, v.reason) == ("ERROR", "inconclusive: no check could look")
+
+
+def _match(requests=(), explains=(), run=(), **kw) -> Match:
+    return Match(frozenset(requests), frozenset(explains), frozenset(run), **kw)
+
+
+def test_a_known_issue_explains_only_its_requests_and_checks():
+    exp = Expectation("xfail", REQ, known_issue=KI)
+    failed = chk("completed", False, "r0 stalled", ("r0",))
+    m = _match(["r0"], ["completed"], shown="r0 stalled as expected")
+    v = decide("s", [failed, chk("alive", True)], exp, m)
+    assert (v.verdict, v.reason) == ("XFAIL", "spec-admission-livelock: r0 stalled as expected")
+    # a failed request the signature does not name is not explained
+    wider = chk("completed", False, "r0, r1 stalled", ("r0", "r1"))
+    v = decide("s", [wider, chk("alive", True)], exp, m)
+    assert (v.verdict, v.reason) == ("FAIL", "spec-admission-livelock matched on r0, but not: completed: r0, r1 "
+                                             "stalled")
+    # a check the signature does not explain, on the very request it names
+    other = chk("parity", False, "r0 diverged", ("r0",))
+    v = decide("s", [failed, other, chk("alive", True)], exp, m)
+    assert v.verdict == "FAIL" and v.reason.endswith("but not: parity: r0 diverged")
+    # run-level: explained only when named in run_checks
+    run = chk("alive", False, "decode died")
+    assert decide("s", [failed, run], exp, m).verdict == "FAIL"
+    assert decide("s", [failed, run], exp, _match(["r0"], ["completed"], ["alive"], shown="x")).verdict == "XFAIL"
+
+
+def test_a_known_issue_that_did_not_match_says_what_it_expected_and_saw():
+    exp = Expectation("xfail", REQ, known_issue=KI)
+    v = decide("s", [chk("completed", False, "r0 timed out", ("r0",)), chk("alive", True)], exp,
+               _match(expected="a stall", seen="a timeout"))
+    assert (v.verdict, v.reason) == ("FAIL", "not known issue spec-admission-livelock: expected a stall, seen a "
+                                             "timeout; completed: r0 timed out")
+
+
+def test_a_known_issue_matched_on_an_instance_names_it():
+    exp = Expectation("xfail", REQ, known_issue=KI)
+    m = Match(frozenset(), frozenset(), frozenset({"alive"}), instances=frozenset({"decode"}), shown="crash")
+    v = decide("s", [chk("completed", False, "r0 no answer", ("r0",)), chk("alive", False, "decode died")], exp, m)
+    assert (v.verdict, v.reason) == ("FAIL", "spec-admission-livelock matched on decode, but not: completed: r0 no "
+                                             "answer")
+
+
+def test_a_known_issue_explains_a_not_checked_required_check_on_its_requests():
+    exp = Expectation("xfail", REQ, known_issue=KI)
+    v = decide("s", [chk("completed", None, "not checked", ("r0",)), chk("alive", False, "x", ())], exp,
+               _match(["r0"], ["completed"], ["alive"], shown="stalled"))
+    assert (v.verdict, v.reason) == ("XFAIL", "spec-admission-livelock: stalled")
+    # without the match the gap stands
+    v = decide("s", [chk("completed", None, "not checked", ("r0",)), chk("alive", True)], exp, None)
+    assert v.verdict == "ERROR"
+
+
+def test_a_known_issue_outside_its_range_explains_nothing_and_says_so():
+    exp = Expectation("pass", REQ, out_of_range=KI)
+    m = _match(["r0"], ["completed"], shown="r0 stalled")
+    v = decide("s", [chk("completed", False, "r0 stalled", ("r0",)), chk("alive", True)], exp, m)
+    assert (v.verdict, v.reason) == ("FAIL", "matches known issue spec-admission-livelock, outside its declared range "
+                                             ">=0.32.0,<0.33: update `affects`? (r0 stalled); completed: r0 stalled")
+    v = decide("s", [chk("completed", False, "r0 stalled", ("r0",)), chk("alive", True)], exp, _match())
+    assert (v.verdict, v.reason) == ("FAIL", "completed: r0 stalled")
+    assert decide("s", HELD, exp, m).verdict == "PASS"
+
+
+def test_a_known_issue_that_did_not_show_is_xpass_or_a_noted_pass_when_not_strict():
+    v = decide("s", HELD, Expectation("xfail", REQ, known_issue=KI), _match())
+    assert (v.verdict, v.reason) == ("XPASS", "known issue fixed: update the expectation (spec-admission-livelock no "
+                                              "longer reproduces)")
+    assert not v.passed
+    v = decide("s", HELD, Expectation("xfail", REQ, known_issue=KI_LOOSE), _match())
+    assert (v.verdict, v.reason) == ("PASS", "all checks hold; known issue spec-admission-livelock did not show this "
+                                             "time (strict: false, its showing depends on timing)")
+    assert v.passed
+
+
+def test_a_canary_verdict_in_each_state():
+    exp = Expectation("caught: swap-prompt", REQ, tamper="swap-prompt")
+    caught = _match(["r0"], ["parity", "completed"], seen="parity: 1 diverged", expected="a divergence")
+    div = chk("parity", False, "1 diverged", ("r0",))
+    v = decide("s", [div] + HELD, exp, caught)
+    assert (v.verdict, v.reason, v.expectation) == ("PASS", "tampering caught by parity: 1 diverged",
+                                                    "caught: swap-prompt")
+    # a failure the catch does not explain
+    v = decide("s", [div, chk("completed", True), chk("alive", False, "decode died")], exp, caught)
+    assert (v.verdict, v.reason) == ("FAIL", "alive: decode died")
+    # caught, but a required check not checked
+    v = decide("s", [div, chk("completed", True)], exp, caught)
+    assert (v.verdict, v.reason) == ("ERROR", "inconclusive: alive not checked: the kind produced no such check")
+    # not caught, something failed: inconclusive canary
+    v = decide("s", [chk("completed", False, "r0 timed out", ("r0",)), chk("alive", True)], exp,
+               _match(expected="a divergence", seen="r0: timeout"))
+    assert (v.verdict, v.reason) == ("FAIL", "canary inconclusive: no real catch (a divergence); seen: completed: r0 "
+                                             "timed out")
+    v = decide("s", [chk("completed", False, "r0 timed out", ("r0",)), chk("alive", True)], exp, None)
+    assert v.reason.startswith("canary inconclusive: no real catch (a catch); seen: completed")
+    # not caught, nothing failed, a gap: ERROR; no gap: passed silently
+    v = decide("s", [chk("completed", True)], exp, _match())
+    assert (v.verdict, v.reason) == ("ERROR", "inconclusive: alive not checked: the kind produced no such check")
+    v = decide("s", HELD, exp, _match())
+    assert (v.verdict, v.reason) == ("FAIL", "swap-prompt passed silently: the answer matched the reference of the "
+                                             "prompt D was given, so parity cannot vouch for the KV")
+
+
+# ------------------------------------------------------------------------- required checks, expectation
+
+RULE = {"instance": "prefill", "metric": "vllm:nixl_num_kv_expired_reqs_total", "delta": 0}
+
+
+def test_the_required_list_in_order_without_repeats():
+    s = sc(expect=_expect(min_preemptions=1, min_spec_drafts=1, counters=[RULE]),
+           require=["cached-tokens", "counters-monotonic", "cached-tokens"])
+    assert required_checks(s) == ("completed", "token-counts", "kv-pulled", "parity", "alive", "no-fatal-log",
+                                  "kv-integrity", "idle-after", "preempted", "spec-drafted", "counters",
+                                  "cached-tokens", "counters-monotonic")
+    s = sc(expect=_expect(min_spec_drafts=1, counters=[RULE]), require=["cached-tokens"], parity=False)
+    assert required_checks(s) == ("completed", "token-counts", "kv-pulled", "alive", "no-fatal-log", "kv-integrity",
+                                  "idle-after", "spec-drafted", "counters", "cached-tokens")
+    assert required_checks(s, refusal=True) == ("completed", "alive", "no-fatal-log", "idle-after", "counters",
+                                                "cached-tokens")
+
+
+def _obs_versions(p: str, d: str, fallback: str = "") -> ScenarioObservation:
+    return obs_of([ok_record()], versions={"prefill": p, "decode": d}, vllm_version=fallback)
+
+
+def test_the_expectation_of_each_kind_of_scenario():
+    obs = _obs_versions("0.32.0", "0.32.0")
+    assert expectation_of(sc(tamper="swap-prompt"), obs) == Expectation(
+        "caught: swap-prompt", required_checks(sc()), tamper="swap-prompt")
+    assert expectation_of(sc(), obs) == Expectation("pass", required_checks(sc()))
+    exp = expectation_of(sc(known_issue=LIVELOCK), obs)
+    assert exp == Expectation("xfail: spec-admission-livelock (stall) on vLLM >=0.32.0,<0.33", required_checks(sc()),
+                              known_issue=KI)
+    exp = expectation_of(sc(known_issue=LIVELOCK), _obs_versions("0.31.0", "0.31.0"))
+    assert exp == Expectation("pass", required_checks(sc()), out_of_range=KI)
+    assert expectation_of(sc(), obs, refusal=True).required == required_checks(sc(), refusal=True)
+
+
+def test_a_local_version_part_is_the_same_release_on_both_instances():
+    exp = expectation_of(sc(known_issue=LIVELOCK), _obs_versions("0.32.0+cpu", "0.32.0"))
+    assert exp.problem == "" and exp.known_issue == KI
+    exp = expectation_of(sc(known_issue=LIVELOCK), _obs_versions("0.32.0", "0.32.1+cpu"))
+    assert exp.problem == ("known issue spec-admission-livelock applies to vLLM >=0.32.0,<0.33, but prefill runs "
+                           "0.32.0 and decode 0.32.1+cpu: judge one version at a time")
+    assert exp.known_issue is None
+
+
+def test_an_unknown_version_names_the_instance_that_did_not_answer():
+    exp = expectation_of(sc(known_issue=LIVELOCK), _obs_versions("unknown", "0.32.0"))
+    assert exp.problem == ("known issue spec-admission-livelock applies to vLLM >=0.32.0,<0.33, but the version of "
+                           "prefill is unknown (no /version answer)")
+    assert exp.label == "xfail: spec-admission-livelock (stall) on vLLM >=0.32.0,<0.33"
+    exp = expectation_of(sc(known_issue=LIVELOCK), _obs_versions("", ""))
+    assert exp.problem.endswith("but the version of prefill and decode is unknown (no /version answer)")
+    # decode's version falls back to the run's vLLM version; prefill's does not
+    exp = expectation_of(sc(known_issue=LIVELOCK), _obs_versions("0.32.0", "", fallback="0.32.0"))
+    assert exp.problem == "" and exp.known_issue == KI
+    exp = expectation_of(sc(known_issue=LIVELOCK), _obs_versions("", "0.32.0", fallback="0.32.0"))
+    assert exp.problem.endswith("the version of prefill is unknown (no /version answer)")
