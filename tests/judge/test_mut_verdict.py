@@ -440,3 +440,69 @@ def test_an_unknown_version_names_the_instance_that_did_not_answer():
     assert exp.problem == "" and exp.known_issue == KI
     exp = expectation_of(sc(known_issue=LIVELOCK), _obs_versions("", "0.32.0", fallback="0.32.0"))
     assert exp.problem.endswith("the version of prefill is unknown (no /version answer)")
+
+
+# ------------------------------------------------------------------------- judge, counter_checks
+
+FAILED = "vllm:nixl_num_failed_transfers_total"
+
+
+def test_kind_checks_judge_a_versioned_scenario_whose_decode_version_is_unknown():
+    s = sc(expect=_expect(by_version=[{"vllm": "<0.31", "http_status": 400, "note": "older decodes refuse"}]))
+    obs = obs_of([ok_record()], versions={"prefill": "0.32.0"}, vllm_version="unknown")
+    held = [Check("completed", True, "1/1"), Check("alive", True, "alive")]
+    v = judge(s, obs, checks=held, required=("completed", "alive"))
+    assert (v.verdict, v.reason) == ("PASS", "all checks hold")
+    assert [c.name for c in v.checks] == ["completed", "alive", "counters-monotonic", "nixl-failed-transfers"]
+
+
+def test_extra_checks_are_judged_and_a_required_override_replaces_the_kinds_list():
+    obs = obs_of([ok_record()])
+    v = judge(sc(), obs, extra=[Check("retrieval", False, "wrong passage")])
+    assert (v.verdict, v.reason) == ("FAIL", "retrieval: wrong passage")
+    obs.drains = []  # idle-after not checked: required by the kind, not by the override
+    assert judge(sc(), obs).verdict == "ERROR"
+    v = judge(sc(), obs, required=("completed", "kv-pulled"))
+    assert (v.verdict, v.reason) == ("PASS", "all checks hold")
+
+
+def test_a_versioned_outcome_without_rules_drops_the_base_outcomes_counters():
+    s = sc(expect=_expect(counters=[RULE], by_version=[{"vllm": "<0.31", "completion_tokens": 2,
+                                                        "total_tokens": 128}]))
+    assert "counters" in required_checks(s)
+    old = obs_of([ok_record()], version="0.30.0")  # no timeline: a rule would be not checked
+    v = judge(s, old)
+    assert "counters" not in {c.name for c in v.checks}
+    assert (v.verdict, v.reason) == ("PASS", "all checks hold")
+    v = judge(s, obs_of([ok_record()]))  # 0.32.0: the base outcome and its rule, not checked: ERROR
+    assert v.verdict == "ERROR" and v.reason.startswith("inconclusive: counters prefill")
+
+
+def test_a_refusal_expected_is_no_healthy_run_and_needs_only_the_refusal_checks():
+    s = sc(expect={"http_status": 400, "http_message": "too long"})
+    rec = error_record(status=400, msg="prompt too long")
+    v = judge(s, obs_of([rec], parity=[None], timeline=_timeline(0, 5)))
+    assert "nixl-failed-transfers" not in {c.name for c in v.checks}
+    assert "kv-pulled" not in {c.name for c in v.checks}
+    assert (v.verdict, v.reason) == ("PASS", "all checks hold")
+
+
+def test_a_rule_naming_decode_by_its_instance_name_replaces_the_healthy_rule():
+    rule = {"instance": "d1", "metric": FAILED, "min": 1}
+    s = sc(decode="d1", expect=_expect(counters=[rule]))
+    obs = obs_of([ok_record()], decode="d1", timeline=_timeline(0, 2, inst="d1"))
+    obs.versions = {"prefill": "0.32.0", "d1": "0.32.0"}
+    checks = {c.name: c for c in judge(s, obs).checks}
+    assert "nixl-failed-transfers" not in checks and checks["counters"].ok is True
+
+
+def test_the_healthy_rule_reads_decode_and_is_named_for_itself():
+    c = {c.name: c for c in judge(sc(), obs_of([ok_record()], timeline=_timeline(0, 0))).checks}
+    assert c["nixl-failed-transfers"].ok is True
+    assert c["nixl-failed-transfers"].detail.startswith(f"decode {FAILED} +0 (expected +0: healthy run")
+
+
+def _timeline(before: float, after: float, inst: str = "decode") -> list[dict]:
+    other = "vllm:nixl_num_kv_expired_reqs_total"
+    return [{"instance": i, "life": 1.0, "counters": {FAILED: a, other: 0.0}}
+            for i, a in (("prefill", 0.0), (inst, before), ("prefill", 0.0), (inst, after))]
