@@ -409,11 +409,11 @@ def judge(sc: ScenarioConfig, obs: ScenarioObservation, blocks: BlockFacts | Non
     outcome = sc.expect.for_version(d_ver)
     if outcome is None and obs.dead:  # a dead decode has no /version; its death decides
         outcome = sc.expect
-    if checks is None and outcome is None:
+    if checks is None and outcome is None:  # no instance died (a death set the outcome above)
         exp = expectation_of(sc, obs)
         return decide(sc.name, [], Expectation(exp.label, exp.required, problem=(
             f"the expected outcome depends on the vLLM version ({', '.join(v.vllm for v in sc.expect.by_version)}) "
-            "and decode's version is unknown")), error=obs.error, dead=bool(obs.dead))
+            "and decode's version is unknown")), error=obs.error)
     refusal = outcome is not None and outcome.http_status is not None
     if checks is None:
         checks = edge_checks(sc, obs, outcome)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from rig.config import KnownIssue
 from rig.judge.checks import Check
-from rig.judge.signatures import Match
+from rig.judge.signatures import Match, RequestFacts
 from rig.judge.verdict import Expectation, _kv_pulled, canary_match, decide, expectation_of, judge, required_checks
 from rig.observe.observations import ScenarioObservation, TransferEvidence
 from test_verdict import LIVELOCK, error_record, obs_of, ok_record, sc
@@ -422,7 +422,10 @@ def test_the_expectation_of_each_kind_of_scenario():
 def test_a_local_version_part_is_the_same_release_on_both_instances():
     exp = expectation_of(sc(known_issue=LIVELOCK), _obs_versions("0.32.0+cpu", "0.32.0"))
     assert exp.problem == "" and exp.known_issue == KI
+    exp = expectation_of(sc(known_issue=LIVELOCK), _obs_versions("0.32.0", "0.32.0+cpu"))
+    assert exp.problem == "" and exp.known_issue == KI
     exp = expectation_of(sc(known_issue=LIVELOCK), _obs_versions("0.32.0", "0.32.1+cpu"))
+    assert exp.label == "xfail: spec-admission-livelock (stall) on vLLM >=0.32.0,<0.33"
     assert exp.problem == ("known issue spec-admission-livelock applies to vLLM >=0.32.0,<0.33, but prefill runs "
                            "0.32.0 and decode 0.32.1+cpu: judge one version at a time")
     assert exp.known_issue is None
@@ -506,3 +509,49 @@ def _timeline(before: float, after: float, inst: str = "decode") -> list[dict]:
     other = "vllm:nixl_num_kv_expired_reqs_total"
     return [{"instance": i, "life": 1.0, "counters": {FAILED: a, other: 0.0}}
             for i, a in (("prefill", 0.0), (inst, before), ("prefill", 0.0), (inst, after))]
+
+
+def test_spec_drafts_are_read_on_decode():
+    v = judge(sc(expect=_expect(min_spec_drafts=1)), obs_of([ok_record()], evidence=None))
+    drafted = next(c for c in v.checks if c.name == "spec-drafted")
+    assert (drafted.ok, drafted.detail) == (None, "not checked: no decode metrics")
+
+
+def test_an_unknown_decode_version_names_every_version_range_and_keeps_the_known_issue_label():
+    s = sc(LIVELOCK, expect=_expect(by_version=[
+        {"vllm": "<0.31", "http_status": 400, "note": "older decodes refuse"},
+        {"vllm": ">=0.40", "completion_tokens": 1, "total_tokens": 127, "note": "a newer one stops early"}]))
+    v = judge(s, obs_of([ok_record()], versions={"prefill": "0.32.0"}, vllm_version="unknown"))
+    assert (v.verdict, v.reason) == ("ERROR", "the expected outcome depends on the vLLM version (<0.31, >=0.40) and "
+                                              "decode's version is unknown")
+    assert v.expectation == "xfail: spec-admission-livelock (stall) on vLLM >=0.32.0,<0.33" and v.checks == []
+
+
+def test_an_instance_missing_from_the_versions_is_unknown():
+    obs = obs_of([ok_record()], versions={}, vllm_version="")
+    exp = expectation_of(sc(known_issue=LIVELOCK), obs)
+    assert exp.problem.endswith("but the version of prefill and decode is unknown (no /version answer)")
+    obs.vllm_version = "0.32.0"  # decode falls back to the run's version
+    assert expectation_of(sc(known_issue=LIVELOCK), obs).problem.endswith("the version of prefill is unknown "
+                                                                          "(no /version answer)")
+
+
+def test_a_rule_naming_the_decode_role_replaces_the_healthy_rule_whatever_decodes_name():
+    rule = {"instance": "decode", "metric": FAILED, "min": 1}
+    s = sc(decode="d1", expect=_expect(counters=[rule]))
+    obs = obs_of([ok_record()], decode="d1", timeline=_timeline(0, 2, inst="d1"))
+    obs.versions = {"prefill": "0.32.0", "d1": "0.32.0"}
+    v = judge(s, obs)
+    checks = {c.name: c for c in v.checks}
+    assert "nixl-failed-transfers" not in checks and checks["counters"].ok is True
+    assert (v.scenario, v.verdict) == ("edge-126", "PASS")
+
+
+def test_a_canary_is_judged_on_the_requests_its_kind_gives():
+    # a kind (a wave) names its requests in the engine's vocabulary: the catch is looked for there
+    reqs = [RequestFacts("edge-126-0", "ok", 126, parity="diverged")]
+    obs = obs_of([ok_record()])  # the records alone show no divergence
+    v = judge(sc(tamper="swap-prompt"), obs, reqs=reqs)
+    assert v.verdict == "PASS" and v.reason.startswith("tampering caught by parity"), v.reason
+    v = judge(sc(tamper="swap-prompt"), obs)
+    assert v.verdict == "FAIL" and "passed silently" in v.reason
