@@ -555,3 +555,14 @@ def test_a_canary_is_judged_on_the_requests_its_kind_gives():
     assert v.verdict == "PASS" and v.reason.startswith("tampering caught by parity"), v.reason
     v = judge(sc(tamper="swap-prompt"), obs)
     assert v.verdict == "FAIL" and "passed silently" in v.reason
+
+
+def test_a_partial_known_issue_match_names_every_request_and_instance_it_matched():
+    exp = Expectation("xfail", REQ, known_issue=KI)
+    m = Match(frozenset({"r1", "r0"}), frozenset({"completed"}), frozenset({"alive"}),
+              instances=frozenset({"decode"}), shown="stalled")
+    failed = [chk("completed", False, "r0, r1 stalled", ("r0", "r1")), chk("alive", False, "decode died"),
+              chk("parity", False, "r2 diverged", ("r2",))]
+    v = decide("s", failed, exp, m)
+    assert (v.verdict, v.reason) == ("FAIL", "spec-admission-livelock matched on decode, r0, r1, but not: parity: r2 "
+                                             "diverged")
