@@ -3,9 +3,10 @@
 :func:`scenario_of` is the one conversion: the executor runs every action as the scenario it
 returns, and a minimal failing action is written as that same scenario, so ``pdrig e2e --config
 <profile> --set suite=<file>`` reruns exactly what the explorer ran. A single P/D step started at
-once is ``kind: edge`` (its stall is decided with the block arithmetic of rig/judge/early_verdict.py
-and known issues with ``admission`` match it); anything else is ``kind: sequence``
-(rig/config/sequence.py).
+once (not cancelled) is ``kind: edge`` (its stall is decided with the block arithmetic of
+rig/judge/early_verdict.py and known issues with ``admission`` match it); a nemesis phase is
+``kind: fault`` (rig/config/faults.py: its requests, the fault, recovery on); anything else is
+``kind: sequence`` (rig/config/sequence.py).
 """
 
 from __future__ import annotations
@@ -24,9 +25,21 @@ def scenario_of(action: Action, topo: Topology, name: str, known_issue: dict[str
     steps = action.steps
     base: dict[str, Any] = {"name": name, "description": description or f"explore: {action.describe()}",
                             "prefill": topo.prefill, "decode": topo.decode}
-    if len(steps) == 1 and steps[0].route == "pd" and steps[0].start is None:
+    sc: dict[str, Any]
+    if action.nemesis is not None:
+        s, nem = steps[0], action.nemesis
+        sc = {**base, "kind": "fault", "prompt_tokens": s.prompt_tokens, "max_tokens": s.max_tokens,
+              "fault": {"requests": nem.requests, "faults": [f.model_dump(mode="json", exclude_defaults=True)
+                                                              for f in nem.faults],
+                        "recovery": True, "idle_margin_s": nem.heal_s},
+              # every request may wait out a stop or a delay, then the restart of a killed instance
+              "deadline_s": 90.0 + sum((f.stop_s or 0) + (f.delay_s or 0) for f in nem.faults)}
+        if s.request is not None:
+            sc["request"] = s.request.model_dump(mode="json", exclude_defaults=True)
+    elif len(steps) == 1 and steps[0].route == "pd" and steps[0].start is None and steps[0].cancel_after_ms is None \
+            and not (steps[0].same_as or steps[0].head_of):
         s = steps[0]
-        sc: dict[str, Any] = {**base, "prompt_tokens": s.prompt_tokens, "max_tokens": s.max_tokens}
+        sc = {**base, "prompt_tokens": s.prompt_tokens, "max_tokens": s.max_tokens}
         if s.count > 1:
             sc["concurrent"] = s.count
         if s.request is not None:

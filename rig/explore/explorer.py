@@ -102,7 +102,10 @@ class ExploreSettings:
     the config's own); ``replay`` (a history.jsonl to re-run instead of generating);
     ``stop_at_first`` (stop exploring at the first violation); ``routes`` (the routes drawn; empty:
     all, rig.explore.grammar.ROUTE_WEIGHTS); ``motifs`` (the motifs drawn, None: all,
-    rig.explore.grammar.MOTIF_WEIGHTS)."""
+    rig.explore.grammar.MOTIF_WEIGHTS); ``nemesis_every`` (a nemesis phase after every this many
+    actions of a topology, 0: none; each phase is one action of the budget); ``nemesis`` (the
+    nemesis faults drawn, None: all, rig.explore.grammar.NEMESIS_WEIGHTS); ``cancel_share`` (share of
+    pd steps cancelled at a drawn time; None: rig.explore.grammar.CANCEL_SHARE)."""
 
     seed: int = 0
     actions: int = 50
@@ -116,6 +119,9 @@ class ExploreSettings:
     stop_at_first: bool = False
     routes: list[str] = field(default_factory=list)
     motifs: list[str] | None = None
+    nemesis_every: int = 0
+    nemesis: list[str] | None = None
+    cancel_share: float | None = None
 
 
 def topology_of(cfg: RigConfig, decode: str) -> Topology:
@@ -278,7 +284,8 @@ class Explorer:
         done = 0
         for k, decode in enumerate(decodes):
             topo = topology_of(self.cfg, decode)
-            gen = Generator(self.s.seed, topo, fields, routes=self.s.routes or None, motifs=self.s.motifs)
+            gen = Generator(self.s.seed, topo, fields, routes=self.s.routes or None, motifs=self.s.motifs,
+                            **({} if self.s.cancel_share is None else {"cancel_share": self.s.cancel_share}))
             self._deploy(topo)
             share = (self.s.actions - done) // (len(decodes) - k)
             mine = 0
@@ -286,8 +293,13 @@ class Explorer:
             while mine < share and self._budget_left(t0, done):
                 if self.s.minutes and self.report.action_s - spent_before > self.s.minutes * 60 / len(decodes):
                     break
-                hints = {g.name: g.hint for g in self.coverage.goals}
-                action = gen.action(done, self.coverage.unreached(), hints)
+                if self.s.nemesis_every and mine and mine % (self.s.nemesis_every + 1) == self.s.nemesis_every:
+                    # a phase of its own between batches of actions: inject, requests under the fault, heal,
+                    # liveness (the fault kind's recovery checks)
+                    action = gen.nemesis(done, self.s.nemesis)
+                else:
+                    hints = {g.name: g.hint for g in self.coverage.goals}
+                    action = gen.action(done, self.coverage.unreached(), hints)
                 self._explore_one(action, topo)
                 done += 1
                 mine += 1
@@ -302,8 +314,11 @@ class Explorer:
         goals = self.coverage.update(action, obs, topo)
         self.report.actions += 1
         self.report.action_s += time.monotonic() - t
+        if action.nemesis is not None:
+            self.report.nemeses.append(nemesis_row(action, v))
         self.history.append({
-            "phase": "explore", "index": action.index, "topology": topo.__dict__,
+            "phase": "nemesis" if action.nemesis is not None else "explore", "index": action.index,
+            "topology": topo.__dict__,
             "action": action.model_dump(mode="json"), "scenario": sc, "verdict": v.verdict, "reason": v.reason,
             "checks": [{"name": c.name, "state": c.state, "detail": c.detail} for c in v.checks],
             "records": [r.to_json() for r in obs.records],
@@ -400,6 +415,18 @@ class Explorer:
         self.report.vllm_version = self.runner.result.vllm_version
         write_explore_report(self.report, self.run_dir)
 
+
+
+def nemesis_row(action: Action, v: ScenarioVerdict) -> dict[str, Any]:
+    """The report's row of one nemesis phase: action index, the fault, requests under it, the
+    verdict, and the liveness oracle's checks (recovery-serves, idle-after within the named bound,
+    alive) with their details."""
+    assert action.nemesis is not None
+    live = {c.name: {"state": c.state, "detail": c.detail} for c in v.checks
+            if c.name in ("fault-fired", "recovery-serves", "idle-after", "alive")}
+    return {"index": action.index, "nemesis": action.nemesis.name,
+            "faults": [f.describe() for f in action.nemesis.faults], "requests": action.nemesis.requests,
+            "heal_s": action.nemesis.heal_s, "verdict": v.verdict, "liveness": live}
 
 
 def _lease_set(cfg: RigConfig) -> str:

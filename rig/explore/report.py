@@ -17,7 +17,8 @@ class ExploreReport:
     live scenario run (actions, replays, shrink candidates, emitted checks); ``startup_s``: seconds
     spent starting each topology's pair before its first action; ``action_s``: wall
     seconds spent in exploring actions; ``first_failure_s``: seconds from the start (deployment
-    start-up included) to the first violation, ``first_failure_actions`` the actions run by then."""
+    start-up included) to the first violation, ``first_failure_actions`` the actions run by then;
+    ``nemeses``: one row per nemesis phase (rig.explore.explorer.nemesis_row)."""
 
     config: str
     seed: int
@@ -35,6 +36,7 @@ class ExploreReport:
     fields: dict[str, list[str]] = field(default_factory=dict)
     coverage: list[dict[str, Any]] = field(default_factory=list)
     findings: list[dict[str, Any]] = field(default_factory=list)
+    nemeses: list[dict[str, Any]] = field(default_factory=list)
 
     @property
     def actions_per_min(self) -> float:
@@ -52,6 +54,13 @@ def render_md(r: ExploreReport) -> str:
            "## Coverage (sometimes goals)", "", "| goal | reached | count | what | note |", "|---|---|---|---|---|"]
     out += [f"| {c['goal']} | {'yes' if c['reached'] else 'no'} | {c['count']} | {c['description']} | {c['note']} |"
             for c in r.coverage]
+    if r.nemeses:
+        out += ["", "## Nemesis phases (inject, requests under the fault, heal, liveness)", "",
+                "| action | nemesis | fault | requests | verdict | liveness after heal |", "|---|---|---|---|---|---|"]
+        for n in r.nemeses:
+            live = "; ".join(f"{k} {c['state']}: {c['detail']}"[:160] for k, c in n["liveness"].items())
+            out.append(f"| {n['index']} | {n['nemesis']} | {', '.join(n['faults'])} | {n['requests']} | "
+                       f"{n['verdict']} | {live} |")
     out += ["", "## Failures", ""]
     if not r.findings:
         out.append("none found")

@@ -20,6 +20,7 @@ from typing import Any, TypeVar
 
 from pydantic import ValidationError
 
+from rig.config.faults import Fault, Trigger
 from rig.config.sequence import Step
 from rig.explore.grammar import Action, Topology
 
@@ -92,6 +93,12 @@ def step_variants(step: Step, topo: Topology) -> list[Step]:
 
     if step.count > 1:
         upd(count=1)
+    if step.cancel_after_ms is not None:
+        upd(cancel_after_ms=None)
+        lo, hi = step.cancel_after_ms
+        if hi > lo:
+            upd(cancel_after_ms=(lo, lo))
+            upd(cancel_after_ms=(hi, hi))
     if step.start is not None:
         upd(start=None)
         if step.start.after_ms:
@@ -122,6 +129,28 @@ def step_variants(step: Step, topo: Topology) -> list[Step]:
     return unique
 
 
+def action_variants(action: Action) -> list[Action]:
+    """Simpler versions of a nemesis ``action``, simplest first: the step without the nemesis (a
+    plain P/D request: the fault was not needed), then fewer requests under the fault (a trigger
+    that needs the dropped requests is moved to request 0's exchange). [] without a nemesis."""
+    nem = action.nemesis
+    if nem is None:
+        return []
+    out = [_valid(action.model_copy(update={"nemesis": None, "why": ""}))]
+    for n in range(1, nem.requests):
+        faults = [f if f.trigger.k is None or f.trigger.k < n else f.model_copy(update={"trigger": _own_event(f)})
+                  for f in nem.faults]
+        with contextlib.suppress(ValidationError):
+            out.append(_valid(action.model_copy(update={"nemesis": nem.model_validate(
+                {**nem.model_dump(), "requests": n, "faults": [f.model_dump() for f in faults]})})))
+    return [a for a in out if a is not None]
+
+
+def _own_event(f: Fault) -> Trigger:
+    """The trigger on request 0's own exchange for a fault aimed at an instance."""
+    return Trigger(event="decode-sent") if f.target == "decode" else Trigger(event="prefill-answered")
+
+
 @dataclass
 class ShrinkResult:
     """The minimal action found and the number of test runs it took."""
@@ -140,7 +169,14 @@ def shrink(action: Action, test: Callable[[Action], bool], topo: Topology, budge
         cand = with_steps(action, steps)
         return cand is not None and test(cand)
 
-    best = with_steps(action, ddmin(action.steps, test_steps, b)) or action
+    best: Action = with_steps(action, ddmin(action.steps, test_steps, b)) or action
+    for alt in action_variants(best):  # the shrinker may drop the nemesis, or send fewer requests under it
+        if b.spent():
+            break
+        b.used += 1
+        if test(alt):
+            best = alt
+            break
     changed = True
     while changed and not b.spent():
         changed = False

@@ -1,0 +1,110 @@
+"""pdrig explore's cancels and nemesis phases, without servers: drawn from the seed (the same seed
+gives the same cancels and phases), validated by the same pydantic models as a hand-written
+scenario (the emitted YAML is a valid ``kind: sequence`` with ``cancel_after_ms`` or ``kind: fault``
+with recovery on), refused when malformed with one error naming the fix, and shrunk (the shrinker
+drops the nemesis, fewer requests under it, the cancel)."""
+
+from __future__ import annotations
+
+import pytest
+import yaml
+from pydantic import ValidationError
+
+from conftest import fake_config
+from rig.config import RigConfig
+from rig.config.faults import Fault
+from rig.config.sequence import Step
+from rig.explore.emit import scenario_of, suite_yaml
+from rig.explore.generate import Generator
+from rig.explore.grammar import NEMESIS_WEIGHTS, Action, Nemesis, Topology
+from rig.explore.history import History, read_history
+from rig.explore.shrink import action_variants, shrink, step_variants
+
+TOPO = Topology(prefill="prefill", decode="decode", block_size=32, max_model_len=128, usable_blocks=4, lease_s=5)
+
+
+def _validate(tmp_path, sc: dict) -> RigConfig:
+    return RigConfig.model_validate({**fake_config(tmp_path), "scenarios": yaml.safe_load(suite_yaml([sc], "h"))})
+
+
+def test_cancels_are_drawn_from_the_seed_and_emitted_as_cancel_after_ms(tmp_path):
+    gen = Generator(4, TOPO, cancel_share=0.5, motifs=[])
+    drawn = [gen.action(i) for i in range(60)]
+    again = [Generator(4, TOPO, cancel_share=0.5, motifs=[]).action(i) for i in range(60)]
+    assert [a.model_dump() for a in drawn] == [a.model_dump() for a in again]
+    cut = [a for a in drawn if any(s.cancel_after_ms for s in a.steps)]
+    assert len(cut) >= 10
+    assert all(s.route == "pd" for a in cut for s in a.steps if s.cancel_after_ms)
+    a = cut[0]
+    cfg = _validate(tmp_path, scenario_of(a, TOPO, "x00001"))
+    sc = cfg.scenarios[0]
+    assert sc.kind == "sequence" and sc.sequence is not None
+    assert [s.cancel_after_ms for s in sc.sequence.steps] == [s.cancel_after_ms for s in a.steps]
+    assert "cancelled at" in a.describe()
+    assert not any(s.cancel_after_ms for i in range(60) for s in Generator(4, TOPO, cancel_share=0).action(i).steps)
+
+
+def test_nemesis_phases_are_seeded_and_run_as_fault_scenarios_with_recovery(tmp_path):
+    gen = Generator(9, TOPO)
+    phases = [gen.nemesis(i) for i in range(40)]
+    assert [p.model_dump() for p in phases] == [Generator(9, TOPO).nemesis(i).model_dump() for i in range(40)]
+    assert {p.nemesis.name for p in phases if p.nemesis} == set(NEMESIS_WEIGHTS)
+    for p in phases:
+        assert p.nemesis is not None
+        cfg = _validate(tmp_path, scenario_of(p, TOPO, f"n{p.index:05d}"))
+        sc = cfg.scenarios[0]
+        assert sc.kind == "fault" and sc.fault is not None and sc.fault.recovery
+        assert sc.fault.requests == p.nemesis.requests and sc.fault.idle_margin_s == p.nemesis.heal_s
+        assert sc.fault.faults == p.nemesis.faults
+        assert p.requests() == p.nemesis.requests + 1  # the recovery request
+    delay = next(p for p in phases if p.nemesis and p.nemesis.name == "delay-past-lease")
+    assert delay.nemesis.faults[0].delay_s == 8.0  # 1.6 x the 5 s lease
+    assert [Generator(9, TOPO).nemesis(i, ["sigstop-prefill"]).nemesis.name for i in range(5)] == \
+        ["sigstop-prefill"] * 5
+    with pytest.raises(ValueError, match="nemesis: unknown"):
+        Generator(9, TOPO).nemesis(0, ["unplug"])
+
+
+def test_a_malformed_nemesis_is_refused_naming_the_fix():
+    stop = Fault.model_validate({"trigger": {"event": "after-requests", "k": 2}, "target": "prefill",
+                                 "action": "sigstop", "stop_s": 1})
+    with pytest.raises(ValidationError, match="trigger.k 2 must be below requests 2"):
+        Nemesis(name="sigstop-prefill", faults=[stop], requests=2)
+    nem = Nemesis(name="sigstop-prefill", faults=[stop], requests=3)
+    with pytest.raises(ValidationError, match="a nemesis runs as a fault scenario"):
+        Action(index=0, nemesis=nem, steps=[Step(id="s0", route="decode", prompt_tokens=8, max_tokens=2)])
+    with pytest.raises(ValidationError, match="a nemesis runs as a fault scenario"):
+        Action(index=0, nemesis=nem, steps=[Step(id="s0", prompt_tokens=8, max_tokens=2, cancel_after_ms=(5, 5))])
+
+
+def test_the_shrinker_drops_the_nemesis_or_the_requests_under_it():
+    stop = {"trigger": {"event": "after-requests", "k": 2}, "target": "prefill", "action": "sigstop", "stop_s": 1}
+    a = Action(index=3, nemesis=Nemesis(name="sigstop-prefill", faults=[Fault.model_validate(stop)], requests=3),
+               steps=[Step(id="s0", prompt_tokens=65, max_tokens=4)])
+    vs = action_variants(a)
+    assert vs[0].nemesis is None and vs[0].steps == a.steps
+    assert [v.nemesis.requests for v in vs[1:]] == [1, 2]
+    assert vs[1].nemesis.faults[0].trigger.event == "prefill-answered"  # k moved onto request 0's exchange
+    # a bug that needs the fault: the nemesis is kept, its requests go down to one
+    r = shrink(a, lambda c: c.nemesis is not None, TOPO, budget=30)
+    assert r.action.nemesis is not None and r.action.nemesis.requests == 1 and r.action.requests() == 2
+    # a bug the fault does not matter to: the nemesis is dropped
+    assert shrink(a, lambda c: True, TOPO, budget=30).action.nemesis is None
+
+
+def test_the_shrinker_keeps_a_cancel_only_when_it_matters():
+    s = Step(id="s0", prompt_tokens=65, max_tokens=8, count=3, cancel_after_ms=(20, 500))
+    assert {v.cancel_after_ms for v in step_variants(s, TOPO)} >= {None, (20, 20), (500, 500)}
+    a = Action(index=0, steps=[s])
+    r = shrink(a, lambda c: any(x.cancel_after_ms and x.cancel_after_ms[0] <= 20 for x in c.steps), TOPO, 40)
+    assert r.action.requests() == 1 and r.action.steps[0].cancel_after_ms == (20, 20)
+
+
+def test_nemesis_phases_are_read_back_for_replay(tmp_path):
+    h = History(tmp_path / "history.jsonl")
+    a = Generator(2, TOPO).nemesis(5)
+    h.append({"phase": "nemesis", "index": 5, "topology": TOPO.__dict__, "action": a.model_dump(mode="json")})
+    h.append({"phase": "replay", "action": {}})
+    h.close()
+    got = read_history(tmp_path / "history.jsonl")
+    assert len(got) == 1 and Action.model_validate(got[0]["action"]) == a
