@@ -18,11 +18,37 @@ import yaml
 from rig.explore.grammar import Action, Topology, step_dict
 
 
+def resource_scenarios(action: Action, name: str, origin: bool = False) -> list[dict[str, Any]]:
+    """The scenarios that must come before ``action``'s (called ``name``) for its prompt resources:
+    with ``origin`` the earlier actions' scenarios as they ran (exploration: the prompt is the one
+    that action sent, in the instances' caches since then), else one primer per resource
+    (``<name>-r<k>``: re-runs and the emitted YAML send it again first)."""
+    if origin:
+        seen: dict[str, dict[str, Any]] = {}
+        for r in action.resources:
+            seen.setdefault(r.origin["name"], r.origin)
+        return list(seen.values())
+    return [r.primer(f"{name}-{r.name}") for r in action.resources]
+
+
+def _resolve_refs(action: Action, name: str, origin: bool) -> list[Any]:
+    """The steps with their ``@r<k>`` prompt names replaced by the names the resource has in
+    :func:`resource_scenarios`' scenarios."""
+    names = {f"@{r.name}": (r.ref_in_origin() if origin else f"{name}-{r.name}/s0") for r in action.resources}
+    out = []
+    for s in action.steps:
+        upd = {f: names[getattr(s, f)] for f in ("same_as", "head_of") if getattr(s, f) in names}
+        out.append(s.model_copy(update=upd) if upd else s)
+    return out
+
+
 def scenario_of(action: Action, topo: Topology, name: str, known_issue: dict[str, Any] | None = None,
-                description: str = "") -> dict[str, Any]:
+                description: str = "", origin: bool = False) -> dict[str, Any]:
     """The scenario mapping of ``action`` on ``topo`` called ``name`` (a scenario name), with
-    ``known_issue`` (a KnownIssue mapping) when given. Validated by the caller's config loader."""
-    steps = action.steps
+    ``known_issue`` (a KnownIssue mapping) when given; its prompt resources named as in
+    :func:`resource_scenarios` (``origin``: the earlier actions' scenarios, else the primers).
+    Validated by the caller's config loader."""
+    steps = _resolve_refs(action, name, origin)
     base: dict[str, Any] = {"name": name, "description": description or f"explore: {action.describe()}",
                             "prefill": topo.prefill, "decode": topo.decode}
     sc: dict[str, Any]

@@ -36,10 +36,13 @@ from rig.explore.grammar import (
     NEMESIS_REQUESTS,
     NEMESIS_STOP_S,
     NEMESIS_WEIGHTS,
+    RESOURCE_ROUTES,
+    RESOURCE_SHARE,
     ROUTE_WEIGHTS,
     START_DELAYS_MS,
     Action,
     Nemesis,
+    Resource,
     Topology,
     check_fits,
 )
@@ -136,12 +139,16 @@ class Generator:
                        if (motifs is None or m in motifs) and needs.get(m, {"pd"}) <= set(self.routes)}
 
     def action(self, index: int, unreached: list[str] | None = None,
-               hints: dict[str, dict[str, Any]] | None = None) -> Action:
-        """Action ``index``; ``unreached`` goal names with their ``hints`` (goal -> hint) bias it.
+               hints: dict[str, dict[str, Any]] | None = None, resources: list[Resource] | None = None) -> Action:
+        """Action ``index``; ``unreached`` goal names with their ``hints`` (goal -> hint) bias it;
+        ``resources`` (prompts earlier actions sent, oldest first) may be reused
+        (:data:`rig.explore.grammar.RESOURCE_SHARE` of the actions, or a goal's ``resource`` hint).
         The result always validates (:meth:`Action.sequence`, :func:`check_fits`)."""
         rng = random.Random(f"{self.seed}/{index}")
         hint: dict[str, Any] = {}
         why = ""
+        if resources and rng.random() < RESOURCE_SHARE:
+            return self._reuse_resource(rng, index, resources)
         if unreached and rng.random() < self.bias:
             # goals a motif reaches weigh MOTIF_GOAL_WEIGHT: their code paths are out of reach of
             # a step drawn part by part
@@ -217,6 +224,22 @@ class Generator:
             cancel = (lo, hi)
         return Step(id=sid, route=route, prompt_tokens=n, max_tokens=max_tokens, count=count,
                     request=request or None, start=start, cancel_after_ms=cancel)
+
+    def _reuse_resource(self, rng: random.Random, index: int, resources: list[Resource]) -> Action:
+        """Action ``index`` that sends again a prompt of ``resources`` (one step, route drawn from
+        :data:`RESOURCE_ROUTES`): the whole prompt (``same_as``) or its first whole blocks
+        (``head_of``), so the instance that saw it may serve a prefix hit across actions."""
+        r = rng.choice(resources).model_copy(update={"name": "r0"})
+        t, bs = self.topo, self.topo.block_size
+        heads = [k * bs for k in range(1, r.prompt_tokens // bs + 1) if k * bs < r.prompt_tokens]
+        whole = rng.random() < 0.5 or not heads
+        n = r.prompt_tokens if whole else rng.choice(heads)
+        m = rng.choice([m for m in MAX_TOKENS_CHOICES if n + m <= t.max_model_len] or [1])
+        step = Step(id="s0", route=rng.choice(RESOURCE_ROUTES), prompt_tokens=n, max_tokens=m,
+                    **({"same_as": "@r0"} if whole else {"head_of": "@r0"}))
+        action = Action(index=index, steps=[step], resources=[r], why="prompt resource")
+        check_fits(action, t)
+        return action
 
     def nemesis(self, index: int, kinds: list[str] | None = None) -> Action:
         """Nemesis phase ``index`` (drawn from ``random.Random(f"{seed}/nemesis/{index}")``, so

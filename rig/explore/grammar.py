@@ -85,7 +85,9 @@ class Topology:
     """The deployment's knobs the grammar needs: ``block_size`` (tokens), ``max_model_len``
     (tokens), ``usable_blocks`` of the decode instance (``num_gpu_blocks_override - 1``; None when
     vLLM sized the pool itself), ``spec_tokens`` (its ``num_speculative_tokens``, 0 without spec
-    decode), ``lease_s`` (P's ``kv_lease_duration``, s; vLLM's default 30)."""
+    decode), ``lease_s`` (P's ``kv_lease_duration``, s; vLLM's default 30); ``variant`` and
+    ``sets``: a topology drawn from vLLM's knobs (rig.explore.topologies) and the ``--set``
+    strings that reproduce it."""
 
     prefill: str
     decode: str
@@ -94,6 +96,8 @@ class Topology:
     usable_blocks: int | None
     spec_tokens: int = 0
     lease_s: float = 30.0
+    variant: str = ""  # a drawn topology's name (rig.explore.topologies), "" for the config as is
+    sets: tuple[str, ...] = ()  # the --set strings that make the config that topology
 
     def edge_lengths(self) -> list[int]:
         """Prompt lengths at the edges, sorted, each in ``[1, max_model_len - 1]``:
@@ -110,6 +114,42 @@ class Topology:
     def blocks_needed(self, prompt_tokens: int, max_tokens: int) -> int:
         """Blocks one request needs on D at its end: ``cdiv(min(n + max_tokens, mml), bs)``."""
         return math.ceil(min(prompt_tokens + max_tokens, self.max_model_len) / self.block_size)
+
+
+# Prompts as resources across actions: a share of the actions (RESOURCE_SHARE, when earlier actions
+# left a prompt) send again, whole (same_as) or its first blocks (head_of), a prompt an earlier
+# action sent to P (route prefill), to D (decode) or to both (pd): a prefix hit across actions on
+# the instance that saw it. The step names the resource as "@r0"; rig.explore.emit.scenario_of puts
+# the resource's scenario first (the earlier action's during exploration; a one-step primer with the
+# same route and length in every re-run and in the emitted YAML) and the name it has there.
+RESOURCE_SHARE = 0.15
+RESOURCE_ROUTES = ("pd", "decode", "prefill")
+
+
+class Resource(StrictModel):
+    """A prompt an earlier action sent: ``origin`` (that action's scenario mapping, seed included,
+    as it ran), ``step`` (the step id in it; None: an edge scenario's request 0), the ``route`` it
+    went over (prefill: P saw it; decode: D; pd: both) and its length ``prompt_tokens``. A re-run
+    sends it first as a one-step primer scenario of the same route and length
+    (:meth:`primer`)."""
+
+    name: str = Field(pattern=r"^r\d+$")
+    origin: dict
+    step: str | None = None
+    route: str
+    prompt_tokens: int = Field(ge=1)
+
+    def ref_in_origin(self) -> str:
+        """The prompt-resource name of the prompt in its origin scenario (rig.workload.prompts)."""
+        return f"{self.origin['name']}/{self.step}" if self.step else str(self.origin["name"])
+
+    def primer(self, name: str) -> dict:
+        """The one-step sequence scenario ``name`` that sends the resource again (1 token asked)."""
+        return {"name": name, "kind": "sequence", "description": f"explore: prompt resource {self.name} "
+                f"({self.route}, {self.prompt_tokens} tokens) sent before the action",
+                "prefill": self.origin.get("prefill"), "decode": self.origin.get("decode"),
+                "sequence": {"steps": [{"id": "s0", "route": self.route, "prompt_tokens": self.prompt_tokens,
+                                        "max_tokens": 1}], "idle_margin_s": 2}}
 
 
 class Nemesis(StrictModel):
@@ -156,6 +196,18 @@ class Action(StrictModel):
     hold_s: float = Field(0, ge=0, description="decode hop held this long after P answered (s)")
     flush_prefill: bool = Field(False, description="cycle P's pool with direct requests during the hold")
     nemesis: Nemesis | None = Field(None, description="a nemesis phase: the step is the shape of its requests")
+    resources: list[Resource] = Field(default_factory=list, description="prompts of earlier actions the steps "
+                                                                        "reuse (same_as / head_of '@r<k>')")
+
+    @model_validator(mode="after")
+    def _resources_named(self) -> Action:
+        names = {r.name for r in self.resources}
+        for s in self.steps:
+            ref = s.same_as or s.head_of
+            if ref and ref.startswith("@") and ref[1:] not in names:
+                raise ValueError(f"action {self.index} step {s.id}: {ref} names no resource of the action "
+                                 f"({sorted(names)})")
+        return self
 
     @model_validator(mode="after")
     def _nemesis_on_one_plain_pd_step(self) -> Action:
@@ -187,7 +239,7 @@ class Action(StrictModel):
         """Requests the action sends (``count`` x prompts per request, summed over steps)."""
         if self.nemesis is not None:  # the fault kind's requests plus its recovery request
             return self.nemesis.requests + 1
-        return sum(s.count * s.prompts for s in self.steps)
+        return sum(s.count * s.prompts for s in self.steps) + len(self.resources)
 
     def describe(self) -> str:
         """One line: each step's :meth:`Step.describe` joined by '; ', then the hold if any."""

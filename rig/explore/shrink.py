@@ -116,7 +116,7 @@ def step_variants(step: Step, topo: Topology) -> list[Step]:
     for m in sorted({1, step.max_tokens // 2} - {step.max_tokens}):
         if 1 <= m < step.max_tokens:
             upd(max_tokens=m)
-    smaller = [n for n in topo.edge_lengths() if n < step.prompt_tokens]
+    smaller = [n for n in topo.edge_lengths() if n < step.prompt_tokens] if not step.same_as else []
     for n in ([smaller[0], smaller[len(smaller) // 2], smaller[-1]] if smaller else []):
         upd(prompt_tokens=n)
     seen: set[str] = set()
@@ -130,13 +130,19 @@ def step_variants(step: Step, topo: Topology) -> list[Step]:
 
 
 def action_variants(action: Action) -> list[Action]:
-    """Simpler versions of a nemesis ``action``, simplest first: the step without the nemesis (a
-    plain P/D request: the fault was not needed), then fewer requests under the fault (a trigger
-    that needs the dropped requests is moved to request 0's exchange). [] without a nemesis."""
+    """Simpler versions of ``action`` as a whole, simplest first: without its prompt resources
+    (the steps send fresh prompts of the same lengths: the earlier send was not needed); for a
+    nemesis, the step without the nemesis (a plain P/D request: the fault was not needed), then
+    fewer requests under the fault (a trigger that needs the dropped requests is moved to request
+    0's exchange). [] when there is nothing of that to drop."""
+    out: list[Action | None] = []
+    if action.resources:
+        fresh = [s.model_copy(update={"same_as": None, "head_of": None}) for s in action.steps]
+        out.append(_valid(action.model_copy(update={"resources": [], "steps": fresh})))
     nem = action.nemesis
     if nem is None:
-        return []
-    out = [_valid(action.model_copy(update={"nemesis": None, "why": ""}))]
+        return [a for a in out if a is not None]
+    out.append(_valid(action.model_copy(update={"nemesis": None, "why": ""})))
     for n in range(1, nem.requests):
         faults = [f if f.trigger.k is None or f.trigger.k < n else f.model_copy(update={"trigger": _own_event(f)})
                   for f in nem.faults]

@@ -108,3 +108,99 @@ def test_nemesis_phases_are_read_back_for_replay(tmp_path):
     h.close()
     got = read_history(tmp_path / "history.jsonl")
     assert len(got) == 1 and Action.model_validate(got[0]["action"]) == a
+
+
+def test_topologies_are_drawn_from_the_seed_validated_and_named_by_their_sets(tmp_path):
+    from rig.config import ConfigError
+    from rig.explore.explorer import topology_of
+    from rig.explore.topologies import build_variant, draw_variants, variant_of_sets
+    base = RigConfig.model_validate(fake_config(tmp_path, decodes={"decode": {"num_gpu_blocks_override": 5}}))
+    vs = draw_variants(base, 3, 8)
+    assert [v.sets for v in vs] == [v.sets for v in draw_variants(base, 3, 8)]
+    assert len({v.sets for v in vs}) >= 6
+    for v in vs:  # each variant is what its --sets make of the config, and the grammar reads its knobs
+        again = variant_of_sets(base, v.name, "decode", v.sets)
+        assert again.cfg == v.cfg
+        topo = topology_of(base, "decode", v)
+        assert topo.variant == v.name and topo.sets == v.sets
+        if "pool" in v.knobs:
+            assert v.cfg.instance("decode").num_gpu_blocks_override == v.knobs["pool"]
+            assert topo.usable_blocks == v.knobs["pool"] - 1
+        if "block_size" in v.knobs:
+            assert topo.block_size == v.knobs["block_size"]
+        if v.knobs.get("spec") in (1, 2):
+            assert topo.spec_tokens == v.knobs["spec"]
+        if "max_num_seqs" in v.knobs:
+            assert str(v.knobs["max_num_seqs"]) in v.cfg.instance("decode").extra_args
+    with pytest.raises(ConfigError, match=r"drawn topology t9 .*decode pool 4 blocks .* raise num_gpu_blocks_override"):
+        build_variant(base, "t9", "decode", {"pool": 4})
+    with pytest.raises(ConfigError, match="max_num_batched_tokens 1 < max_num_seqs 2"):
+        build_variant(base, "t9", "decode", {"max_num_seqs": 2, "max_num_batched_tokens": 1})
+    with pytest.raises(ConfigError, match="unknown"):
+        draw_variants(base, 3, 1, knobs=("gpu_count",))
+
+
+def test_prompt_resources_are_reused_across_actions_and_emitted_with_a_primer(tmp_path):
+    from rig.explore.emit import resource_scenarios
+    from rig.explore.grammar import Resource
+    from rig.workload.prompts import resolve
+    origin = {"name": "x00002", "kind": "sequence", "prefill": "prefill", "decode": "decode", "seed": 77,
+              "sequence": {"steps": [{"id": "s0", "route": "decode", "prompt_tokens": 97, "max_tokens": 2}]}}
+    pool = [Resource(name="r0", origin=origin, step="s0", route="decode", prompt_tokens=97)]
+    gen = Generator(5, TOPO)
+    drawn = [gen.action(i, resources=pool) for i in range(80)]
+    assert [a.model_dump() for a in drawn] == [Generator(5, TOPO).action(i, resources=pool).model_dump()
+                                               for i in range(80)]
+    reuse = [a for a in drawn if a.resources]
+    assert len(reuse) >= 5 and {a.steps[0].route for a in reuse} >= {"pd", "decode"}
+    assert {bool(a.steps[0].same_as) for a in reuse} == {True, False}  # the whole prompt, and its head
+    for a in reuse:
+        # exploring: the earlier action's scenario validates beside the action, and the prompt is that one
+        sc = scenario_of(a, TOPO, "x00009", origin=True)
+        cfg = RigConfig.model_validate({**fake_config(tmp_path), "scenarios": [*resource_scenarios(a, "x00009", True),
+                                                                               sc]})
+        step = cfg.scenarios[-1].sequence.steps[0]
+        src = cfg.scenarios[0]
+        assert resolve(cfg.scenarios, cfg.scenarios[-1], step, 0) == \
+            resolve(cfg.scenarios, src, src.sequence.steps[0], 0)[:step.prompt_tokens]
+        # emitted: a primer of the same route and length first, then the action naming it
+        text = suite_yaml([*resource_scenarios(a, "explore-1-1"), scenario_of(a, TOPO, "explore-1-1")], "h")
+        cfg = RigConfig.model_validate({**fake_config(tmp_path), "scenarios": yaml.safe_load(text)})
+        primer, act = cfg.scenarios
+        assert primer.name == "explore-1-1-r0" and primer.sequence.steps[0].route == "decode"
+        assert (act.sequence.steps[0].same_as or act.sequence.steps[0].head_of) == "explore-1-1-r0/s0"
+        assert a.requests() == 2
+    # the shrinker may drop the resource: fresh prompts of the same lengths
+    v = action_variants(reuse[0])[0]
+    assert not v.resources and not (v.steps[0].same_as or v.steps[0].head_of)
+    with pytest.raises(ValidationError, match="@r1 names no resource"):
+        Action(index=0, steps=[Step(id="s0", prompt_tokens=8, max_tokens=1, same_as="@r1")])
+
+
+def test_a_request_cut_on_purpose_is_the_action_not_a_symptom():
+    from rig.explore.oracles import signature_of
+    from rig.judge.checks import Check
+    from rig.judge.verdict import ScenarioVerdict
+    from rig.observe.observations import ScenarioObservation
+    from rig.transport.records import PDRecord
+    from rig.workload.sequence import CANCELLED
+
+    def obs(*outcomes: str) -> ScenarioObservation:
+        recs = []
+        for i, o in enumerate(outcomes):
+            r = PDRecord(request_id=f"x1-s0-{i}", prompt_len=33, max_tokens=2)
+            r.outcome = "cancelled" if o == "cut" else o
+            r.diagnosis = f"{CANCELLED}: decode hop closed 50 ms after it was sent" if o == "cut" else ""
+            recs.append(r)
+        return ScenarioObservation(scenario="x1", decode="decode", prefill="prefill", records=recs)
+
+    nothing = [Check("kv-pulled", False, "no answered request to show where its prompt came from"),
+               Check("parity", False, "no answer to compare", ("x1-s0-0",))]
+    assert signature_of(ScenarioVerdict("x1", "FAIL", "pass", "", nothing), obs("cut"), {}) is None
+    # the hang the cut left is a symptom; the checks that only restate the cut are not
+    hang = [*nothing, Check("idle-after", False, "decode not idle after 4 s (1 running)")]
+    assert signature_of(ScenarioVerdict("x1", "FAIL", "pass", "", hang), obs("cut", "ok"), {}) == "FAIL idle-after []"
+    # a request that was not cut and has no answer is still one
+    stalled = [Check("parity", False, "no answer", ("x1-s0-1",))]
+    assert signature_of(ScenarioVerdict("x1", "FAIL", "pass", "", stalled), obs("cut", "stalled"), {}) == \
+        "FAIL - [stalled]"
