@@ -109,7 +109,8 @@ class ExploreSettings:
     rig.explore.grammar.MOTIF_WEIGHTS); ``nemesis_every`` (a nemesis phase after every this many
     actions of a topology, 0: none; each phase is one action of the budget); ``nemesis`` (the
     nemesis faults drawn, None: all, rig.explore.grammar.NEMESIS_WEIGHTS); ``cancel_share`` (share of
-    pd steps cancelled at a drawn time; None: rig.explore.grammar.CANCEL_SHARE);
+    pd steps cancelled at a drawn time; None: rig.explore.grammar.CANCEL_SHARE); ``resource_share``
+    (share of actions reusing an earlier action's prompt; None: rig.explore.grammar.RESOURCE_SHARE);
     ``draw_topologies`` (explore that many topologies drawn from vLLM's knobs on the first of
     ``decodes`` instead of the config's decode instances, rig.explore.topologies; 0: the config's);
     ``knobs`` (the knobs drawn, None: all of rig.explore.topologies.KNOBS)."""
@@ -129,6 +130,7 @@ class ExploreSettings:
     nemesis_every: int = 0
     nemesis: list[str] | None = None
     cancel_share: float | None = None
+    resource_share: float | None = None
     draw_topologies: int = 0
     knobs: list[str] | None = None
 
@@ -343,7 +345,8 @@ class Explorer:
         for k, (decode, variant) in enumerate(pairs):
             topo = topology_of(self.cfg, decode, variant)
             gen = Generator(self.s.seed, topo, fields, routes=self.s.routes or None, motifs=self.s.motifs,
-                            **({} if self.s.cancel_share is None else {"cancel_share": self.s.cancel_share}))
+                            **{k: v for k, v in (("cancel_share", self.s.cancel_share),
+                                                 ("resource_share", self.s.resource_share)) if v is not None})
             self._use(topo)
             share = (self.s.actions - done) // (len(pairs) - k)
             mine = 0

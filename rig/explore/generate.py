@@ -115,16 +115,17 @@ class Generator:
     ``motifs``: the motifs drawn (:data:`rig.explore.grammar.MOTIF_WEIGHTS`; None: every one whose
     routes are drawn; []: none), ``motif_share`` (0..1) of the actions not shaped by a goal.
     ``cancel_share`` (0..1): share of the pd steps drawn part by part that are cancelled at a drawn
-    time (:data:`rig.explore.grammar.CANCEL_POINTS_MS`, the scenario language's ``cancel_after_ms``).
+    time (:data:`rig.explore.grammar.CANCEL_POINTS_MS`, the scenario language's ``cancel_after_ms``);
+    ``resource_share`` (0..1): share of the actions that reuse a prompt resource when there is one.
     Every action has a step that is answered (an action of abandoned requests only has nothing to
     compare with the reference). ValueError names an unknown route or motif."""
 
     def __init__(self, seed: int, topo: Topology, fields: dict[str, dict[str, dict]] | None = None,
                  field_share: float = 0.5, bias: float = 0.5, routes: list[str] | None = None,
                  motifs: list[str] | None = None, motif_share: float = MOTIF_SHARE,
-                 cancel_share: float = CANCEL_SHARE):
+                 cancel_share: float = CANCEL_SHARE, resource_share: float = RESOURCE_SHARE):
         self.seed, self.topo, self.fields = seed, topo, fields or {}
-        self.cancel_share = cancel_share
+        self.cancel_share, self.resource_share = cancel_share, resource_share
         self.field_share, self.bias, self.motif_share = field_share, bias, motif_share
         unknown = [r for r in routes or [] if r not in ROUTE_WEIGHTS]
         if unknown:
@@ -142,13 +143,17 @@ class Generator:
                hints: dict[str, dict[str, Any]] | None = None, resources: list[Resource] | None = None) -> Action:
         """Action ``index``; ``unreached`` goal names with their ``hints`` (goal -> hint) bias it;
         ``resources`` (prompts earlier actions sent, oldest first) may be reused
-        (:data:`rig.explore.grammar.RESOURCE_SHARE` of the actions, or a goal's ``resource`` hint).
+        (``resource_share`` of the actions, default :data:`rig.explore.grammar.RESOURCE_SHARE`).
         The result always validates (:meth:`Action.sequence`, :func:`check_fits`)."""
         rng = random.Random(f"{self.seed}/{index}")
+        # cancels and resource reuse draw from streams of their own: the rest of action i is what it
+        # was without them (the seeds' documented first actions keep their shapes)
+        own = random.Random(f"{self.seed}/{index}/resource")
+        if resources and own.random() < self.resource_share:
+            return self._reuse_resource(own, index, resources)
+        cut = random.Random(f"{self.seed}/{index}/cancel")
         hint: dict[str, Any] = {}
         why = ""
-        if resources and rng.random() < RESOURCE_SHARE:
-            return self._reuse_resource(rng, index, resources)
         if unreached and rng.random() < self.bias:
             # goals a motif reaches weigh MOTIF_GOAL_WEIGHT: their code paths are out of reach of
             # a step drawn part by part
@@ -169,7 +174,7 @@ class Generator:
         steps: list[Step] = []
         for i in range(min(n_steps, MAX_STEPS)):
             answering = i == n_steps - 1 and all(s.route == "pd-abandon" for s in steps)
-            steps.append(self._step(rng, f"s{i}", steps, hint if i == 0 else {}, answering))
+            steps.append(self._step(rng, f"s{i}", steps, hint if i == 0 else {}, answering, cut))
         action = Action(index=index, steps=steps, why=why)
         action.sequence()
         check_fits(action, self.topo)
@@ -189,7 +194,9 @@ class Generator:
         return rng.randint(1, t.max_model_len - 1)
 
     def _step(self, rng: random.Random, sid: str, before: list[Step], hint: dict[str, Any],
-              answering: bool = False) -> Step:
+              answering: bool = False, cut: random.Random | None = None) -> Step:
+        """One step drawn part by part from ``rng``; its cancel time from ``cut`` (default ``rng``)."""
+        cut = cut or rng
         routes = [r for r in self.routes if not (answering and r == "pd-abandon")] or ["pd"]
         route = hint.get("route") or rng.choices(routes, [self.routes.get(r, 1.0) for r in routes])[0]
         if answering and route == "pd-abandon":
@@ -218,9 +225,9 @@ class Generator:
             start = StartRule(after=ref.id, event=rng.choice(ROUTE_EVENTS[ref.route]),
                               after_ms=rng.choice(START_DELAYS_MS))
         cancel = None
-        if route == "pd" and (hint.get("cancel") or rng.random() < self.cancel_share):
-            lo = rng.choice(CANCEL_POINTS_MS)
-            hi = rng.choice([t for t in CANCEL_POINTS_MS if t >= lo]) if count > 1 else lo
+        if route == "pd" and (hint.get("cancel") or cut.random() < self.cancel_share):
+            lo = cut.choice(CANCEL_POINTS_MS)
+            hi = cut.choice([t for t in CANCEL_POINTS_MS if t >= lo]) if count > 1 else lo
             cancel = (lo, hi)
         return Step(id=sid, route=route, prompt_tokens=n, max_tokens=max_tokens, count=count,
                     request=request or None, start=start, cancel_after_ms=cancel)

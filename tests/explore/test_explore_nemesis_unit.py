@@ -204,3 +204,15 @@ def test_a_request_cut_on_purpose_is_the_action_not_a_symptom():
     stalled = [Check("parity", False, "no answer", ("x1-s0-1",))]
     assert signature_of(ScenarioVerdict("x1", "FAIL", "pass", "", stalled), obs("cut", "stalled"), {}) == \
         "FAIL - [stalled]"
+
+
+def test_cancels_and_resources_draw_from_streams_of_their_own():
+    # the rest of action i is what it was without them: a seed's documented actions keep their shapes
+    def shape(a: Action) -> list[dict]:
+        return [{k: v for k, v in s.model_dump().items() if k != "cancel_after_ms"} for s in a.steps]
+
+    none, all_cut = Generator(1, TOPO, cancel_share=0), Generator(1, TOPO, cancel_share=1)
+    pairs = [(none.action(i), all_cut.action(i)) for i in range(60)]
+    assert all(shape(a) == shape(b) for a, b in pairs)
+    assert any(s.cancel_after_ms for _, b in pairs for s in b.steps)
+    assert not any(s.cancel_after_ms for a, _ in pairs for s in a.steps)
