@@ -348,6 +348,7 @@ class Explorer:
                             **{k: v for k, v in (("cancel_share", self.s.cancel_share),
                                                  ("resource_share", self.s.resource_share)) if v is not None})
             self._use(topo)
+            self.resources.clear()  # another pair or a new deployment: no cache holds the earlier prompts
             share = (self.s.actions - done) // (len(pairs) - k)
             mine = 0
             spent_before = self.report.action_s
