@@ -183,6 +183,11 @@ def cmd_explore(args: argparse.Namespace) -> int:
         raise ConfigError(f"--routes {args.routes}: give some of {', '.join(ROUTE_WEIGHTS)}")
     if args.replay and not Path(args.replay).is_file():
         raise ConfigError(f"--replay {args.replay}: no such file; give the history.jsonl of an earlier explore run")
+    phases = _explore_phases(args)
+    if phases["draw_topologies"]:  # a bad drawn combination is refused before the run directory and servers
+        from rig.explore.topologies import draw_variants
+        draw_variants(cfg, args.seed, phases["draw_topologies"], decodes[0] if decodes else None,
+                      tuple(phases["knobs"]) if phases["knobs"] else None)
     preflight(cfg)
     run_dir = new_run_dir(cfg, f"{cfg.name}-explore")
     print(f"[pdrig] run directory: {run_dir}", file=sys.stderr, flush=True)
@@ -190,7 +195,7 @@ def cmd_explore(args: argparse.Namespace) -> int:
                                replays=args.replays, shrink_runs=args.shrink_runs,
                                allow_logprobs=args.allow_logprobs, known=args.known, replay=args.replay,
                                stop_at_first=args.stop_at_first,
-                               routes=routes, **_explore_phases(args))
+                               routes=routes, **phases)
     report = Explorer(cfg, run_dir, settings, quiet=args.quiet).run()
     print((run_dir / "explore.md").read_text(), flush=True)
     if report.status == "error":

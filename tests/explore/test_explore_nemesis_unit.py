@@ -216,3 +216,18 @@ def test_cancels_and_resources_draw_from_streams_of_their_own():
     assert all(shape(a) == shape(b) for a, b in pairs)
     assert any(s.cancel_after_ms for _, b in pairs for s in b.steps)
     assert not any(s.cancel_after_ms for a, _ in pairs for s in a.steps)
+
+
+@pytest.mark.parametrize("flags, says", [
+    (["--nemesis", "sigstop-prefil"], "did you mean 'sigstop-prefill'"),
+    (["--knobs", "pool,gpus", "--draw-topologies", "2"], "--knobs pool,gpus: unknown 'gpus'"),
+    (["--cancel-share", "1.5"], "--cancel-share 1.5: give a share between 0 and 1"),
+    (["--draw-topologies", "1", "--knobs", "pool", "--set", "max_model_len=512"], "raise num_gpu_blocks_override"),
+])
+def test_bad_explore_flags_are_refused_before_a_run_directory(tmp_path, capsys, flags, says):
+    from conftest import write_config
+    from rig.cli import main
+    cfg = write_config(tmp_path, fake_config(tmp_path, decodes={"decode": {"num_gpu_blocks_override": 5}}))
+    assert main(["explore", "--config", str(cfg), *flags]) == 2
+    assert says in capsys.readouterr().err
+    assert not (tmp_path / "runs").exists() or not any((tmp_path / "runs").iterdir())
