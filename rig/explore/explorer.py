@@ -345,8 +345,9 @@ class Explorer:
         for k, (decode, variant) in enumerate(pairs):
             topo = topology_of(self.cfg, decode, variant)
             gen = Generator(self.s.seed, topo, fields, routes=self.s.routes or None, motifs=self.s.motifs,
-                            **{k: v for k, v in (("cancel_share", self.s.cancel_share),
-                                                 ("resource_share", self.s.resource_share)) if v is not None})
+                            **{key: val for key, val in (("cancel_share", self.s.cancel_share),
+                                                         ("resource_share", self.s.resource_share))
+                               if val is not None})
             self._use(topo)
             self.resources.clear()  # another pair or a new deployment: no cache holds the earlier prompts
             share = (self.s.actions - done) // (len(pairs) - k)
