@@ -97,7 +97,7 @@ GOALS: tuple[Goal, ...] = (
          lambda a, o, t: any(r.outcome == "cancelled" and "decode hop closed" in r.diagnosis for r in o.records),
          {"route": "pd", "cancel": True}),
     Goal("nemesis-healed", "a nemesis phase healed: recovery served with P and D idle in the bound",
-         lambda a, o, t: a.nemesis is not None and o.dead == [] and any(r.outcome == "ok" for r in o.records),
+         lambda a, o, t: a.nemesis is not None and not o.dead and any(r.outcome == "ok" for r in o.records),
          {}, "nemesis phases come every --nemesis-every actions, not from hints"),
     Goal("several-prompts", "one request carrying several prompts",
          lambda a, o, t: any(s.prompts > 1 for s in a.steps), {"motif": "prompts"}),

@@ -231,3 +231,22 @@ def test_bad_explore_flags_are_refused_before_a_run_directory(tmp_path, capsys, 
     assert main(["explore", "--config", str(cfg), *flags]) == 2
     assert says in capsys.readouterr().err
     assert not (tmp_path / "runs").exists() or not any((tmp_path / "runs").iterdir())
+
+
+def test_the_nemesis_and_cancel_goals_read_what_the_phase_did():
+    from rig.explore.coverage import Coverage
+    from rig.observe.observations import ScenarioObservation
+    from rig.transport.records import PDRecord
+    from rig.workload.sequence import CANCELLED
+    ok, cut = PDRecord(request_id="n-0", prompt_len=33, max_tokens=2), PDRecord(request_id="x-s0-0", prompt_len=33,
+                                                                                 max_tokens=2)
+    ok.outcome, cut.outcome, cut.diagnosis = "ok", "cancelled", f"{CANCELLED}: decode hop closed 50 ms after it was sent"
+    cov = Coverage()
+    phase = Generator(2, TOPO).nemesis(4)
+    healed = ScenarioObservation(scenario="n", decode="decode", prefill="prefill", records=[ok])
+    assert "nemesis-healed" in cov.update(phase, healed, TOPO)
+    died = ScenarioObservation(scenario="n", decode="decode", prefill="prefill", records=[ok], dead={"decode": 1})
+    assert "nemesis-healed" not in cov.update(phase, died, TOPO)
+    a = Action(index=1, steps=[Step(id="s0", prompt_tokens=33, max_tokens=2, cancel_after_ms=(50, 50))])
+    got = cov.update(a, ScenarioObservation(scenario="x", decode="decode", prefill="prefill", records=[cut]), TOPO)
+    assert {"cancelled", "cancel-on-decode"} <= set(got)
