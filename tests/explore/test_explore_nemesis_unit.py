@@ -238,9 +238,10 @@ def test_the_nemesis_and_cancel_goals_read_what_the_phase_did():
     from rig.observe.observations import ScenarioObservation
     from rig.transport.records import PDRecord
     from rig.workload.sequence import CANCELLED
-    ok, cut = PDRecord(request_id="n-0", prompt_len=33, max_tokens=2), PDRecord(request_id="x-s0-0", prompt_len=33,
-                                                                                 max_tokens=2)
-    ok.outcome, cut.outcome, cut.diagnosis = "ok", "cancelled", f"{CANCELLED}: decode hop closed 50 ms after it was sent"
+    ok = PDRecord(request_id="n-0", prompt_len=33, max_tokens=2)
+    cut = PDRecord(request_id="x-s0-0", prompt_len=33, max_tokens=2)
+    ok.outcome, cut.outcome = "ok", "cancelled"
+    cut.diagnosis = f"{CANCELLED}: decode hop closed 50 ms after it was sent"
     cov = Coverage()
     phase = Generator(2, TOPO).nemesis(4)
     healed = ScenarioObservation(scenario="n", decode="decode", prefill="prefill", records=[ok])
