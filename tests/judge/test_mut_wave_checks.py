@@ -6,9 +6,11 @@ unwatched wave's XFAIL and XPASS say which checks were not looked at."""
 
 from __future__ import annotations
 
-from rig.judge.wave_checks import UNWATCHED, UNWATCHED_WHY, explain_stall, judge_wave
+import pytest
+
+from rig.judge.wave_checks import UNWATCHED, UNWATCHED_WHY, explain_stall, judge_wave, wave_checks
 from rig.observe.observations import TransferEvidence
-from test_judge_wave_checks import HELD, full_obs, healthy_wave, rec, sc, stall, wave
+from test_judge_wave_checks import HELD, full_obs, healthy_wave, obs, rec, sc, stall, wave
 
 KI = {"id": "wrong", "title": "t", "affects": ">=0.32", "symptom": {"kind": "wrong-output"}}
 NOTE = f"; {', '.join(UNWATCHED)} not checked, {UNWATCHED_WHY}"
@@ -46,3 +48,28 @@ def test_an_unwatched_xfail_and_xpass_say_which_checks_were_not_looked_at():
     assert v.verdict == "XPASS" and v.reason.endswith(NOTE)
     v = judge_wave(sc(known_issue=KI), two_pulled, shown)  # watched: nothing to add
     assert v.reason == "wrong: w-1 diverged from the reference"
+
+
+def by_name(checks) -> dict:
+    return {c.name: c for c in checks}
+
+
+def test_completed_without_a_cancel_names_no_cancel_point():
+    c = by_name(wave_checks(sc(), obs(), wave([rec(0), rec(1)], kind="pressure-wave")))["completed"]
+    assert (c.ok, c.detail) == (True, "2/2 completed (2 requests, 0 cancelled on purpose)")
+
+
+def test_token_counts_that_hold_name_no_request_even_beside_an_unanswered_one():
+    cs = by_name(wave_checks(sc(), obs(), wave([rec(0), rec(1, outcome="timeout")], kind="pressure-wave")))
+    assert cs["completed"].requests == ("w-1",)
+    c = cs["token-counts"]
+    assert (c.ok, c.detail, c.requests) == (True, "every answer has its expected token count", ())
+
+
+@pytest.mark.parametrize("params", [{}, {"parity_fraction": 0}, {"parity_fraction": None}])
+def test_a_wave_that_sampled_no_parity_has_no_parity_check(params):
+    assert "parity" not in by_name(wave_checks(sc(), obs(), wave([rec(0)], kind="pressure-wave", params=params)))
+    cut = wave([rec(0, outcome="cancelled", planned_cancel="between", cancel_point="between")],
+               kind="pressure-wave", params=params)
+    assert "parity" not in by_name(wave_checks(sc(), obs(), cut))
+    assert by_name(wave_checks(sc(), obs(), cut))["token-counts"].ok is None  # the all-cancelled branch
