@@ -17,3 +17,9 @@ def test_the_token_counts_detail_lists_the_first_six_miscounted_requests_apart()
     assert c.detail == six + "; and 2 more"
     obs, res = run(recs[:6], {f"h{i}": ("head", "decode") for i in range(6)})
     assert not token_counts_check(scen(HEAD).sequence, obs, res).detail.endswith("more")
+
+
+def test_one_miscounted_request_beyond_the_six_is_counted():
+    recs = [answered(f"h{i}", 31, 4) for i in range(7)]
+    obs, res = run(recs, {f"h{i}": ("head", "decode") for i in range(7)})
+    assert token_counts_check(scen(HEAD).sequence, obs, res).detail.endswith("expected 32/4; and 1 more")
