@@ -164,7 +164,7 @@ def _walk(w: _Walk, path: str, a: Any, b: Any) -> bool:
                 if not _walk(w, f"{path}[{i}]", a[i], b[i]):
                     return False
             return True
-        if a != b:
+        if a != b or isinstance(a, bool) != isinstance(b, bool):  # True == 1 in Python, not in JSON
             w.first = (path, a, b)
             return False
         return True
