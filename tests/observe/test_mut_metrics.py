@@ -6,6 +6,10 @@ role are named in order."""
 
 from __future__ import annotations
 
+import asyncio
+from types import SimpleNamespace
+
+import httpx
 import pytest
 
 from rig.observe import metrics as m
@@ -85,6 +89,8 @@ def test_get_is_none_for_an_absent_metric_or_label_and_the_sum_otherwise(snap):
     assert snap.get("vllm:absent") is None
     assert snap.get(m.RUNNING, engine="9") is None
     assert snap.get(m.PROMPT_TOKENS_BY_SOURCE, source="local_compute") == 30.0
+    assert snap.get(m.KV_USAGE, engine="0") == 0.25  # the asked labels are all the sample has
+    assert snap.get("lat_sum") == 1.5 and snap.value("lat_sum") == 1.5  # a sample without labels
 
 
 def test_has_and_by_label(snap):
@@ -130,6 +136,32 @@ def test_missing_metrics_names_the_absent_ones_in_order(snap):
     assert m.missing_metrics(snap, names) == [m.GENERATION_TOKENS, m.PREEMPTIONS]
     assert m.missing_metrics(snap, ()) == []
     assert m.missing_metrics(m.parse_metrics("", "d"), (m.WAITING,)) == [m.WAITING]
+
+
+def test_parse_stamps_the_monotonic_and_the_wall_clock(monkeypatch):
+    monkeypatch.setattr(m, "time", SimpleNamespace(monotonic=lambda: 42.0, time=lambda: 1700000000.0))
+    s = m.parse_metrics("")
+    assert (s.instance, s.t, s.wall) == ("", 42.0, 1700000000.0)
+    assert m.parse_metrics("", "d", t=3.0).t == 3.0
+
+
+def test_scrape_gets_metrics_within_its_timeout_and_raises_on_an_error_status():
+    asked = []
+
+    def handler(req: httpx.Request) -> httpx.Response:
+        asked.append((str(req.url), req.extensions["timeout"]["read"]))
+        return httpx.Response(200 if req.url.host == "up" else 500, text=TEXT)
+
+    async def go(url: str, **kw) -> m.MetricSnapshot:
+        async with httpx.AsyncClient(transport=httpx.MockTransport(handler)) as http:
+            return await m.scrape(http, url, "decode", **kw)
+
+    s = asyncio.run(go("http://up"))
+    assert (s.instance, s.get(m.RUNNING)) == ("decode", 5.0)
+    asyncio.run(go("http://up", timeout_s=0.5))
+    assert asked == [("http://up/metrics", 5.0), ("http://up/metrics", 0.5)]
+    with pytest.raises(httpx.HTTPStatusError):
+        asyncio.run(go("http://down"))
 
 
 def test_not_the_exposition_format_raises_value_error():

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from types import SimpleNamespace
 
 import httpx
 import pytest
@@ -163,7 +164,7 @@ def test_wait_idle_reports_the_last_sample_and_the_last_error_at_the_deadline(mo
             ([httpx.Response(200, text=prom(running=1.0)), httpx.Response(200, text=prom(waiting=4.0))], "", 0.0)):
         monkeypatch.setattr(observations, "time", Clock())
         it = iter(answers)
-        d = run_wait(lambda req, it=it: next(it), timeout_s=1.5)
+        d = run_wait(lambda req, it=it: next(it), timeout_s=2.0)
         assert d.idle is False and d.error.startswith(error) and bool(d.error) == bool(error)
         assert d.final["running"] == running and d.after_s == 3.0
 
@@ -261,6 +262,33 @@ def test_snapshot_store_writes_each_sample_leaving_absent_metrics_out(tmp_path):
     lines = (tmp_path / "metrics" / "timeline.jsonl").read_text().splitlines()
     assert [json.loads(ln) for ln in lines] == [want, bare_row, {**bare_row, "scenario": "other"}]
     assert (tmp_path / "metrics" / "before-decode.prom").read_text() == TIMELINE_TEXT
+
+
+def test_wait_idle_waits_its_interval_between_samples(monkeypatch):
+    from rig.observe import observations
+    slept: list[float] = []
+
+    async def sleep(s: float) -> None:
+        slept.append(s)
+
+    monkeypatch.setattr(observations, "time", Clock())
+    monkeypatch.setattr(observations, "asyncio", SimpleNamespace(sleep=sleep))
+    answers = iter([prom(running=1.0), prom(running=1.0), prom()])
+
+    async def go(**kw) -> DrainResult:
+        async with client(lambda req: httpx.Response(200, text=next(answers))) as http:
+            return await wait_idle(http, "decode", "http://d", 0.1, 60.0, **kw)
+    assert asyncio.run(go()).idle is True
+    assert slept == [0.5, 0.5]
+    answers = iter([prom(running=1.0), prom()])
+    asyncio.run(go(interval_s=2.0))
+    assert slept == [0.5, 0.5, 2.0]
+
+
+def test_snapshot_store_creates_the_run_directory(tmp_path):
+    store = SnapshotStore(tmp_path / "runs" / "r1")
+    store.close()
+    assert (tmp_path / "runs" / "r1" / "metrics" / "timeline.jsonl").is_file()
 
 
 def test_snapshot_store_appends_and_rows_of_is_a_copy(tmp_path):

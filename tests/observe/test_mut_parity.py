@@ -334,6 +334,31 @@ def test_run_parity_outcomes_say_why_a_reference_was_not_compared():
     assert out[5] is not None and out[5].result == ParityResult("diverged", position=0, pd_token=1, ref_token=2)
 
 
+def test_a_reference_that_raises_ends_the_run_and_cancels_the_other_workers():
+    cancelled: list[str] = []
+    never = asyncio.Event()
+
+    async def hangs() -> Hop:
+        try:
+            await never.wait()
+        except asyncio.CancelledError:
+            cancelled.append("hangs")
+            raise
+        raise AssertionError("unreachable")
+
+    async def breaks() -> Hop:
+        await asyncio.sleep(0)
+        raise RuntimeError("reference client broke")
+
+    async def go() -> None:
+        cases = [ParityCase(hop([1]), 1, hangs), ParityCase(hop([1]), 1, breaks)]
+        with pytest.raises(RuntimeError, match="reference client broke"):
+            await run_parity(cases, concurrency=2)
+        await asyncio.sleep(0)  # let the cancellation reach the waiting worker
+        assert cancelled == ["hangs"]
+    asyncio.run(go())
+
+
 def test_a_reference_with_an_error_and_tokens_is_a_failure_not_a_comparison():
     h = hop([1], error="stream cut")
     out = asyncio.run(run_parity([ParityCase(hop([1]), 1, returns(h))]))
