@@ -152,7 +152,11 @@ async def scrape(client: httpx.AsyncClient, base_url: str, instance: str, timeou
 
 
 def delta(before: MetricSnapshot, after: MetricSnapshot, name: str, **labels: str) -> float:
-    """``after - before`` of a counter (or any sample) ``name`` with ``labels``."""
+    """``after - before`` of a counter (or any sample) ``name`` with ``labels``; a series absent
+    from one snapshot counts as 0 there (vLLM creates a labelled series at its first use). That a
+    metric is exposed at all is :func:`missing_metrics`' to tell (:data:`REQUIRED_METRICS`): a
+    delta of a metric the instance lacks reads 0, so a check reading it must first know it is
+    present."""
     return after.value(name, 0.0, **labels) - before.value(name, 0.0, **labels)
 
 

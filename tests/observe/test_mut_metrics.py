@@ -111,6 +111,8 @@ def test_delta_is_after_minus_before_per_label():
     assert m.delta(before, after, m.PROMPT_TOKENS_BY_SOURCE, source="external_kv_transfer") == 0.0
     empty = m.parse_metrics("", "d", t=0.0)
     assert m.delta(empty, after, m.NIXL_BYTES_SUM) == 6144.0  # a series that appears counts from 0
+    assert m.delta(after, empty, m.NIXL_BYTES_SUM) == -6144.0  # one that vanished: its fall
+    assert m.delta(empty, empty, m.NIXL_BYTES_SUM) == 0.0
 
 
 def test_idle_state_reads_an_absent_gauge_as_none_never_zero(snap):

@@ -77,6 +77,8 @@ def test_drain_describe_says_what_the_user_acts_on():
             == "p not idle after 1.0 s: running=3")
     assert (DrainResult("p", False, 1.0, 0.25, {"waiting": 1.0, "running": 0.0, "kv_usage": 0.25 + 0.5e-6}).describe()
             == "p not idle after 1.0 s: waiting=1")
+    assert (DrainResult("p", False, 1.0, 0.0, {"waiting": 1.0, "running": 0.0, "kv_usage": KV_EPS}).describe()
+            == "p not idle after 1.0 s: waiting=1")
     assert (DrainResult("p", False, 1.0, 0.25, {"waiting": 0.0, "running": None, "kv_usage": 0.2501}).describe()
             == "p not idle after 1.0 s: kv_cache_usage_perc=25.0% (baseline 25.0%)")
 

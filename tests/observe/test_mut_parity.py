@@ -154,7 +154,7 @@ def test_strings_and_none_compare_exactly():
 
 
 def test_a_long_value_is_shortened_to_sixty_characters():
-    long_a, long_b = "a" * 70, "a" * 58
+    long_a, long_b = "a" * 59, "a" * 58  # reprs of 61 and 60 characters
     _, pd, ref = diverged_at({"t": long_a}, {"t": long_b})
     assert pd == repr(long_a)[:57] + "..." and len(pd) == 60
     assert ref == repr(long_b) and len(ref) == 60

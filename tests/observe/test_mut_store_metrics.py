@@ -23,6 +23,7 @@ vllm:mooncake_store_operation_keys_total{engine="0",operation="load_get",status=
 vllm:mooncake_store_operation_keys_total{engine="0",operation="load_get",status="error"} 5.0
 # TYPE vllm:mooncake_store_operation_bytes_total counter
 vllm:mooncake_store_operation_bytes_total{engine="0",operation="load_get",status="ok"} 1000.0
+vllm:mooncake_store_operation_bytes_total{engine="1",operation="load_get",status="ok"} 200.0
 vllm:mooncake_store_operation_bytes_total{engine="0",operation="load_get",status="partial_failure"} 300.0
 vllm:mooncake_store_operation_bytes_total{engine="0",operation="save_put",status="ok"} 700.0
 # TYPE vllm:mooncake_store_operation_failed_keys_total counter
@@ -46,7 +47,7 @@ def test_loadable_tokens_are_the_full_blocks_before_the_last_token():
 
 def test_store_ops_sums_each_field_per_operation_and_splits_ok_from_bad():
     assert sm.store_ops(snap(OPS)) == {
-        "load_get": {"calls": 10.0, "keys": 45.0, "bytes": 1300.0, "failed_keys": 6.0, "ok_bytes": 1000.0,
+        "load_get": {"calls": 10.0, "keys": 45.0, "bytes": 1500.0, "failed_keys": 6.0, "ok_bytes": 1200.0,
                      "bad_calls": 5.0},
         "save_put": {"calls": 7.0, "keys": 0.0, "bytes": 700.0, "failed_keys": 2.0, "ok_bytes": 700.0,
                      "bad_calls": 0.0},
