@@ -157,7 +157,7 @@ def delta(before: MetricSnapshot, after: MetricSnapshot, name: str, **labels: st
     metric is exposed at all is :func:`missing_metrics`' to tell (:data:`REQUIRED_METRICS`): a
     delta of a metric the instance lacks reads 0, so a check reading it must first know it is
     present."""
-    return after.value(name, 0.0, **labels) - before.value(name, 0.0, **labels)
+    return (after.get(name, **labels) or 0.0) - (before.get(name, **labels) or 0.0)
 
 
 def idle_state(s: MetricSnapshot) -> dict[str, float | None]:

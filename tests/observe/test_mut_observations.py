@@ -128,8 +128,8 @@ def test_wait_idle_with_an_absent_gauge_is_not_checked_at_once(monkeypatch):
         return httpx.Response(200, text=prom(kv=None))
 
     monkeypatch.setattr(observations, "time", Clock())
-    d = run_wait(handler, timeout_s=60.0)
-    assert d.after_s == 1.0
+    d = run_wait(handler, baseline=0.3, timeout_s=60.0)
+    assert (d.instance, d.after_s, d.baseline_kv) == ("decode", 1.0, 0.3)
     assert (d.idle, d.error) == (None, f"{m.KV_USAGE} absent from /metrics")
     assert d.final == {"waiting": 0.0, "running": 0.0, "kv_usage": None} and len(calls) == 1
 
@@ -151,7 +151,7 @@ class Clock:
     """A monotonic clock that moves 1 s per reading: wait_idle's deadline without waiting."""
 
     def __init__(self) -> None:
-        self.now = -1.0
+        self.now = 99.0  # not 0: an elapsed time computed as now + start would show
 
     def monotonic(self) -> float:
         self.now += 1.0
