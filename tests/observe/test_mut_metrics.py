@@ -130,7 +130,16 @@ def test_required_metrics_per_role_with_and_without_nixl():
     assert m.required_metrics("prefill", True) == (m.WAITING, m.RUNNING, m.KV_USAGE)
     assert m.required_metrics("prefill", False) == (m.WAITING, m.RUNNING, m.KV_USAGE)
     assert m.required_metrics("router", True) == ()
-    assert m.DIAGNOSTIC_METRICS == {"prefill": (), "decode": (m.WAITING_BY_REASON, m.KV_FETCH_BY_STAGE)}
+    assert m.DIAGNOSTIC_METRICS == {"prefill": (m.PREFIX_HITS,), "decode": (m.WAITING_BY_REASON, m.KV_FETCH_BY_STAGE)}
+
+
+def test_the_metrics_prefix_hits_needs_are_looked_for_on_p():
+    """prefix-hits is "not checked" for a metric P lacks only if the presence scrape looks for it
+    (rig.observe.evidence.metric_presence lists the required and diagnostic ones): otherwise a P
+    without prefix_cache_hits would read 0 hits and pass a wave that expects none."""
+    from rig.judge.checks import PREFIX_HIT_METRICS
+    looked_for = m.required_metrics("prefill", False) + m.DIAGNOSTIC_METRICS["prefill"]
+    assert set(PREFIX_HIT_METRICS) <= set(looked_for)
 
 
 def test_missing_metrics_names_the_absent_ones_in_order(snap):
