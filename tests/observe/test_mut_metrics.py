@@ -45,7 +45,7 @@ vllm:kv_cache_usage_perc{engine="0"} 0.25
 """
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture  # per test, so that mutmut counts every test reading it as covering parse_metrics
 def snap() -> m.MetricSnapshot:
     return m.parse_metrics(TEXT, "decode", t=12.5)
 

@@ -44,6 +44,7 @@ def test_idle_needs_no_waiting_no_running_and_kv_at_most_the_baseline():
     assert KV_EPS == 1e-6
     assert idle_verdict({"waiting": 0.0, "running": 0.0, "kv_usage": 0.2}, 0.2) is True
     assert idle_verdict({"waiting": 0.0, "running": 0.0, "kv_usage": 0.2 + 0.9e-6}, 0.2) is True
+    assert idle_verdict({"waiting": 0.0, "running": 0.0, "kv_usage": 0.2 + KV_EPS}, 0.2) is True
     assert idle_verdict({"waiting": 0.0, "running": 0.0, "kv_usage": 0.2 + 2e-6}, 0.2) is False
     assert idle_verdict({"waiting": 1.0, "running": 0.0, "kv_usage": 0.0}, 0.2) is False
     assert idle_verdict({"waiting": 0.0, "running": 1.0, "kv_usage": 0.0}, 0.2) is False
