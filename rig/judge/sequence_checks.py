@@ -122,7 +122,8 @@ def token_counts_check(spec: SequenceConfig, obs: ScenarioObservation, result: S
         if why:
             bad.append(f"{r.request_id}: " + ", ".join(why))
     if bad:
-        return Check("token-counts", False, "; ".join(bad[:6]),
+        more = f"; and {len(bad) - 6} more" if len(bad) > 6 else ""
+        return Check("token-counts", False, "; ".join(bad[:6]) + more,
                      tuple(b.split(":", 1)[0] for b in bad))
     return Check("token-counts", True, ", ".join(f"{sid}: {n} x {by[sid].prompt_tokens}+{by[sid].max_tokens}"
                                                 for sid, n in per_step.items()))
