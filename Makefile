@@ -76,12 +76,22 @@ regressions: check-venv  ## one scenario per CPU-runnable public P/D bug report,
 # The explorer (rig/explore): seeded actions on one deployment per topology, shrinking every distinct
 # failure to a scenario YAML under runs/<stamp>-<config>-explore/findings/. A 5 s lease keeps each
 # abandoned or stalled request's blocks on P short (the drain waits for P's lease).
+# The default budget is one topology (`decode`, the CPU default's ngram decode), 2 replays and 8
+# shrink runs per finding: on 2026-12-01 at load 80-130 a P/D pair took 17 min to start and each
+# further topology's decode 13+ min, one action ~37 s, so the former default (every decode of the
+# config, 3 replays, 20 shrink runs) ran past an hour; the first topology alone gave 3 distinct
+# known failures in 11 actions (docs/howto/explore.md, results across builds).
 EXPLORE_SEED ?= 1
 EXPLORE_ACTIONS ?= 40
-EXPLORE_BUILD ?=
 EXPLORE_MINUTES ?= 20
-explore: check-venv  ## explore CONFIG without the suites (seed EXPLORE_SEED, EXPLORE_ACTIONS actions, EXPLORE_MINUTES min; EXPLORE_BUILD=0.27.1: on that build): failures shrunk to scenario YAMLs
+EXPLORE_TOPOLOGIES ?= decode
+EXPLORE_REPLAYS ?= 2
+EXPLORE_SHRINK_RUNS ?= 8
+EXPLORE_BUILD ?=
+explore: check-venv  ## explore CONFIG without the suites (seed EXPLORE_SEED, EXPLORE_ACTIONS actions, EXPLORE_MINUTES min, EXPLORE_TOPOLOGIES; EXPLORE_BUILD=0.27.1: on that build): failures shrunk to scenario YAMLs
 	$(PDRIG) explore --config $(CONFIG) --seed $(EXPLORE_SEED) --actions $(EXPLORE_ACTIONS) --minutes $(EXPLORE_MINUTES) \
+		$(if $(EXPLORE_TOPOLOGIES),--topologies $(EXPLORE_TOPOLOGIES)) --replays $(EXPLORE_REPLAYS) \
+		--shrink-runs $(EXPLORE_SHRINK_RUNS) \
 		--known configs/suites/regressions.yaml --known configs/suites/lease.yaml --set nixl.kv_lease_duration=5 \
 		$(if $(EXPLORE_BUILD),--build $(EXPLORE_BUILD)) $(ARGS)
 
