@@ -16,8 +16,9 @@ applies them. The grid is then read per finding:
 - **does not hold**: ``PASS`` or ``XPASS`` (every check held; a known issue's symptom did not show);
 - **other failure**: ``FAIL`` of a finding that carries a known issue, without that issue's
   symptom (the scenario fails there another way);
-- **error**: ``ERROR`` / ``BROKEN`` / ``NOT RUN``: the build could not say (inconclusive, an instance
-  died before any answer, the build could not be created or the run was interrupted).
+- **error**: ``ERROR`` / ``BROKEN``: the build could not say (inconclusive, an instance died before
+  any answer, the build could not be created);
+- **not run**: ``NOT RUN``: no recorded run has it (interrupted, or ``--report-only`` before the build ran).
 
 ``matrix.md`` is that table (finding, where it was found, its signature and known issue, then one
 column per build), followed by the ordinary scenario x build grid; ``matrix.json`` holds the grid
@@ -144,14 +145,14 @@ def write_suites(found: list[tuple[ExploreFinding, dict[str, Any]]], out: Path) 
 
 def holds(verdict: str, reason: str = "", known: bool = False) -> str:
     """A finding's cell from the scenario's verdict on a build: "holds (XFAIL)", "does not hold
-    (PASS)", "error (BROKEN: <reason>)" (see the module docstring). ``known``: the finding carries
+    (PASS)", "error (BROKEN: <reason>)", "not run (NOT RUN: <reason>)" (see the module docstring). ``known``: the finding carries
     a known issue; its FAIL then holds only when the verdict engine matched that issue's symptom
     outside its ``affects`` (rig/judge/verdict.py "matches known issue"); any other FAIL is
     "other failure" (the scenario failed there, but not the way it was found)."""
-    word = HOLDS.get(verdict, "error")
+    word = "not run" if verdict == "NOT RUN" else HOLDS.get(verdict, "error")
     if verdict == "FAIL" and known and "matches known issue" not in reason:
         word = "other failure"
-    why = f": {reason[:120]}" if word in ("error", "other failure") and reason else ""
+    why = f": {reason[:120]}" if word in ("error", "not run", "other failure") and reason else ""
     return f"{word} ({verdict}{why})"
 
 

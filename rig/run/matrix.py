@@ -283,7 +283,8 @@ class Matrix:
             title, _, rest = text.partition("\n")
             text = (f"{title}\n\n## Minimal failures of the exploration(s) on each build\n\n"
                     f"{render_findings_md(explore, builds)}\n## The grid{rest}")
-            passed = bool(grid.cells) and all(not c.startswith("error") for f in explore for c in f.cells.values())
+            passed = bool(grid.cells) and all(not c.startswith(("error", "not run"))
+                                              for f in explore for c in f.cells.values())
         md.write_text(text)
         (self.out / "matrix.json").write_text(json.dumps(data, indent=1))
         (self.out / "junit.xml").write_text(render_junit(grid))

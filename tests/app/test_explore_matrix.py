@@ -65,7 +65,7 @@ def test_an_exploration_without_findings_is_refused(tmp_path):
     ("PASS", "", False, "does not hold (PASS)"),
     ("XPASS", "known issue fixed", True, "does not hold (XPASS)"),
     ("BROKEN", "decode died", True, "error (BROKEN: decode died)"),
-    ("NOT RUN", "", False, "error (NOT RUN)"),
+    ("NOT RUN", "interrupted", False, "not run (NOT RUN: interrupted)"),
 ])
 def test_holds_reads_a_verdict_as_the_finding_showing_or_not(verdict, reason, known, cell):
     assert holds(verdict, reason, known) == cell
