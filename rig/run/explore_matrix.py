@@ -145,9 +145,9 @@ def write_suites(found: list[tuple[ExploreFinding, dict[str, Any]]], out: Path) 
 
 def holds(verdict: str, reason: str = "", known: bool = False) -> str:
     """A finding's cell from the scenario's verdict on a build: "holds (XFAIL)", "does not hold
-    (PASS)", "error (BROKEN: <reason>)", "not run (NOT RUN: <reason>)" (see the module docstring). ``known``: the finding carries
-    a known issue; its FAIL then holds only when the verdict engine matched that issue's symptom
-    outside its ``affects`` (rig/judge/verdict.py "matches known issue"); any other FAIL is
+    (PASS)", "error (BROKEN: <reason>)", "not run (NOT RUN: <reason>)" (see the module docstring).
+    ``known``: the finding carries a known issue; its FAIL then holds only when the verdict engine
+    matched that issue's symptom outside its ``affects`` (rig/judge/verdict.py "matches known issue"); any other FAIL is
     "other failure" (the scenario failed there, but not the way it was found)."""
     word = "not run" if verdict == "NOT RUN" else HOLDS.get(verdict, "error")
     if verdict == "FAIL" and known and "matches known issue" not in reason:
