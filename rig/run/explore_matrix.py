@@ -4,11 +4,11 @@
 suite YAML under ``<run>/findings/`` and lists them in ``<run>/explore.json``. This module gathers
 the findings of one or more exploration run directories, copies each scenario (renamed
 ``<build the exploration ran on>-<finding>``, so two explorations' ``explore-1-1`` stay apart) into
-one suite per set of overrides under ``<out>/explore-suites/`` (the exploration's
-``nixl.kv_lease_duration`` is one: a decode hop held past the lease reproduces only with that
-lease), and hands those suites to :class:`rig.run.matrix.Matrix`: one build at a time, one
-deployment per build and suite, each build's interpreter and ``fixes`` as ``pdrig matrix``
-applies them. The grid is then read per finding:
+one suite per set of overrides under ``<out>/explore-suites/`` (the ``--set``s of the finding's
+topology when it was drawn from vLLM's knobs, and the exploration's ``nixl.kv_lease_duration``: a
+decode hop held past the lease reproduces only with that lease), and hands those suites to
+:class:`rig.run.matrix.Matrix`: one build at a time, one deployment per build and suite, each
+build's interpreter and ``fixes`` as ``pdrig matrix`` applies them. The grid is then read per finding:
 
 - **holds**: the failure showed on that build: ``XFAIL`` (the known issue the explorer named
   showed its symptom) or ``FAIL`` (a new finding's checks failed again, or a known one failed
@@ -49,7 +49,7 @@ class ExploreFinding:
     the copied suite (``<found_on>-<stem>``); ``origin``: the exploration's run directory;
     ``source``: the emitted YAML; ``found_on``: the vLLM version the exploration ran (explore.json
     ``vllm_version``, "" when unknown); ``signature``/``known_issue``/``stability``: as the
-    explorer recorded them; ``overrides``: the ``--set`` it needs (the exploration's lease);
+    explorer recorded them; ``overrides``: the ``--set`` it needs (its drawn topology's, the lease);
     ``cells``: build name -> "holds (XFAIL)" / "does not hold (PASS)" / "error (BROKEN: why)"."""
 
     scenario: str
@@ -93,11 +93,15 @@ def collect_findings(run_dirs: list[Path]) -> list[tuple[ExploreFinding, dict[st
         except (OSError, ValueError) as e:
             raise ConfigError(f"--explore {d}: no readable explore.json ({type(e).__name__}); give the run "
                               "directory of a `pdrig explore` run (runs/<stamp>-<config>-explore)") from None
-        overrides = exploration_overrides(d)
+        lease = exploration_overrides(d)
         found_on = rep.get("vllm_version") or ""
         for f in rep.get("findings") or []:
             if not f.get("yaml"):
                 continue
+            # a topology drawn from vLLM's knobs is the config plus its --sets (rig/explore/topologies.py)
+            overrides = [str(x) for x in ((f.get("topology") or {}).get("sets") or [])]
+            if not any(o.startswith("nixl.kv_lease_duration=") for o in overrides):
+                overrides += lease
             path = Path(f["yaml"])
             path = path if path.is_file() else d / "findings" / path.name  # a moved run directory
             try:

@@ -44,6 +44,18 @@ def test_two_explorations_findings_keep_apart_and_share_a_suite_per_lease(tmp_pa
     assert [s["name"] for s in first] == names[:3]
 
 
+def test_a_finding_on_a_drawn_topology_replays_with_its_sets_in_a_suite_of_its_own(tmp_path):
+    d = _exploration(tmp_path, "a", "0.32.0", 5, ["explore-1-1", "explore-1-2"])
+    rep = json.loads((d / "explore.json").read_text())
+    rep["findings"][1]["topology"] = {"sets": ["decode.0.num_gpu_blocks_override=8", "nixl.kv_lease_duration=10"]}
+    (d / "explore.json").write_text(json.dumps(rep))
+    found = collect_findings([d])
+    assert [f.overrides for f, _ in found] == [["nixl.kv_lease_duration=5"],
+                                               ["decode.0.num_gpu_blocks_override=8", "nixl.kv_lease_duration=10"]]
+    specs = write_suites(found, tmp_path / "out")
+    assert [s.set for s in specs.values()] == [f.overrides for f, _ in found]
+
+
 def test_a_moved_run_directory_still_finds_its_findings(tmp_path):
     d = _exploration(tmp_path, "a", "0.32.0", 5, ["explore-1-1"])
     moved = tmp_path / "moved"
