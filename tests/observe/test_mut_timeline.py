@@ -70,7 +70,7 @@ def test_sample_once_records_rows_latest_peaks_store_and_stalls(tmp_path):
 
     async def run() -> TimelineSampler:
         async with httpx.AsyncClient(transport=_transport(pages, calls)) as http:
-            s = TimelineSampler(http, eps, store, "w1", interval_s=0.5, stalls=watcher)  # type: ignore[arg-type]
+            s = TimelineSampler(http, eps, store, "w1", interval_s=0.5, stalls=watcher)
             assert s.peaks == {n: {"running": 0.0, "waiting": 0.0, "kv_usage": 0.0} for n in ("prefill", "decode",
                                                                                              "extra")}
             await s.sample_once()
