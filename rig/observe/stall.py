@@ -311,8 +311,9 @@ class StallWatcher:
     def __init__(self, window_s: float, transfer_window_s: float | None = None, early: EarlyRule | None = None,
                  max_gap_s: float | None = None, full_pool: bool = False, inconclusive_s: float = 0.0,
                  probe: Callable[[str], ProcSample | None] | None = None):
-        # Built once here so bad windows raise ValueError at construction, not at the first sample.
-        StallDetector(window_s, max_gap_s, transfer_window_s, early, inconclusive_s=inconclusive_s)
+        # Built once here so bad windows raise ValueError at construction, not at the first sample
+        # (only the windows and the inconclusive wait are validated).
+        StallDetector(window_s, transfer_window_s=transfer_window_s, inconclusive_s=inconclusive_s)
         self.window_s, self.transfer_window_s = window_s, transfer_window_s
         self.early, self.max_gap_s, self.full_pool = early, max_gap_s, full_pool
         self.inconclusive_s, self.probe = inconclusive_s, probe

@@ -7,9 +7,12 @@ from __future__ import annotations
 import asyncio
 
 import httpx
+import pytest
 
+from rig.cluster import proctree
+from rig.cluster.proctree import ProcSample
 from rig.judge.sequence_checks import no_stall_check
-from rig.observe.stall import StallWatcher, watch
+from rig.observe.stall import StallWatcher, describe, watch
 from rig.workload.sequence import SequenceResult
 from test_judge_counters_stall import scraper as _scraper
 from test_judge_counters_stall import until as _until
@@ -49,3 +52,57 @@ def test_no_stall_is_not_checked_when_d_was_never_sampled_and_a_stall_still_fail
     c = no_stall_check(SequenceResult(stall="stall on decode: waiting=1", stall_unwatched=why))
     assert (c.ok, c.detail) == (False, "stall on decode: waiting=1")
     assert no_stall_check(SequenceResult()).ok is True
+
+
+# ------------------------------------------------------------------------- the watcher's episodes
+
+LOADED = (9.0, 8.0, 7.0)  # starved on any host with fewer than 9 CPUs
+
+
+def _frozen(watcher: StallWatcher, n: int, cpu_per_s: float = 0.0, instance: str = "decode", **values):
+    """Feed ``n`` frozen livelock samples 1 s apart (EngineCore burning ``cpu_per_s``); the stalls."""
+    return [watcher.feed(snap(100.0 + i, instance=instance, **values), ProcSample(50.0 + cpu_per_s * i))
+            for i in range(n)]
+
+
+def test_a_real_stalls_episode_is_not_inconclusive_and_an_inconclusive_one_is_from_its_first_firing(monkeypatch):
+    monkeypatch.setattr(proctree, "host_load", lambda: LOADED)
+    real = StallWatcher(4.0)
+    _frozen(real, 6, cpu_per_s=0.1)  # stepping with nothing changing: a real stall
+    (ep,) = real.episodes
+    assert ep.inconclusive is False and ep.duration_s == 5.0
+    unsure = StallWatcher(4.0)
+    fired = _frozen(unsure, 5)  # starved: inconclusive, reported at the window (no wait by default)
+    assert fired[4] is not None and fired[3] is None
+    (ep,) = unsure.episodes
+    assert ep.inconclusive is True and ep.duration_s == 4.0
+
+
+def test_the_watcher_gives_its_detectors_the_inconclusive_wait(monkeypatch):
+    monkeypatch.setattr(proctree, "host_load", lambda: LOADED)
+    w = StallWatcher(4.0, inconclusive_s=3.0)
+    fired = _frozen(w, 9)
+    assert [i for i, st in enumerate(fired) if st is not None][0] == 7  # window 4 s + 3 s, not at the window
+
+
+def test_a_negative_inconclusive_wait_is_refused_at_construction():
+    with pytest.raises(ValueError, match=r"inconclusive_s must be >= 0 s \(got -1\)"):
+        StallWatcher(4.0, inconclusive_s=-1)
+
+
+def test_probe_reads_the_blocked_instance_also_when_only_its_full_pool_blocks_it(monkeypatch):
+    monkeypatch.setattr(proctree, "host_load", lambda: LOADED)
+    probed: list[str] = []
+    w = StallWatcher(4.0, full_pool=True, probe=lambda name: probed.append(name) or ProcSample(1.0))
+    pool_full = {**IDLE, "kv": 1.0}  # R01: nothing waits, the pool is full, nothing runs
+    for i in range(2):
+        w.feed(snap(100.0 + i, instance="decode-1", **pool_full))
+    assert probed == ["decode-1", "decode-1"]
+    w.feed(snap(102.0, instance="decode-1", **IDLE))  # not blocked: no probe
+    assert probed == ["decode-1", "decode-1"]
+
+
+def test_describe_lists_every_waiting_reason_and_fetch_stage():
+    s = snap(0.0, capacity=1, deferred=2, wts=1, cw=3, waiting=3, kv=0.0)
+    assert describe(s, 8.0) == ("admission livelock on decode: waiting=3 (capacity, deferred) running=0 kv=0.0% "
+                                "kv_fetch completed_waiting=3 kv_fetch waiting_to_start=1, unchanged for 8.0 s")
