@@ -168,3 +168,51 @@ def test_rich_panel_progress_bar_and_zero_elapsed(monkeypatch):
     buf = io.StringIO()
     Console(file=buf, width=120).print(group)
     assert "0/0" in buf.getvalue()
+
+
+class _Flushes(io.StringIO):
+    """A stream that counts flushes: a CI log shows a line only once it is flushed."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.flushes = 0
+
+    def flush(self) -> None:
+        self.flushes += 1
+        super().flush()
+
+
+def test_every_plain_line_is_flushed_at_once():
+    out = _Flushes()
+    p = WaveProgress("w", 1, {}, {}, mode="lines", stream=out, line_interval_s=0.0)
+
+    async def run() -> None:
+        p.start()
+        assert out.flushes == 1 and out.getvalue().count("\n") == 1
+        for _ in range(3):
+            await asyncio.sleep(0)
+        assert out.flushes == out.getvalue().count("\n") >= 2
+        await p.stop()
+
+    asyncio.run(run())
+    assert out.flushes == out.getvalue().count("\n")
+
+
+def test_the_rich_panel_redraws_four_times_a_second_and_stays_on_screen_at_the_end():
+    p = WaveProgress("w", 1, {}, {}, mode="rich", stream=io.StringIO())
+
+    async def run() -> None:
+        p.start()
+        live = p._live
+        assert live.refresh_per_second == 4 and live.transient is False
+        assert live.console.file is p.stream
+        await p.stop()
+
+    asyncio.run(run())
+
+
+def test_the_rich_panel_layout():
+    group = WaveProgress("w", 1, {}, {"d": {}}, mode="rich", stream=io.StringIO())._render()
+    head, inst = group.renderables
+    assert head.padding == (0, 2, 0, 2)
+    assert inst.box is None and inst.padding == (0, 2, 0, 2) and inst.show_edge is False

@@ -213,3 +213,11 @@ def test_plot_timeline_writes_a_png_and_nothing_without_rows(tmp_path):
     out = plot_timeline(rows, str(tmp_path / "sub" / "t.png"), title="wave", marks={"end": 2.0})
     assert out == tmp_path / "sub" / "t.png"
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_series_rate_uses_the_latest_sample_exactly_min_dt_back():
+    rows = [{"rel_t": 0.0, "instance": "d", "generation_tokens_total": 0.0},
+            {"rel_t": 0.25, "instance": "d", "generation_tokens_total": 10.0},
+            {"rel_t": 0.75, "instance": "d", "generation_tokens_total": 30.0}]
+    d = series(rows)["d"]
+    assert d["tok_per_s"][2] == 40.0  # (30 - 10) / 0.5: the sample at 0.25 is exactly 0.5 s back
