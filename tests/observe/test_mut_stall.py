@@ -12,7 +12,21 @@ import pytest
 from rig.cluster import proctree
 from rig.cluster.proctree import ProcSample
 from rig.judge.sequence_checks import no_stall_check
-from rig.observe.stall import StallWatcher, describe, watch
+from rig.observe.metrics import parse_metrics
+from rig.observe.stall import (
+    FULL_POOL,
+    STEPPING_CPU_S,
+    StallDetector,
+    StallWatcher,
+    cache_info,
+    delta,
+    describe,
+    evidence_of,
+    facts_of,
+    is_blocked,
+    watch,
+)
+from rig.transport.records import StallEvidence, StallFacts
 from rig.workload.sequence import SequenceResult
 from test_judge_counters_stall import scraper as _scraper
 from test_judge_counters_stall import until as _until
@@ -106,3 +120,78 @@ def test_describe_lists_every_waiting_reason_and_fetch_stage():
     s = snap(0.0, capacity=1, deferred=2, wts=1, cw=3, waiting=3, kv=0.0)
     assert describe(s, 8.0) == ("admission livelock on decode: waiting=3 (capacity, deferred) running=0 kv=0.0% "
                                 "kv_fetch completed_waiting=3 kv_fetch waiting_to_start=1, unchanged for 8.0 s")
+
+
+# ------------------------------------------------------------------------- the frozen facts
+
+CACHE_INFO = ('# TYPE vllm:cache_config_info gauge\n'
+              'vllm:cache_config_info{{block_size="{bs}",engine="0",num_gpu_blocks="{nb}"}} 1.0\n')
+
+
+def test_cache_info_reads_blocks_and_block_size_and_skips_a_value_that_is_no_integer():
+    assert cache_info(parse_metrics(CACHE_INFO.format(bs=16, nb=6), "decode", t=0)) == {
+        "num_gpu_blocks": 6, "block_size": 16}
+    assert cache_info(parse_metrics(CACHE_INFO.format(bs=16, nb="auto"), "decode", t=0)) == {"block_size": 16}
+    assert cache_info(snap(0.0)) == {}  # not exposed (the fake)
+
+
+def test_facts_carry_the_frozen_values_and_only_nonzero_reasons_and_stages():
+    s = snap(3.0, waiting=2, capacity=2, deferred=0, wts=0, inprog=1, cw=0, kv=0.5)
+    s = parse_metrics(s.text + CACHE_INFO.format(bs=16, nb=6), "decode", t=3.0)
+    ev = StallEvidence(frozen_s=1.0, finding="hung")
+    f = facts_of(s, 8.12345, ev)
+    assert f == StallFacts(instance="decode", waiting=2.0, running=0.0, kv_usage=0.5,
+                           waiting_reasons={"capacity": 2.0}, kv_fetch_stages={"in_progress": 1.0},
+                           duration_s=8.123, num_gpu_blocks=6, block_size=16, evidence=ev)
+    assert facts_of(snap(0.0), 1.0).evidence is None
+
+
+def test_delta_is_none_when_a_reading_is_unknown_and_never_negative():
+    assert delta(None, 1.0) is None and delta(1.0, None) is None
+    assert delta(3.5, 1.0) == 2.5
+    assert delta(1.0, 3.5) == 0.0  # a restarted process counts from 0 again
+
+
+def test_evidence_fields_over_the_frozen_span():
+    start = ProcSample(10.0, 4.0)
+    now = ProcSample(10.5, 6.0, ("cc1plus (pid 7)",), 3.0)
+    ev = evidence_of(start, now, 8.12345, (1.0, 2.0, 3.0), 2)
+    assert ev == StallEvidence(frozen_s=8.123, finding="compiling", engine_cpu_s=0.5, worker_cpu_s=2.0,
+                               load_avg=(1.0, 2.0, 3.0), cpus=2, compilers=("cc1plus (pid 7)",), compiler_cpu_s=3.0)
+    quiet = evidence_of(start, ProcSample(10.0, 4.0, (), 3.0), 8.0, (1.0, 2.0, 3.0), 2)
+    assert quiet.compiler_cpu_s is None and quiet.finding == "hung"  # no compiler: its CPU is not quoted
+    assert evidence_of(None, None, 8.0, None, 2) == StallEvidence(frozen_s=8.0, finding="unknown", cpus=2)
+    # exactly the stepping bound, and a load exactly the CPU count
+    assert evidence_of(ProcSample(0.0), ProcSample(STEPPING_CPU_S), 8.0, (2.0, 0.0, 0.0), 2).finding == \
+        "stepping"
+    assert evidence_of(ProcSample(1.0), ProcSample(1.0), 8.0, (2.0, 0.0, 0.0), 2).finding == "starved"
+    assert evidence_of(ProcSample(1.0), ProcSample(1.0), 8.0, (1.99, 0.0, 0.0), 2).finding == "hung"
+
+
+def test_kinds_at_their_thresholds():
+    # capacity waits with the cache below half full: the engine has room it will not use
+    assert describe(snap(0.0, kv=0.49), 1.0).startswith("admission livelock on decode:")
+    assert describe(snap(0.0, kv=0.5), 1.0).startswith("stall on decode: waiting=1 (capacity) running=0 kv=50.0%")
+    full = {**IDLE, "kv": FULL_POOL}
+    assert describe(snap(0.0, **full), 1.0).startswith("pool deadlock on decode: waiting=0 running=0 kv=99.0%")
+    assert describe(snap(0.0, **{**full, "running": 1}), 1.0).startswith("stall on decode:")
+    assert describe(snap(0.0, **{**IDLE, "kv": 0.98}), 2.25) == \
+        "stall on decode: waiting=0 running=0 kv=98.0%, unchanged for 2.2 s"
+
+
+def test_a_full_pool_blocks_from_full_pool_on():
+    assert is_blocked(snap(0.0, **{**IDLE, "kv": FULL_POOL}), full_pool=True)
+    assert not is_blocked(snap(0.0, **{**IDLE, "kv": 0.98}), full_pool=True)
+    assert not is_blocked(snap(0.0, **{**IDLE, "kv": 1.0}))  # a prefill's pool holds others' blocks
+    assert is_blocked(snap(0.0, **{**IDLE, "inprog": 1}))  # a KV load in flight holds a request back
+    assert not is_blocked(snap(0.0, running=1))
+
+
+def test_a_gap_of_exactly_max_gap_keeps_the_window(monkeypatch):
+    monkeypatch.setattr(proctree, "host_load", lambda: (0.0, 0.0, 0.0))
+    det = StallDetector(4.0, max_gap_s=2.0)
+    fired = [det.feed(snap(t), ProcSample(50.0 + t)) for t in (0.0, 2.0, 4.0)]
+    assert fired[2] is not None and fired[2].since == 0.0 and fired[2].decided_by == "window"
+    det = StallDetector(4.0, max_gap_s=2.0)
+    fired = [det.feed(snap(t), ProcSample(50.0 + t)) for t in (0.0, 2.5, 4.0, 6.5)]
+    assert fired == [None, None, None, None]  # each gap over 2 s restarts it
