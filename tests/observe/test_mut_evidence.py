@@ -14,7 +14,7 @@ import pytest
 from rig.cluster.logs import FileLog, stop_marker
 from rig.observe import evidence
 from rig.observe import metrics as m
-from rig.observe.evidence import LogScanner, healthy, metric_presence, read_versions, settle_deaths
+from rig.observe.evidence import LogScanner, MetricPresence, healthy, metric_presence, read_versions, settle_deaths
 from test_observe_evidence import FATAL, Cluster, Log, obs
 from test_stall import LIVELOCK, TEMPLATE
 
@@ -234,3 +234,16 @@ def test_settle_deaths_returns_at_once_when_every_instance_answers(monkeypatch):
     dead, asked = _settle(c, ["decode", "prefill", "gone"], 30.0, 200)
     assert dead == {"old": 1}
     assert asked == ["decode", "prefill"] and slept == []  # "gone" is no process of the cluster
+
+
+def test_all_missing_names_an_instance_that_lacks_only_required_or_only_diagnostic_metrics():
+    p = MetricPresence(required={"d": ["vllm:a"], "p": []}, diagnostic={"x": ["vllm:c"]})
+    assert p.all_missing() == {"d": ["vllm:a"], "x": ["vllm:c"]}
+
+
+def test_the_error_names_every_instance_its_version_and_what_to_do():
+    p = MetricPresence(required={"decode": ["vllm:a", "vllm:b"], "prefill": ["vllm:c"], "ok": []})
+    assert p.error({"decode": "0.32.0"}) == (
+        "metrics the checks read are missing: decode (vLLM 0.32.0) lacks vllm:a, vllm:b; prefill (vLLM unknown) "
+        "lacks vllm:c (rig/observe/metrics.py REQUIRED_METRICS: a renamed metric needs the rig updated for this "
+        "vLLM version)")

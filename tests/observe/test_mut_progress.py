@@ -216,3 +216,7 @@ def test_the_rich_panel_layout():
     head, inst = group.renderables
     assert head.padding == (0, 2, 0, 2)
     assert inst.box is None and inst.padding == (0, 2, 0, 2) and inst.show_edge is False
+
+
+def test_status_line_rate_within_the_first_second():
+    assert status_line("w", 4, {"ok": 1}, {}, 0.5).endswith("| 2.0 req/s, 0 s")

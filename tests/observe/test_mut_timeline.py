@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from types import SimpleNamespace
 
 import httpx
 import pytest
@@ -131,8 +132,6 @@ def test_start_samples_at_once_and_stop_takes_one_last_round():
             s.start()
             for _ in range(20):
                 await asyncio.sleep(0)
-                if calls:
-                    break
             assert len(calls) == 1  # the first sample at once, the next an hour later
             await s.stop()
             assert s._task is None
@@ -221,3 +220,64 @@ def test_series_rate_uses_the_latest_sample_exactly_min_dt_back():
             {"rel_t": 0.75, "instance": "d", "generation_tokens_total": 30.0}]
     d = series(rows)["d"]
     assert d["tok_per_s"][2] == 40.0  # (30 - 10) / 0.5: the sample at 0.25 is exactly 0.5 s back
+
+
+def test_a_failed_scrape_does_not_stop_the_round():
+    pages = {"x": [503], "d": [PROM.format(running=1, waiting=0, kv=0.0)]}
+
+    async def run() -> TimelineSampler:
+        async with httpx.AsyncClient(transport=_transport(pages, [])) as http:
+            s = TimelineSampler(http, [Endpoint("extra", "http://x"), Endpoint("decode", "http://d")], None, "w")
+            await s.sample_once()
+            return s
+
+    s = asyncio.run(run())
+    assert s.scrape_errors == 1 and [r["instance"] for r in s.rows] == ["decode"]
+
+
+def test_the_peak_of_a_gauge_an_instance_does_not_expose_stays_zero():
+    pages = {"d": ["# TYPE vllm:num_requests_running gauge\nvllm:num_requests_running 1\n"]}
+
+    async def run() -> TimelineSampler:
+        async with httpx.AsyncClient(transport=_transport(pages, [])) as http:
+            s = TimelineSampler(http, [], None, "w")
+            s.endpoints = [Endpoint("decode", "http://d")]
+            await s.sample_once()
+            return s
+
+    assert asyncio.run(run()).peaks == {"decode": {"running": 1.0, "waiting": 0.0, "kv_usage": 0.0}}
+
+
+def test_the_loop_waits_what_is_left_of_the_interval_after_a_round(monkeypatch):
+    """The clock reads 1 s later at every look: a round takes 1 s of a 1.5 s interval, 0.5 s is left."""
+    now = [0.0]
+
+    def monotonic() -> float:
+        now[0] += 1.0
+        return now[0]
+
+    monkeypatch.setattr(tl, "time", SimpleNamespace(monotonic=monotonic))
+    waits: list[float | None] = []
+    real_wait_for = asyncio.wait_for
+
+    async def wait_for(aw, timeout):
+        waits.append(timeout)
+        return await real_wait_for(aw, 0)  # times out at once (suppressed): the next round
+
+    monkeypatch.setattr(asyncio, "wait_for", wait_for)
+    pages = {"d": [PROM.format(running=0, waiting=0, kv=0.0)]}
+
+    async def run() -> TimelineSampler:
+        async with httpx.AsyncClient(transport=_transport(pages, [])) as http:
+            s = TimelineSampler(http, [Endpoint("decode", "http://d")], None, "w", interval_s=1.5)
+            s.start()
+            for _ in range(50):
+                await asyncio.sleep(0)
+                if len(waits) >= 3:
+                    break
+            await s.stop()
+            return s
+
+    s = asyncio.run(run())
+    assert len(waits) >= 3 and set(waits) == {0.5}
+    assert len(s.rows) == len(waits) + 1  # a round per wait, + stop's last round
