@@ -92,17 +92,21 @@ def test_sample_once_records_rows_latest_peaks_store_and_stalls(tmp_path):
     assert [r["instance"] for r in store.rows_of("w1")] == ["prefill", "decode", "prefill", "decode"]
 
 
-def test_sample_once_peaks_of_an_instance_not_in_endpoints_and_gauges_absent():
-    pages = {"d": ["# TYPE vllm:num_requests_waiting gauge\nvllm:num_requests_waiting 2\n"]}
+def _unlisted(page: str) -> TimelineSampler:
+    """A sampler built for no endpoint that then samples ``decode`` once (peaks start from its first row)."""
 
     async def run() -> TimelineSampler:
-        async with httpx.AsyncClient(transport=_transport(pages, [])) as http:
+        async with httpx.AsyncClient(transport=_transport({"d": [page]}, [])) as http:
             s = TimelineSampler(http, [], None, "w")
             s.endpoints = [Endpoint("decode", "http://d")]
             await s.sample_once()
             return s
 
-    s = asyncio.run(run())
+    return asyncio.run(run())
+
+
+def test_sample_once_peaks_of_an_instance_not_in_endpoints_and_gauges_absent():
+    s = _unlisted("# TYPE vllm:num_requests_waiting gauge\nvllm:num_requests_waiting 2\n")
     assert s.peaks == {"decode": {"running": 0.0, "waiting": 2.0, "kv_usage": 0.0}}
     assert s.scrape_errors == 0 and s.interval_s == 1.0 and s.stalls is None
 
@@ -236,16 +240,8 @@ def test_a_failed_scrape_does_not_stop_the_round():
 
 
 def test_the_peak_of_a_gauge_an_instance_does_not_expose_stays_zero():
-    pages = {"d": ["# TYPE vllm:num_requests_running gauge\nvllm:num_requests_running 1\n"]}
-
-    async def run() -> TimelineSampler:
-        async with httpx.AsyncClient(transport=_transport(pages, [])) as http:
-            s = TimelineSampler(http, [], None, "w")
-            s.endpoints = [Endpoint("decode", "http://d")]
-            await s.sample_once()
-            return s
-
-    assert asyncio.run(run()).peaks == {"decode": {"running": 1.0, "waiting": 0.0, "kv_usage": 0.0}}
+    s = _unlisted("# TYPE vllm:num_requests_running gauge\nvllm:num_requests_running 1\n")
+    assert s.peaks == {"decode": {"running": 1.0, "waiting": 0.0, "kv_usage": 0.0}}
 
 
 def test_the_loop_waits_what_is_left_of_the_interval_after_a_round(monkeypatch):
