@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import shutil
 import subprocess
 import sys
 
@@ -173,3 +174,15 @@ def test_observe_before_start_reads_no_text(tmp_path):
     obs = _observe(w)  # no mark: nothing read
     assert obs.unscanned_logs == {"decode": f"cannot read file {log}"}
     assert obs.death_lines == {"decode": f"cannot read file {log}"}
+
+
+def test_pid_alive_reads_the_state_after_the_last_parenthesis_of_the_name(tmp_path):
+    """A process whose name has ") Z " in it (the name is the executable's) is alive while it runs."""
+    exe = tmp_path / "x) Z y"
+    shutil.copy(shutil.which("sleep") or "/bin/sleep", exe)
+    p = subprocess.Popen([str(exe), "30"])
+    try:
+        assert pid_alive(p.pid)
+    finally:
+        p.kill()
+        p.wait()
