@@ -186,3 +186,18 @@ def test_pid_alive_reads_the_state_after_the_last_parenthesis_of_the_name(tmp_pa
     finally:
         p.kill()
         p.wait()
+
+
+def test_an_owner_stop_does_not_end_the_look_at_the_next_instance(tmp_path):
+    log = tmp_path / "p.log"
+    log.write_text("")
+    eps = [Endpoint("prefill", "http://p", log=str(log), pid=_exited_pid()),
+           Endpoint("decode", "http://d", log=str(tmp_path / "d.log"), pid=_exited_pid())]
+    (tmp_path / "d.log").write_text("")
+    w = EndpointWatch(eps)
+    w.start()
+    log.write_text(stop_marker("prefill"))
+    (tmp_path / "d.log").write_text(FATAL + "\n")
+    obs = _observe(w)
+    assert set(obs.stopped) == {"prefill"} and obs.dead == {"decode": -1}
+    assert obs.death_lines == {"decode": FATAL} and obs.fatal_lines["decode"] == [FATAL]

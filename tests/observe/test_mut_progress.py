@@ -220,3 +220,23 @@ def test_the_rich_panel_layout():
 
 def test_status_line_rate_within_the_first_second():
     assert status_line("w", 4, {"ok": 1}, {}, 0.5).endswith("| 2.0 req/s, 0 s")
+
+
+def test_a_stream_without_isatty_gets_plain_lines():
+    assert resolve_mode("auto", SimpleNamespace(write=lambda s: None)) == "lines"  # type: ignore[arg-type]
+
+
+def test_the_mode_follows_the_given_stream_by_default(monkeypatch):
+    monkeypatch.setattr(progress.sys, "stderr", io.StringIO())
+    assert WaveProgress("w", 1, {}, {}, stream=_Tty()).mode == "rich"
+    monkeypatch.setattr(progress.sys, "stderr", _Tty())
+    assert WaveProgress("w", 1, {}, {}, stream=io.StringIO()).mode == "lines"
+
+
+def test_the_panel_rate_within_the_first_second(monkeypatch):
+    now = [0.0]
+    _clock(monkeypatch, now)
+    p = WaveProgress("w", 4, {"ok": 1}, {}, mode="rich", stream=io.StringIO())
+    now[0] = 0.5
+    head = p._render().renderables[0]
+    assert [next(iter(c.cells)) for c in head.columns][3] == "2.0 req/s"
