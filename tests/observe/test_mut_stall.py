@@ -195,3 +195,24 @@ def test_a_gap_of_exactly_max_gap_keeps_the_window(monkeypatch):
     det = StallDetector(4.0, max_gap_s=2.0)
     fired = [det.feed(snap(t), ProcSample(50.0 + t)) for t in (0.0, 2.5, 4.0, 6.5)]
     assert fired == [None, None, None, None]  # each gap over 2 s restarts it
+
+
+def test_a_request_moving_only_between_fetch_stages_is_not_frozen():
+    det = StallDetector(2.0)
+    stages = [dict(wts=1, cw=0), dict(wts=0, cw=1)]  # the same waiting reason, another load stage
+    assert all(det.feed(snap(float(t), **stages[t % 2])) is None for t in range(8))
+
+
+def test_a_build_without_fetch_stages_has_no_read_in_flight(monkeypatch):
+    """vLLM 0.30.0 has no vllm:num_requests_kv_fetch_by_stage: the stall window applies, not the transfer one."""
+    monkeypatch.setattr(proctree, "host_load", lambda: (0.0, 0.0, 0.0))
+    det = StallDetector(2.0, transfer_window_s=10.0)
+    old = [parse_metrics("\n".join(ln for ln in snap(float(t)).text.splitlines() if "kv_fetch_by_stage" not in ln)
+                         + "\n", "decode", t=float(t)) for t in range(4)]
+    fired = [det.feed(s, ProcSample(50.0 + i)) for i, s in enumerate(old)]
+    assert fired[:2] == [None, None] and fired[2] is not None and fired[2].duration_s == 2.0
+
+
+def test_the_diagnosis_quotes_the_running_count():
+    assert describe(snap(0.0, **{**IDLE, "kv": FULL_POOL, "running": 2}), 1.0) == \
+        "stall on decode: waiting=0 running=2 kv=99.0%, unchanged for 1.0 s"
