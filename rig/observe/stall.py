@@ -347,7 +347,9 @@ class StallWatcher:
             engine_cpu_s = self.probe(s.instance)
         stall = det.feed(s, engine_cpu_s)
         if stall is None:
-            self._open.pop(s.instance, None)
+            # the instance's last episode stays open: a detector that skips a sample without
+            # restarting (an early rule undecided, or an inconclusive wait) fires again with the
+            # same start, and that is the same episode; a restart gives a later start, a new one
             return None
         ep = self._open.get(s.instance)
         unsure = bool(stall.facts and stall.facts.evidence and stall.facts.evidence.inconclusive)

@@ -216,3 +216,21 @@ def test_a_build_without_fetch_stages_has_no_read_in_flight(monkeypatch):
 def test_the_diagnosis_quotes_the_running_count():
     assert describe(snap(0.0, **{**IDLE, "kv": FULL_POOL, "running": 2}), 1.0) == \
         "stall on decode: waiting=0 running=2 kv=99.0%, unchanged for 1.0 s"
+
+
+def test_a_stall_the_early_rule_decides_again_after_one_undecided_sample_is_one_episode(monkeypatch):
+    monkeypatch.setattr(proctree, "host_load", lambda: (0.0, 0.0, 0.0))
+    calls = []
+
+    def early(facts, frozen_s, samples, engine_cpu_s):
+        calls.append(samples)
+        return None if samples == 3 else "the pool cannot fit it"
+
+    w = StallWatcher(60.0, early=early)
+    fired = _frozen(w, 4, cpu_per_s=1.0)
+    assert [st is not None for st in fired] == [False, True, False, True] and calls == [2, 3, 4]
+    (ep,) = w.episodes  # one freeze, one episode
+    assert ep.since == 100.0 and ep.duration_s == 3.0
+    for t in (104.0, 105.0):  # something moved (a token): the span restarts, a new freeze is a new episode
+        w.feed(snap(t, gen=3), ProcSample(t))
+    assert [(e.since, e.duration_s) for e in w.episodes] == [(100.0, 3.0), (104.0, 1.0)]
