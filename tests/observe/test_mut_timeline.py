@@ -13,7 +13,7 @@ import pytest
 from rig.observe import timeline as tl
 from rig.observe.metrics import parse_metrics
 from rig.observe.observations import SnapshotStore
-from rig.observe.timeline import TimelineSampler, load_rows, plot_timeline, row_of, series
+from rig.observe.timeline import TimelineSampler, load_rows, plot_timeline, row_of, series, timeline_figure
 from rig.transport.endpoint import Endpoint
 
 PROM = """\
@@ -216,6 +216,9 @@ def test_plot_timeline_writes_a_png_and_nothing_without_rows(tmp_path):
     out = plot_timeline(rows, str(tmp_path / "sub" / "t.png"), title="wave", marks={"end": 2.0})
     assert out == tmp_path / "sub" / "t.png"
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    import matplotlib.pyplot as plt
+
+    assert plt.get_fignums() == []  # the figure is closed: a long run of waves holds no figures
 
 
 def test_series_rate_uses_the_latest_sample_exactly_min_dt_back():
@@ -277,3 +280,32 @@ def test_the_loop_waits_what_is_left_of_the_interval_after_a_round(monkeypatch):
     s = asyncio.run(run())
     assert len(waits) >= 3 and set(waits) == {0.5}
     assert len(s.rows) == len(waits) + 1  # a round per wait, + stop's last round
+
+
+def test_the_timeline_figure_names_its_panels_instances_marks_and_title():
+    import matplotlib.pyplot as plt
+
+    assert timeline_figure([]) is None
+    rows = [{"rel_t": float(i), "instance": inst, "num_requests_running": float(i)} for i in range(3)
+            for inst in ("prefill", "decode")]
+    fig = timeline_figure(rows, marks={"wave end": 2.0, "drained": 2.5})
+    try:
+        axes = fig.axes
+        assert [ax.get_ylabel() for ax in axes] == ["running", "waiting", "KV usage %", "preemptions (cumulative)",
+                                                    "finished req/s"]
+        assert axes[-1].get_xlabel() == "seconds since the wave started"
+        assert tuple(fig.get_size_inches()) == (9.0, 11.0)
+        assert all(axes[0].get_shared_x_axes().joined(axes[0], ax) for ax in axes[1:])  # one time axis
+        assert [t.get_text() for t in axes[0].get_legend().get_texts()] == ["prefill", "decode"]
+        assert [list(line.get_ydata()) for line in axes[0].lines[:2]] == [[0.0, 1.0, 2.0], [0.0, 1.0, 2.0]]
+        assert [a.get_text() for a in axes[0].texts] == ["wave end", "drained"]
+        assert all(sum(1 for line in ax.lines if line.get_linestyle() == "--") == 2 for ax in axes)
+        assert fig._suptitle is None  # no title, no heading
+    finally:
+        plt.close(fig)
+    fig = timeline_figure(rows, "pressure: 6 requests")
+    try:
+        assert fig._suptitle.get_text() == "pressure: 6 requests"
+        assert all(len(ax.texts) == 0 for ax in fig.axes)  # no marks, no mark labels
+    finally:
+        plt.close(fig)
