@@ -310,3 +310,46 @@ def test_the_timeline_figure_names_its_panels_instances_marks_and_title():
         assert all(len(ax.texts) == 0 for ax in fig.axes)  # no marks, no mark labels
     finally:
         plt.close(fig)
+
+
+def test_the_timeline_figure_draws_each_series_over_time_in_its_style():
+    import matplotlib.pyplot as plt
+    from matplotlib.colors import to_hex
+
+    rows = [{"rel_t": 0.5 * i, "instance": "decode", "num_requests_running": float(3 - i)} for i in range(3)]
+    fig = timeline_figure(rows, marks={"wave end": 0.75})
+    try:
+        ax = fig.axes[0]
+        line = ax.lines[0]
+        assert list(line.get_xdata()) == [0.0, 0.5, 1.0] and list(line.get_ydata()) == [3.0, 2.0, 1.0]
+        assert (line.get_marker(), line.get_markersize(), line.get_linewidth()) == (".", 3, 1.2)
+        grid = ax.xaxis.get_gridlines()[0]
+        assert grid.get_visible() and grid.get_alpha() == 0.3
+        mark = ax.lines[1]
+        assert list(mark.get_xdata()) == [0.75, 0.75] and mark.get_linestyle() == "--"
+        assert to_hex(mark.get_color()) == "#808080" and mark.get_linewidth() == 0.8
+        (label,) = ax.texts
+        assert label.get_text() == "wave end" and label.xy == (0.75, 1.0)
+        assert label.xycoords == ("data", "axes fraction")
+        assert (label.get_fontsize(), label.get_rotation(), label.get_va(), label.get_ha()) == (8, 90, "top", "right")
+        assert to_hex(label.get_color()) == "#808080"
+    finally:
+        plt.close(fig)
+
+
+def test_plot_timeline_passes_title_and_marks_and_writes_at_90_dpi(tmp_path, monkeypatch):
+    seen = []
+    real = tl.timeline_figure
+
+    def spy(rows, title="", marks=None):
+        seen.append((title, marks))
+        return real(rows, title, marks)
+
+    monkeypatch.setattr(tl, "timeline_figure", spy)
+    rows = [{"rel_t": 0.0, "instance": "d"}]
+    out = plot_timeline(rows, tmp_path / "a" / "b" / "t.png", "wave", {"end": 1.0})
+    assert seen == [("wave", {"end": 1.0})]
+    png = out.read_bytes()
+    assert int.from_bytes(png[16:20], "big") == 810 and int.from_bytes(png[20:24], "big") == 990  # 9 x 11 in at 90 dpi
+    assert plot_timeline(rows, tmp_path / "a" / "b" / "u.png") == tmp_path / "a" / "b" / "u.png"  # folder exists
+    assert seen[1] == ("", None)
