@@ -234,3 +234,36 @@ def test_a_stall_the_early_rule_decides_again_after_one_undecided_sample_is_one_
     for t in (104.0, 105.0):  # something moved (a token): the span restarts, a new freeze is a new episode
         w.feed(snap(t, gen=3), ProcSample(t))
     assert [(e.since, e.duration_s) for e in w.episodes] == [(100.0, 3.0), (104.0, 1.0)]
+
+
+def test_the_default_sampling_gap_is_half_the_window_and_short_windows_are_valid(monkeypatch):
+    monkeypatch.setattr(proctree, "host_load", lambda: (0.0, 0.0, 0.0))
+    det = StallDetector(4.0)
+    assert det.max_gap_s == 2.0
+    assert [det.feed(snap(t), ProcSample(50.0 + t)) for t in (0.0, 3.0, 6.0)] == [None, None, None]  # 3 s gaps
+    assert StallDetector(0.5, transfer_window_s=0.5).transfer_window_s == 0.5
+
+
+@pytest.mark.parametrize("inprog,fires_at", [(1, 9), (0, 5)])
+def test_the_inconclusive_wait_counts_from_the_window_that_applies(inprog, fires_at, monkeypatch):
+    """A read in flight: from the transfer window (6 s) + 3 s; none: from the stall window (2 s) + 3 s."""
+    monkeypatch.setattr(proctree, "host_load", lambda: LOADED)  # starved: inconclusive
+    det = StallDetector(2.0, max_gap_s=2.0, transfer_window_s=6.0, inconclusive_s=3.0)
+    fired = [det.feed(snap(float(t), inprog=inprog), ProcSample(50.0)) for t in range(12)]
+    assert [t for t, st in enumerate(fired) if st is not None][0] == fires_at
+
+
+def test_an_early_stall_carries_its_instance_and_evidence(monkeypatch):
+    monkeypatch.setattr(proctree, "host_load", lambda: (0.0, 0.0, 0.0))
+    seen = []
+
+    def early(facts, frozen_s, samples, engine_cpu_s):
+        seen.append(facts.evidence.finding)
+        return "decided"
+
+    det = StallDetector(60.0, early=early)
+    fired = [det.feed(snap(float(t), instance="decode-2"), ProcSample(50.0 + t)) for t in range(2)]
+    st = fired[1]
+    assert st is not None and st.instance == "decode-2" and st.decided_by == "decided"
+    assert seen == ["stepping"] and st.facts is not None and st.facts.evidence is not None
+    assert st.facts.evidence.finding == "stepping" and st.facts.evidence.engine_cpu_s == 1.0
