@@ -267,3 +267,9 @@ def test_an_early_stall_carries_its_instance_and_evidence(monkeypatch):
     assert st is not None and st.instance == "decode-2" and st.decided_by == "decided"
     assert seen == ["stepping"] and st.facts is not None and st.facts.evidence is not None
     assert st.facts.evidence.finding == "stepping" and st.facts.evidence.engine_cpu_s == 1.0
+
+
+def test_cache_info_without_a_label_reads_the_other_and_facts_quote_running():
+    text = 'vllm:cache_config_info{block_size="16",engine="0"} 1.0\n'
+    assert cache_info(parse_metrics(text, "decode", t=0)) == {"block_size": 16}
+    assert facts_of(snap(0.0, running=2), 1.0).running == 2.0

@@ -224,10 +224,10 @@ def test_plot_timeline_writes_a_png_and_nothing_without_rows(tmp_path):
 
 def test_series_rate_uses_the_latest_sample_exactly_min_dt_back():
     rows = [{"rel_t": 0.0, "instance": "d", "generation_tokens_total": 0.0},
-            {"rel_t": 0.25, "instance": "d", "generation_tokens_total": 10.0},
+            {"rel_t": 0.25, "instance": "d", "generation_tokens_total": 12.0},
             {"rel_t": 0.75, "instance": "d", "generation_tokens_total": 30.0}]
     d = series(rows)["d"]
-    assert d["tok_per_s"][2] == 40.0  # (30 - 10) / 0.5: the sample at 0.25 is exactly 0.5 s back
+    assert d["tok_per_s"][2] == 36.0  # (30 - 12) / 0.5: the sample at 0.25 is exactly 0.5 s back
 
 
 def test_a_failed_scrape_does_not_stop_the_round():
@@ -333,6 +333,9 @@ def test_the_timeline_figure_draws_each_series_over_time_in_its_style():
         assert label.xycoords == ("data", "axes fraction")
         assert (label.get_fontsize(), label.get_rotation(), label.get_va(), label.get_ha()) == (8, 90, "top", "right")
         assert to_hex(label.get_color()) == "#808080"
+        legend = ax.get_legend()
+        assert legend._loc == 2 and legend.get_frame().get_alpha() == 0.8  # upper left
+        assert [t.get_fontsize() for t in legend.get_texts()] == [8]
     finally:
         plt.close(fig)
 
@@ -353,3 +356,9 @@ def test_plot_timeline_passes_title_and_marks_and_writes_at_90_dpi(tmp_path, mon
     assert int.from_bytes(png[16:20], "big") == 810 and int.from_bytes(png[20:24], "big") == 990  # 9 x 11 in at 90 dpi
     assert plot_timeline(rows, tmp_path / "a" / "b" / "u.png") == tmp_path / "a" / "b" / "u.png"  # folder exists
     assert seen[1] == ("", None)
+
+
+def test_series_without_counters_has_no_rate():
+    rows = [{"rel_t": 0.0, "instance": "d"}, {"rel_t": 1.0, "instance": "d"}]
+    d = series(rows)["d"]
+    assert d["req_per_s"] == [0.0, 0.0] and d["tok_per_s"] == [0.0, 0.0] and d["preemptions"] == [0.0, 0.0]
