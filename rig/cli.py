@@ -33,6 +33,7 @@ import sys
 import time
 from datetime import UTC
 from pathlib import Path
+from typing import Any
 
 from rig.cluster import mooncake
 from rig.cluster.builds import BuildsFile, launch_vllm_version
@@ -139,6 +140,29 @@ def cmd_e2e(args: argparse.Namespace) -> int:
     return {"passed": 0, "failed": 1}.get(result.status, 3)
 
 
+def _explore_phases(args: argparse.Namespace) -> dict[str, Any]:
+    """ExploreSettings' nemesis, cancel and drawn-topology fields from the explore flags; raises
+    ConfigError naming the flag for an unknown nemesis or knob or a share outside 0..1."""
+    from rig.explore.grammar import NEMESIS_WEIGHTS
+    from rig.explore.topologies import KNOBS
+
+    def names(flag: str, raw: str | None, known: dict[str, Any]) -> list[str] | None:
+        got = [x.strip() for x in (raw or "").split(",") if x.strip()]
+        bad = [x for x in got if x not in known]
+        if bad:
+            raise ConfigError(f"{flag} {raw}: unknown {bad[0]!r}{did_you_mean(bad[0], list(known))}; "
+                              f"give some of {', '.join(known)}")
+        return got or None
+
+    if args.cancel_share is not None and not 0 <= args.cancel_share <= 1:
+        raise ConfigError(f"--cancel-share {args.cancel_share}: give a share between 0 and 1")
+    if args.nemesis_every < 0 or args.draw_topologies < 0:
+        raise ConfigError("--nemesis-every / --draw-topologies: give 0 (off) or a positive count")
+    return {"nemesis_every": args.nemesis_every, "nemesis": names("--nemesis", args.nemesis, NEMESIS_WEIGHTS),
+            "cancel_share": args.cancel_share, "draw_topologies": args.draw_topologies,
+            "knobs": names("--knobs", args.knobs, KNOBS)}
+
+
 def cmd_explore(args: argparse.Namespace) -> int:
     """Explore one long-lived deployment per topology (rig/explore); exit 0 when no failure was
     found or every one matches a declared known issue, 1 when a new one was found, 3 on error."""
@@ -159,6 +183,11 @@ def cmd_explore(args: argparse.Namespace) -> int:
         raise ConfigError(f"--routes {args.routes}: give some of {', '.join(ROUTE_WEIGHTS)}")
     if args.replay and not Path(args.replay).is_file():
         raise ConfigError(f"--replay {args.replay}: no such file; give the history.jsonl of an earlier explore run")
+    phases = _explore_phases(args)
+    if phases["draw_topologies"]:  # a bad drawn combination is refused before the run directory and servers
+        from rig.explore.topologies import draw_variants
+        draw_variants(cfg, args.seed, phases["draw_topologies"], decodes[0] if decodes else None,
+                      tuple(phases["knobs"]) if phases["knobs"] else None)
     preflight(cfg)
     run_dir = new_run_dir(cfg, f"{cfg.name}-explore")
     print(f"[pdrig] run directory: {run_dir}", file=sys.stderr, flush=True)
@@ -166,7 +195,7 @@ def cmd_explore(args: argparse.Namespace) -> int:
                                replays=args.replays, shrink_runs=args.shrink_runs,
                                allow_logprobs=args.allow_logprobs, known=args.known, replay=args.replay,
                                stop_at_first=args.stop_at_first,
-                               routes=routes)
+                               routes=routes, **phases)
     report = Explorer(cfg, run_dir, settings, quiet=args.quiet).run()
     print((run_dir / "explore.md").read_text(), flush=True)
     if report.status == "error":
@@ -546,6 +575,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--stop-at-first", action="store_true", help="stop exploring at the first failure found")
     p.add_argument("--routes", metavar="R1,R2", help="routes drawn: some of pd, decode, prefill, pd-abandon "
                                                     "(default: all)")
+    p.add_argument("--nemesis-every", type=int, default=0, metavar="N",
+                   help="a nemesis phase (fault, heal, liveness check) after every N actions (0: none)")
+    p.add_argument("--nemesis", metavar="K1,K2", help="nemesis faults drawn: some of sigstop-prefill, "
+                                                      "sigstop-decode, sigkill-prefill, sigkill-decode, "
+                                                      "delay-past-lease (default: all)")
+    p.add_argument("--cancel-share", type=float, default=None, metavar="F",
+                   help="share of P/D steps cancelled at a drawn time (default 0.2)")
+    p.add_argument("--draw-topologies", type=int, default=0, metavar="N",
+                   help="explore N topologies drawn from vLLM's knobs on the first --topologies decode "
+                        "(pool, lease, spec, block size, prefix caching, scheduler caps, failure policy)")
+    p.add_argument("--knobs", metavar="K1,K2", help="with --draw-topologies: the knobs drawn (default: all)")
     p.add_argument("--quiet", action="store_true", help="no progress lines")
     p.set_defaults(func=cmd_explore)
     p = sub.add_parser("plan", help="print every process's argv/env/ports without starting anything")
