@@ -1,6 +1,6 @@
 """``pdrig``: the command line.
 
-    pdrig e2e   [--config F] [--set k=v ...] [--scenario NAME ...] [--instances a,b]   run a suite
+    pdrig e2e   [--config F] [--set k=v ...] [--scenario NAME ...] [--instances a,b] [--build B]   run a suite
     pdrig plan  [--config F] [--set k=v ...] [--json]               print argv/env/ports, start nothing
     pdrig up    [--config F] [--instances a,b]                      start a P/D pair, warm it up, keep it
     pdrig build-model [--config F]                                  build (or find) the tiny model
@@ -11,9 +11,10 @@
     pdrig proxy [--endpoints F | --prefill URL ... --decode URL ...] [--port 8000]  OpenAI-compatible P/D front
     pdrig build NAME [--builds-dir D]                               create a vLLM build's env (configs/builds.yaml)
     pdrig matrix --builds a,b [--suite edge,lease] [--resume]       the suites on each build; matrix.md
+    pdrig matrix --builds a,b --explore RUN_DIR [--explore ...]      an exploration's minimal failures on each build
     pdrig ps    [--config F]                                        this host's live runs (from the port locks)
     pdrig clean [--config F] [--min-age-s S]                        remove stale port locks, empty run dirs
-    pdrig explore [--config F] [--seed N] [--actions N] [--replay H] seeded exploration, findings as YAML
+    pdrig explore [--config F] [--seed N] [--actions N] [--replay H] [--build B] seeded exploration, findings as YAML
 
 One module (~460 lines) on purpose: each subcommand is its parser and a short handler that calls
 the layer doing the work, so the whole command line reads in one place.
@@ -55,6 +56,31 @@ def _config_args(p: argparse.ArgumentParser) -> None:
                    help="override a config field, e.g. --set timeouts.stall_window_s=5 (repeatable)")
 
 
+def _build_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--build", metavar="NAME",
+                   help="run on this vLLM build of the builds file (configs/builds.yaml): its env's interpreter "
+                        "starts the servers (created first when missing, as `pdrig build NAME`) and its fixes apply")
+    p.add_argument("--builds-file", default=None, help="with --build: the builds file (default configs/builds.yaml)")
+    p.add_argument("--builds-dir",
+                   help="with --build: where build envs live (default $PDRIG_BUILDS_DIR or .cache/builds)")
+
+
+def _on_build(cfg: RigConfig, args: argparse.Namespace) -> RigConfig:
+    """``cfg`` on ``--build`` (rig.run.matrix.config_on_build), or ``cfg`` itself without one.
+    Raises ConfigError for an unknown build or one whose env cannot be created."""
+    if not args.build:
+        if args.builds_file or args.builds_dir:
+            raise ConfigError("--builds-file / --builds-dir choose where --build comes from: add --build NAME")
+        return cfg
+    from rig.cluster.builds import DEFAULT_BUILDS_FILE, BuildError
+    from rig.run.matrix import config_on_build
+
+    try:
+        return config_on_build(cfg, args.build, args.builds_file or DEFAULT_BUILDS_FILE, args.builds_dir)
+    except BuildError as e:
+        raise ConfigError(f"--build {args.build}: {e}") from None
+
+
 def fresh_prompt_seeds(cfg: RigConfig, salt: str) -> RigConfig:
     """``cfg`` with every scenario that has no explicit ``seed`` seeded from ``salt`` and its name.
 
@@ -94,6 +120,9 @@ def cmd_e2e(args: argparse.Namespace) -> int:
         names = [i.name for _, i in load_config(args.config, args.overrides).instances()]
         logs = [f"{n}=compose:{args.logs_from_compose}:{n}" for n in names if n not in named] + logs
     cfg = load_config(args.config, args.overrides + attach_overrides(args.endpoint, logs))
+    if args.build and (args.attach or args.docker):
+        raise ConfigError("--build starts the servers with that build's interpreter: drop --attach / --docker")
+    cfg = _on_build(cfg, args)
     known = [s.name for s in cfg.scenarios]
     unknown = [n for n in args.scenario or [] if n not in known]
     if unknown:
@@ -169,7 +198,7 @@ def cmd_explore(args: argparse.Namespace) -> int:
     from rig.explore.explorer import Explorer, ExploreSettings
     from rig.run.runner import new_run_dir
 
-    cfg = load_config(args.config, args.overrides)
+    cfg = _on_build(load_config(args.config, args.overrides), args)
     decodes = [d.strip() for d in (args.topologies or "").split(",") if d.strip()]
     names = [d.name for d in cfg.decode]
     bad = [d for d in decodes if d not in names]
@@ -555,6 +584,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "engine running): the rig renders, starts, pauses, kills and removes them "
                         "(rig/run/docker_run.py); make e2e-docker also starts the engine and builds the image")
     p.add_argument("--image", help="with --docker: the image (default pdrig:cpu, pdrig:gpu for device cuda)")
+    _build_args(p)
     p.set_defaults(func=cmd_e2e)
     p = sub.add_parser("explore", help="seeded exploration of a live deployment: oracles, coverage, "
                                        "history, shrinking to a scenario YAML")
@@ -587,6 +617,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "(pool, lease, spec, block size, prefix caching, scheduler caps, failure policy)")
     p.add_argument("--knobs", metavar="K1,K2", help="with --draw-topologies: the knobs drawn (default: all)")
     p.add_argument("--quiet", action="store_true", help="no progress lines")
+    _build_args(p)
     p.set_defaults(func=cmd_explore)
     p = sub.add_parser("plan", help="print every process's argv/env/ports without starting anything")
     _config_args(p)
