@@ -47,7 +47,8 @@ class TimelineSampler:
     """Scrapes ``endpoints`` every ``interval_s`` seconds between :meth:`start` and :meth:`stop`.
 
     ``rows`` holds every sample, ``latest`` the last row per instance, ``peaks`` the maxima of
-    running / waiting / KV usage per instance, ``scrape_errors`` the failed scrapes; ``stalls``
+    running / waiting / KV usage per instance, ``scrape_errors`` the failed scrapes, ``samples``
+    the snapshots read per instance (0 for one never read: its no-stall cannot be judged); ``stalls``
     (optional, :class:`rig.observe.stall.StallWatcher`) is fed every snapshot.
     """
 
@@ -61,6 +62,7 @@ class TimelineSampler:
         self.peaks: dict[str, dict[str, float]] = {e.name: {"running": 0.0, "waiting": 0.0, "kv_usage": 0.0}
                                                    for e in endpoints}
         self.scrape_errors = 0
+        self.samples: dict[str, int] = {e.name: 0 for e in endpoints}
         self.t0 = time.monotonic()
         self._stop = asyncio.Event()
         self._task: asyncio.Task | None = None
@@ -75,6 +77,7 @@ class TimelineSampler:
                     self.scrape_errors += 1
                     continue
                 raise snap
+            self.samples[snap.instance] = self.samples.get(snap.instance, 0) + 1
             if self.store is not None:
                 self.store.sample(self.scenario, snap)
             if self.stalls is not None:
