@@ -398,3 +398,70 @@ def test_retrieval_fails_when_pd_retrieves_less_than_the_reference():
         "retrieval", False, "P/D 1/4 (25%), reference 2/4 (50%)", ("r0", "r1"))
     assert retrieval_check(RetrievalResult(records=recs, pd_hits=2, ref_hits=2, compared=4)) == Check(
         "retrieval", True, "P/D 2/4 (50%), reference 2/4 (50%)")
+
+
+# ------------------------------------------------------------------------------ the text of each detail
+
+def test_two_stopped_instances_are_each_named_with_their_stop_line_cut_at_160():
+    o = obs(stopped={"prefill": "s" * 170, "decode": "stopped"})
+    assert alive_check(o).detail == ("not checked: prefill stopped by its owner, not a death (" + "s" * 160 + "); "
+                                     "decode stopped by its owner, not a death (stopped)")
+
+
+def test_every_miscounted_request_is_named_and_a_failed_request_before_it_does_not_hide_it():
+    short = {"prompt_tokens": 4, "completion_tokens": 1, "total_tokens": 5}
+    out = completion_checks(Outcome(completion_tokens=2), [rec(0, outcome="timeout"), rec(1, tokens=[5], usage=short),
+                                                           rec(2, tokens=[5], usage=short)])
+    assert out == [Check("completed", False, "2/3 completed; r0: timeout", ("r0",)),
+                   Check("token-counts", False, "r1: completion_tokens 1 != 2; r2: completion_tokens 1 != 2",
+                         ("r1", "r2"))]
+
+
+def test_a_refusal_without_a_message_fails_a_message_the_scenario_wants():
+    silent = rec(0, outcome="http_error")
+    silent.decode = Hop("decode", status=400, error=None)
+    assert completion_checks(Outcome(http_status=400, http_message=".+"), [silent]) == [
+        Check("completed", False, "0/1 refused by decode with HTTP 400; r0: http_error", ("r0",))]
+
+
+def test_a_fatal_line_keeps_the_whole_exception_cut_at_200():
+    o = obs(fatal_lines={"decode": ["Traceback (most recent call last): -> ValueError: shape a -> b"],
+                         "prefill": ["RuntimeError: " + "y" * 300]})
+    prefill = ("RuntimeError: " + "y" * 300)[:200]
+    assert fatal_log_check(o).detail == f"decode: ValueError: shape a -> b; prefill: {prefill}"
+
+
+def test_every_unscanned_log_is_named():
+    o = obs(fatal_lines={}, unscanned_logs={"prefill": "gone", "decode": "unreadable"})
+    assert fatal_log_check(o) == Check("no-fatal-log", None, "not checked: prefill: gone; decode: unreadable")
+
+
+def test_kv_integrity_reads_the_records_when_a_caller_gives_one_map_only():
+    o = obs([rec(0)], kv_integrity_lines={"prefill": [INVALID.format(rid="cmpl-p0"), INVALID.format(rid="X-9")]})
+    assert kv_integrity_check(o, answered={"X-9": "w9"}).requests == ("r0",)
+    assert kv_integrity_check(o, abandoned={"cmpl-p0": "w0"}).requests == ("r0",)
+
+
+def test_kv_integrity_and_released_by_d_skip_a_request_prefill_never_answered():
+    never = rec(1, outcome="connection_error")
+    never.prefill = None
+    o = obs([rec(0), never], kv_integrity_lines={"prefill": [INVALID.format(rid="cmpl-p0")]})
+    assert kv_integrity_check(o).requests == ("r0",)
+    assert lease_release_check(o).ok is True
+
+
+def test_kv_integrity_names_every_abandoned_request_and_cuts_the_line_at_160():
+    recs = [rec(0), rec(1, outcome="timeout"), rec(2, outcome="cancelled")]
+    long = INVALID.format(rid="cmpl-p0") + " " + "z" * 100
+    o = obs(recs, kv_integrity_lines={"prefill": [long, INVALID.format(rid="cmpl-p2"), INVALID.format(rid="cmpl-p1")]})
+    assert kv_integrity_check(o).detail == (
+        "1 answered request(s) read KV blocks prefill had released (lease expired): r0: "
+        + long[long.find("Potentially"):][:160] + "; 2 line(s) for requests abandoned by the rig (r1, r2): "
+        "lease housekeeping")
+
+
+def test_parity_states_one_compared_results_tolerance_and_seven_fields_not_compared():
+    seven = tuple(f"f{i}" for i in range(7))
+    out = parity_check([rec(0)], [ParityResult("equal", max_float_diff=0.0, tolerance=0.5, not_compared=seven)])
+    assert out.detail == ("1/1 equal (floats within 0 of the reference, tolerance 0.5); not compared: "
+                          "f0, f1, f2, f3, f4, f5 and 1 more")

@@ -552,3 +552,136 @@ def test_a_wave_parity_mismatch_is_an_answered_divergence_and_cancels_stay_cance
 def test_an_unknown_signature_is_a_type_error():
     with pytest.raises(TypeError, match="unknown signature str"):
         match("stall", obs(), [])  # type: ignore[arg-type]
+
+
+# ------------------------------------------------------------------------------ order, joins and cuts of the text
+
+def test_a_request_without_a_capacity_reason_is_not_fits_but_waits():
+    assert admission_of(30, BLOCKS, frozen(reasons={"deferred": 1.0}))[0] == "fits"
+
+
+def test_each_signature_reads_every_request_whatever_comes_first():
+    stall = match(LIVELOCK, obs(), [req(0), stalled(1, error="a"), stalled(2, error="b")], BLOCKS)
+    arith = " [n=126 k=1 block_size=32: needs 4 blocks, 4 of 4 usable free]"
+    assert stall.shown == f"r1: a{arith}; r2: b{arith}"
+    http = match(HttpErrorSignature(kind="http-error"), obs(), [req(0), req(1, "http_error", hop="decode")])
+    assert http.requests == {"r1"}
+    leak = match(LeakSignature(kind="leak", blocks_of="any"),
+                 obs(kv_integrity_lines={"prefill": [RELEASED.format(rid="cmpl-a"), RELEASED.format(rid="cmpl-b")]}),
+                 [req(0, "timeout"), req(1, remote_request_id="cmpl-a"), req(2, remote_request_id="cmpl-b")])
+    assert leak.shown == ("r1: params name cmpl-a, P's lease released cmpl-a; "
+                          "r2: params name cmpl-b, P's lease released cmpl-b")
+
+
+def test_failed_requests_are_listed_with_their_error_cut_at_120():
+    long = "HTTP 500: " + "e" * 200
+    stall = match(LIVELOCK, obs(), [req(0, "timeout", error=long)], BLOCKS)
+    assert stall.seen == f"r0: timeout ({long[:120]})"
+    http = match(HttpErrorSignature(kind="http-error", hop="prefill"), obs(),
+                 [req(0, "http_error", hop="decode", error=long)])
+    assert http.seen == f"r0: http_error on decode {long[:120]}"
+
+
+def test_a_message_signature_never_matches_an_error_without_a_message():
+    m = match(HttpErrorSignature(kind="http-error", message="."), obs(), [req(0, "http_error", hop="decode")])
+    assert not m.matched and m.seen == "r0: http_error on decode"
+
+
+def test_a_leak_lists_every_released_sibling_and_names_its_own_blocks_in_the_expectation():
+    o = obs(kv_integrity_lines={"prefill": [RELEASED.format(rid="1_cmpl-a"), RELEASED.format(rid="2_cmpl-a"),
+                                            RELEASED.format(rid="1_cmpl-b")]})
+    sig = LeakSignature(kind="leak", blocks_of="request", excuses=["idle-after"])
+    m = match(sig, o, [req(0, remote_request_id="cmpl-a"), req(1, remote_request_id="cmpl-b")])
+    assert m == Match(frozenset(), frozenset({"released-by-d"}), frozenset({"idle-after"}),
+                      seen="r0: P's lease released 1_cmpl-a, 2_cmpl-a (params name cmpl-a); "
+                           "r1: P's lease released 1_cmpl-b (params name cmpl-b)",
+                      expected="an answered request whose its own blocks P's lease reaper released (not D's read)")
+
+
+def test_wrong_output_lists_every_diverged_and_failed_request_and_keeps_its_excuses():
+    sig = WrongOutputSignature(kind="wrong-output", excuses=["idle-after"])
+    m = match(sig, obs(), [req(0, parity="diverged"), req(1, parity="diverged"), req(2, "timeout"), req(3, "empty")])
+    assert (m.run_checks, m.seen, m.shown) == (frozenset({"idle-after"}), "r2: timeout; r3: empty",
+                                               "r0, r1 diverged from the reference")
+
+
+def test_shared_params_lists_the_requests_it_did_not_match_and_every_own_release():
+    o = obs(kv_integrity_lines={"prefill": [INVALID.format(rid=P0), INVALID.format(rid="cmpl-xyz-0-0123abcd"),
+                                            RELEASED.format(rid=P0), RELEASED.format(rid=P1),
+                                            RELEASED.format(rid="cmpl-xyz-2-0123abcd")]})
+    reqs = [two(0), req(1, parity=None, remote_request_id="cmpl-q"), two(2, outcome="timeout", diverged=None),
+            req(3, parity="diverged", remote_request_id="cmpl-z"), two(4, rid="cmpl-xyz-0-0123abcd")]
+    m = match(SHARED, o, reqs)
+    assert m.requests == {"r0", "r4"}
+    assert m.explains == frozenset({"kv-integrity", "parity"})  # r0's own blocks were released: D read them
+    assert m.seen == ("r2: timeout, 2 prompt(s), params name prompt 0, P's invalid-blocks line names it, "
+                      "parity equal; r3: ok, 1 prompt(s), params name cmpl-z, P's invalid-blocks line does not name "
+                      "it, parity diverged; r0: P's lease released the blocks of the prompt the params name (D read "
+                      "them)")
+    assert m.shown.endswith("; P's lease released cmpl-xyz-2-0123abcd")
+    two_sibs = match(SHARED, obs(kv_integrity_lines={"prefill": [
+        INVALID.format(rid=P0), RELEASED.format(rid=P1), RELEASED.format(rid="cmpl-abc-2-0123abcd")]}), [two(0)])
+    assert two_sibs.shown.endswith(f"; P's lease released {P1}, cmpl-abc-2-0123abcd")
+
+
+def test_shared_params_says_not_compared_and_reads_no_excuse_when_ps_log_was_not_scanned():
+    m = match(SHARED, obs(kv_integrity_lines={}), [req(0, prompts=2, remote_request_id=P0, parity=None)])
+    assert (m.matched, m.seen) == (False, "no invalid-blocks line, no divergence")
+    m = shared([req(0, prompts=2, remote_request_id=P0, parity=None)])
+    assert m.seen == "r0: ok, 2 prompt(s), params name prompt 0, P's invalid-blocks line names it, parity not compared"
+
+
+def test_the_diverged_prompt_is_a_whole_prompt_number():
+    r = pd_record(0, "ok", Hop("prefill", status=200, kv_transfer_params={"remote_request_id": P0}),
+                  Hop("decode", status=200, choices=[[1], [2], [3], [4]]))
+    r.prompt = [[1], [2]]
+    f = facts_of_records(obs([r], parity=[ParityResult("diverged", choice=3)]))
+    assert shared(f).shown.split(", ")[-1].startswith("prompt 1's choice diverged;")
+
+
+def test_a_records_facts_keep_its_id_outcome_and_length_and_an_unblamed_failure_has_no_status():
+    r = pd_record(7, "empty", Hop("prefill", status=200, error=""), Hop("decode", status=200), "decode: no tokens")
+    f = facts_of_records(obs([r]))[0]
+    assert (f.request_id, f.outcome, f.prompt_len, f.hop, f.status, f.error) == \
+        ("r7", "empty", 8, None, None, "decode: no tokens")
+
+
+def test_a_wave_answer_with_status_200_blames_no_hop():
+    f = facts_of_wave([wave(5, "empty", p=200, d=200, diagnosis="no tokens")])[0]
+    assert (f.request_id, f.hop, f.status, f.error) == ("w5", None, None, "no tokens")
+
+
+def test_appended_token_lists_every_appended_and_repeated_request_and_keeps_the_expectation():
+    sig = AppendedTokenSignature(kind="appended-token", cache_corrupted=True)
+    recs = [pd(0, [1, 2], [1, 2, 9]), pd(1, [3, 4], [3, 4, 9]), pd(2, [1, 2, 9]), pd(3, [3, 4, 9]), pd(4, [5]),
+            pd(5, [6])]
+    reqs = [req(0, parity="diverged", appended=True), req(1, parity="diverged", appended=True),
+            req(2, parity="diverged"), req(3, parity="diverged"), req(4, parity="diverged"), req(5, parity="diverged")]
+    m = match(sig, obs(recs), reqs)
+    assert m.shown == ("r0, r1: HTTP 200, tokens differ from the reference of the appended prompt; r2, r3: a later "
+                       "request for the prompt D got diverges too (D's prefix cache)")
+    assert m.seen == "r4, r5 diverged without an appended token; decode alive"
+    assert m.expected.startswith("an answered request with P's first token appended")
+
+
+def test_appended_token_names_the_assert_line_only_when_it_is_not_ds_death_line():
+    sig = AppendedTokenSignature(kind="appended-token")
+    assertion = "AssertionError: assert num_decode_blocks <= len(prefill_group)"
+    quoted = "(Worker) File base_worker.py, in _apply_prefix_caching: assert num_decode_blocks <= len(prefill_group)"
+    o = obs([], dead={"decode": 1}, death_lines={"decode": assertion}, fatal_lines={"decode": [quoted, assertion]})
+    m = match(sig, o, [])
+    assert (m.shown, m.seen) == (f"decode died (exit 1): {assertion}", f"decode died (exit 1): {assertion}")
+    assert m.expected.endswith("decode dies with a fatal line matching /assert num_decode_blocks <= "
+                               "len\\(prefill_group\\)/")
+    long = "RuntimeError: " + "r" * 200
+    cut = match(sig, obs([], dead={"decode": 1}, death_lines={"decode": long},
+                         fatal_lines={"decode": [long, quoted + " " + "q" * 200]}), [])
+    assert cut.shown == f"decode died (exit 1): {long[:160]}; fatal line: {(quoted + ' ' + 'q' * 200)[:160]}"
+    assert cut.seen == cut.shown
+    silent = match(sig, obs([], dead={"decode": 1}, fatal_lines={"decode": [assertion]}), [])
+    assert silent.shown == f"decode died (exit 1): ; fatal line: {assertion}"
+
+
+def test_appended_token_without_a_divergence_or_death_says_so():
+    m = match(AppendedTokenSignature(kind="appended-token"), obs(decode="d-1", dead={}), [])
+    assert (m.matched, m.seen) == (False, "d-1 alive")
