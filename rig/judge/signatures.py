@@ -342,15 +342,14 @@ def _appended(sig: AppendedTokenSignature, obs: ScenarioObservation, reqs: list[
     # line) before EngineCore's fatal line, so the regex is searched in every fatal line of D, and
     # the death is still named with D's first fatal line (the exception that ended it).
     name = obs.decode
-    lines = [obs.death_lines.get(name, "")] + list(obs.fatal_lines.get(name) or [])
-    hit = next((ln for ln in lines if re.search(sig.fatal_log, ln or "")), None)
-    crash = _crash(CrashSignature(kind="crash", instance="decode", fatal_log=sig.fatal_log,
-                                  excuses=sig.excuses), replace(obs, death_lines={**obs.death_lines, name: hit})
-                   if hit else obs, reqs)
+    lines = [obs.death_lines.get(name), *(obs.fatal_lines.get(name) or [])]
+    hit = next((ln for ln in lines if ln and re.search(sig.fatal_log, ln)), None)
+    # the signature's excuses are added to the run checks below, with or without a death
+    crash = _crash(CrashSignature(kind="crash", instance="decode", fatal_log=sig.fatal_log),
+                   replace(obs, death_lines={**obs.death_lines, name: hit}) if hit else obs, reqs)
     if crash.matched and hit is not None and hit != obs.death_lines.get(name):
         death = f"{name} died (exit {obs.dead[name]}): {obs.death_lines.get(name, '')[:160]}"
-        crash = Match(crash.requests, crash.explains, crash.run_checks, seen=f"{death}; fatal line: {hit[:160]}",
-                      expected=crash.expected, shown=f"{death}; fatal line: {hit[:160]}", instances=crash.instances)
+        crash = replace(crash, seen=f"{death}; fatal line: {hit[:160]}", shown=f"{death}; fatal line: {hit[:160]}")
     expected = ("an answered request with P's first token appended whose tokens differ from the reference of the "
                 f"prompt D got, and/or {crash.expected}")
     shown = ([f"{', '.join(wrong)}: HTTP 200, tokens differ from the reference of the appended prompt"] if wrong
@@ -358,15 +357,14 @@ def _appended(sig: AppendedTokenSignature, obs: ScenarioObservation, reqs: list[
                           "cache)"] if corrupted else []) + ([crash.shown] if crash.matched else [])
     other = [r.request_id for r in reqs if r.outcome == "ok" and r.parity == "diverged" and not r.appended
              and r.request_id not in corrupted]
-    seen = "; ".join(([f"{', '.join(other)} diverged without an appended token"] if other else [])
-                     + [crash.seen]) or "no divergence on an appended request"
+    # crash.seen always says something ("<D> alive" at least)
+    seen = "; ".join(([f"{', '.join(other)} diverged without an appended token"] if other else []) + [crash.seen])
     if not wrong and not crash.matched:
         return Match(seen=seen, expected=expected)
     # A dead D has no /metrics after the scenario: its pulls cannot be read ("not checked"); the
     # death explains that gap, never a kv-pulled failure on a request (those carry request ids).
     return Match(frozenset(wrong) | frozenset(corrupted) | crash.requests,
-                 (crash.explains if crash.matched else frozenset({"parity"}))
-                 | ({"parity", "repeat-equal"} if sig.cache_corrupted else {"parity"}),
+                 crash.explains | ({"parity", "repeat-equal"} if sig.cache_corrupted else {"parity"}),
                  frozenset(sig.excuses) | crash.run_checks | ({"kv-pulled"} if crash.matched else set()),
                  seen=seen, expected=expected, shown="; ".join(shown),
                  instances=crash.instances)

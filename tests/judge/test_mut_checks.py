@@ -293,11 +293,12 @@ def test_stale_kv_on_an_answered_request_fails_it_and_abandoned_ones_are_houseke
 
 
 def test_a_line_naming_no_request_of_the_scenario_is_counted_not_failed():
+    old = [INVALID.format(rid="cmpl-old"), INVALID.format(rid="cmpl-older")]
     o = obs([rec(0), rec(1, outcome="cancelled")],
-            kv_integrity_lines={"prefill": [INVALID.format(rid="cmpl-old")], "decode": [INVALID.format(rid="cmpl-p1")]})
+            kv_integrity_lines={"prefill": old, "decode": [INVALID.format(rid="cmpl-p1")]})
     assert kv_integrity_check(o) == Check(
         "kv-integrity", True, "no answered request read released KV blocks; 1 line(s) for requests abandoned by the "
-        "rig (r1): lease housekeeping; 1 line(s) naming no request of this scenario (an earlier scenario's "
+        "rig (r1): lease housekeeping; 2 line(s) naming no request of this scenario (an earlier scenario's "
         "abandoned transfer expiring): lease housekeeping")
     assert kv_integrity_check(obs([rec(0)], kv_integrity_lines={"prefill": []})) == \
         Check("kv-integrity", True, "no answered request read released KV blocks")
@@ -352,6 +353,7 @@ def test_stream_complete_judges_only_streamed_answers():
     ("x_cmpl-abc-1-0123abcd", "x_cmpl-abc-1-0123abcd", None),  # not a sampling child's prefix
     ("3_", "3_", None),
     ("cmpl-abc-1-0123abcdX", "cmpl-abc-1-0123abcdX", None),
+    ("1_cmpl-my_req-0-0123abcd", "cmpl-my_req", 0),  # a client's X-Request-Id may carry "_" itself
 ])
 def test_parent_and_prompt_of_a_vllm_request_id(rid, parent, index):
     assert parent_request_id(rid) == parent
@@ -465,3 +467,8 @@ def test_parity_states_one_compared_results_tolerance_and_seven_fields_not_compa
     out = parity_check([rec(0)], [ParityResult("equal", max_float_diff=0.0, tolerance=0.5, not_compared=seven)])
     assert out.detail == ("1/1 equal (floats within 0 of the reference, tolerance 0.5); not compared: "
                           "f0, f1, f2, f3, f4, f5 and 1 more")
+
+
+def test_a_release_line_is_read_from_its_first_character_and_cut_at_200():
+    bare = RELEASED.format(rid="cmpl-a")[RELEASED.find("Releasing"):] + " " + "w" * 200
+    assert lease_released_ids([bare]) == [("cmpl-a", bare[:200])]

@@ -15,6 +15,7 @@ from rig.config import (
     LeakSignature,
     StaleKvSignature,
     StallSignature,
+    WrongMetricsSignature,
     WrongOutputSignature,
 )
 from rig.judge.signatures import (
@@ -27,7 +28,7 @@ from rig.judge.signatures import (
     facts_of_wave,
     match,
 )
-from rig.observe.observations import ScenarioObservation
+from rig.observe.observations import ScenarioObservation, TransferEvidence
 from rig.observe.parity import ParityResult
 from rig.transport.records import Hop, PDRecord, StallEvidence, StallFacts, WaveRecord
 
@@ -685,3 +686,88 @@ def test_appended_token_names_the_assert_line_only_when_it_is_not_ds_death_line(
 def test_appended_token_without_a_divergence_or_death_says_so():
     m = match(AppendedTokenSignature(kind="appended-token"), obs(decode="d-1", dead={}), [])
     assert (m.matched, m.seen) == (False, "d-1 alive")
+
+
+def test_a_crash_signature_names_an_instance_by_name_and_says_what_it_expected():
+    sig = CrashSignature(kind="crash", instance="decode-1", fatal_log="AssertionError")
+    alive = match(sig, obs(), [])
+    assert (alive.seen, alive.expected) == ("decode-1 alive",
+                                            "decode-1 dies with a fatal line matching /AssertionError/")
+    dead = match(sig, obs(dead={"decode-1": 1}, death_lines={"decode-1": "AssertionError: x"}), [])
+    assert dead.instances == {"decode-1"}
+
+
+def test_a_crash_signature_never_matches_a_death_without_a_fatal_line():
+    m = match(CrashSignature(kind="crash", instance="decode", fatal_log="."), obs(dead={"decode": -9}), [])
+    assert (m.matched, m.seen) == (False, "decode died (exit -9): no fatal line")
+
+
+def test_a_crash_line_is_cut_at_200():
+    long = "AssertionError: " + "a" * 300
+    sig = CrashSignature(kind="crash", instance="decode", fatal_log="AssertionError")
+    m = match(sig, obs(dead={"decode": 1}, death_lines={"decode": long}), [])
+    assert m.seen == m.shown == f"decode died (exit 1): {long[:200]}"
+    other = match(CrashSignature(kind="crash", instance="decode", fatal_log="ValueError"),
+                  obs(dead={"decode": 1}, death_lines={"decode": long}), [])
+    assert other.seen == f"decode died (exit 1): {long[:200]}"
+
+
+def test_an_inconclusive_stall_does_not_hide_a_later_stall_that_matches():
+    m = match(LIVELOCK, obs(), [stalled(0, frozen(finding="compiling")), stalled(1)], BLOCKS)
+    assert m.requests == {"r1"}
+
+
+def test_stale_kv_keeps_its_excuses_and_lists_every_request_it_shows_on():
+    o = obs(kv_integrity_lines={"prefill": [INVALID.format(rid="cmpl-p0"), INVALID.format(rid="cmpl-p1")]})
+    m = match(StaleKvSignature(kind="stale-kv", excuses=["idle-after"]), o,
+              [req(0, remote_request_id="cmpl-p0", parity="diverged"),
+               req(1, remote_request_id="cmpl-p1", parity="diverged")])
+    assert m.run_checks == {"idle-after"}
+    assert m.shown == ("r0: P's 'Potentially invalid KV blocks' line names its remote_request_id cmpl-p0, parity "
+                       "diverged; r1: P's 'Potentially invalid KV blocks' line names its remote_request_id cmpl-p1, "
+                       "parity diverged")
+
+
+def test_shared_params_keeps_its_excuses_and_lists_every_request_it_shows_on():
+    sig = StaleKvSignature(kind="stale-kv", cause="shared-params", excuses=["idle-after"])
+    q0 = "cmpl-def-0-0123abcd"
+    m = shared([two(0), two(1, rid=q0)], lines=[INVALID.format(rid=P0), INVALID.format(rid=q0)], sig=sig)
+    assert m.run_checks == {"idle-after"}
+    assert m.shown == (f"r0: 2 prompts, P's params name prompt 0 only ({P0}) and P's 'Potentially invalid KV blocks' "
+                       "line names it (D read those blocks again), prompt 1's choice diverged; "
+                       f"r1: 2 prompts, P's params name prompt 0 only ({q0}) and P's 'Potentially invalid KV blocks' "
+                       "line names it (D read those blocks again), prompt 1's choice diverged")
+
+
+def test_appended_token_death_named_by_a_later_fatal_line_keeps_the_expectation():
+    sig = AppendedTokenSignature(kind="appended-token")
+    assertion = "AssertionError: assert num_decode_blocks <= len(prefill_group)"
+    o = obs([], dead={"decode": 1}, death_lines={"decode": "RuntimeError: EngineCore died"},
+            fatal_lines={"decode": ["RuntimeError: EngineCore died", assertion]})
+    m = match(sig, o, [])
+    assert m.expected == ("an answered request with P's first token appended whose tokens differ from the reference "
+                          "of the prompt D got, and/or decode dies with a fatal line matching "
+                          "/assert num_decode_blocks <= len\\(prefill_group\\)/")
+    assert m.explains == REQUEST_CHECKS | {"kv-integrity"}
+
+
+def test_wrong_metrics_matches_a_d_that_counts_the_pulled_prompt_as_cached():
+
+    def answered(i: int, p_cached: int, d_cached: int) -> PDRecord:
+        p_usage = {"prompt_tokens_details": {"cached_tokens": p_cached}}
+        return pd_record(i, "ok", Hop("prefill", status=200, usage=p_usage),
+                         Hop("decode", status=200, usage={"prompt_tokens": 96,
+                                                          "prompt_tokens_details": {"cached_tokens": d_cached}}))
+    sig = WrongMetricsSignature(kind="wrong-metrics", check="cached-tokens", min_cached_share=0.5,
+                                excuses=["idle-after"])
+    o = obs([answered(0, 0, 96), answered(1, 0, 48), answered(2, 0, 47), answered(3, 0, 60), answered(4, 0, 70)],
+            evidence=TransferEvidence())
+    m = match(sig, o, [])  # 48 of 96 is the share exactly; at most three requests are quoted
+    assert m == Match(frozenset({"r0", "r1", "r3", "r4"}), frozenset({"cached-tokens"}), frozenset({"idle-after"}),
+                      seen="r0: P 0, D 96 of 96; r1: P 0, D 48 of 96; r2: P 0, D 47 of 96",
+                      expected="an answered request whose D reports >= 50% of its prompt as cached_tokens, above P's "
+                               "hits + D's local hits",
+                      shown="r0: D cached_tokens 96 of 96, P's hits 0; r1: D cached_tokens 48 of 96, P's hits 0; "
+                            "r3: D cached_tokens 60 of 96, P's hits 0")
+    assert match(sig, obs([], evidence=TransferEvidence()), []).seen == \
+        "no answer reported usage.prompt_tokens_details on both hops"
