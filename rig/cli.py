@@ -1,6 +1,6 @@
 """``pdrig``: the command line.
 
-    pdrig e2e   [--config F] [--set k=v ...] [--scenario NAME ...] [--instances a,b]   run a suite
+    pdrig e2e   [--config F] [--set k=v ...] [--scenario NAME ...] [--instances a,b] [--build B]   run a suite
     pdrig plan  [--config F] [--set k=v ...] [--json]               print argv/env/ports, start nothing
     pdrig up    [--config F] [--instances a,b]                      start a P/D pair, warm it up, keep it
     pdrig build-model [--config F]                                  build (or find) the tiny model
@@ -11,9 +11,10 @@
     pdrig proxy [--endpoints F | --prefill URL ... --decode URL ...] [--port 8000]  OpenAI-compatible P/D front
     pdrig build NAME [--builds-dir D]                               create a vLLM build's env (configs/builds.yaml)
     pdrig matrix --builds a,b [--suite edge,lease] [--resume]       the suites on each build; matrix.md
+    pdrig matrix --builds a,b --explore RUN_DIR [--explore ...]      an exploration's minimal failures on each build
     pdrig ps    [--config F]                                        this host's live runs (from the port locks)
     pdrig clean [--config F] [--min-age-s S]                        remove stale port locks, empty run dirs
-    pdrig explore [--config F] [--seed N] [--actions N] [--replay H] seeded exploration, findings as YAML
+    pdrig explore [--config F] [--seed N] [--actions N] [--replay H] [--build B] seeded exploration, findings as YAML
 
 One module (~460 lines) on purpose: each subcommand is its parser and a short handler that calls
 the layer doing the work, so the whole command line reads in one place.
@@ -33,6 +34,7 @@ import sys
 import time
 from datetime import UTC
 from pathlib import Path
+from typing import Any
 
 from rig.cluster import mooncake
 from rig.cluster.builds import BuildsFile, launch_vllm_version
@@ -52,6 +54,31 @@ def _config_args(p: argparse.ArgumentParser) -> None:
                    help=f"rig config YAML (default {DEFAULT_CONFIG})")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="PATH=VALUE",
                    help="override a config field, e.g. --set timeouts.stall_window_s=5 (repeatable)")
+
+
+def _build_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--build", metavar="NAME",
+                   help="run on this vLLM build of the builds file (configs/builds.yaml): its env's interpreter "
+                        "starts the servers (created first when missing, as `pdrig build NAME`) and its fixes apply")
+    p.add_argument("--builds-file", default=None, help="with --build: the builds file (default configs/builds.yaml)")
+    p.add_argument("--builds-dir",
+                   help="with --build: where build envs live (default $PDRIG_BUILDS_DIR or .cache/builds)")
+
+
+def _on_build(cfg: RigConfig, args: argparse.Namespace) -> RigConfig:
+    """``cfg`` on ``--build`` (rig.run.matrix.config_on_build), or ``cfg`` itself without one.
+    Raises ConfigError for an unknown build or one whose env cannot be created."""
+    if not args.build:
+        if args.builds_file or args.builds_dir:
+            raise ConfigError("--builds-file / --builds-dir choose where --build comes from: add --build NAME")
+        return cfg
+    from rig.cluster.builds import DEFAULT_BUILDS_FILE, BuildError
+    from rig.run.matrix import config_on_build
+
+    try:
+        return config_on_build(cfg, args.build, args.builds_file or DEFAULT_BUILDS_FILE, args.builds_dir)
+    except BuildError as e:
+        raise ConfigError(f"--build {args.build}: {e}") from None
 
 
 def fresh_prompt_seeds(cfg: RigConfig, salt: str) -> RigConfig:
@@ -93,6 +120,9 @@ def cmd_e2e(args: argparse.Namespace) -> int:
         names = [i.name for _, i in load_config(args.config, args.overrides).instances()]
         logs = [f"{n}=compose:{args.logs_from_compose}:{n}" for n in names if n not in named] + logs
     cfg = load_config(args.config, args.overrides + attach_overrides(args.endpoint, logs))
+    if args.build and (args.attach or args.docker):
+        raise ConfigError("--build starts the servers with that build's interpreter: drop --attach / --docker")
+    cfg = _on_build(cfg, args)
     known = [s.name for s in cfg.scenarios]
     unknown = [n for n in args.scenario or [] if n not in known]
     if unknown:
@@ -139,13 +169,36 @@ def cmd_e2e(args: argparse.Namespace) -> int:
     return {"passed": 0, "failed": 1}.get(result.status, 3)
 
 
+def _explore_phases(args: argparse.Namespace) -> dict[str, Any]:
+    """ExploreSettings' nemesis, cancel and drawn-topology fields from the explore flags; raises
+    ConfigError naming the flag for an unknown nemesis or knob or a share outside 0..1."""
+    from rig.explore.grammar import NEMESIS_WEIGHTS
+    from rig.explore.topologies import KNOBS
+
+    def names(flag: str, raw: str | None, known: dict[str, Any]) -> list[str] | None:
+        got = [x.strip() for x in (raw or "").split(",") if x.strip()]
+        bad = [x for x in got if x not in known]
+        if bad:
+            raise ConfigError(f"{flag} {raw}: unknown {bad[0]!r}{did_you_mean(bad[0], list(known))}; "
+                              f"give some of {', '.join(known)}")
+        return got or None
+
+    if args.cancel_share is not None and not 0 <= args.cancel_share <= 1:
+        raise ConfigError(f"--cancel-share {args.cancel_share}: give a share between 0 and 1")
+    if args.nemesis_every < 0 or args.draw_topologies < 0:
+        raise ConfigError("--nemesis-every / --draw-topologies: give 0 (off) or a positive count")
+    return {"nemesis_every": args.nemesis_every, "nemesis": names("--nemesis", args.nemesis, NEMESIS_WEIGHTS),
+            "cancel_share": args.cancel_share, "draw_topologies": args.draw_topologies,
+            "knobs": names("--knobs", args.knobs, KNOBS)}
+
+
 def cmd_explore(args: argparse.Namespace) -> int:
     """Explore one long-lived deployment per topology (rig/explore); exit 0 when no failure was
     found or every one matches a declared known issue, 1 when a new one was found, 3 on error."""
     from rig.explore.explorer import Explorer, ExploreSettings
     from rig.run.runner import new_run_dir
 
-    cfg = load_config(args.config, args.overrides)
+    cfg = _on_build(load_config(args.config, args.overrides), args)
     decodes = [d.strip() for d in (args.topologies or "").split(",") if d.strip()]
     names = [d.name for d in cfg.decode]
     bad = [d for d in decodes if d not in names]
@@ -159,6 +212,11 @@ def cmd_explore(args: argparse.Namespace) -> int:
         raise ConfigError(f"--routes {args.routes}: give some of {', '.join(ROUTE_WEIGHTS)}")
     if args.replay and not Path(args.replay).is_file():
         raise ConfigError(f"--replay {args.replay}: no such file; give the history.jsonl of an earlier explore run")
+    phases = _explore_phases(args)
+    if phases["draw_topologies"]:  # a bad drawn combination is refused before the run directory and servers
+        from rig.explore.topologies import draw_variants
+        draw_variants(cfg, args.seed, phases["draw_topologies"], decodes[0] if decodes else None,
+                      tuple(phases["knobs"]) if phases["knobs"] else None)
     preflight(cfg)
     run_dir = new_run_dir(cfg, f"{cfg.name}-explore")
     print(f"[pdrig] run directory: {run_dir}", file=sys.stderr, flush=True)
@@ -166,7 +224,7 @@ def cmd_explore(args: argparse.Namespace) -> int:
                                replays=args.replays, shrink_runs=args.shrink_runs,
                                allow_logprobs=args.allow_logprobs, known=args.known, replay=args.replay,
                                stop_at_first=args.stop_at_first,
-                               routes=routes)
+                               routes=routes, **phases)
     report = Explorer(cfg, run_dir, settings, quiet=args.quiet).run()
     print((run_dir / "explore.md").read_text(), flush=True)
     if report.status == "error":
@@ -526,6 +584,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "engine running): the rig renders, starts, pauses, kills and removes them "
                         "(rig/run/docker_run.py); make e2e-docker also starts the engine and builds the image")
     p.add_argument("--image", help="with --docker: the image (default pdrig:cpu, pdrig:gpu for device cuda)")
+    _build_args(p)
     p.set_defaults(func=cmd_e2e)
     p = sub.add_parser("explore", help="seeded exploration of a live deployment: oracles, coverage, "
                                        "history, shrinking to a scenario YAML")
@@ -546,7 +605,19 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--stop-at-first", action="store_true", help="stop exploring at the first failure found")
     p.add_argument("--routes", metavar="R1,R2", help="routes drawn: some of pd, decode, prefill, pd-abandon "
                                                     "(default: all)")
+    p.add_argument("--nemesis-every", type=int, default=0, metavar="N",
+                   help="a nemesis phase (fault, heal, liveness check) after every N actions (0: none)")
+    p.add_argument("--nemesis", metavar="K1,K2", help="nemesis faults drawn: some of sigstop-prefill, "
+                                                      "sigstop-decode, sigkill-prefill, sigkill-decode, "
+                                                      "delay-past-lease (default: all)")
+    p.add_argument("--cancel-share", type=float, default=None, metavar="F",
+                   help="share of P/D steps cancelled at a drawn time (default 0.2)")
+    p.add_argument("--draw-topologies", type=int, default=0, metavar="N",
+                   help="explore N topologies drawn from vLLM's knobs on the first --topologies decode "
+                        "(pool, lease, spec, block size, prefix caching, scheduler caps, failure policy)")
+    p.add_argument("--knobs", metavar="K1,K2", help="with --draw-topologies: the knobs drawn (default: all)")
     p.add_argument("--quiet", action="store_true", help="no progress lines")
+    _build_args(p)
     p.set_defaults(func=cmd_explore)
     p = sub.add_parser("plan", help="print every process's argv/env/ports without starting anything")
     _config_args(p)

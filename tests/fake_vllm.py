@@ -71,6 +71,14 @@ Faults (FAKE_VLLM_FAULT):
                      model load) after logging its line: no more output, no CPU use, never ready
   exit-in-startup    exit with code 3 in start-up phase ARG (default 2) after a traceback ending
                      "RuntimeError: fake engine died in start-up"
+  abort-lost         a decode-side request whose client closed it between LO and HI ms after it
+                     reached the engine (ARG "LO:HI", default "0:50") is never released: it stays
+                     running with its blocks held until the next request arrives (a planted bug for
+                     pdrig explore: a hang only after a cancel in a narrow window)
+  stale-after-cont   P (a producer): the first prefill it answers after a SIGCONT exports its KV
+                     marked stale (kv_transfer_params "fake_stale": true), and any fake D that pulls
+                     such KV answers (tok+1) % 1024 at position 0 (a planted bug for pdrig explore:
+                     wrong output only after P was SIGSTOPped and resumed)
   teardown-traceback on SIGTERM logs what a real vLLM 0.32.0 decode logs when stopped: an
                      "EngineDeadError" traceback (then exits 0)
 """
@@ -102,7 +110,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, G
 
 FAULTS = ("exit-before-ready", "crash-mid-request", "stall", "http500", "diverge-at", "diverge-edge",
           "leak-kv", "empty-stream", "fatal-log", "teardown-traceback", "hang-in-startup", "exit-in-startup",
-          "append-mismatch", "leak-several")
+          "append-mismatch", "leak-several", "abort-lost", "stale-after-cont")
 FAULT = os.environ.get("FAKE_VLLM_FAULT") or None
 FAULT_ARG = os.environ.get("FAKE_VLLM_FAULT_ARG") or ""
 VERSION = os.environ.get("FAKE_VLLM_VERSION", "0.32.0")
@@ -311,9 +319,12 @@ class Engine:
         self.queue: collections.deque[Req] = collections.deque()
         self.active: set[Req] = set()
         self.seen: set[bytes] = set()
+        self.lost: list[Req] = []  # abort-lost: aborted requests still held
 
     def submit(self, req: Req) -> None:
-        """Queue a request and admit whatever fits."""
+        """Queue a request and admit whatever fits (releasing first the aborts that were lost)."""
+        while self.lost:
+            self.release(self.lost.pop())
         self.queue.append(req)
         self._admit()
 
@@ -392,6 +403,7 @@ class Server:
         self.engine_id = str(uuid.uuid4())
         self.ready_at = time.monotonic() + STARTUP_DELAY
         self.n_completions, self.fatal_logged, self.n_mismatched = 0, False, 0
+        self.resumed = False  # stale-after-cont: a SIGCONT came since the last prefill answer
         self.side_port = int(os.environ.get("VLLM_NIXL_SIDE_CHANNEL_PORT", "5600"))
         self.side_host = os.environ.get("VLLM_NIXL_SIDE_CHANNEL_HOST", "127.0.0.1")
         self.app = web.Application()
@@ -573,6 +585,11 @@ class Server:
         diverge = int(float(FAULT_ARG or 0)) if FAULT == "diverge-at" and is_d else -1
         if FAULT == "diverge-edge" and is_d and len(prompt) % a.block_size == 1 and set(body) - BASE_BODY:
             diverge = 0
+        if is_d and ktp.get("fake_stale"):  # KV a stale-after-cont P exported after its SIGCONT
+            diverge = 0
+        stale = FAULT == "stale-after-cont" and is_p and self.resumed
+        if stale:
+            self.resumed = False
         if FAULT == "append-mismatch" and is_d and len(prompt) > int(ktp.get("remote_num_tokens") or len(prompt)):
             self.n_mismatched += 1
             if self.n_mismatched == int(float(FAULT_ARG or 2)):
@@ -583,6 +600,7 @@ class Server:
         stream, ret_ids = bool(body.get("stream")), bool(body.get("return_token_ids"))
         opts = body.get("stream_options") or {}
         created, t0, resp, finished, toks = int(time.time()), time.monotonic(), None, False, []
+        lost = False
         head = {"id": rid, "object": "chat.completion.chunk" if chat and stream else "chat.completion" if chat
                 else "text_completion", "created": created, "model": a.served_model_name}
         try:
@@ -626,11 +644,17 @@ class Server:
             m.e2e.labels(*lv).observe(time.monotonic() - t0)
         except (asyncio.CancelledError, ConnectionResetError) as e:
             log("INFO", f"Aborted request {req.rid}.", "async_llm.py:1")
+            if FAULT == "abort-lost" and is_d:
+                lo, _, hi = (FAULT_ARG or "0:50").partition(":")
+                lost = float(lo) <= (time.monotonic() - t0) * 1000 <= float(hi or lo)
             if isinstance(e, asyncio.CancelledError):
                 raise
             return resp
         finally:
-            self.engine.release(req, leak=finished and (FAULT == "leak-kv" or bool(body.get("_fake_leak"))))
+            if lost:  # released only when the next request arrives (Engine.submit)
+                self.engine.lost.append(req)
+            else:
+                self.engine.release(req, leak=finished and (FAULT == "leak-kv" or bool(body.get("_fake_leak"))))
         if FAULT == "fatal-log" and not self.fatal_logged:
             self.fatal_logged = True
             log("ERROR", "Cannot get 3 free blocks from the pool", "block_pool.py:679", "EngineCore")
@@ -654,7 +678,8 @@ class Server:
                 **head, "choices": choices, "service_tier": None, "system_fingerprint": None,
                 "usage": {**usage(len(prompt), n_choices * len(toks)), "prompt_tokens_details": None,
                           "completion_tokens_details": None},
-                "kv_transfer_params": self._kv_params(req) if is_p else None,
+                "kv_transfer_params": ({**self._kv_params(req), **({"fake_stale": True} if stale else {})}
+                                       if is_p else None),
                 "ec_transfer_params": None, "metrics": None}, dumps=dumps)
         try:  # streams carry no kv_transfer_params (as vLLM)
             if opts.get("include_usage"):
@@ -737,6 +762,8 @@ async def serve(args: argparse.Namespace) -> int:
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     server = Server(args, start_engine_core() if os.environ.get("FAKE_VLLM_ENGINE_CORE") else None)
+    if FAULT == "stale-after-cont":
+        loop.add_signal_handler(signal.SIGCONT, lambda: setattr(server, "resumed", True))
     runner = web.AppRunner(server.app, handler_cancellation=True, shutdown_timeout=0.2,
                            access_log_class=AccessLogger)
     await runner.setup()

@@ -180,11 +180,15 @@ class Step(StrictModel):
         return bool(self.transform and self.transform.append_first_token)
 
     def describe(self) -> str:
-        """'head: decode 120+8 x1 after load decode-sent+0ms' style label."""
+        """'head: decode 120+8 x1 after load decode-sent+0ms' style label (the cancel time appended)."""
         when = (f" after {self.start.after} {self.start.event}+{self.start.after_ms:g}ms"
                 if self.start else " at the start")
         how = f" [{self.transform.describe()}]" if self.transform and not self.transform.identity else ""
-        return f"{self.id}: {self.route}{how} {self.prompt_tokens}+{self.max_tokens} x{self.count}{when}"
+        cut = ""
+        if self.cancel_after_ms is not None:
+            lo, hi = self.cancel_after_ms
+            cut = f" cancelled at {lo:g}ms" if lo == hi else f" cancelled at {lo:g}-{hi:g}ms"
+        return f"{self.id}: {self.route}{how} {self.prompt_tokens}+{self.max_tokens} x{self.count}{when}{cut}"
 
 
 class SequenceConfig(StrictModel):

@@ -22,7 +22,7 @@ from rig.observe.observations import ScenarioObservation
 class Goal:
     """One "sometimes" goal: ``reached(action, obs, topo)`` says whether this action reached it;
     ``hint`` biases the generator (keys: route, length: edge|pool-exact|long, count, endpoint,
-    stream, prompts, field, motif: a rig.explore.grammar.MOTIF_WEIGHTS name)."""
+    stream, prompts, field, cancel, motif: a rig.explore.grammar.MOTIF_WEIGHTS name)."""
 
     name: str
     description: str
@@ -89,6 +89,16 @@ GOALS: tuple[Goal, ...] = (
     Goal("streamed-decode", "a streamed decode hop answered",
          lambda a, o, t: any(bool(s.fields_for("decode").get("stream")) for s in a.steps)
          and any(r.outcome == "ok" for r in o.records), {"stream": True}),
+    Goal("cancelled", "a P/D request cut on purpose at a drawn time (cancel_after_ms)",
+         lambda a, o, t: any(r.outcome == "cancelled" and not r.diagnosis.startswith("not sent:")
+                             for r in o.records) and any(s.cancel_after_ms for s in a.steps),
+         {"route": "pd", "cancel": True}),
+    Goal("cancel-on-decode", "a P/D request cut while its decode hop was in flight",
+         lambda a, o, t: any(r.outcome == "cancelled" and "decode hop closed" in r.diagnosis for r in o.records),
+         {"route": "pd", "cancel": True}),
+    Goal("nemesis-healed", "a nemesis phase healed: recovery served with P and D idle in the bound",
+         lambda a, o, t: a.nemesis is not None and not o.dead and any(r.outcome == "ok" for r in o.records),
+         {}, "nemesis phases come every --nemesis-every actions, not from hints"),
     Goal("several-prompts", "one request carrying several prompts",
          lambda a, o, t: any(s.prompts > 1 for s in a.steps), {"motif": "prompts"}),
 )

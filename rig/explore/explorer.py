@@ -22,6 +22,7 @@ the report are kept, and every server is stopped.
 from __future__ import annotations
 
 import json
+import shlex
 import sys
 import time
 from dataclasses import dataclass, field
@@ -39,20 +40,23 @@ from rig.config import ConfigError, RigConfig
 from rig.config.expectations import KnownIssue
 from rig.connectors.mooncake import MASTER_ROLE
 from rig.explore.coverage import Coverage
-from rig.explore.emit import scenario_of, suite_yaml
+from rig.explore.emit import resource_scenarios, scenario_of, suite_yaml
 from rig.explore.generate import Generator, drawable_fields
-from rig.explore.grammar import Action, Topology
+from rig.explore.grammar import RESOURCE_ROUTES, Action, Resource, Topology
 from rig.explore.history import History, action_of, read_history
 from rig.explore.oracles import plausible, signature_of
 from rig.explore.report import ExploreReport, write_explore_report
 from rig.explore.schemas import request_schemas
 from rig.explore.shrink import shrink
+from rig.explore.topologies import Variant, draw_variants, variant_of_sets
 from rig.judge.verdict import ScenarioVerdict
 from rig.observe.observations import ScenarioObservation
 from rig.plan.processes import build_plan
 from rig.run.runner import SuiteRunner, resolve_model
 from rig.workload.prompts import seed_of
 from rig.workload.waves import usable_blocks_of
+
+RESOURCE_POOL = 8  # prompt resources kept (the latest actions'): a later action may reuse one
 
 
 @dataclass
@@ -102,7 +106,14 @@ class ExploreSettings:
     the config's own); ``replay`` (a history.jsonl to re-run instead of generating);
     ``stop_at_first`` (stop exploring at the first violation); ``routes`` (the routes drawn; empty:
     all, rig.explore.grammar.ROUTE_WEIGHTS); ``motifs`` (the motifs drawn, None: all,
-    rig.explore.grammar.MOTIF_WEIGHTS)."""
+    rig.explore.grammar.MOTIF_WEIGHTS); ``nemesis_every`` (a nemesis phase after every this many
+    actions of a topology, 0: none; each phase is one action of the budget); ``nemesis`` (the
+    nemesis faults drawn, None: all, rig.explore.grammar.NEMESIS_WEIGHTS); ``cancel_share`` (share of
+    pd steps cancelled at a drawn time; None: rig.explore.grammar.CANCEL_SHARE); ``resource_share``
+    (share of actions reusing an earlier action's prompt; None: rig.explore.grammar.RESOURCE_SHARE);
+    ``draw_topologies`` (explore that many topologies drawn from vLLM's knobs on the first of
+    ``decodes`` instead of the config's decode instances, rig.explore.topologies; 0: the config's);
+    ``knobs`` (the knobs drawn, None: all of rig.explore.topologies.KNOBS)."""
 
     seed: int = 0
     actions: int = 50
@@ -116,15 +127,25 @@ class ExploreSettings:
     stop_at_first: bool = False
     routes: list[str] = field(default_factory=list)
     motifs: list[str] | None = None
+    nemesis_every: int = 0
+    nemesis: list[str] | None = None
+    cancel_share: float | None = None
+    resource_share: float | None = None
+    draw_topologies: int = 0
+    knobs: list[str] | None = None
 
 
-def topology_of(cfg: RigConfig, decode: str) -> Topology:
-    """The grammar's :class:`Topology` of (first prefill, ``decode``) from the config."""
+def topology_of(cfg: RigConfig, decode: str, variant: Variant | None = None) -> Topology:
+    """The grammar's :class:`Topology` of (first prefill, ``decode``) from the config (a drawn
+    ``variant``'s config, named with its ``--set`` strings, when given)."""
+    if variant is not None:
+        cfg = variant.cfg
     inst = cfg.instance(decode)
     spec = inst.speculative
     return Topology(prefill=cfg.prefill[0].name, decode=decode, block_size=inst.block_size or cfg.block_size,
                     max_model_len=cfg.max_model_len, usable_blocks=usable_blocks_of(cfg, [decode])[decode],
-                    spec_tokens=spec.num_speculative_tokens if spec else 0, lease_s=cfg.nixl.lease_s)
+                    spec_tokens=spec.num_speculative_tokens if spec else 0, lease_s=cfg.nixl.lease_s,
+                    variant=variant.name if variant else "", sets=variant.sets if variant else ())
 
 
 def known_issues(cfg: RigConfig, suites: list[str]) -> list[dict[str, Any]]:
@@ -149,7 +170,8 @@ def known_issues(cfg: RigConfig, suites: list[str]) -> list[dict[str, Any]]:
 class Explorer:
     """Runs an exploration of ``cfg`` into ``run_dir`` (history.jsonl, findings/, explore.md,
     explore.json, explore-junit.xml, the servers' logs and the runner's report of the last
-    actions). ``log`` prints progress lines."""
+    actions). ``log`` prints progress lines. Raises ConfigError (before any server starts) when a
+    drawn topology does not validate."""
 
     def __init__(self, cfg: RigConfig, run_dir: Path, settings: ExploreSettings, quiet: bool = False):
         self.cfg, self.run_dir, self.s, self.quiet = cfg, run_dir, settings, quiet
@@ -162,6 +184,18 @@ class Explorer:
         self.known = known_issues(cfg, settings.known)
         self.runner = SuiteRunner(cfg, [], run_dir, quiet=True)
         self.cluster: Cluster | None = None
+        self.base_cfg = cfg
+        self._live = ""  # the variant the cluster runs ("" = the config as is)
+        self._ports: PortReservation | None = None
+        # drawn and validated here, before any server starts (ConfigError names a bad combination)
+        first = settings.decodes[0] if settings.decodes else None
+        knobs = tuple(settings.knobs) if settings.knobs else None
+        self.drawn = draw_variants(cfg, settings.seed, settings.draw_topologies, first, knobs) \
+            if settings.draw_topologies else []
+        self.variants: dict[str, Variant] = {v.name: v for v in self.drawn}
+        self.report.topologies = [{"name": v.name, "decode": v.decode, "knobs": v.knobs, "sets": list(v.sets)}
+                                  for v in self.drawn]
+        self.resources: list[Resource] = []  # prompts earlier actions sent (rig.explore.grammar.Resource)
         self._runs = 0
         self._t_start = time.monotonic()
 
@@ -171,6 +205,25 @@ class Explorer:
             print(f"[explore {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
 
     # --- the deployment -------------------------------------------------------------------------
+    def _use(self, topo: Topology) -> None:
+        """Make the cluster run ``topo``'s config: a drawn topology other than the one running is
+        a new deployment (every server of the old one stopped, ports released, the variant's plan
+        started); then ``topo``'s pair is started if it is not up."""
+        if topo.variant != self._live:
+            if topo.variant not in self.variants:  # a replayed history's topology
+                self.variants[topo.variant] = variant_of_sets(self.base_cfg, topo.variant, topo.decode, topo.sets)
+            if self.cluster is not None:
+                self.cluster.stop_all()
+            if self._ports is not None:
+                self._ports.release()
+            self.cfg = self.variants[topo.variant].cfg if topo.variant else self.base_cfg
+            self.log(f"topology {topo.variant or 'of the config'}: {' '.join(topo.sets) or 'no --set'}")
+            self._ports = self._start()
+            self._live = topo.variant
+        assert self.cluster is not None
+        if not {topo.prefill, topo.decode} <= set(self.cluster.procs):
+            self._deploy(topo)
+
     def _start(self) -> PortReservation:
         self.cfg, ports = reserve_ports(self.cfg, str(self.run_dir.resolve()))
         self.cfg_json = self.cfg.model_dump(mode="json")
@@ -187,18 +240,29 @@ class Explorer:
         return ports
 
     def run_action(self, action: Action, topo: Topology, name: str, seed: int,
-                   known_issue: dict[str, Any] | None = None) -> tuple[ScenarioVerdict, ScenarioObservation, dict]:
+                   known_issue: dict[str, Any] | None = None,
+                   origin: bool = False) -> tuple[ScenarioVerdict, ScenarioObservation, dict]:
         """Run ``action`` on the live deployment as scenario ``name`` with prompt seed ``seed``;
-        returns its verdict, observation and scenario mapping. Raises ConfigError when the
-        scenario does not validate against the config (a grammar bug), ClusterError when an
+        returns its verdict, observation and scenario mapping. Its prompt resources are the
+        earlier actions' prompts with ``origin`` (exploring: validated beside the action, not run
+        again), else primers sent first with seeds of their own (re-runs). Raises ConfigError when
+        the scenario does not validate against the config (a grammar bug), ClusterError when an
         instance cannot start."""
-        sc = {**scenario_of(action, topo, name, known_issue), "seed": seed}
+        sc = {**scenario_of(action, topo, name, known_issue, origin=origin), "seed": seed}
+        pre = resource_scenarios(action, name, origin)
+        if not origin:
+            pre = [{**p, "seed": seed_of(f"{seed}/{p['name']}")} for p in pre]
         try:
-            cfg = RigConfig.model_validate({**self.cfg_json, "scenarios": [sc]})
+            cfg = RigConfig.model_validate({**self.cfg_json, "scenarios": [*pre, sc]})
         except ValueError as e:
             raise ConfigError(f"explore: action {action.index} does not validate as a scenario: {e}") from None
         assert self.cluster is not None
-        verdict = self.runner.run_on(self.cluster, list(cfg.scenarios))[0]
+        run = cfg.scenarios[-1:] if origin else list(cfg.scenarios)
+        kept, self.runner.cfg = self.runner.cfg, cfg  # the workload resolves prompt names in its config
+        try:
+            verdict = self.runner.run_on(self.cluster, run)[-1]
+        finally:
+            self.runner.cfg = kept
         obs = self.runner.result.observations[-1]
         # The runner's report keeps the last actions only (history.jsonl keeps every one).
         del self.runner.result.observations[:-20], self.runner.result.verdicts[:-20]
@@ -235,10 +299,9 @@ class Explorer:
         """Explore (or replay), then reproduce, shrink and emit every distinct violation. Always
         writes the report and stops every server; KeyboardInterrupt is re-raised after that."""
         t0 = self._t_start = time.monotonic()
-        ports: PortReservation | None = None
         interrupted: BaseException | None = None
         try:
-            ports = self._start()
+            self._ports = self._start()
             schemas = request_schemas(_python_of(self.cfg), self.cfg.cache_dir)
             fields = drawable_fields(schemas, self.s.allow_logprobs)
             self.report.fields = {ep: sorted(f) for ep, f in fields.items()}
@@ -258,8 +321,8 @@ class Explorer:
         finally:
             if self.cluster is not None:
                 self.cluster.stop_all()
-            if ports is not None:
-                ports.release()
+            if self._ports is not None:
+                self._ports.release()
             self.history.close()
             self.report.wall_s = time.monotonic() - t0
             self._write()
@@ -275,19 +338,31 @@ class Explorer:
 
     def _explore(self, fields: dict[str, dict[str, dict]], t0: float) -> None:
         decodes = self.s.decodes or [d.name for d in self.cfg.decode]
+        pairs: list[tuple[str, Variant | None]] = [(d, None) for d in decodes]
+        if self.drawn:
+            pairs = [(v.decode, v) for v in self.drawn]
         done = 0
-        for k, decode in enumerate(decodes):
-            topo = topology_of(self.cfg, decode)
-            gen = Generator(self.s.seed, topo, fields, routes=self.s.routes or None, motifs=self.s.motifs)
-            self._deploy(topo)
-            share = (self.s.actions - done) // (len(decodes) - k)
+        for k, (decode, variant) in enumerate(pairs):
+            topo = topology_of(self.cfg, decode, variant)
+            gen = Generator(self.s.seed, topo, fields, routes=self.s.routes or None, motifs=self.s.motifs,
+                            **{key: val for key, val in (("cancel_share", self.s.cancel_share),
+                                                         ("resource_share", self.s.resource_share))
+                               if val is not None})
+            self._use(topo)
+            self.resources.clear()  # another pair or a new deployment: no cache holds the earlier prompts
+            share = (self.s.actions - done) // (len(pairs) - k)
             mine = 0
             spent_before = self.report.action_s
             while mine < share and self._budget_left(t0, done):
-                if self.s.minutes and self.report.action_s - spent_before > self.s.minutes * 60 / len(decodes):
+                if self.s.minutes and self.report.action_s - spent_before > self.s.minutes * 60 / len(pairs):
                     break
-                hints = {g.name: g.hint for g in self.coverage.goals}
-                action = gen.action(done, self.coverage.unreached(), hints)
+                if self.s.nemesis_every and mine and mine % (self.s.nemesis_every + 1) == self.s.nemesis_every:
+                    # a phase of its own between batches of actions: inject, requests under the fault, heal,
+                    # liveness (the fault kind's recovery checks)
+                    action = gen.nemesis(done, self.s.nemesis)
+                else:
+                    hints = {g.name: g.hint for g in self.coverage.goals}
+                    action = gen.action(done, self.coverage.unreached(), hints, self.resources)
                 self._explore_one(action, topo)
                 done += 1
                 mine += 1
@@ -297,13 +372,18 @@ class Explorer:
 
     def _explore_one(self, action: Action, topo: Topology) -> None:
         t = time.monotonic()
-        v, obs, sc = self.run_action(action, topo, f"x{action.index:05d}", seed_of(f"{self.s.seed}/{action.index}"))
+        v, obs, sc = self.run_action(action, topo, f"x{action.index:05d}", seed_of(f"{self.s.seed}/{action.index}"),
+                                     origin=True)
         sig = signature_of(v, obs, self._roles(topo))
+        self._keep_resources(action, sc, obs)
         goals = self.coverage.update(action, obs, topo)
         self.report.actions += 1
         self.report.action_s += time.monotonic() - t
+        if action.nemesis is not None:
+            self.report.nemeses.append(nemesis_row(action, v))
         self.history.append({
-            "phase": "explore", "index": action.index, "topology": topo.__dict__,
+            "phase": "nemesis" if action.nemesis is not None else "explore", "index": action.index,
+            "topology": topo.__dict__,
             "action": action.model_dump(mode="json"), "scenario": sc, "verdict": v.verdict, "reason": v.reason,
             "checks": [{"name": c.name, "state": c.state, "detail": c.detail} for c in v.checks],
             "records": [r.to_json() for r in obs.records],
@@ -321,11 +401,23 @@ class Explorer:
             self.report.first_failure_s = time.monotonic() - self._t_start
             self.report.first_failure_actions = self.report.actions
 
+    def _keep_resources(self, action: Action, sc: dict[str, Any], obs: ScenarioObservation) -> None:
+        """Add the prompts of an action whose requests all answered to the resource pool (the last
+        :data:`RESOURCE_POOL`): steps with one fresh completions prompt per request, no transform."""
+        if action.nemesis is not None or not obs.records or any(r.outcome != "ok" for r in obs.records):
+            return
+        edge = sc.get("kind", "edge") == "edge"
+        for s in action.steps:
+            if (s.route in RESOURCE_ROUTES and s.prompts == 1 and s.endpoint == "completions" and s.transform is None
+                    and not (s.same_as or s.head_of or s.prefix_of or s.repeat_of)):
+                self.resources.append(Resource(name="r0", origin=sc, step=None if edge else s.id, route=s.route,
+                                               prompt_tokens=s.prompt_tokens))
+        del self.resources[:-RESOURCE_POOL]
+
     def _replay(self, path: Path, t0: float) -> None:
         for entry in read_history(path):
-            topo = Topology(**entry["topology"])
-            if self.cluster is not None and not {topo.prefill, topo.decode} <= set(self.cluster.procs):
-                self._deploy(topo)
+            topo = Topology(**{**entry["topology"], "sets": tuple(entry["topology"].get("sets") or ())})
+            self._use(topo)
             self._explore_one(action_of(entry), topo)
             self._progress(self.report.actions, t0)
 
@@ -341,6 +433,7 @@ class Explorer:
     # --- reproduce, shrink, emit ------------------------------------------------------------------
     def _process_findings(self) -> None:
         for i, f in enumerate(self.findings.values(), 1):
+            self._use(f.topology)
             self.log(f"finding {i}: replaying {self.s.replays}x: {f.signature}")
             f.replays = [self._test(f.action, f.topology, "replay", f"{i}/{k}")[0] for k in range(self.s.replays)]
             if self.s.replays and not any(s == f.signature for s in f.replays):
@@ -348,7 +441,10 @@ class Explorer:
                 continue
 
             def same(cand: Action, f: Finding = f, i: int = i) -> bool:
-                return self._test(cand, f.topology, "shrink", str(i))[0] == f.signature
+                try:
+                    return self._test(cand, f.topology, "shrink", str(i))[0] == f.signature
+                except ConfigError:  # a candidate the scenario language refuses (e.g. a reused prompt's length)
+                    return False
 
             result = shrink(f.action, same, f.topology, self.s.shrink_runs)
             f.minimal, f.shrink_runs = result.action, result.runs
@@ -376,13 +472,16 @@ class Explorer:
                 break
         sc = {**scenario_of(action, f.topology, name, known, f"explore seed {self.s.seed}: {f.signature}"),
               "seed": seed}
+        primers = [{**p, "seed": seed_of(f"{seed}/{p['name']}")} for p in resource_scenarios(action, name)]
         header = (f"pdrig explore finding {i} (seed {self.s.seed}, action {f.action.index}, config {self.cfg.name})\n"
                   f"signature: {f.signature}\nstability: {f.stability}; known issue: {f.known_issue}\n"
                   f"as written it gave: {f.emitted_verdict}\n"
-                  f"reproduce: pdrig e2e --config <this profile> --set suite=<this file>{_lease_set(self.cfg)}")
+                  + (f"topology {f.topology.variant} drawn from vLLM's knobs\n" if f.topology.variant else "")
+                  + f"reproduce: pdrig e2e --config <this profile> --set suite=<this file>"
+                  f"{_sets(self.cfg, f.topology)}")
         path = self.run_dir / "findings" / f"{name}.yaml"
         path.parent.mkdir(exist_ok=True)
-        path.write_text(suite_yaml([sc], header))
+        path.write_text(suite_yaml([*primers, sc], header))
         f.yaml_path = str(path)
 
     def _emitted(self, action: Action, topo: Topology, name: str, seed: int,
@@ -402,11 +501,27 @@ class Explorer:
 
 
 
-def _lease_set(cfg: RigConfig) -> str:
-    """The ``--set`` of the lease the exploration ran with ('' for vLLM's default): a finding
-    whose decode hop was held past the lease reproduces only with the same lease."""
+def nemesis_row(action: Action, v: ScenarioVerdict) -> dict[str, Any]:
+    """The report's row of one nemesis phase: action index, the fault, requests under it, the
+    verdict, and the liveness oracle's checks (recovery-serves, idle-after within the named bound,
+    alive) with their details."""
+    assert action.nemesis is not None
+    live = {c.name: {"state": c.state, "detail": c.detail} for c in v.checks
+            if c.name in ("fault-fired", "recovery-serves", "idle-after", "alive")}
+    return {"index": action.index, "nemesis": action.nemesis.name,
+            "faults": [f.describe() for f in action.nemesis.faults], "requests": action.nemesis.requests,
+            "heal_s": action.nemesis.heal_s, "verdict": v.verdict, "liveness": live}
+
+
+def _sets(cfg: RigConfig, topo: Topology) -> str:
+    """The ``--set`` arguments (shell-quoted) that reproduce a finding on ``topo``: a drawn
+    topology's own, and the lease the exploration ran with unless that set it (a finding whose
+    decode hop was held past the lease reproduces only with the same lease)."""
+    sets = list(topo.sets)
     lease = cfg.nixl.kv_lease_duration
-    return "" if lease is None else f" --set nixl.kv_lease_duration={lease}"
+    if lease is not None and not any(s.startswith("nixl.kv_lease_duration=") for s in sets):
+        sets.append(f"nixl.kv_lease_duration={lease}")
+    return "".join(f" --set {shlex.quote(s)}" for s in sets)
 
 
 def _python_of(cfg: RigConfig) -> str:

@@ -18,9 +18,12 @@ from __future__ import annotations
 import random
 from typing import Any
 
+from rig.config.faults import Fault
 from rig.config.request_fields import CHAT_FIELDS, COMPLETIONS_FIELDS
 from rig.config.sequence import ROUTE_EVENTS, StartRule, Step
 from rig.explore.grammar import (
+    CANCEL_POINTS_MS,
+    CANCEL_SHARE,
     ENDPOINT_WEIGHTS,
     HOLD_FACTORS,
     HOLD_WEIGHTS,
@@ -29,9 +32,17 @@ from rig.explore.grammar import (
     MAX_TOKENS_CHOICES,
     MOTIF_SHARE,
     MOTIF_WEIGHTS,
+    NEMESIS_DELAY_FACTOR,
+    NEMESIS_REQUESTS,
+    NEMESIS_STOP_S,
+    NEMESIS_WEIGHTS,
+    RESOURCE_ROUTES,
+    RESOURCE_SHARE,
     ROUTE_WEIGHTS,
     START_DELAYS_MS,
     Action,
+    Nemesis,
+    Resource,
     Topology,
     check_fits,
 )
@@ -103,13 +114,18 @@ class Generator:
     :data:`ROUTE_WEIGHTS`; e.g. without ``pd-abandon`` where P reaps no lease, as the fake server).
     ``motifs``: the motifs drawn (:data:`rig.explore.grammar.MOTIF_WEIGHTS`; None: every one whose
     routes are drawn; []: none), ``motif_share`` (0..1) of the actions not shaped by a goal.
+    ``cancel_share`` (0..1): share of the pd steps drawn part by part that are cancelled at a drawn
+    time (:data:`rig.explore.grammar.CANCEL_POINTS_MS`, the scenario language's ``cancel_after_ms``);
+    ``resource_share`` (0..1): share of the actions that reuse a prompt resource when there is one.
     Every action has a step that is answered (an action of abandoned requests only has nothing to
     compare with the reference). ValueError names an unknown route or motif."""
 
     def __init__(self, seed: int, topo: Topology, fields: dict[str, dict[str, dict]] | None = None,
                  field_share: float = 0.5, bias: float = 0.5, routes: list[str] | None = None,
-                 motifs: list[str] | None = None, motif_share: float = MOTIF_SHARE):
+                 motifs: list[str] | None = None, motif_share: float = MOTIF_SHARE,
+                 cancel_share: float = CANCEL_SHARE, resource_share: float = RESOURCE_SHARE):
         self.seed, self.topo, self.fields = seed, topo, fields or {}
+        self.cancel_share, self.resource_share = cancel_share, resource_share
         self.field_share, self.bias, self.motif_share = field_share, bias, motif_share
         unknown = [r for r in routes or [] if r not in ROUTE_WEIGHTS]
         if unknown:
@@ -124,10 +140,18 @@ class Generator:
                        if (motifs is None or m in motifs) and needs.get(m, {"pd"}) <= set(self.routes)}
 
     def action(self, index: int, unreached: list[str] | None = None,
-               hints: dict[str, dict[str, Any]] | None = None) -> Action:
-        """Action ``index``; ``unreached`` goal names with their ``hints`` (goal -> hint) bias it.
+               hints: dict[str, dict[str, Any]] | None = None, resources: list[Resource] | None = None) -> Action:
+        """Action ``index``; ``unreached`` goal names with their ``hints`` (goal -> hint) bias it;
+        ``resources`` (prompts earlier actions sent, oldest first) may be reused
+        (``resource_share`` of the actions, default :data:`rig.explore.grammar.RESOURCE_SHARE`).
         The result always validates (:meth:`Action.sequence`, :func:`check_fits`)."""
         rng = random.Random(f"{self.seed}/{index}")
+        # cancels and resource reuse draw from streams of their own: the rest of action i is what it
+        # was without them (the seeds' documented first actions keep their shapes)
+        own = random.Random(f"{self.seed}/{index}/resource")
+        if resources and own.random() < self.resource_share:
+            return self._reuse_resource(own, index, resources)
+        cut = random.Random(f"{self.seed}/{index}/cancel")
         hint: dict[str, Any] = {}
         why = ""
         if unreached and rng.random() < self.bias:
@@ -150,7 +174,7 @@ class Generator:
         steps: list[Step] = []
         for i in range(min(n_steps, MAX_STEPS)):
             answering = i == n_steps - 1 and all(s.route == "pd-abandon" for s in steps)
-            steps.append(self._step(rng, f"s{i}", steps, hint if i == 0 else {}, answering))
+            steps.append(self._step(rng, f"s{i}", steps, hint if i == 0 else {}, answering, cut))
         action = Action(index=index, steps=steps, why=why)
         action.sequence()
         check_fits(action, self.topo)
@@ -170,7 +194,9 @@ class Generator:
         return rng.randint(1, t.max_model_len - 1)
 
     def _step(self, rng: random.Random, sid: str, before: list[Step], hint: dict[str, Any],
-              answering: bool = False) -> Step:
+              answering: bool = False, cut: random.Random | None = None) -> Step:
+        """One step drawn part by part from ``rng``; its cancel time from ``cut`` (default ``rng``)."""
+        cut = cut or rng
         routes = [r for r in self.routes if not (answering and r == "pd-abandon")] or ["pd"]
         route = hint.get("route") or rng.choices(routes, [self.routes.get(r, 1.0) for r in routes])[0]
         if answering and route == "pd-abandon":
@@ -198,8 +224,61 @@ class Generator:
             ref = rng.choice(before)
             start = StartRule(after=ref.id, event=rng.choice(ROUTE_EVENTS[ref.route]),
                               after_ms=rng.choice(START_DELAYS_MS))
+        cancel = None
+        if route == "pd" and (hint.get("cancel") or cut.random() < self.cancel_share):
+            lo = cut.choice(CANCEL_POINTS_MS)
+            hi = cut.choice([t for t in CANCEL_POINTS_MS if t >= lo]) if count > 1 else lo
+            cancel = (lo, hi)
         return Step(id=sid, route=route, prompt_tokens=n, max_tokens=max_tokens, count=count,
-                    request=request or None, start=start)
+                    request=request or None, start=start, cancel_after_ms=cancel)
+
+    def _reuse_resource(self, rng: random.Random, index: int, resources: list[Resource]) -> Action:
+        """Action ``index`` that sends again a prompt of ``resources`` (one step, route drawn from
+        :data:`RESOURCE_ROUTES`): the whole prompt (``same_as``) or its first whole blocks
+        (``head_of``), so the instance that saw it may serve a prefix hit across actions."""
+        r = rng.choice(resources).model_copy(update={"name": "r0"})
+        t, bs = self.topo, self.topo.block_size
+        heads = [k * bs for k in range(1, r.prompt_tokens // bs + 1) if k * bs < r.prompt_tokens]
+        whole = rng.random() < 0.5 or not heads
+        n = r.prompt_tokens if whole else rng.choice(heads)
+        m = rng.choice([m for m in MAX_TOKENS_CHOICES if n + m <= t.max_model_len] or [1])
+        step = Step(id="s0", route=rng.choice(RESOURCE_ROUTES), prompt_tokens=n, max_tokens=m,
+                    **({"same_as": "@r0"} if whole else {"head_of": "@r0"}))
+        action = Action(index=index, steps=[step], resources=[r], why="prompt resource")
+        check_fits(action, t)
+        return action
+
+    def nemesis(self, index: int, kinds: list[str] | None = None) -> Action:
+        """Nemesis phase ``index`` (drawn from ``random.Random(f"{seed}/nemesis/{index}")``, so
+        the same seed gives the same phases): a fault of :data:`NEMESIS_WEIGHTS` (``kinds``: only
+        these; None: all) on one to three P/D requests sent one after another, its trigger an
+        event of request 0's exchange or the moment before request k is sent (a stopped instance
+        then receives requests), the step's length an edge length. ValueError names an unknown kind."""
+        rng = random.Random(f"{self.seed}/nemesis/{index}")
+        pool = {k: w for k, w in NEMESIS_WEIGHTS.items() if kinds is None or k in kinds}
+        bad = [k for k in kinds or [] if k not in NEMESIS_WEIGHTS]
+        if bad or not pool:
+            raise ValueError(f"nemesis: unknown {bad or kinds}; give some of {list(NEMESIS_WEIGHTS)}")
+        name = rng.choices(list(pool), list(pool.values()))[0]
+        requests = rng.choice(NEMESIS_REQUESTS)
+        target = "decode" if name.endswith("decode") else "prefill"
+        if name == "delay-past-lease":
+            fault = {"trigger": {"event": "prefill-answered"}, "target": "request", "action": "delay-decode",
+                     "delay_s": round(self.topo.lease_s * NEMESIS_DELAY_FACTOR, 1)}
+        else:
+            own = {"event": "decode-sent", "after_ms": rng.choice((0.0, 20.0))} if target == "decode" \
+                else {"event": "prefill-answered"}
+            trigger = {"event": "after-requests", "k": rng.randint(1, requests - 1)} \
+                if requests > 1 and rng.random() < 0.5 else own
+            fault = {"trigger": trigger, "target": target, "action": name.split("-")[0]}
+            if name.startswith("sigstop"):
+                fault["stop_s"] = rng.choice(NEMESIS_STOP_S)
+        n = rng.choice([k for k in self.topo.edge_lengths() if k + 8 <= self.topo.max_model_len] or [1])
+        step = Step(id="s0", route="pd", prompt_tokens=n, max_tokens=rng.choice((2, 4, 8)))
+        nem = Nemesis(name=name, faults=[Fault.model_validate(fault)], requests=requests)
+        action = Action(index=index, steps=[step], why="nemesis", nemesis=nem)
+        check_fits(action, self.topo)
+        return action
 
     def _motif(self, rng: random.Random, index: int, motif: str, why: str) -> Action:
         """Action ``index`` shaped as ``motif`` (rig.explore.grammar.MOTIF_WEIGHTS), its lengths,

@@ -31,7 +31,7 @@ class History:
 
 
 def read_history(path: Path) -> list[dict[str, Any]]:
-    """The entries of a history file that carry an action (``phase`` explore), in order. Raises
+    """The entries of a history file that carry an action (``phase`` explore or nemesis), in order. Raises
     ValueError naming the line for a line that is not JSON, OSError when the file cannot be read."""
     out = []
     for i, line in enumerate(path.read_text().splitlines(), 1):
@@ -42,7 +42,7 @@ def read_history(path: Path) -> list[dict[str, Any]]:
         except ValueError as e:
             raise ValueError(f"{path}:{i}: not a JSON line ({e}); "
                              "give a history.jsonl written by pdrig explore") from None
-        if entry.get("phase") == "explore" and "action" in entry:
+        if entry.get("phase") in ("explore", "nemesis") and "action" in entry:
             out.append(entry)
     return out
 

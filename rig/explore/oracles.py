@@ -19,6 +19,7 @@ from typing import Any
 from rig.judge.verdict import ScenarioVerdict
 from rig.observe.observations import ScenarioObservation
 from rig.transport.records import PDRecord
+from rig.workload.sequence import CANCELLED
 
 # Known-issue symptom kind (rig/config/expectations.py) -> a part its violation's signature shows.
 SYMPTOM_EVIDENCE: dict[str, tuple[str, ...]] = {
@@ -63,6 +64,12 @@ def never_sent(r: PDRecord) -> bool:
     return r.outcome == "cancelled" and r.diagnosis.startswith("not sent:")
 
 
+def cut_on_purpose(r: PDRecord) -> bool:
+    """True for a request the action itself closed (``cancel_after_ms``,
+    rig/workload/sequence.py): the cut is the action, not a symptom."""
+    return r.outcome == "cancelled" and r.diagnosis.startswith(CANCELLED)
+
+
 def consistent_refusal(obs: ScenarioObservation) -> bool:
     """True when every request that did not answer was :func:`refused_first` or
     :func:`never_sent` (behind such a refusal), and at least one was refused."""
@@ -97,18 +104,28 @@ def signature_of(verdict: ScenarioVerdict, obs: ScenarioObservation, roles: dict
     a refusal the reference gives too is no symptom), ``answer-of-another-prompt``
     (:func:`crossed_answers`) and ``died:<role>``; ``roles`` maps instance names to prefill/decode
     (the same bug on another instance name is the same signature). Checks that only follow from a missing answer
-    (:data:`CONSEQUENCES`) are left out when a request shows why it has none. An ERROR without
+    (:data:`CONSEQUENCES`) are left out when a request shows why it has none, or when they blame
+    only requests cut on purpose (:func:`cut_on_purpose`: such a cut is the action, never a symptom). An ERROR without
     failed checks is named by its reason's first clause."""
     if verdict.verdict in ("PASS", "XFAIL"):
         return None
     if not obs.dead and consistent_refusal(obs) and all(
             c.name in CONSEQUENCES for c in verdict.checks if c.ok is False):
         return None
-    failed = sorted({c.name for c in verdict.checks if c.ok is False})
-    blamed = {rid for c in verdict.checks if c.ok is False for rid in c.requests}
+    cut = {r.request_id for r in obs.records if cut_on_purpose(r)}
+    # a check that only restates that requests were cut on purpose (no answer to count, compare or
+    # show pulled: it blames cut requests only, or none while cut requests are all the P/D ones) is no symptom
+    restates = {c.name for c in verdict.checks if c.ok is False and c.name in CONSEQUENCES and cut
+                and set(c.requests) <= cut and all(r.outcome == "ok" or r.request_id in cut or never_sent(r)
+                                                    for r in obs.records)}
+    failed = sorted({c.name for c in verdict.checks if c.ok is False} - restates)
+    if restates and not failed and not obs.dead:
+        return None
+    blamed = {rid for c in verdict.checks if c.ok is False and c.name not in restates for rid in c.requests}
     symptoms: set[str] = set()
     for r in obs.records:
-        if r.outcome == "ok" or (blamed and r.request_id not in blamed) or refused_first(r) or never_sent(r):
+        if r.outcome == "ok" or (blamed and r.request_id not in blamed) or refused_first(r) or never_sent(r) \
+                or cut_on_purpose(r):
             continue
         hop, status = failed_hop(r)
         symptoms.add(f"{r.outcome}:{hop}:{status}" if r.outcome == "http_error" else r.outcome)

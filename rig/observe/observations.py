@@ -84,7 +84,7 @@ async def wait_idle(http: httpx.AsyncClient, instance: str, url: str, baseline_k
     """
     t0 = time.monotonic()
     final: dict[str, float | None] = {}
-    err = ""
+    err: str  # set by every poll: "" after a sample, the error after a failed scrape
     while True:
         try:
             snap = await m.scrape(http, url, instance)

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import math
+import re
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import asdict, dataclass, replace
 from typing import Any
@@ -136,9 +137,8 @@ def _short(v: Any) -> str:
 
 def _walk(w: _Walk, path: str, a: Any, b: Any) -> bool:
     """True when ``a`` (P/D) equals ``b`` (reference) under the tolerance; records the first
-    difference in ``w.first`` and stops there."""
-    if path in NOT_ANSWER:
-        return True
+    difference in ``w.first`` and stops there. A mapping's :data:`NOT_ANSWER` keys are skipped
+    (every other path is a list index or a key of a mapping)."""
     if isinstance(a, bool) or isinstance(b, bool) or not (isinstance(a, (int, float)) and isinstance(b, (int, float))):
         if isinstance(a, dict) and isinstance(b, dict):
             for k in list(a) + [k for k in b if k not in a]:
@@ -164,7 +164,7 @@ def _walk(w: _Walk, path: str, a: Any, b: Any) -> bool:
                 if not _walk(w, f"{path}[{i}]", a[i], b[i]):
                     return False
             return True
-        if a != b:
+        if a != b or isinstance(a, bool) != isinstance(b, bool):  # True == 1 in Python, not in JSON
             w.first = (path, a, b)
             return False
         return True
@@ -210,7 +210,8 @@ def compare_fields(pd: dict[str, Any], ref: dict[str, Any], tolerance: float = D
     skipped = tuple(dict.fromkeys(w.skipped))
     if ok:
         return ParityResult("equal", not_compared=skipped, max_float_diff=w.max_diff, tolerance=tolerance)
-    path, a, b = w.first or ("", None, None)
+    assert w.first is not None  # _walk records the difference whenever it returns False
+    path, a, b = w.first
     return ParityResult("diverged", field=path, pd_value=_short(a), ref_value=_short(b), not_compared=skipped,
                         max_float_diff=w.max_diff, tolerance=tolerance)
 
@@ -237,8 +238,8 @@ def compare_hops(pd: Hop, ref: Hop, pd_max_tokens: int, ref_max_tokens: int,
     if r.status != "equal":
         return r
     f = compare_fields(_fields_of(pd), _fields_of(ref), tolerance)
-    if f.field is not None and f.field.startswith("choices["):
-        f = replace(f, choice=int(f.field[len("choices["):].split("]", 1)[0]))
+    if f.field is not None and (at := re.match(r"choices\[(\d+)\]", f.field)):
+        f = replace(f, choice=int(at.group(1)))
     return f
 
 

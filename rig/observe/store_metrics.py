@@ -72,13 +72,13 @@ def store_ops(snap: m.MetricSnapshot) -> dict[str, dict[str, float]]:
         if field_ is None:
             continue
         lab = dict(labels)
-        op, status = lab.get("operation", "?"), lab.get("status", "?")
+        op, ok = lab.get("operation", "?"), lab.get("status") == "ok"
         row = out.setdefault(op, {"calls": 0.0, "keys": 0.0, "bytes": 0.0, "failed_keys": 0.0,
                                   "ok_bytes": 0.0, "bad_calls": 0.0})
         row[field_] += v
-        if field_ == "bytes" and status == "ok":
+        if field_ == "bytes" and ok:
             row["ok_bytes"] += v
-        if field_ == "calls" and status != "ok":
+        if field_ == "calls" and not ok:
             row["bad_calls"] += v
     return out
 

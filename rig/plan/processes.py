@@ -33,6 +33,13 @@ CPU_ENV = {
     "VLLM_CPU_KVCACHE_SPACE": "1",
     # The default binds every server's OpenMP threads to core 0.
     "VLLM_CPU_OMP_THREADS_BIND": "nobind",
+    # vllm-cpu compiles a torch-inductor kernel in the worker at the first logprobs request
+    # (batched_count_greater_than); on a loaded 2-core host that took over 5 minutes, past vLLM's
+    # 300 s execute-model RPC timeout (vllm/envs.py), and the EngineCore died with "TimeoutError:
+    # RPC call to sample_tokens timed out" at the warm-up (2026-12-01, load ~100): a death of the
+    # environment, not of P/D. A real hang is the stall watcher's (timeouts.stall_window_s) long
+    # before; 1200 s is vLLM's own wait for a server's start-up.
+    "VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS": "1200",
 }
 COMMON_ENV = {
     "HF_HUB_OFFLINE": "1",  # the CPU machines reach no model hub; GPU profiles may override

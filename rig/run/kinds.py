@@ -24,7 +24,7 @@ from rig.judge.cached_tokens import cached_tokens_check
 from rig.judge.checks import lease_release_check, retrieval_check, stream_check
 from rig.judge.early_verdict import AdmissionReasoning
 from rig.judge.fault_checks import fault_checks
-from rig.judge.sequence_checks import sequence_checks, sequence_required
+from rig.judge.sequence_checks import judge_sequence
 from rig.judge.signatures import BlockFacts
 from rig.judge.store_checks import judge_store
 from rig.judge.verdict import ScenarioVerdict, judge
@@ -189,8 +189,7 @@ def _judge_sequence(sc: ScenarioConfig, obs: ScenarioObservation, result: Sequen
                     sections: list[str]) -> ScenarioVerdict:
     """Sequence scenarios (bug record R02, R06): rig.judge.sequence_checks through the one engine, with the
     required checks of its steps' routes."""
-    return _with_section(sc, obs, result, judge(sc, obs, checks=sequence_checks(sc, obs, result),
-                                                required=sequence_required(sc)), sections)
+    return _with_section(sc, obs, result, judge_sequence(sc, obs, result), sections)
 
 
 def _with_section(sc: ScenarioConfig, obs: ScenarioObservation, result: Any, verdict: ScenarioVerdict,

@@ -13,6 +13,10 @@ instead of running it again, so a long matrix can be run build by build (each un
 lock) and ``--report-only`` renders the grid from what is there without starting anything.
 A build that cannot be created or cannot start a server is a column of BROKEN cells with the
 reason, never an aborted matrix.
+
+``--explore RUN_DIR`` (repeatable) runs, instead of suites, the minimal failure YAMLs an
+exploration emitted (rig/run/explore_matrix.py): one suite of all its findings per build, and
+matrix.md opens with each finding's holds / does not hold / error per build.
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ from rig.cluster.builds import (
     Builder,
     BuildError,
     BuildsFile,
+    BuildSpec,
     SuiteSpec,
     apply_fixes,
     builds_dir,
@@ -38,8 +43,16 @@ from rig.cluster.builds import (
 )
 from rig.cluster.preflight import preflight
 from rig.config import ConfigError, RigConfig, load_config
-from rig.report.grid import ENGINE_DEATH, BuildRuns, IssueRef, build_grid, render_junit, render_md
+from rig.report.grid import ENGINE_DEATH, BuildRuns, Grid, IssueRef, build_grid, render_junit, render_md
 from rig.report.render import write_report
+from rig.run.explore_matrix import (
+    ExploreFinding,
+    collect_findings,
+    fill_cells,
+    findings_json,
+    render_findings_md,
+    write_suites,
+)
 from rig.run.runner import SuiteRunner, select_scenarios
 
 FINISHED = ("passed", "failed", "error")
@@ -63,6 +76,27 @@ def launch_command(cfg: RigConfig, python: str) -> list[str]:
         raise ConfigError(f"launch.command {cmd}: a matrix needs it to start with {{python}} so each "
                           "build's interpreter can start the servers")
     return [c.replace("{python}", python) for c in cmd]
+
+
+def on_build(cfg: RigConfig, spec: BuildSpec, python: str) -> RigConfig:
+    """``cfg`` as it runs on build ``spec`` whose interpreter is ``python``: the build's ``fixes``
+    applied (rig.cluster.builds.apply_fixes) and ``python`` in ``launch.command`` (see
+    :func:`launch_command`, whose ConfigError it raises). A pure function."""
+    cfg = apply_fixes(cfg, spec)
+    return cfg.model_copy(update={"launch": cfg.launch.model_copy(
+        update={"command": launch_command(cfg, python)})})
+
+
+def config_on_build(cfg: RigConfig, name: str, builds_file: str | Path = DEFAULT_BUILDS_FILE,
+                    root: str | None = None) -> RigConfig:
+    """``cfg`` on build ``name`` of ``builds_file`` (``pdrig e2e|explore --build NAME``): the
+    build's env is created first when missing (``pdrig build NAME``; minutes for a release), then
+    :func:`on_build`. Raises ConfigError for an unknown build or a launch.command without
+    ``{python}``, BuildError when the env cannot be created."""
+    files = load_builds(builds_file)
+    spec = files.get(name)
+    python = Builder(files, builds_dir(root), cfg.device).python(name)
+    return on_build(cfg, spec, str(python))
 
 
 def _suite_label(name: str) -> str:
@@ -126,13 +160,16 @@ class Matrix:
     """Runs ``suites`` x ``builds`` for the rig config at ``config`` (see the module docstring)."""
 
     def __init__(self, files: BuildsFile, builder: Builder, config: str, overrides: list[str],
-                 suites: list[str], out: Path, scenarios: list[str] | None = None, quiet: bool = False):
+                 suites: list[str], out: Path, scenarios: list[str] | None = None, quiet: bool = False,
+                 specs: dict[str, SuiteSpec] | None = None):
         self.files, self.builder, self.config, self.overrides = files, builder, config, overrides
         self.suites, self.out, self.scenario_names, self.quiet = suites, out, scenarios, quiet
+        # suites by label beside the builds file's (`--explore`: the findings' suites, absolute paths)
+        self.specs = specs or {}
 
     def load(self, suite: str) -> RigConfig:
         """The rig config with ``suite`` and its overrides (before any build is put into it)."""
-        spec = suite_spec(self.files, suite)
+        spec = self.specs.get(suite) or suite_spec(self.files, suite)
         return load_config(self.config, [f"suite={spec.file}", *spec.set, *self.overrides])
 
     def selected(self, cfg: RigConfig) -> list[str]:
@@ -184,9 +221,7 @@ class Matrix:
                 reports.append(_not_run_report(run_dir, cfg, f"not run: no mooncake in this build ({python})"))
                 self._log(f"{name}/{_suite_label(suite)}: not run: no mooncake in {python}")
                 continue
-            cfg = apply_fixes(cfg, spec)
-            cfg = cfg.model_copy(update={"launch": cfg.launch.model_copy(
-                update={"command": launch_command(cfg, python)})})
+            cfg = on_build(cfg, spec, python)
             preflight(cfg)  # the same refusals as `pdrig e2e` (CPUs, executable)
             (run_dir / "logs").mkdir(parents=True)
             self._log(f"{name}/{_suite_label(suite)}: {len(names)} scenario(s) with {python} -> {run_dir}")
@@ -225,16 +260,35 @@ class Matrix:
                   else f"{spec.base} + {', '.join(spec.patches)}")
         return BuildRuns(name, reports, tuple(spec.fixes), stamp.get("vllm_version", spec.vllm or ""), source)
 
-    def write(self, builds: list[str], header: list[str]) -> tuple[Path, bool]:
-        """Write matrix.md / matrix.json / junit.xml for ``builds``; returns (md path, passed)."""
+    def grid(self, builds: list[str]) -> Grid:
+        """The scenario x build grid of what is recorded under ``out`` for ``builds``."""
         scenarios, issues = self.grid_inputs()
-        grid = build_grid([self.collect(b) for b in builds], scenarios, issues)
+        return build_grid([self.collect(b) for b in builds], scenarios, issues)
+
+    def write(self, builds: list[str], header: list[str], explore: list[ExploreFinding] | None = None
+              ) -> tuple[Path, bool]:
+        """Write matrix.md / matrix.json / junit.xml for ``builds``; returns (md path, passed).
+        With ``explore`` (``--explore``): matrix.md opens with the finding -> build table (holds /
+        does not hold / error) and matrix.json carries ``findings``; passed is then True when the
+        grid has cells and none is an error (a replay that holds is what was asked to be seen)."""
+        grid = self.grid(builds)
         self.out.mkdir(parents=True, exist_ok=True)
         md = self.out / "matrix.md"
-        md.write_text(render_md(grid, f"pdrig matrix: {', '.join(self.suites)} on {', '.join(builds)}", header))
-        (self.out / "matrix.json").write_text(json.dumps(grid.to_json(), indent=1))
+        data = grid.to_json()
+        text = render_md(grid, f"pdrig matrix: {', '.join(self.suites)} on {', '.join(builds)}", header)
+        passed = grid.passed()
+        if explore is not None:
+            fill_cells(explore, grid)
+            data["findings"] = findings_json(explore)
+            title, _, rest = text.partition("\n")
+            text = (f"{title}\n\n## Minimal failures of the exploration(s) on each build\n\n"
+                    f"{render_findings_md(explore, builds)}\n## The grid{rest}")
+            passed = bool(grid.cells) and all(not c.startswith(("error", "not run"))
+                                              for f in explore for c in f.cells.values())
+        md.write_text(text)
+        (self.out / "matrix.json").write_text(json.dumps(data, indent=1))
         (self.out / "junit.xml").write_text(render_junit(grid))
-        return md, grid.passed()
+        return md, passed
 
     def _log(self, msg: str) -> None:
         if not self.quiet:
@@ -242,16 +296,28 @@ class Matrix:
 
 
 def cmd_matrix(args) -> int:
-    """``pdrig matrix``: exit 0 when every cell is PASS or XFAIL, 1 otherwise (the grid is
-    written either way), 2 for bad input."""
+    """``pdrig matrix``: exit 0 when every cell is PASS or XFAIL (with ``--explore``: when no
+    finding's cell is an error), 1 otherwise (the grid is written either way), 2 for bad input."""
     files = load_builds(args.builds_file)
     builds = [b.strip() for b in args.builds.split(",") if b.strip()]
     for b in builds:
         files.get(b)  # an unknown name is refused before anything runs
-    suites = [s.strip() for arg in (args.suite or ["edge"]) for s in arg.split(",") if s.strip()]
+    explore: list[ExploreFinding] | None = None
+    specs = None
+    if args.explore:
+        if args.suite:
+            raise ConfigError("--explore replays the findings of explorations: drop --suite (or run the "
+                              "suites in a matrix of their own)")
+        found = collect_findings([Path(d) for d in args.explore])
+        explore = [f for f, _ in found]
+        specs = write_suites(found, Path(args.out))
+        suites = list(specs)
+    else:
+        suites = [s.strip() for arg in (args.suite or ["edge"]) for s in arg.split(",") if s.strip()]
     first = load_config(args.config, args.overrides)
     builder = Builder(files, builds_dir(args.builds_dir), first.device)
-    m = Matrix(files, builder, args.config, args.overrides, suites, Path(args.out), args.scenario, args.quiet)
+    m = Matrix(files, builder, args.config, args.overrides, suites, Path(args.out), args.scenario, args.quiet,
+               specs=specs)
     m.check_scenarios()
     t0 = time.monotonic()
     if not args.report_only:
@@ -263,7 +329,7 @@ def cmd_matrix(args) -> int:
     header = [f"written {datetime.now(UTC):%Y-%m-%d %H:%M} UTC by `pdrig {invocation}`",
               f"config {args.config}" + (f" with {sets}" if args.overrides else ""),
               f"this invocation ran for {wall:.0f} s" + (" (report only)" if args.report_only else "")]
-    md, passed = m.write(builds, header)
+    md, passed = m.write(builds, header, explore)
     print(md.read_text())
     print(f"matrix: {md} (and matrix.json, junit.xml)", file=sys.stderr)
     return 0 if passed else 1
@@ -276,6 +342,9 @@ def add_matrix_parser(sub) -> None:
     p.add_argument("--suite", action="append",
                    help="suite names of the builds file or suite files, comma-separated (default edge)")
     p.add_argument("--scenario", action="append", help="run only this scenario (repeatable)")
+    p.add_argument("--explore", action="append", metavar="RUN_DIR",
+                   help="instead of suites: the minimal failure YAMLs of this `pdrig explore` run directory "
+                        "(repeatable), each build's cell saying whether the failure holds there")
     p.add_argument("--config", "-c", default="configs/cpu-tiny.yaml", help="rig config (default configs/cpu-tiny.yaml)")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="PATH=VALUE",
                    help="override a config field for every build")

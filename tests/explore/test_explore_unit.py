@@ -65,7 +65,8 @@ def test_every_drawn_action_validates_as_the_scenario_it_is_emitted_as(tmp_path)
         text = suite_yaml([sc], "header")
         cfg = RigConfig.model_validate({**base, "scenarios": yaml.safe_load(text)})
         assert cfg.scenarios[0].kind == ("edge" if len(a.steps) == 1 and a.steps[0].route == "pd"
-                                         and a.steps[0].start is None else "sequence")
+                                         and a.steps[0].start is None and a.steps[0].cancel_after_ms is None
+                                         else "sequence")
         for s in a.steps:
             assert s.prompt_tokens + s.max_tokens <= TOPO.max_model_len
 
