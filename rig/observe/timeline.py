@@ -154,10 +154,10 @@ def series(rows: list[dict[str, Any]], min_dt: float = 0.5) -> dict[str, dict[st
     return out
 
 
-def plot_timeline(rows: list[dict[str, Any]], path: str | Path, title: str = "",
-                  marks: dict[str, float] | None = None) -> Path | None:
-    """Draw the timeline PNG (5 panels, one line per instance); ``marks`` are labelled vertical
-    lines at ``rel_t`` seconds (e.g. the end of the wave). Returns the path, or None without rows."""
+def timeline_figure(rows: list[dict[str, Any]], title: str = "", marks: dict[str, float] | None = None) -> Any:
+    """The timeline as a matplotlib Figure (5 panels sharing the time axis, one line per instance;
+    ``marks`` are labelled vertical lines at ``rel_t`` seconds), None without rows. The caller
+    closes it (``matplotlib.pyplot.close``)."""
     if not rows:
         return None
     import matplotlib
@@ -184,8 +184,22 @@ def plot_timeline(rows: list[dict[str, Any]], path: str | Path, title: str = "",
     if title:
         fig.suptitle(title)
     fig.tight_layout()
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=90)
-    plt.close(fig)
+    return fig
+
+
+def plot_timeline(rows: list[dict[str, Any]], path: str | Path, title: str = "",
+                  marks: dict[str, float] | None = None) -> Path | None:
+    """Draw the timeline PNG (:func:`timeline_figure`) to ``path`` (its folder made as needed).
+    Returns the path, or None without rows."""
+    fig = timeline_figure(rows, title, marks)
+    if fig is None:
+        return None
+    import matplotlib.pyplot as plt
+
+    try:
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fig.savefig(path, dpi=90)
+    finally:
+        plt.close(fig)
     return path
