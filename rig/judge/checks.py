@@ -279,7 +279,7 @@ def kv_integrity_check(obs: ScenarioObservation, answered: dict[str, str] | None
     lines = [ln for v in obs.kv_integrity_lines.values() for ln in v if "Potentially invalid KV blocks" in ln]
     stale: list[tuple[str, str]] = []
     explained: list[str] = []
-    unknown: list[str] = []
+    unknown = 0  # lines naming no request of this scenario
     for ln in lines:
         hit = next((ours for rid, ours in answered.items() if rid in ln), None)
         if hit is not None:
@@ -289,7 +289,7 @@ def kv_integrity_check(obs: ScenarioObservation, answered: dict[str, str] | None
         if gone is not None:
             explained.append(gone)
         else:
-            unknown.append(ln)
+            unknown += 1
     note = (f"; {len(explained)} line(s) for requests abandoned by the rig ({', '.join(sorted(set(explained)))}): "
             "lease housekeeping" if explained else "")
     if stale:
@@ -301,7 +301,7 @@ def kv_integrity_check(obs: ScenarioObservation, answered: dict[str, str] | None
     if unknown:
         # Logs are scanned per scenario, and a lease expires up to kv_lease_duration after the
         # request was abandoned: such a line may name an earlier scenario's abandoned request.
-        note += (f"; {len(unknown)} line(s) naming no request of this scenario (an earlier scenario's "
+        note += (f"; {unknown} line(s) naming no request of this scenario (an earlier scenario's "
                  "abandoned transfer expiring): lease housekeeping")
     return Check("kv-integrity", True, "no answered request read released KV blocks" + note)
 

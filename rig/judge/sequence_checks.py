@@ -197,7 +197,10 @@ def repeat_equal_check(spec: SequenceConfig, obs: ScenarioObservation, result: S
 def no_stall_check(result: SequenceResult, records: list[PDRecord] | None = None) -> Check:
     """``no-stall``: the stall watcher on D saw no freeze while requests were outstanding. Not
     checked (None) when the freeze's evidence in ``records`` is inconclusive (the engine starved
-    by a loaded host, or compiling: rig.observe.stall)."""
+    by a loaded host, or compiling: rig.observe.stall), or when the watcher read no sample of D
+    at all (``result.stall_unwatched``: it cannot say nothing froze)."""
+    if result.stall_unwatched and not result.stall:
+        return Check("no-stall", None, f"not checked: {result.stall_unwatched}")
     if result.stall:
         if records and any(inconclusive_stall(r) for r in records):
             return Check("no-stall", None, f"not checked: D froze, inconclusively: {result.stall}")

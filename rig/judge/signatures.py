@@ -81,7 +81,7 @@ def facts_of_records(obs: ScenarioObservation) -> list[RequestFacts]:
             remote_request_id=(r.prefill.kv_transfer_params or {}).get("remote_request_id") if r.prefill else None,
             parity=p.status if p else None, stall=r.stall, prompts=prompts,
             diverged_prompt=_diverged_prompt(r, p, prompts),
-            appended=getattr(r, "decode_prompt", None) is not None))
+            appended=r.decode_prompt is not None))
     return out
 
 
@@ -296,7 +296,7 @@ def _shared_params(sig: StaleKvSignature, obs: ScenarioObservation, reqs: list[R
     for r in reqs:
         rid = r.remote_request_id or ""
         named = bool(rid) and any(rid in ln for ln in lines)
-        k = prompt_index(rid) if rid else None
+        k = prompt_index(rid)
         later = k is not None and r.diverged_prompt is not None and r.diverged_prompt > k
         parity_fits = later or (not sig.parity and r.parity != "diverged")
         parity = (f"prompt {r.diverged_prompt}'s choice diverged" if r.diverged_prompt is not None
@@ -333,8 +333,8 @@ def _wrong(sig: WrongOutputSignature, reqs: list[RequestFacts]) -> Match:
 def _appended(sig: AppendedTokenSignature, obs: ScenarioObservation, reqs: list[RequestFacts]) -> Match:
     """Wrong tokens on the appended requests and/or D's death with the assert (the signature's docstring)."""
     wrong = [r.request_id for r in reqs if r.appended and r.outcome == "ok" and r.parity == "diverged"]
-    d_prompts = {tuple(dp) for r in obs.records if (dp := getattr(r, "decode_prompt", None)) is not None}
-    repeats = {r.request_id for r in obs.records if getattr(r, "decode_prompt", None) is None
+    d_prompts = {tuple(r.decode_prompt) for r in obs.records if r.decode_prompt is not None}
+    repeats = {r.request_id for r in obs.records if r.decode_prompt is None
                and tuple(r.prompt) in d_prompts}
     corrupted = [r.request_id for r in reqs if r.request_id in repeats and r.outcome == "ok"
                  and r.parity == "diverged"] if sig.cache_corrupted else []
@@ -342,15 +342,14 @@ def _appended(sig: AppendedTokenSignature, obs: ScenarioObservation, reqs: list[
     # line) before EngineCore's fatal line, so the regex is searched in every fatal line of D, and
     # the death is still named with D's first fatal line (the exception that ended it).
     name = obs.decode
-    lines = [obs.death_lines.get(name, "")] + list(obs.fatal_lines.get(name) or [])
-    hit = next((ln for ln in lines if re.search(sig.fatal_log, ln or "")), None)
-    crash = _crash(CrashSignature(kind="crash", instance="decode", fatal_log=re.escape(hit) if hit else sig.fatal_log,
-                                  excuses=sig.excuses), replace(obs, death_lines={**obs.death_lines, name: hit})
-                   if hit else obs, reqs)
+    lines = [obs.death_lines.get(name), *(obs.fatal_lines.get(name) or [])]
+    hit = next((ln for ln in lines if ln and re.search(sig.fatal_log, ln)), None)
+    # the signature's excuses are added to the run checks below, with or without a death
+    crash = _crash(CrashSignature(kind="crash", instance="decode", fatal_log=sig.fatal_log),
+                   replace(obs, death_lines={**obs.death_lines, name: hit}) if hit else obs, reqs)
     if crash.matched and hit is not None and hit != obs.death_lines.get(name):
         death = f"{name} died (exit {obs.dead[name]}): {obs.death_lines.get(name, '')[:160]}"
-        crash = Match(crash.requests, crash.explains, crash.run_checks, seen=f"{death}; fatal line: {hit[:160]}",
-                      expected=crash.expected, shown=f"{death}; fatal line: {hit[:160]}", instances=crash.instances)
+        crash = replace(crash, seen=f"{death}; fatal line: {hit[:160]}", shown=f"{death}; fatal line: {hit[:160]}")
     expected = ("an answered request with P's first token appended whose tokens differ from the reference of the "
                 f"prompt D got, and/or {crash.expected}")
     shown = ([f"{', '.join(wrong)}: HTTP 200, tokens differ from the reference of the appended prompt"] if wrong
@@ -358,15 +357,14 @@ def _appended(sig: AppendedTokenSignature, obs: ScenarioObservation, reqs: list[
                           "cache)"] if corrupted else []) + ([crash.shown] if crash.matched else [])
     other = [r.request_id for r in reqs if r.outcome == "ok" and r.parity == "diverged" and not r.appended
              and r.request_id not in corrupted]
-    seen = "; ".join(([f"{', '.join(other)} diverged without an appended token"] if other else [])
-                     + [crash.seen]) or "no divergence on an appended request"
+    # crash.seen always says something ("<D> alive" at least)
+    seen = "; ".join(([f"{', '.join(other)} diverged without an appended token"] if other else []) + [crash.seen])
     if not wrong and not crash.matched:
         return Match(seen=seen, expected=expected)
     # A dead D has no /metrics after the scenario: its pulls cannot be read ("not checked"); the
     # death explains that gap, never a kv-pulled failure on a request (those carry request ids).
     return Match(frozenset(wrong) | frozenset(corrupted) | crash.requests,
-                 (crash.explains if crash.matched else frozenset({"parity"}))
-                 | ({"parity", "repeat-equal"} if sig.cache_corrupted else {"parity"}),
+                 crash.explains | ({"parity", "repeat-equal"} if sig.cache_corrupted else {"parity"}),
                  frozenset(sig.excuses) | crash.run_checks | ({"kv-pulled"} if crash.matched else set()),
                  seen=seen, expected=expected, shown="; ".join(shown),
                  instances=crash.instances)

@@ -67,7 +67,17 @@ def explain_stall(stall: dict[str, Any], wave: WaveResult, slack_s: float = 12.0
 
 
 def _stall_check(wave: WaveResult) -> Check:
+    """``no-stall``: no instance froze with requests waiting, unexplained. FAIL on an unexplained
+    freeze whose evidence is conclusive; "not checked" when every unexplained freeze was
+    inconclusive (a starved or compiling engine), or when an instance's /metrics was never read
+    during the wave (``WaveResult.samples`` 0) and nothing failed: a watcher that saw nothing
+    cannot say nothing froze."""
+    blind = sorted(n for n, k in wave.samples.items() if k == 0)
+    unseen = (f"not checked: {', '.join(blind)} never sampled during the wave ({wave.scrape_errors} "
+              "/metrics scrape(s) failed)") if blind else ""
     if not wave.stalls:
+        if blind:
+            return Check("no-stall", None, unseen)
         return Check("no-stall", True, "no instance froze with requests waiting")
     parts = [f"{st['instance']} at {st['start_s']:g} s for {st['duration_s']:g} s: "
              + (f"explained: {st['explained']}" if st["explained"] else f"UNEXPLAINED: {st['diagnosis']}")
@@ -77,6 +87,8 @@ def _stall_check(wave: WaveResult) -> Check:
     if unexplained and all(st.get("inconclusive") for st in unexplained):
         # the engine starved by a loaded host, or compiling (rig.observe.stall): nothing shown about vLLM
         return Check("no-stall", None, f"not checked: every unexplained freeze was inconclusive: {text}")
+    if not unexplained and blind:
+        return Check("no-stall", None, f"{unseen}; {text}")
     return Check("no-stall", not unexplained, text)
 
 

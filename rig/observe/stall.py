@@ -311,19 +311,34 @@ class StallWatcher:
     def __init__(self, window_s: float, transfer_window_s: float | None = None, early: EarlyRule | None = None,
                  max_gap_s: float | None = None, full_pool: bool = False, inconclusive_s: float = 0.0,
                  probe: Callable[[str], ProcSample | None] | None = None):
-        # Built once here so bad windows raise ValueError at construction, not at the first sample.
-        StallDetector(window_s, max_gap_s, transfer_window_s, early, inconclusive_s=inconclusive_s)
+        # Built once here so bad windows raise ValueError at construction, not at the first sample
+        # (only the windows and the inconclusive wait are validated).
+        StallDetector(window_s, transfer_window_s=transfer_window_s, inconclusive_s=inconclusive_s)
         self.window_s, self.transfer_window_s = window_s, transfer_window_s
         self.early, self.max_gap_s, self.full_pool = early, max_gap_s, full_pool
         self.inconclusive_s, self.probe = inconclusive_s, probe
         self.episodes: list[StallEpisode] = []
+        self.fed = 0  # snapshots fed
+        self.scrape_failures = 0  # rounds of watch() that got no snapshot
+        self.last_scrape_error = ""  # the exception of the last one, 'ConnectError: refused'
         self._detectors: dict[str, StallDetector] = {}
         self._open: dict[str, StallEpisode] = {}
+
+    def unwatched(self) -> str:
+        """Why this watcher saw nothing, for a "not checked" no-stall: '' when it was fed a
+        snapshot, or when :func:`watch` never tried to scrape (done at once: nothing was outstanding);
+        else ``"no /metrics sample was read while requests were outstanding: N scrape(s) failed,
+        the last with <exception>"``. A watcher that sampled nothing cannot say nothing froze."""
+        if self.fed or not self.scrape_failures:
+            return ""
+        return (f"no /metrics sample was read while requests were outstanding: {self.scrape_failures} "
+                f"scrape(s) failed, the last with {self.last_scrape_error}")
 
     def feed(self, s: m.MetricSnapshot, engine_cpu_s: float | ProcSample | None = None) -> Stall | None:
         """Add one snapshot of ``s.instance`` (with its process sample or engine's cumulative CPU
         seconds; else ``probe``'s while it is blocked); returns the stall it shows, if any (its
         episode is in ``episodes``)."""
+        self.fed += 1
         det = self._detectors.get(s.instance)
         if det is None:
             det = self._detectors[s.instance] = StallDetector(self.window_s, self.max_gap_s, self.transfer_window_s,
@@ -332,7 +347,9 @@ class StallWatcher:
             engine_cpu_s = self.probe(s.instance)
         stall = det.feed(s, engine_cpu_s)
         if stall is None:
-            self._open.pop(s.instance, None)
+            # the instance's last episode stays open: a detector that skips a sample without
+            # restarting (an early rule undecided, or an inconclusive wait) fires again with the
+            # same start, and that is the same episode; a restart gives a later start, a new one
             return None
         ep = self._open.get(s.instance)
         unsure = bool(stall.facts and stall.facts.evidence and stall.facts.evidence.inconclusive)
@@ -354,12 +371,16 @@ async def watch(watcher: StallWatcher, scrape: Callable[[], Awaitable[m.MetricSn
     ``on_sample`` (e.g. the snapshot store) and feed it to ``watcher`` (with ``engine_cpu()``,
     the instance's process sample or engine CPU seconds read right after it), then wait
     ``interval_s`` seconds (less when ``wake`` is set). Returns the first :class:`Stall` (the
-    caller cancels what it froze), or None once ``done()``."""
+    caller cancels what it froze), or None once ``done()``: then
+    :meth:`StallWatcher.unwatched` says whether it could look at all (every scrape failed: the
+    no-stall check is "not checked", never ok)."""
     while not done():
         try:
             snap: m.MetricSnapshot | None = await scrape()
-        except (httpx.HTTPError, ValueError):
+        except (httpx.HTTPError, ValueError) as e:
             snap = None
+            watcher.scrape_failures += 1
+            watcher.last_scrape_error = f"{type(e).__name__}: {e}"
         if snap is not None:
             if on_sample is not None:
                 on_sample(snap)

@@ -47,7 +47,8 @@ class TimelineSampler:
     """Scrapes ``endpoints`` every ``interval_s`` seconds between :meth:`start` and :meth:`stop`.
 
     ``rows`` holds every sample, ``latest`` the last row per instance, ``peaks`` the maxima of
-    running / waiting / KV usage per instance, ``scrape_errors`` the failed scrapes; ``stalls``
+    running / waiting / KV usage per instance, ``scrape_errors`` the failed scrapes, ``samples``
+    the snapshots read per instance (0 for one never read: its no-stall cannot be judged); ``stalls``
     (optional, :class:`rig.observe.stall.StallWatcher`) is fed every snapshot.
     """
 
@@ -61,6 +62,7 @@ class TimelineSampler:
         self.peaks: dict[str, dict[str, float]] = {e.name: {"running": 0.0, "waiting": 0.0, "kv_usage": 0.0}
                                                    for e in endpoints}
         self.scrape_errors = 0
+        self.samples: dict[str, int] = {e.name: 0 for e in endpoints}
         self.t0 = time.monotonic()
         self._stop = asyncio.Event()
         self._task: asyncio.Task | None = None
@@ -75,6 +77,7 @@ class TimelineSampler:
                     self.scrape_errors += 1
                     continue
                 raise snap
+            self.samples[snap.instance] = self.samples.get(snap.instance, 0) + 1
             if self.store is not None:
                 self.store.sample(self.scenario, snap)
             if self.stalls is not None:
@@ -154,10 +157,10 @@ def series(rows: list[dict[str, Any]], min_dt: float = 0.5) -> dict[str, dict[st
     return out
 
 
-def plot_timeline(rows: list[dict[str, Any]], path: str | Path, title: str = "",
-                  marks: dict[str, float] | None = None) -> Path | None:
-    """Draw the timeline PNG (5 panels, one line per instance); ``marks`` are labelled vertical
-    lines at ``rel_t`` seconds (e.g. the end of the wave). Returns the path, or None without rows."""
+def timeline_figure(rows: list[dict[str, Any]], title: str = "", marks: dict[str, float] | None = None) -> Any:
+    """The timeline as a matplotlib Figure (5 panels sharing the time axis, one line per instance;
+    ``marks`` are labelled vertical lines at ``rel_t`` seconds), None without rows. The caller
+    closes it (``matplotlib.pyplot.close``)."""
     if not rows:
         return None
     import matplotlib
@@ -184,8 +187,22 @@ def plot_timeline(rows: list[dict[str, Any]], path: str | Path, title: str = "",
     if title:
         fig.suptitle(title)
     fig.tight_layout()
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=90)
-    plt.close(fig)
+    return fig
+
+
+def plot_timeline(rows: list[dict[str, Any]], path: str | Path, title: str = "",
+                  marks: dict[str, float] | None = None) -> Path | None:
+    """Draw the timeline PNG (:func:`timeline_figure`) to ``path`` (its folder made as needed).
+    Returns the path, or None without rows."""
+    fig = timeline_figure(rows, title, marks)
+    if fig is None:
+        return None
+    import matplotlib.pyplot as plt
+
+    try:
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fig.savefig(path, dpi=90)
+    finally:
+        plt.close(fig)
     return path

@@ -153,6 +153,7 @@ class SequenceResult:
 
     entries: list[SequenceEntry] = field(default_factory=list)
     stall: str = ""
+    stall_unwatched: str = ""  # why the stall watcher could not look (StallWatcher.unwatched), '' when it did
     stalled_steps: list[str] = field(default_factory=list)
     reap: LeaseReap | None = None
     drains: list[DrainResult] = field(default_factory=list)
@@ -433,12 +434,13 @@ class _Sequence:
             self.ctx.store.sample(self.sc.name, snap)
             self.result.gauges.feed(snap, self._at_d(), time.monotonic(), self.ms())
 
-        stall = await watch(StallWatcher(t.stall_window_s, transfer_window_s=t.kv_transfer_s,
-                                         inconclusive_s=t.stall_inconclusive_wait(self.sc.deadline_s),
-                                         probe=self.ctx.cluster.proc_sample),
-                            lambda: m.scrape(http, d.url, d.name), done.is_set, t.metrics_interval_s,
+        watcher = StallWatcher(t.stall_window_s, transfer_window_s=t.kv_transfer_s,
+                               inconclusive_s=t.stall_inconclusive_wait(self.sc.deadline_s),
+                               probe=self.ctx.cluster.proc_sample)
+        stall = await watch(watcher, lambda: m.scrape(http, d.url, d.name), done.is_set, t.metrics_interval_s,
                             on_sample=sampled)
         if stall is None:
+            self.result.stall_unwatched = watcher.unwatched()
             return
         outstanding = self._outstanding()
         self.result.stall = f"{stall.diagnosis}; outstanding: {', '.join(outstanding) or 'none'}"

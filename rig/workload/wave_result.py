@@ -51,6 +51,9 @@ class WaveResult:
     timeline_png: str | None = None
     records_path: str | None = None
     scrape_errors: int = 0
+    # /metrics snapshots read per instance during the wave (TimelineSampler.samples): an instance
+    # with 0 was never looked at, so "no instance froze" cannot be said of it.
+    samples: dict[str, int] = field(default_factory=dict)
     plot_error: str = ""
     error: str = ""
     # Stall episodes seen in the timeline (instance, start s after the wave began, duration s,
@@ -99,5 +102,5 @@ class WaveResult:
                 "prefix_note": self.prefix_note, "parity": self.parity,
                 "drains": [d.__dict__ for d in self.drains], "timeline_png": self.timeline_png,
                 "records_path": self.records_path, "scrape_errors": self.scrape_errors,
-                "stalls": self.stalls, "kv_lease_s": self.kv_lease_s,
+                "samples": self.samples, "stalls": self.stalls, "kv_lease_s": self.kv_lease_s,
                 "plot_error": self.plot_error, "error": self.error}

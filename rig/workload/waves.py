@@ -254,6 +254,7 @@ async def run_wave(sc: ScenarioConfig, model: str, prefills: list[Endpoint], dec
         await transport.aclose()
     res.peaks = sampler.peaks
     res.scrape_errors = sampler.scrape_errors
+    res.samples = dict(sampler.samples)
     t0 = engine.t0 or 0.0
     for ep in episodes.episodes:
         st = {"instance": ep.instance, "start_s": round(ep.since - t0, 1), "duration_s": round(ep.duration_s, 1),
