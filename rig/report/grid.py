@@ -156,24 +156,29 @@ def symptom_seen(symptom: str, scenario: dict[str, Any]) -> bool:
     symptom of a known issue, whatever its verdict was. ``symptom`` is the kind of the known
     issue's signature (rig/judge/signatures.py): ``stall`` a stalled request, ``stale-kv`` a failed
     kv-integrity check or a diverged parity, ``wrong-output`` a diverged parity, ``crash`` an
-    instance that died, ``leak`` a failed released-by-d check, ``http-error`` (and anything else) a
-    request that failed otherwise. This is the kind-level reading on recorded data; the
-    field-by-field match is the engine's."""
+    instance that died, ``leak`` a failed released-by-d check, ``appended-token`` a diverged parity
+    or a death (a router that appends P's first token: wrong tokens, then D's worker may die),
+    ``wrong-metrics`` a failed cached-tokens check, ``http-error`` (and anything else) a request
+    that failed otherwise. This is the kind-level reading on recorded data; the field-by-field
+    match is the engine's."""
     obs = scenario.get("observation") or {}
     records = obs.get("records") or []
     diverged = any(p and p.get("status") == "diverged" for p in obs.get("parity") or [])
+    checks = (scenario.get("verdict") or {}).get("checks") or []
     if symptom == "stall":
         return any(r.get("outcome") == "stalled" for r in records)
     if symptom == "stale-kv":
-        checks = (scenario.get("verdict") or {}).get("checks") or []
         return any(c.get("name") == "kv-integrity" and c.get("ok") is False for c in checks) or diverged
     if symptom == "wrong-output":
         return diverged
     if symptom == "crash":
         return bool(obs.get("dead"))
     if symptom == "leak":
-        checks = (scenario.get("verdict") or {}).get("checks") or []
         return any(c.get("name") == "released-by-d" and c.get("ok") is False for c in checks)
+    if symptom == "appended-token":
+        return diverged or bool(obs.get("dead"))
+    if symptom == "wrong-metrics":
+        return any(c.get("name") == "cached-tokens" and c.get("ok") is False for c in checks)
     return any(r.get("outcome") not in ("ok", "stalled") for r in records)
 
 

@@ -211,3 +211,24 @@ def test_leak_symptom_reads_the_released_by_d_check_of_the_recording():
     assert not symptom_seen("leak", item)
     item["verdict"]["checks"][-1]["ok"] = False
     assert symptom_seen("leak", item) and not symptom_seen("stale-kv", item)
+
+
+def test_appended_token_symptom_reads_a_diverged_answer_or_a_death_of_the_recording():
+    # a router appending P's first token answers HTTP 200 with wrong tokens (then D's worker may
+    # die): the matrix's range section must call that seen, as the XFAIL cells do
+    item = copy.deepcopy(PASS_FIX["scenarios"][0])
+    assert not symptom_seen("appended-token", item)
+    item["observation"]["parity"] = [{"status": "equal"}, {"status": "diverged"}]
+    assert symptom_seen("appended-token", item)
+    item = copy.deepcopy(PASS_FIX["scenarios"][0])
+    item["observation"]["dead"] = {"decode": 1}
+    assert symptom_seen("appended-token", item) and not symptom_seen("wrong-output", item)
+
+
+def test_wrong_metrics_symptom_reads_the_cached_tokens_check_of_the_recording():
+    item = copy.deepcopy(PASS_FIX["scenarios"][0])
+    assert not symptom_seen("wrong-metrics", item)
+    item["verdict"]["checks"].append({"name": "cached-tokens", "ok": None, "detail": "not checked"})
+    assert not symptom_seen("wrong-metrics", item)
+    item["verdict"]["checks"][-1]["ok"] = False
+    assert symptom_seen("wrong-metrics", item) and not symptom_seen("leak", item)
