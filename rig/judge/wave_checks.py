@@ -74,7 +74,7 @@ def _stall_check(wave: WaveResult) -> Check:
     cannot say nothing froze."""
     blind = sorted(n for n, k in wave.samples.items() if k == 0)
     unseen = (f"not checked: {', '.join(blind)} never sampled during the wave ({wave.scrape_errors} "
-              "/metrics scrape(s) failed)") if blind else ""
+              "/metrics scrape(s) failed)")
     if not wave.stalls:
         if blind:
             return Check("no-stall", None, unseen)

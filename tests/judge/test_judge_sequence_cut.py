@@ -68,3 +68,30 @@ def test_a_run_check_that_could_not_look_still_keeps_an_all_cut_sequence_from_pa
     v = judge_sequence(sc, obs, res)
     assert v.verdict == "ERROR"
     assert "cancelled on purpose: no answer to judge" not in v.reason
+
+
+def test_the_not_checked_details_name_what_each_check_had_nothing_for():
+    repeat = {"id": "again", "route": "pd", "prompt_tokens": 64, "max_tokens": 8, "repeat_of": "cut",
+              "start": {"after": "cut", "event": "answered"},
+              "cancel_after_ms": [5, 5]}
+    sc = scen(CUT, repeat)
+    obs, res = _observed([_cut("c0"), _cut("a0")])
+    res.entries = [SequenceEntry("c0", "cut", "pd"), SequenceEntry("a0", "again", "pd")]
+    v = judge_sequence(sc, obs, res)
+    why = "not checked: all 2 requests were cancelled on purpose: no answer to "
+    details = {c.name: c.detail for c in v.checks if c.name in ANSWER_CHECKS}
+    assert details == {"token-counts": why + "count", "kv-pulled": why + "show a transfer for",
+                       "parity": why + "compare", "repeat-equal": why + "compare"}
+    assert v.verdict == "PASS"
+    held = ", ".join(c.name for c in v.checks if c.ok)
+    assert v.reason == f"all 2 requests cancelled on purpose: no answer to judge; {held} hold"
+
+
+def test_an_all_abandoned_sequence_without_pd_steps_or_parity_adds_no_check_it_does_not_have():
+    gone = {"id": "gone", "route": "pd-abandon", "prompt_tokens": 8, "max_tokens": 8}
+    sc = scen(gone).model_copy(update={"parity": False})
+    obs, res = _observed([PDRecord("a0", 8, 8, outcome="cancelled", diagnosis=ABANDONED)])
+    res.entries = [SequenceEntry("a0", "gone", "pd-abandon")]
+    names = [c.name for c in judge_sequence(sc, obs, res).checks]
+    assert "token-counts" in names
+    assert not {"kv-pulled", "parity", "repeat-equal"} & set(names)

@@ -59,3 +59,8 @@ def test_the_sampler_counts_snapshots_per_instance_and_not_failed_scrapes():
 
     s = asyncio.run(go())
     assert s.samples == {"prefill": 2, "decode": 0} and s.scrape_errors == 2
+
+
+def test_every_unsampled_instance_is_named():
+    c = _no_stall(healthy_wave(samples={"prefill": 0, "decode": 0}, scrape_errors=6))
+    assert c.detail == "not checked: decode, prefill never sampled during the wave (6 /metrics scrape(s) failed)"

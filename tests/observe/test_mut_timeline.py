@@ -110,6 +110,7 @@ def test_sample_once_peaks_of_an_instance_not_in_endpoints_and_gauges_absent():
     s = _unlisted("# TYPE vllm:num_requests_waiting gauge\nvllm:num_requests_waiting 2\n")
     assert s.peaks == {"decode": {"running": 0.0, "waiting": 2.0, "kv_usage": 0.0}}
     assert s.scrape_errors == 0 and s.interval_s == 1.0 and s.stalls is None
+    assert s.samples["decode"] == 1  # counted from its first snapshot, though not listed
 
 
 def test_sample_once_counts_a_page_that_is_not_metrics_and_raises_anything_else():
