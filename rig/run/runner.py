@@ -404,9 +404,11 @@ class SuiteRunner:
         """The kind's verdict; a rig exception while judging is that scenario's ERROR (traceback
         in rig-traceback.txt), and the run goes on. A scenario whose kind produced nothing
         because an instance it needs died (before it ran, or while it ran) gets the death's
-        verdict (:func:`died_verdict`) in every kind but ``fault`` (which kills on purpose and
-        judges deaths itself)."""
-        if obs.dead and kind_result is None and sc.kind != "fault":
+        verdict (:func:`died_verdict`) in every kind, ``fault`` included: a fault scenario kills
+        on purpose and judges those deaths itself, but only from the result its workload returns;
+        with no result its fault never fired, so the death is not its own (e.g. P died at the
+        warm-up before it: FAIL "prefill died", not ERROR "the fault workload did not run")."""
+        if obs.dead and kind_result is None:
             return died_verdict(sc, obs)
         try:
             return KINDS[sc.kind].judge(sc, obs, kind_result, self.result.extra_sections)

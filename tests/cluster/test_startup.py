@@ -158,12 +158,16 @@ def test_a_decode_that_dies_at_its_warm_up_fails_every_scenario_that_needs_it_in
             "wave": {"requests": 4, "concurrency": 2}}
     seq = {"name": "seq", "kind": "sequence", "decode": "decode-dies",
            "sequence": {"steps": [{"id": "a", "route": "pd", "prompt_tokens": 40, "max_tokens": 4}]}}
+    # a fault scenario whose fault never fired (its decode was already dead) is a death too
+    fault = {"name": "fault", "kind": "fault", "decode": "decode-dies", "prompt_tokens": 40, "max_tokens": 4,
+             "fault": {"requests": 1, "faults": [{"trigger": {"event": "prefill-answered"}, "target": "prefill",
+                                                   "action": "sigkill"}]}}
     data = fake_config(tmp_path, decodes={"decode-dies": {"env": crash}, "decode": {}},
-                       scenarios=[scenario("edge", "decode-dies"), wave, seq, scenario("ok", "decode")])
+                       scenarios=[scenario("edge", "decode-dies"), wave, seq, fault, scenario("ok", "decode")])
     cfg = load_config(write_config(tmp_path, data))
     result = SuiteRunner(cfg, list(cfg.scenarios), new_run_dir(cfg), quiet=True).run()
     v = {x.scenario: x for x in result.verdicts}
-    for name in ("edge", "wave", "seq"):
+    for name in ("edge", "wave", "seq", "fault"):
         assert v[name].verdict == "FAIL", (name, v[name].reason)
         assert "decode-dies died (exit 1): " in v[name].reason, (name, v[name].reason)
         assert "EngineCore encountered a fatal error" in v[name].reason
