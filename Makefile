@@ -88,7 +88,7 @@ EXPLORE_TOPOLOGIES ?= decode
 EXPLORE_REPLAYS ?= 2
 EXPLORE_SHRINK_RUNS ?= 8
 EXPLORE_BUILD ?=
-explore: check-venv  ## explore CONFIG without the suites (seed EXPLORE_SEED, EXPLORE_ACTIONS actions, EXPLORE_MINUTES min, EXPLORE_TOPOLOGIES; EXPLORE_BUILD=0.27.1: on that build): failures shrunk to scenario YAMLs
+explore: check-venv  ## explore CONFIG without the suites (seed EXPLORE_SEED, EXPLORE_ACTIONS actions, EXPLORE_MINUTES min of actions, EXPLORE_TOPOLOGIES; EXPLORE_BUILD=0.27.1: on that build): failures shrunk to scenario YAMLs
 	$(PDRIG) explore --config $(CONFIG) --seed $(EXPLORE_SEED) --actions $(EXPLORE_ACTIONS) --minutes $(EXPLORE_MINUTES) \
 		$(if $(EXPLORE_TOPOLOGIES),--topologies $(EXPLORE_TOPOLOGIES)) --replays $(EXPLORE_REPLAYS) \
 		--shrink-runs $(EXPLORE_SHRINK_RUNS) \

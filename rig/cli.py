@@ -185,11 +185,36 @@ def _explore_phases(args: argparse.Namespace) -> dict[str, Any]:
 
     if args.cancel_share is not None and not 0 <= args.cancel_share <= 1:
         raise ConfigError(f"--cancel-share {args.cancel_share}: give a share between 0 and 1")
-    if args.nemesis_every < 0 or args.draw_topologies < 0:
-        raise ConfigError("--nemesis-every / --draw-topologies: give 0 (off) or a positive count")
-    return {"nemesis_every": args.nemesis_every, "nemesis": names("--nemesis", args.nemesis, NEMESIS_WEIGHTS),
-            "cancel_share": args.cancel_share, "draw_topologies": args.draw_topologies,
-            "knobs": names("--knobs", args.knobs, KNOBS)}
+    for flag, value in (("--nemesis-every", args.nemesis_every), ("--draw-topologies", args.draw_topologies),
+                        ("--replays", args.replays), ("--shrink-runs", args.shrink_runs),
+                        ("--minutes", args.minutes)):
+        if value < 0:
+            raise ConfigError(f"{flag} {value:g}: give 0 (off) or a positive number")
+    if args.actions < 1:
+        raise ConfigError(f"--actions {args.actions}: give at least 1 action")
+    nemesis, knobs = names("--nemesis", args.nemesis, NEMESIS_WEIGHTS), names("--knobs", args.knobs, KNOBS)
+    if nemesis and not args.nemesis_every:
+        raise ConfigError(f"--nemesis {args.nemesis} chooses the faults of the nemesis phase: add --nemesis-every N")
+    if knobs and not args.draw_topologies:
+        raise ConfigError(f"--knobs {args.knobs} chooses what drawn topologies vary: add --draw-topologies N")
+    return {"nemesis_every": args.nemesis_every, "nemesis": nemesis, "cancel_share": args.cancel_share,
+            "draw_topologies": args.draw_topologies, "knobs": knobs}
+
+
+def _check_history(path: Path) -> None:
+    """Refuse a ``--replay`` file before any server starts: ConfigError when it is missing, is not
+    a history.jsonl (rig.explore.history.read_history raises ValueError), or holds no action."""
+    from rig.explore.history import read_history
+
+    if not path.is_file():
+        raise ConfigError(f"--replay {path}: no such file; give the history.jsonl of an earlier explore run")
+    try:
+        entries = read_history(path)
+    except (ValueError, OSError) as e:
+        raise ConfigError(f"--replay {e}") from None
+    if not entries:
+        raise ConfigError(f"--replay {path}: no action in it; give the history.jsonl of an earlier explore run "
+                          "(its lines with phase explore or nemesis)")
 
 
 def cmd_explore(args: argparse.Namespace) -> int:
@@ -198,7 +223,9 @@ def cmd_explore(args: argparse.Namespace) -> int:
     from rig.explore.explorer import Explorer, ExploreSettings
     from rig.run.runner import new_run_dir
 
-    cfg = _on_build(load_config(args.config, args.overrides), args)
+    # Every flag is checked before --build may create a build's env (gigabytes, minutes) and
+    # before any server starts.
+    cfg = load_config(args.config, args.overrides)
     decodes = [d.strip() for d in (args.topologies or "").split(",") if d.strip()]
     names = [d.name for d in cfg.decode]
     bad = [d for d in decodes if d not in names]
@@ -210,9 +237,10 @@ def cmd_explore(args: argparse.Namespace) -> int:
     routes = [r.strip() for r in (args.routes or "").split(",") if r.strip()]
     if [r for r in routes if r not in ROUTE_WEIGHTS]:
         raise ConfigError(f"--routes {args.routes}: give some of {', '.join(ROUTE_WEIGHTS)}")
-    if args.replay and not Path(args.replay).is_file():
-        raise ConfigError(f"--replay {args.replay}: no such file; give the history.jsonl of an earlier explore run")
+    if args.replay:
+        _check_history(Path(args.replay))
     phases = _explore_phases(args)
+    cfg = _on_build(cfg, args)
     if phases["draw_topologies"]:  # a bad drawn combination is refused before the run directory and servers
         from rig.explore.topologies import draw_variants
         draw_variants(cfg, args.seed, phases["draw_topologies"], decodes[0] if decodes else None,

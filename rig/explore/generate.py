@@ -225,7 +225,8 @@ class Generator:
             start = StartRule(after=ref.id, event=rng.choice(ROUTE_EVENTS[ref.route]),
                               after_ms=rng.choice(START_DELAYS_MS))
         cancel = None
-        if route == "pd" and (hint.get("cancel") or cut.random() < self.cancel_share):
+        # a coverage hint asks for a cut only while cuts are on: --cancel-share 0 turns them off
+        if route == "pd" and self.cancel_share > 0 and (hint.get("cancel") or cut.random() < self.cancel_share):
             lo = cut.choice(CANCEL_POINTS_MS)
             hi = cut.choice([t for t in CANCEL_POINTS_MS if t >= lo]) if count > 1 else lo
             cancel = (lo, hi)

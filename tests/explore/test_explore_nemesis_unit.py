@@ -223,6 +223,15 @@ def test_cancels_and_resources_draw_from_streams_of_their_own():
     (["--knobs", "pool,gpus", "--draw-topologies", "2"], "--knobs pool,gpus: unknown 'gpus'"),
     (["--cancel-share", "1.5"], "--cancel-share 1.5: give a share between 0 and 1"),
     (["--draw-topologies", "1", "--knobs", "pool", "--set", "max_model_len=512"], "raise num_gpu_blocks_override"),
+    (["--nemesis-every", "-1"], "--nemesis-every -1: give 0 (off) or a positive number"),
+    (["--replays", "-1"], "--replays -1: give 0 (off) or a positive number"),
+    (["--minutes", "-2"], "--minutes -2: give 0 (off) or a positive number"),
+    (["--actions", "0"], "--actions 0: give at least 1 action"),
+    (["--nemesis", "sigstop-prefill"], "add --nemesis-every N"),
+    (["--knobs", "pool"], "add --draw-topologies N"),
+    (["--replay", "nowhere.jsonl"], "--replay nowhere.jsonl: no such file"),
+    # a bad flag is refused before --build may create a build's env (gigabytes, minutes)
+    (["--build", "no-such-build", "--nemesis-every", "-1"], "--nemesis-every -1"),
 ])
 def test_bad_explore_flags_are_refused_before_a_run_directory(tmp_path, capsys, flags, says):
     from conftest import write_config
@@ -251,3 +260,27 @@ def test_the_nemesis_and_cancel_goals_read_what_the_phase_did():
     a = Action(index=1, steps=[Step(id="s0", prompt_tokens=33, max_tokens=2, cancel_after_ms=(50, 50))])
     got = cov.update(a, ScenarioObservation(scenario="x", decode="decode", prefill="prefill", records=[cut]), TOPO)
     assert {"cancelled", "cancel-on-decode"} <= set(got)
+
+
+def test_a_replay_file_that_is_no_history_is_refused_before_a_run_directory(tmp_path, capsys):
+    from conftest import write_config
+    from rig.cli import main
+    cfg = write_config(tmp_path, fake_config(tmp_path))
+    not_history = tmp_path / "config-as-history.jsonl"
+    not_history.write_text("model: tiny\n")
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text('{"phase": "start"}\n')
+    assert main(["explore", "--config", str(cfg), "--replay", str(not_history)]) == 2
+    assert "not a JSON line" in capsys.readouterr().err
+    assert main(["explore", "--config", str(cfg), "--replay", str(empty)]) == 2
+    assert "no action in it" in capsys.readouterr().err
+    assert not (tmp_path / "runs").exists() or not any((tmp_path / "runs").iterdir())
+
+
+def test_cancel_share_zero_turns_cuts_off_even_where_a_goal_asks_for_one():
+    hints = {"cancelled": {"route": "pd", "cancel": True}, "cancel-on-decode": {"route": "pd", "cancel": True}}
+    gen = Generator(1, TOPO, cancel_share=0)
+    acts = [gen.action(i, ["cancelled", "cancel-on-decode"], hints) for i in range(40)]
+    assert not any(s.cancel_after_ms for a in acts for s in a.steps)
+    on = Generator(1, TOPO)
+    assert any(s.cancel_after_ms for i in range(40) for s in on.action(i, ["cancelled"], hints).steps)

@@ -89,7 +89,7 @@ LAZY: dict[tuple[str, str], str] = {
         "rig.plan.k8s", "rig.proxy", "rig.run.docker_run", "rig.run.hostruns", "rig.run.matrix",
         "rig.run.request_check", "rig.run.runner", "rig.run.topology", "rig.run.wave_cli",
         "rig.transport.client", "rig.transport.endpoint", "rig.workload.prompts",
-        "rig.explore.explorer", "rig.explore.grammar", "rig.explore.topologies",
+        "rig.explore.explorer", "rig.explore.grammar", "rig.explore.history", "rig.explore.topologies",
         "rig.workload.warmup")},
     **{("rig.run.wave_cli", m): _WAVE_CLI for m in (
         "rig.config", "rig.judge.wave_checks", "rig.observe.drain", "rig.observe.endpoint_watch", "rig.observe.metrics",
