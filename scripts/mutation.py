@@ -16,7 +16,9 @@ passed), no tests (no fast test reaches the function: counted as a survivor), ti
 killed: the mutant made a test hang), suspicious, skipped.
 
 Writes ``runs/mutation/report.md`` and ``report.json`` (the table and every survivor's diff).
-Exit: 0 when every survivor is in the baseline, 1 when one is not, 2 when mutmut failed.
+Exit: 0 when every survivor is in the baseline and every mutant ran, 1 when a survivor is not in
+the baseline or a mutant was not run, 2 when mutmut failed. Baseline entries of the modules run
+that matched no survivor are listed as stale (the code under them changed), without failing.
 """
 
 from __future__ import annotations
@@ -161,6 +163,7 @@ def main(argv: list[str] | None = None) -> int:
         unrun = sum(s == "not checked" for s in statuses)
         rows.append({"module": p, "mutants": len(codes), "killed": killed, "survived": undetected,
                      "not_run": unrun, "timeouts": sum(s == "timeout" for s in statuses),
+                     "other": len(codes) - killed - undetected - unrun,
                      "score": round(100 * killed / max(1, killed + undetected), 1)})
         for name, code in sorted(codes.items()):
             if STATUS.get(code, "suspicious") not in UNDETECTED:
@@ -173,6 +176,12 @@ def main(argv: list[str] | None = None) -> int:
             entry["reason"] = base["reason"] if base else ""
             survivors.append(entry)
     new = [s for s in survivors if not s["reason"]]
+    # Baseline entries of the modules run that matched no survivor: code changed under them (an
+    # entry whose lines are gone), listed so they are removed rather than kept with a stale reason.
+    run_modules = {r["module"].removesuffix(".py").replace("/", ".") for r in rows}
+    matched = {(s["function"], s["removed"], s["added"]) for s in survivors}
+    stale = [e for e in baseline if key(e) not in matched
+             and any(e["function"].startswith(m + ".") for m in run_modules)]
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "report.json").write_text(json.dumps({"modules": rows, "survivors": survivors,
                                                       "seconds": round(took), "cpu_seconds": round(cpu)}, indent=1))
@@ -185,8 +194,13 @@ def main(argv: list[str] | None = None) -> int:
                  f"{tot_s} | {sum(r['not_run'] for r in rows)} | "
                  f"{round(100 * tot_k / max(1, tot_k + tot_s), 1)} % |")
     unrun = sum(r["not_run"] for r in rows)
+    other = sum(r["other"] for r in rows)
     text = "\n".join(lines) + f"\n\n{len(survivors) - len(new)} survivor(s) in the baseline (equivalent), " \
-        f"{len(new)} new; {unrun} mutant(s) not run; {took:.0f} s wall, {cpu:.0f} s CPU\n"
+        f"{len(new)} new; {unrun} mutant(s) not run; {other} suspicious or skipped (neither killed nor " \
+        f"survived: mutmut's own status, e.g. a mutant that signalled the test process); " \
+        f"{took:.0f} s wall, {cpu:.0f} s CPU\n"
+    for e in stale:
+        text += f"\nSTALE BASELINE ENTRY (matched no survivor): {e['function']}: {e['removed']!r} -> {e['added']!r}\n"
     for s in new:
         text += f"\nNEW SURVIVOR {s['mutant']} ({s['status']}):\n{s['diff']}\n"
     (args.out / "report.md").write_text(text)
@@ -194,6 +208,10 @@ def main(argv: list[str] | None = None) -> int:
     if new:
         print(f"{len(new)} survivor(s) not in {args.baseline}: kill each with a test that "
               "asserts the behaviour, or add it there with the reason it is equivalent", file=sys.stderr)
+        return 1
+    if unrun:
+        print(f"{unrun} mutant(s) not run: a partial run proves nothing about them; run again without "
+              "--no-run or after mutmut finished", file=sys.stderr)
         return 1
     return 0
 
