@@ -416,3 +416,11 @@ def retrieval_check(result: RetrievalResult | None) -> Check:
         return Check("retrieval", None, f"not checked: the reference retrieved nothing to compare with; {detail}")
     return Check("retrieval", result.pd_hits >= result.ref_hits, detail,
                  () if result.pd_hits >= result.ref_hits else tuple(r.request_id for r in result.records))
+
+
+def all_cancelled_reason(n: int, checks: list[Check]) -> str:
+    """The PASS reason of a wave or sequence whose ``n`` requests were all cancelled on purpose by
+    the rig: no answer was meant, so it names the run-level ``checks`` that held instead
+    (rig.judge.wave_checks.judge_wave, rig.judge.sequence_checks.judge_sequence)."""
+    return (f"all {n} requests cancelled on purpose: no answer to judge; "
+            + ", ".join(c.name for c in checks if c.ok) + " hold")

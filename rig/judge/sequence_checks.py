@@ -51,6 +51,7 @@ from rig.config.sequence import SequenceConfig
 from rig.judge.checks import (
     Check,
     alive_check,
+    all_cancelled_reason,
     fatal_log_check,
     idle_check,
     inconclusive_stall,
@@ -318,6 +319,5 @@ def judge_sequence(sc: ScenarioConfig, obs: ScenarioObservation, result: Sequenc
     request was cut on purpose says so, naming the checks that held."""
     v = judge(sc, obs, checks=sequence_checks(sc, obs, result), required=sequence_required(sc, obs))
     if result is not None and all_cut_on_purpose(obs) and v.verdict == "PASS":
-        v.reason = (f"all {len(obs.records)} requests cancelled on purpose: no answer to judge; "
-                    + ", ".join(c.name for c in v.checks if c.ok) + " hold")
+        v.reason = all_cancelled_reason(len(obs.records), v.checks)
     return v

@@ -17,6 +17,7 @@ from rig.judge.checks import (
     PREFIX_HIT_METRICS,
     Check,
     alive_check,
+    all_cancelled_reason,
     fatal_log_check,
     idle_check,
     kv_integrity_check,
@@ -297,8 +298,7 @@ def judge_wave(sc: ScenarioConfig, obs: ScenarioObservation, wave: WaveResult | 
         required = tuple(n for n in (required if required is not None else required_checks(sc)) if n not in drop)
     v = judge(sc, obs, checks=checks, reqs=facts_of_wave(wave.records), required=required)
     if cancelled and v.verdict == "PASS":
-        v.reason = (f"all {len(wave.records)} requests cancelled on purpose: no answer to judge; "
-                    + ", ".join(c.name for c in v.checks if c.ok) + " hold")
+        v.reason = all_cancelled_reason(len(wave.records), v.checks)
     if unwatched and v.verdict in ("PASS", "XFAIL", "XPASS"):
         v.reason += f"; {', '.join(UNWATCHED)} not checked, {UNWATCHED_WHY}"
     return v
