@@ -8,7 +8,7 @@ from rig.judge.sequence_checks import ANSWER_CHECKS, all_cut_on_purpose, judge_s
 from rig.observe.observations import DrainResult, ScenarioObservation
 from rig.transport.records import PDRecord
 from rig.workload.sequence import ABANDONED, CANCELLED, SequenceEntry, SequenceResult
-from test_judge_sequence_checks import scen
+from test_sequence_checks import scen
 
 CUT = {"id": "cut", "route": "pd", "prompt_tokens": 64, "max_tokens": 8, "cancel_after_ms": [5, 5]}
 

@@ -12,7 +12,7 @@ import httpx
 from rig.judge.wave_checks import judge_wave, wave_checks
 from rig.observe.timeline import TimelineSampler
 from rig.transport.endpoint import Endpoint
-from test_judge_wave_checks import full_obs, healthy_wave, sc, stall
+from test_wave_checks import full_obs, healthy_wave, sc, stall
 
 
 def _no_stall(w):

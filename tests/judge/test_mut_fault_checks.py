@@ -9,7 +9,7 @@ from rig.config import ScenarioConfig
 from rig.judge.fault_checks import fault_checks, recovery_serves_check
 from rig.transport.records import PDRecord
 from rig.workload.faults import FaultResult
-from test_judge_fault_checks import KILL_P, drains, fired, obs, recovery, result, sc
+from test_fault_checks import KILL_P, drains, fired, obs, recovery, result, sc
 
 TB = "Traceback (most recent call last)"
 

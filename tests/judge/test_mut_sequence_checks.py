@@ -5,7 +5,7 @@ separated, and says how many more there were."""
 from __future__ import annotations
 
 from rig.judge.sequence_checks import token_counts_check
-from test_judge_sequence_checks import HEAD, answered, run, scen
+from test_sequence_checks import HEAD, answered, run, scen
 
 
 def test_the_token_counts_detail_lists_the_first_six_miscounted_requests_apart():

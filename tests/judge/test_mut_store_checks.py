@@ -12,7 +12,7 @@ from rig.observe.observations import DrainResult
 from rig.observe.parity import ParityResult
 from rig.observe.store_metrics import STORE_SOURCE
 from rig.transport.records import PDRecord, PlannedCancel
-from test_judge_store_checks import by_name, healthy, obs, ok, scen
+from test_store_checks import by_name, healthy, obs, ok, scen
 
 
 def cut(rid: str, hop: str, fired_ms: float, point: str) -> PDRecord:

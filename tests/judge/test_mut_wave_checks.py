@@ -10,7 +10,7 @@ import pytest
 
 from rig.judge.wave_checks import UNWATCHED, UNWATCHED_WHY, explain_stall, judge_wave, wave_checks
 from rig.observe.observations import TransferEvidence
-from test_judge_wave_checks import HELD, full_obs, healthy_wave, obs, rec, sc, stall, wave
+from test_wave_checks import HELD, full_obs, healthy_wave, obs, rec, sc, stall, wave
 
 KI = {"id": "wrong", "title": "t", "affects": ">=0.32", "symptom": {"kind": "wrong-output"}}
 NOTE = f"; {', '.join(UNWATCHED)} not checked, {UNWATCHED_WHY}"

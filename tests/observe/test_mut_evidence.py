@@ -15,7 +15,7 @@ from rig.cluster.logs import FileLog, stop_marker
 from rig.observe import evidence
 from rig.observe import metrics as m
 from rig.observe.evidence import LogScanner, MetricPresence, healthy, metric_presence, read_versions, settle_deaths
-from test_observe_evidence import FATAL, Cluster, Log, obs
+from test_evidence import FATAL, Cluster, Log, obs
 from test_stall import LIVELOCK, TEMPLATE
 
 

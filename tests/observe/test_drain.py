@@ -15,7 +15,7 @@ from rig.observe import observations
 from rig.observe.drain import check_drains, describe_drain, drain_from_samples
 from rig.observe.observations import KV_EPS, DrainResult
 from rig.transport.endpoint import Endpoint
-from test_observe_evidence import row
+from test_evidence import row
 
 PAGE = """\
 # TYPE vllm:num_requests_running gauge
