@@ -33,7 +33,7 @@ PLACE = {
                  "test_wave_refusal.py", "test_warmup_paths.py"],
     "judge": ["test_verdict.py", "test_verdict_kinds.py", "test_leak_signature.py", "test_preemption_check.py",
               "test_shared_params_signature.py", "test_early_verdict.py", "test_counter_rules.py",
-              "test_counters_monotonic.py", "test_cached_tokens.py", "test_survivor_errors.py",
+              "test_counters.py", "test_cached_tokens.py", "test_survivor_errors.py",
               "test_prompt_source.py", "test_verdict_cases.py"],
     "report": ["test_report.py", "test_report_legend.py", "test_grid.py"],
     "app": ["test_proxy.py", "test_pytest_plugin.py", "test_up.py", "test_bench_e2e.py", "test_bench_matrix.py",

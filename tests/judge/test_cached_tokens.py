@@ -8,11 +8,12 @@ import pytest
 from pydantic import ValidationError
 
 from rig.config import ScenarioConfig
-from rig.judge.cached_tokens import cached_of, cached_tokens_check
+from rig.judge.cached_tokens import NAME, cached_of, cached_tokens_check, cached_tokens_seen
 from rig.judge.verdict import judge, required_checks
 from rig.observe.observations import ScenarioObservation, TransferEvidence
 from rig.observe.parity import ParityResult
 from rig.run.kinds import KINDS
+from rig.transport.records import PDRecord
 from test_verdict import obs_of, ok_record
 
 
@@ -124,3 +125,73 @@ def test_wrong_metrics_signature_validation():
         edge96(known_issue=r15_issue(check="no-such-check"))
     with pytest.raises(ValidationError, match="min_cached_share"):
         edge96(known_issue=r15_issue(min_cached_share=1.5))
+
+
+# -------------------------------------------------------------------------------------------------
+# from test_mut_cached_tokens.py:
+# cached-tokens details as the user reads them (rig/judge/cached_tokens.py): the check keeps its
+# name when it cannot look, and the detail lists the first three requests it judged, '; '-separated.
+# Written against `make mutation` survivors (docs/howto/mutation.md).
+
+def test_not_checked_without_details_keeps_the_checks_name():
+    c = cached_tokens_check(obs96(with_cached(ok_record(0, n=96), None, None)))
+    assert (c.name, c.ok) == (NAME, None) == ("cached-tokens", None)
+
+
+def test_an_overcount_names_the_first_three_overcounted_requests_and_flags_all():
+    recs = [with_cached(ok_record(i, n=96), 0, 90 + i) for i in range(4)]
+    c = cached_tokens_check(obs96(*recs))
+    assert c.ok is False and c.requests == ("edge-126-0", "edge-126-1", "edge-126-2", "edge-126-3")
+    assert c.detail == ("D reports more cached prompt tokens than P's hits + D's 0 local hit(s): "
+                        "edge-126-0: P 0, D 90 of 96; edge-126-1: P 0, D 91 of 96; edge-126-2: P 0, D 92 of 96")
+
+
+def test_a_holding_check_shows_the_first_three_requests_it_judged():
+    recs = [with_cached(ok_record(i, n=96), 10 + i, 10 + i) for i in range(4)]
+    c = cached_tokens_check(obs96(*recs))
+    assert c.ok is True
+    assert c.detail == ("D's cached_tokens within P's hits + D's 0 local hit(s): "
+                        "edge-126-0: P 10, D 10 of 96; edge-126-1: P 11, D 11 of 96; edge-126-2: P 12, D 12 of 96")
+
+
+# -------------------------------------------------------------------------------------------------
+# from test_judge_cached_tokens.py:
+# cached-tokens over every answered request, whatever comes first (rig/judge/cached_tokens.py):
+# an unanswered request or one without a prefill hop is skipped, not the end of the look; the share
+# is of D's usage.prompt_tokens. Written against `make mutation` survivors (docs/howto/mutation.md).
+
+def test_an_unanswered_request_first_does_not_hide_a_later_overcount():
+    first = with_cached(ok_record(0, n=96), 0, 0)
+    first.outcome, first.diagnosis = "timeout", "no answer"
+    over = with_cached(ok_record(1, n=96), 0, 95)
+    c = cached_tokens_check(obs96(first, over))
+    assert c.ok is False and c.requests == ("edge-126-1",)
+    assert c.detail == ("D reports more cached prompt tokens than P's hits + D's 0 local hit(s): "
+                        "edge-126-1: P 0, D 95 of 96")
+
+
+def test_records_without_a_hop_are_skipped():
+    no_p = with_cached(ok_record(0, n=96), None, 95)
+    no_p.prefill = None
+    no_d = PDRecord("edge-126-1", 96, 2, outcome="ok", prefill=ok_record(1, n=96).prefill)
+    good = with_cached(ok_record(2, n=96), 10, 10)
+    assert [c.record.request_id for c in cached_tokens_seen(obs96(no_p, no_d, good))] == ["edge-126-2"]
+    c = cached_tokens_check(obs96(no_p, no_d, good))
+    assert c.ok is True
+    assert c.detail == "D's cached_tokens within P's hits + D's 0 local hit(s): edge-126-2: P 10, D 10 of 96"
+
+
+def test_the_prompt_is_ds_usage_prompt_tokens_else_the_prompt_length():
+    rec = with_cached(ok_record(0, n=96), 0, 0)
+    rec.decode.usage["prompt_tokens"] = 110  # a chat template's tokens
+    assert cached_tokens_seen(obs96(rec))[0].prompt == 110
+    del rec.decode.usage["prompt_tokens"]
+    assert cached_tokens_seen(obs96(rec))[0].prompt == 96
+
+
+def test_no_measurement_of_ds_local_hits_is_not_checked():
+    obs = obs96(with_cached(ok_record(0, n=96), 0, 95))
+    obs.evidence = None
+    c = cached_tokens_check(obs)
+    assert (c.name, c.ok) == ("cached-tokens", None)
+    assert c.detail == "not checked: D's prompt_tokens_by_source (local_cache_hit) was not measured"

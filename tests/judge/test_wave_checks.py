@@ -5,11 +5,25 @@ Written against `make mutation` survivors (docs/howto/mutation.md)."""
 
 from __future__ import annotations
 
+import asyncio
+
+import httpx
 import pytest
 
 from rig.config import ScenarioConfig
-from rig.judge.wave_checks import _prefix_hits, _stall_check, explain_stall, wave_checks, wave_kv_pulled
+from rig.judge.wave_checks import (
+    UNWATCHED,
+    UNWATCHED_WHY,
+    _prefix_hits,
+    _stall_check,
+    explain_stall,
+    judge_wave,
+    wave_checks,
+    wave_kv_pulled,
+)
 from rig.observe.observations import ScenarioObservation, TransferEvidence
+from rig.observe.timeline import TimelineSampler
+from rig.transport.endpoint import Endpoint
 from rig.transport.records import WaveRecord
 from rig.workload.wave_result import WaveResult
 
@@ -474,3 +488,132 @@ def test_idle_after_names_a_leak_in_ps_usable_blocks():
     leak = DrainResult("prefill", False, 5.0, 0.0, {"waiting": 0, "running": 0, "kv_usage": 0.5})
     c = next(c for c in wave_checks(sc(), obs(drains=[leak]), healthy_wave()) if c.name == "idle-after")
     assert c.ok is False and c.detail.endswith(" = 4.0 of 8 usable blocks held (4.0 blocks' worth above the baseline)")
+
+
+# -------------------------------------------------------------------------------------------------
+# from test_mut_wave_checks.py:
+# Wave verdicts where `make mutation` found the evidence unpinned (rig/judge/wave_checks.py): a
+# stall is explained only when the in-flight requests' blocks really fill P's pool (one-token
+# blocks, no prompt length given); a wave that did not run is ERROR with no check and its
+# expectation still read; a caller's own required list holds when checks are dropped; an
+# unwatched wave's XFAIL and XPASS say which checks were not looked at.
+
+KI = {"id": "wrong", "title": "t", "affects": ">=0.32", "symptom": {"kind": "wrong-output"}}
+NOTE = f"; {', '.join(UNWATCHED)} not checked, {UNWATCHED_WHY}"
+
+
+def test_without_a_prompt_length_each_in_flight_request_holds_its_first_tokens_block():
+    # 1-token blocks: 6 held requests x (31 + 1) = 192 blocks; 3 in flight x 1 block (its first token) = 3
+    params = {"concurrency": 3}
+    assert explain_stall(stall(), wave(HELD, block_size=1, usable_blocks={"prefill": 196}, params=params)) == ""
+    text = explain_stall(stall(), wave(HELD, block_size=1, usable_blocks={"prefill": 195}, params=params))
+    assert text.startswith("6 requests abandoned between the hops in the 30 s before hold ~192 of P's 195 usable")
+
+
+def test_a_wave_that_did_not_run_is_error_with_no_check_and_the_scenarios_expectation():
+    v = judge_wave(sc(known_issue=KI), full_obs(), None)
+    assert (v.verdict, v.reason, v.checks) == ("ERROR", "the wave did not run", [])
+    assert v.expectation == "xfail: wrong (wrong-output) on vLLM >=0.32"
+
+
+def test_a_callers_required_list_holds_when_unwatched_checks_are_dropped():
+    never_compared = healthy_wave(parity={"compared": 0})  # parity not checked: the kind requires it
+    v = judge_wave(sc(), full_obs(), never_compared, unwatched=True)
+    assert v.verdict == "ERROR" and "parity not checked" in v.reason
+    v = judge_wave(sc(), full_obs(), never_compared, required=("completed", "no-errors"), unwatched=True)
+    assert v.verdict == "PASS" and v.reason.endswith(NOTE)
+
+
+def test_an_unwatched_xfail_and_xpass_say_which_checks_were_not_looked_at():
+    shown = healthy_wave(records=[rec(0), rec(1, outcome="parity_mismatch", parity="diverged at 0")],
+                         parity={"compared": 2, "equal": 1})
+    two_pulled = full_obs(evidence=TransferEvidence(nixl_bytes=2048.0, nixl_transfers=2, external_prompt_tokens=62))
+    v = judge_wave(sc(known_issue=KI), two_pulled, shown, unwatched=True)
+    assert v.verdict == "XFAIL" and v.reason == "wrong: w-1 diverged from the reference" + NOTE
+    v = judge_wave(sc(known_issue=KI), full_obs(), healthy_wave(), unwatched=True)
+    assert v.verdict == "XPASS" and v.reason.endswith(NOTE)
+    v = judge_wave(sc(known_issue=KI), two_pulled, shown)  # watched: nothing to add
+    assert v.reason == "wrong: w-1 diverged from the reference"
+
+
+def by_name(checks) -> dict:
+    return {c.name: c for c in checks}
+
+
+def test_completed_without_a_cancel_names_no_cancel_point():
+    c = by_name(wave_checks(sc(), obs(), wave([rec(0), rec(1)], kind="pressure-wave")))["completed"]
+    assert (c.ok, c.detail) == (True, "2/2 completed (2 requests, 0 cancelled on purpose)")
+
+
+def test_token_counts_that_hold_name_no_request_even_beside_an_unanswered_one():
+    cs = by_name(wave_checks(sc(), obs(), wave([rec(0), rec(1, outcome="timeout")], kind="pressure-wave")))
+    assert cs["completed"].requests == ("w-1",)
+    c = cs["token-counts"]
+    assert (c.ok, c.detail, c.requests) == (True, "every answer has its expected token count", ())
+
+
+@pytest.mark.parametrize("params", [{}, {"parity_fraction": 0}, {"parity_fraction": None}])
+def test_a_wave_that_sampled_no_parity_has_no_parity_check(params):
+    assert "parity" not in by_name(wave_checks(sc(), obs(), wave([rec(0)], kind="pressure-wave", params=params)))
+    cut = wave([rec(0, outcome="cancelled", planned_cancel="between", cancel_point="between")],
+               kind="pressure-wave", params=params)
+    assert "parity" not in by_name(wave_checks(sc(), obs(), cut))
+    assert by_name(wave_checks(sc(), obs(), cut))["token-counts"].ok is None  # the all-cancelled branch
+
+
+# -------------------------------------------------------------------------------------------------
+# from test_judge_wave_unsampled.py:
+# A wave's no-stall check when an instance's /metrics was never read during the wave
+# (rig/judge/wave_checks.py, rig/observe/timeline.py): "no instance froze" cannot be said of an
+# instance nobody looked at, so the check is "not checked" and a wave that requires it is not PASS;
+# a conclusive unexplained freeze elsewhere still FAILs.
+
+def _no_stall(w):
+    return next(c for c in wave_checks(sc(), full_obs(), w) if c.name == "no-stall")
+
+
+def test_an_instance_never_sampled_leaves_no_stall_not_checked_and_the_wave_not_pass():
+    w = healthy_wave(samples={"prefill": 12, "decode": 0}, scrape_errors=12)
+    c = _no_stall(w)
+    assert c.ok is None
+    assert c.detail == "not checked: decode never sampled during the wave (12 /metrics scrape(s) failed)"
+    v = judge_wave(sc(), full_obs(), w)
+    assert v.verdict == "ERROR" and "no-stall not checked: decode never sampled" in v.reason
+
+
+def test_every_instance_sampled_reads_ok_and_an_unexplained_freeze_still_fails():
+    assert _no_stall(healthy_wave(samples={"prefill": 3, "decode": 3})).ok is True
+    assert _no_stall(healthy_wave()).ok is True  # a result from before samples were counted
+    frozen = healthy_wave(samples={"prefill": 0, "decode": 9}, stalls=[dict(stall(), explained="")])
+    c = _no_stall(frozen)
+    assert c.ok is False and "UNEXPLAINED" in c.detail
+
+
+def test_an_explained_freeze_beside_an_unsampled_instance_is_not_checked():
+    explained = dict(stall(), explained="P's pool held by leases")
+    c = _no_stall(healthy_wave(samples={"prefill": 4, "decode": 0}, stalls=[explained]))
+    assert c.ok is None and c.detail.startswith("not checked: decode never sampled during the wave")
+    assert "explained: P's pool held by leases" in c.detail
+
+
+def test_the_sampler_counts_snapshots_per_instance_and_not_failed_scrapes():
+    def handler(request: httpx.Request) -> httpx.Response:
+        if request.url.port == 8200:
+            raise httpx.ConnectError("refused", request=request)
+        return httpx.Response(200, text="vllm:num_requests_running 0\nvllm:num_requests_waiting 0\n")
+
+    async def go() -> TimelineSampler:
+        async with httpx.AsyncClient(transport=httpx.MockTransport(handler)) as http:
+            s = TimelineSampler(http, [Endpoint("prefill", "http://127.0.0.1:8100"),
+                                       Endpoint("decode", "http://127.0.0.1:8200")], None, "w")
+            await s.sample_once()
+            await s.sample_once()
+            return s
+
+    s = asyncio.run(go())
+    assert s.samples == {"prefill": 2, "decode": 0} and s.scrape_errors == 2
+
+
+def test_every_unsampled_instance_is_named():
+    c = _no_stall(healthy_wave(samples={"prefill": 0, "decode": 0}, scrape_errors=6))
+    assert c.detail == "not checked: decode, prefill never sampled during the wave (6 /metrics scrape(s) failed)"
