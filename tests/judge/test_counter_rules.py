@@ -231,3 +231,120 @@ def test_if_present_leaves_an_absent_counter_out_but_still_judges_a_present_one(
     assert c.ok is False and "notifications_after_expiry" in c.detail, c.detail
     # every rule absent: nothing was looked at -> not checked, never ok
     assert counter_rules_check(old[:0] + rows(), [extra], "prefill", "decode").ok is None
+
+
+# -------------------------------------------------------------------------------------------------
+# from test_judge_counters_stall.py (its counter rule tests):
+# A counter rule or a stall watcher that saw nothing never reads ok (rig/judge/counter_rules.py,
+# rig/observe/stall.py's watch loop). Written against `make mutation` survivors (docs/howto/mutation.md).
+
+FAILED_T = "vllm:nixl_num_failed_transfers_total"
+
+
+def lrow(inst: str, counters: dict[str, float] | None, life: float | None = 1.0) -> dict:
+    return {"instance": inst, "life": life, "counters": counters}
+
+
+def rule(**kw) -> CounterRule:
+    return CounterRule(instance=kw.pop("instance", "decode"), metric=kw.pop("metric", FAILED_T), **kw)
+
+
+@pytest.mark.parametrize("rows", [
+    [],
+    [lrow("decode", {FAILED_T: 0.0})],  # sampled once
+    [lrow("decode", {FAILED_T: 0.0}), lrow("decode", {"vllm:other_total": 1.0})],  # the metric in one sample only
+    [lrow("decode", {FAILED_T: 0.0}), lrow("decode", None)],  # a sample without counters does not count
+    [lrow("decode", {FAILED_T: 0.0}, life=1.0), lrow("decode", {FAILED_T: 0.0}, life=2.0)],  # one sample per life
+    [lrow("prefill", {FAILED_T: 0.0}), lrow("prefill", {FAILED_T: 0.0})],  # the other instance's samples
+], ids=["none", "once", "one-with-metric", "no-counters", "one-per-life", "other-instance"])
+def test_a_delta_0_rule_measured_on_fewer_than_two_samples_is_not_checked(rows):
+    ok, detail = rule_state(rows, rule(delta=0), "prefill", "decode")
+    assert ok is None and "not checked" in detail, detail
+    c = counter_rules_check(rows, [rule(delta=0)], "prefill", "decode")
+    assert c.ok is None
+
+
+def test_the_rise_is_last_minus_first_of_each_life_summed():
+    rows = [lrow("decode", {FAILED_T: 1.0}, 1.0), lrow("decode", {FAILED_T: 2.0}, 1.0),
+            lrow("decode", {FAILED_T: 4.0}, 1.0), lrow("decode", {FAILED_T: 10.0}, 2.0),
+            lrow("decode", {FAILED_T: 13.0}, 2.0)]
+    assert movement(rows, "decode", rule(min=1)) == (6.0, 2, "")
+    assert movement(rows[:3], "decode", rule(delta=3)) == (3.0, 1, "")
+    assert rule_state(rows[:3], rule(delta=3), "prefill", "decode")[0] is True
+    assert rule_state(rows[:3], rule(delta=2), "prefill", "decode")[0] is False
+
+
+def test_over_several_lives_only_a_lower_bound_holds():
+    rows = [lrow("decode", {FAILED_T: 0.0}, 1.0), lrow("decode", {FAILED_T: 2.0}, 1.0),
+            lrow("decode", {FAILED_T: 0.0}, 2.0), lrow("decode", {FAILED_T: 1.0}, 2.0)]
+    ok, detail = rule_state(rows, rule(min=3), "prefill", "decode")
+    assert ok is True and "a lower bound" in detail
+    assert rule_state(rows, rule(min=4), "prefill", "decode")[0] is False  # below the bound: failed
+    for r in (rule(delta=3), rule(max=5), rule(min=1, max=5)):
+        ok, detail = rule_state(rows, r, "prefill", "decode")
+        assert ok is None and "restarted (2 process lives)" in detail, r
+
+
+def test_a_failure_is_named_with_the_rules_that_held_and_a_gap_is_never_ok():
+    rows = [lrow("decode", {FAILED_T: 0.0}), lrow("decode", {FAILED_T: 1.0})]
+    c = counter_rules_check(rows, [rule(delta=0), rule(max=5)], "prefill", "decode")
+    assert c.ok is False and c.detail.startswith("decode " + FAILED_T + " +1 (expected +0)")
+    c = counter_rules_check(rows, [rule(max=5), rule(metric="vllm:absent_total", delta=0)], "prefill", "decode")
+    assert c.ok is None and c.detail.startswith("decode vllm:absent_total not checked")
+    c = counter_rules_check(rows, [rule(metric="vllm:absent_total", delta=0, if_present=True)], "prefill", "decode")
+    assert c.ok is None and "(if_present: left out)" in c.detail
+    c = counter_rules_check(rows, [], "prefill", "decode")
+    assert c.ok is None
+
+
+def test_the_details_say_what_was_measured_and_why_not():
+    rows = [lrow("decode", {FAILED_T: 0.0}), lrow("decode", {FAILED_T: 0.0})]
+    assert rule_state(rows, rule(delta=0, why="healthy run"), "prefill", "decode") == (
+        True, f"decode {FAILED_T} +0 (expected +0: healthy run)")
+    assert rule_state(rows, rule(delta=0), "prefill", "decode") == (True, f"decode {FAILED_T} +0 (expected +0)")
+    assert rule_state(rows, rule(metric="vllm:x_total", delta=0), "prefill", "decode") == (
+        None, "decode vllm:x_total not checked: decode lacks vllm:x_total")
+    assert rule_state(rows, rule(labels={"engine": "0"}, delta=0), "prefill", "decode") == (
+        None, f"decode {FAILED_T}{{'engine': '0'}} not checked: decode lacks {FAILED_T} with labels {{'engine': '0'}}")
+    two = [lrow("decode", {FAILED_T: 0.0}, 1.0), lrow("decode", {FAILED_T: 0.0}, 1.0),
+           lrow("decode", {FAILED_T: 0.0}, 2.0), lrow("decode", {FAILED_T: 0.0}, 2.0)]
+    assert rule_state(two, rule(delta=0), "prefill", "decode") == (
+        None, f"decode {FAILED_T} +0 (expected +0) not checked: decode restarted (2 process lives), so increments "
+              "between a life's last sample and its end are not seen")
+
+
+def test_a_rule_names_a_role_or_an_instance():
+    rows = [lrow("d-1", {FAILED_T: 0.0}), lrow("d-1", {FAILED_T: 1.0}),
+            lrow("p-1", {FAILED_T: 0.0}), lrow("p-1", {FAILED_T: 0.0})]
+    assert rule_state(rows, rule(instance="decode", delta=1), "p-1", "d-1") == (
+        True, f"d-1 {FAILED_T} +1 (expected +1)")
+    assert rule_state(rows, rule(instance="prefill", delta=0), "p-1", "d-1")[0] is True
+    assert rule_state(rows, rule(instance="d-1", delta=1), "p-1", "d-1")[0] is True
+    ok, detail = rule_state(rows, rule(instance="d-2", delta=0), "p-1", "d-1")
+    assert ok is None and detail == (f"d-2 {FAILED_T} not checked: d-2 is not this scenario's prefill (p-1) or "
+                                     "decode (d-1)")
+
+
+def test_counter_rules_check_details_in_every_state():
+    rows = [lrow("decode", {FAILED_T: 0.0}), lrow("decode", {FAILED_T: 1.0})]
+    held = f"decode {FAILED_T} +1 (expected <= +5)"
+    c = counter_rules_check(rows, [rule(max=5), rule(max=6)], "prefill", "decode")
+    assert (c.ok, c.detail) == (True, f"{held}; decode {FAILED_T} +1 (expected <= +6)")
+    c = counter_rules_check(rows, [rule(delta=0), rule(max=5), rule(metric="vllm:gone_total", delta=0)],
+                            "prefill", "decode")
+    assert (c.ok, c.detail) == (False, f"decode {FAILED_T} +1 (expected +0); {held} ok; decode vllm:gone_total not "
+                                       "checked: decode lacks vllm:gone_total")
+    c = counter_rules_check(rows, [rule(metric="vllm:gone_total", delta=0), rule(max=5)], "prefill", "decode")
+    assert (c.ok, c.detail) == (None, f"decode vllm:gone_total not checked: decode lacks vllm:gone_total; {held} ok")
+    gone = [rule(metric="vllm:a_total", delta=0, if_present=True), rule(metric="vllm:b_total", delta=0,
+                                                                           if_present=True)]
+    c = counter_rules_check(rows, gone, "prefill", "decode")
+    assert (c.ok, c.detail) == (None, "not checked: decode vllm:a_total not checked: decode lacks vllm:a_total "
+                                      "(if_present: left out); decode vllm:b_total not checked: decode lacks "
+                                      "vllm:b_total (if_present: left out)")
+    c = counter_rules_check(rows, [], "prefill", "decode", name="nixl-failed-transfers")
+    assert (c.name, c.detail) == ("nixl-failed-transfers", "not checked: no counter rule")
+    assert counter_rules_check(rows, gone, "prefill", "decode", name="x").name == "x"
+
+
+# ------------------------------------------------------------------------- StallWatcher passes its settings on
