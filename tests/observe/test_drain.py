@@ -11,11 +11,12 @@ from types import SimpleNamespace
 import httpx
 import pytest
 
+from rig.observe import metrics as m
 from rig.observe import observations
 from rig.observe.drain import check_drains, describe_drain, drain_from_samples
 from rig.observe.observations import KV_EPS, DrainResult
 from rig.transport.endpoint import Endpoint
-from test_evidence import row
+from test_stall import IDLE, LIVELOCK, TEMPLATE
 
 PAGE = """\
 # TYPE vllm:num_requests_running gauge
@@ -110,3 +111,61 @@ def test_check_drains_without_a_baseline_compares_with_an_empty_pool(baseline, m
             return await check_drains(http, [Endpoint("decode", "http://d")], baseline, drain_s=1.0)
 
     assert [(d.idle, d.baseline_kv) for d in asyncio.run(go())] == [(True, 0.0)]
+
+
+# -------------------------------------------------------------------------------------------------
+# from test_evidence.py (its drain tests):
+# ------------------------------------------------------------------------- drain
+
+def row(t: float, inst: str = "decode", waiting=0.0, running=0.0, kv=0.0) -> dict:
+    return {"t": t, "instance": inst, "num_requests_waiting": waiting, "num_requests_running": running,
+            "kv_cache_usage_perc": kv}
+
+
+def test_drain_from_samples_needs_a_sample_in_the_window():
+    d = drain_from_samples("decode", [row(1.0), row(20.0)], 0.0, t_end=5.0, drain_s=10.0)
+    assert d.idle is False and d.error == "no sample within 10 s after the wave"
+    d = drain_from_samples("decode", [row(6.0, inst="prefill")], 0.0, t_end=5.0, drain_s=10.0)
+    assert d.idle is False
+
+
+def test_drain_from_samples_first_idle_sample_in_the_window_decides():
+    rows = [row(3.0), row(6.0, waiting=1), row(8.0, kv=0.1), row(9.0), row(15.0), row(16.0, waiting=3)]
+    d = drain_from_samples("decode", rows, 0.0, t_end=5.0, drain_s=10.0)
+    assert d.idle is True and d.after_s == 4.0
+    d = drain_from_samples("decode", rows[:3], 0.0, t_end=5.0, drain_s=10.0)
+    assert d.idle is False and d.final["kv_usage"] == 0.1 and d.error == ""
+    assert drain_from_samples("decode", [row(8.0, kv=0.1)], 0.1, t_end=5.0, drain_s=10.0).idle is True
+    # the window's edges are inside it
+    assert drain_from_samples("decode", [row(5.0)], 0.0, t_end=5.0, drain_s=10.0).idle is True
+    assert drain_from_samples("decode", [row(15.0)], 0.0, t_end=5.0, drain_s=10.0).idle is True
+
+
+def test_drain_from_samples_absent_gauge_is_not_checked():
+    r = row(6.0)
+    r["num_requests_running"] = None
+    d = drain_from_samples("decode", [r], 0.0, t_end=5.0, drain_s=10.0)
+    assert d.idle is None and "vllm:num_requests_running absent" in d.error
+
+
+def test_drain_from_snapshots():
+    busy = m.parse_metrics(TEMPLATE.format(**LIVELOCK), "decode", t=6.0)
+    idle = m.parse_metrics(TEMPLATE.format(**IDLE), "decode", t=7.0)
+    other = m.parse_metrics(TEMPLATE.format(**IDLE), "prefill", t=6.5)
+    d = drain_from_samples("decode", [idle, other, busy], 0.0, t_end=5.0, drain_s=10.0)
+    assert d.idle is True and d.after_s == 2.0
+    assert drain_from_samples("decode", [busy, other], 0.0, t_end=5.0, drain_s=10.0).idle is False
+
+
+def test_describe_drain_states_the_leak_in_blocks():
+    leak = DrainResult("decode", False, 10.0, 0.25, {"waiting": 0.0, "running": 0.0, "kv_usage": 0.75})
+    text = describe_drain(leak, 4)
+    assert text.startswith(leak.describe())
+    assert text.endswith(" = 3.0 of 4 usable blocks held (2.0 blocks' worth above the baseline)")
+    assert describe_drain(leak, None).endswith(" (usable block count unknown)")
+    idle = DrainResult("decode", True, 1.0, 0.25, {"waiting": 0.0, "running": 0.0, "kv_usage": 0.25})
+    assert describe_drain(idle, 4) == idle.describe()
+    at_base = DrainResult("decode", False, 10.0, 0.25, {"waiting": 1.0, "running": 0.0, "kv_usage": 0.25})
+    assert describe_drain(at_base, 4) == at_base.describe()  # waiting, no KV above the baseline
+    err = DrainResult("decode", False, 10.0, 0.0, {"kv_usage": 0.5}, "ConnectError")
+    assert describe_drain(err, 4) == err.describe()
