@@ -5,12 +5,14 @@
 
 Run it after merging a branch that added a test file at the top of tests/ (the layout: tests/README.md).
 
-Each test file goes to the folder of the layer it tests (tests/<layer>/), whole-suite runs against
-fake servers to tests/fake/, live vLLM tests (the e2e marker) to tests/live/, checks on the
-repository itself (docs, Makefile, CI, layers, schemas) to tests/repo/. Files not in PLACE are
-placed by RULES on their name, and any file still unplaced stops the script (name it in PLACE).
-Paths computed from __file__ gain one level; "tests/test_x.py" mentions anywhere in the repository
-follow the move.
+Each test file goes to the folder of the layer it tests (tests/<layer>/): the tests of
+rig/<layer>/<module>.py are tests/<layer>/test_<module>.py, one test module per rig module. Whole-suite
+runs against fake servers go to tests/fake/, live vLLM tests (the e2e marker) to tests/live/, checks
+on the repository itself (docs, Makefile, CI, layers, schemas) to tests/repo/. Files not in PLACE are
+placed by the name of the rig module they test, then by RULES on their name, and any file still
+unplaced stops the script (name it in PLACE). Paths computed from __file__ gain one level;
+"tests/test_x.py" mentions anywhere in the repository follow the move. A placed file that imports
+another test module is named: its shared helpers belong in tests/helpers/ (``from tests.helpers.x import y``).
 """
 
 import re
@@ -28,13 +30,15 @@ PLACE = {
                 "test_request_schemas.py"],
     "transport": ["test_transport.py", "test_fast_transport.py", "test_generate_endpoint.py"],
     "observe": ["test_metrics.py", "test_stall.py", "test_parity.py", "test_stall_evidence.py",
-                "test_death_summary.py"],
+                "test_death_summary.py", "test_drain.py", "test_endpoint_watch.py", "test_evidence.py",
+                "test_observations.py", "test_progress.py", "test_store_metrics.py", "test_timeline.py"],
     "workload": ["test_engine.py", "test_waves.py", "test_store.py", "test_store_cancel.py", "test_retrieval.py",
                  "test_wave_refusal.py", "test_warmup_paths.py"],
     "judge": ["test_verdict.py", "test_verdict_kinds.py", "test_leak_signature.py", "test_preemption_check.py",
               "test_shared_params_signature.py", "test_early_verdict.py", "test_counter_rules.py",
               "test_counters.py", "test_cached_tokens.py", "test_survivor_errors.py",
-              "test_prompt_source.py", "test_verdict_cases.py"],
+              "test_prompt_source.py", "test_verdict_cases.py", "test_checks.py", "test_fault_checks.py",
+              "test_sequence_checks.py", "test_signatures.py", "test_store_checks.py", "test_wave_checks.py"],
     "report": ["test_report.py", "test_report_legend.py", "test_grid.py"],
     "app": ["test_proxy.py", "test_pytest_plugin.py", "test_up.py", "test_bench_e2e.py", "test_bench_matrix.py",
             "test_hostruns.py"],
@@ -57,6 +61,9 @@ def main() -> int:
     unplaced = []
     for p in sorted(tests.glob("test_*.py")):
         d = where.get(p.name)
+        if d is None:  # test_<module>.py: the layer of rig/<layer>/<module>.py, when one layer has it
+            layers = sorted({m.parent.name for m in (root / "rig").glob(f"*/{p.name[len('test_'):]}")})
+            d = layers[0] if len(layers) == 1 else None
         for rx, folder in RULES:
             m = re.search(rx, p.name)
             if d is None and m:
@@ -80,8 +87,10 @@ def main() -> int:
         t = t.replace("Path(__file__).resolve().parent.parent", "Path(__file__).resolve().parents[2]")
         t = re.sub(r"Path\(__file__\)\.resolve\(\)\.parent(?=\s*/)", "Path(__file__).resolve().parents[1]", t)
         t = re.sub(r"Path\(__file__\)\.parent(?=\s*/)", "Path(__file__).resolve().parents[1]", t)
-        t = re.sub(r"\bfrom tests\.(test_\w+) import", r"from \1 import", t)  # by module name (conftest)
         p.write_text(t)
+        borrowed = re.findall(r"^\s*from (?:tests\.)?(test_\w+|conftest) import", t, re.M)
+        if borrowed:
+            print(f"{new} imports from {', '.join(sorted(set(borrowed)))}: move what it borrows into tests/helpers/")
     # mentions of the old paths anywhere in the repository's text files
     files = subprocess.run(["git", "ls-files"], capture_output=True, text=True, check=True).stdout.split()
     pat = re.compile(r"(?<![\w/])(" + "|".join(re.escape(o) for o in moves) + r")(?![\w])")

@@ -10,10 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from conftest import LIVELOCK, fake_config, scenario, write_config
 from rig.config import load_config
 from rig.run.runner import SuiteRunner, new_run_dir
-from test_evidence_fake import base  # noqa: F401 - the fixture: per-test dir, no fake survives
+from tests.helpers.fake_rig import LIVELOCK, fake_config, scenario, write_config
 
 SPEC = importlib.util.spec_from_file_location("bench_e2e", Path(__file__).resolve().parents[2] / "scripts"
                                               / "bench_e2e.py")

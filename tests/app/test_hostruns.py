@@ -11,10 +11,11 @@ import time
 
 import pytest
 
-from conftest import ROOT, assert_no_survivors, fake_config, scenario, write_config
 from rig import cli
 from rig.cluster.ports import PortReservation, lock_files
 from rig.config import load_config
+from tests.helpers.fake_rig import ROOT, fake_config, scenario, write_config
+from tests.helpers.survivors import assert_no_survivors
 
 
 @pytest.fixture()
@@ -76,7 +77,7 @@ def test_ps_and_clean_with_a_live_fake_run(base, capsys, restore_signals):
     finally:
         up.kill()
         up.wait()
-    from conftest import wait_no_survivors
+    from tests.helpers.survivors import wait_no_survivors
 
     assert wait_no_survivors(str(up_dir), within_s=15) == {}
     assert cli.main(["ps", "--config", str(path)]) == 0

@@ -15,13 +15,14 @@ import openai
 import pytest
 from aiohttp import web
 
-from conftest import ROOT, fake_config, free_ports, kill_pids, wait_no_survivors
 from rig.cluster.processes import Cluster
 from rig.config import RigConfig
 from rig.observe.metrics import parse_metrics
 from rig.plan.processes import build_plan
 from rig.proxy import Backend, PDProxy, Picker, ProxyThread
 from rig.transport.bodies import PREFILL_PARAMS
+from tests.helpers.fake_rig import ROOT, fake_config, free_ports
+from tests.helpers.survivors import kill_pids, wait_no_survivors
 
 
 @pytest.fixture(scope="module")
@@ -303,7 +304,7 @@ def test_up_with_proxy_serves_pd_and_stops_everything(tmp_path):
     import signal
     import subprocess
 
-    from conftest import write_config
+    from tests.helpers.fake_rig import write_config
 
     cfg = write_config(tmp_path, fake_config(tmp_path))
     port = free_ports(1)[0]

@@ -17,7 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from conftest import LIVELOCK, ROOT, fake_config, kill_pids, wait_no_survivors, write_config
+from tests.helpers.fake_rig import LIVELOCK, ROOT, fake_config, write_config
+from tests.helpers.survivors import kill_pids, wait_no_survivors
 
 USER_TESTS = '''
 import pytest

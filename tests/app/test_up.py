@@ -13,10 +13,11 @@ from pathlib import Path
 
 import pytest
 
-from conftest import LIVELOCK, ROOT, fake_config, kill_pids, scenario, wait_no_survivors, write_config
 from rig.config import ConfigError, load_config
 from rig.observe.endpoint_watch import pid_alive
 from rig.run.topology import default_instances, parse_instances, scenarios_on
+from tests.helpers.fake_rig import LIVELOCK, ROOT, fake_config, scenario, write_config
+from tests.helpers.survivors import kill_pids, wait_no_survivors
 
 CPU_TINY = ROOT / "configs" / "cpu-tiny.yaml"
 

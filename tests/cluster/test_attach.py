@@ -21,13 +21,13 @@ from lightkube import Client, KubeConfig
 from lightkube.config.models import Cluster as KubeCluster
 from lightkube.config.models import User
 
-from conftest import fake_config, scenario, write_config
 from rig import cli
 from rig.cluster.logs import ComposeLog, FileLog, KubernetesLog, attach_log_source
 from rig.cluster.processes import Cluster
 from rig.config import ConfigError, load_config
 from rig.plan.processes import build_plan, with_endpoints
 from rig.run.runner import resolve_model
+from tests.helpers.fake_rig import fake_config, scenario, write_config
 
 FAKE_DOCKER = """#!{python}
 # A fake `docker`: records its argv, prints $FAKE_DOCKER_DIR/<last arg>.log, exits $FAKE_DOCKER_RC.

@@ -13,10 +13,11 @@ from pathlib import Path
 
 import pytest
 
-from conftest import ROOT, assert_no_survivors, fake_config, free_ports, scenario, wait_no_survivors, write_config
 from rig import cli
 from rig.cluster.ports import PortConflict, PortReservation, config_ports, reserve, shifted
 from rig.config import load_config
+from tests.helpers.fake_rig import ROOT, fake_config, free_ports, scenario, write_config
+from tests.helpers.survivors import assert_no_survivors, wait_no_survivors
 
 
 @pytest.fixture()

@@ -13,10 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from conftest import DATA
 from rig.cluster import request_schemas as rs
 from rig.config import ConfigError, load_config
 from rig.run.request_check import check_request_fields, hop_bodies
+from tests.helpers.fake_rig import DATA
 
 STORED = json.loads((DATA / "vllm-0.32.0-request-schemas.json").read_text())
 SCHEMAS = STORED["schemas"]

@@ -19,16 +19,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from conftest import (
-    LIVELOCK,
-    ROOT,
-    fake_config,
-    kill_pids,
-    processes_mentioning,
-    scenario,
-    wait_no_survivors,
-    write_config,
-)
+from tests.helpers.fake_rig import LIVELOCK, ROOT, fake_config, scenario, write_config
+from tests.helpers.survivors import kill_pids, processes_mentioning, wait_no_survivors
 
 
 def start_stalled_rig(tmp: Path) -> tuple[subprocess.Popen, dict]:

@@ -14,11 +14,12 @@ from pathlib import Path
 
 import pytest
 
-from conftest import fake_config, kill_pids, scenario, wait_no_survivors, write_config
 from rig.cluster.processes import Cluster, startup_affinity
 from rig.config import load_config
 from rig.plan.processes import build_plan
 from rig.run.runner import SuiteRunner, new_run_dir, resolve_model
+from tests.helpers.fake_rig import fake_config, scenario, write_config
+from tests.helpers.survivors import kill_pids, wait_no_survivors
 
 CPUS = sorted(os.sched_getaffinity(0))
 two_cpus = pytest.mark.skipif(len(CPUS) < 2, reason="needs two CPUs to pin P and D apart")

@@ -15,7 +15,6 @@ from pathlib import Path
 import httpx
 import pytest
 
-from conftest import fake_config, scenario, write_config
 from rig.cluster.processes import Cluster, ClusterError
 from rig.cluster.startup import PHASE_NAMES, StartupDisplay, StartupWatch, phase_of
 from rig.config import load_config
@@ -24,6 +23,7 @@ from rig.run.runner import SuiteRunner, new_run_dir
 from rig.transport.endpoint import Endpoint
 from rig.transport.records import Hop
 from rig.workload.warmup import WarmupWatch, warm_up
+from tests.helpers.fake_rig import fake_config, scenario, write_config
 
 
 def _cluster_cfg(tmp: Path, env: dict[str, str], **timeouts: float):

@@ -7,7 +7,6 @@ from __future__ import annotations
 import pytest
 from pydantic import ValidationError
 
-from conftest import fake_config, write_config
 from rig.config import ConfigError, load_config
 from rig.config.faults import Fault, FaultScenarioConfig, Trigger
 from rig.judge.checks import Check
@@ -15,6 +14,7 @@ from rig.judge.fault_checks import fault_fired_check, fault_outcome_check, recov
 from rig.observe.observations import ScenarioObservation
 from rig.transport.records import Hop, PDRecord
 from rig.workload.faults import FaultEvent, FaultResult
+from tests.helpers.fake_rig import fake_config, write_config
 
 
 def fault(**kw) -> Fault:

@@ -7,12 +7,13 @@ from __future__ import annotations
 import pytest
 from pydantic import ValidationError
 
-from conftest import fake_config, run_on_fakes, scenario, write_config
 from rig.config import ConfigError, load_config
 from rig.config.request_fields import RequestFields
 from rig.judge.checks import stream_check
 from rig.observe.parity import compare_choices, compare_hops
 from rig.transport.records import Hop, PDRecord
+from tests.helpers.fake_rig import fake_config, scenario, write_config
+from tests.helpers.suites import run_on_fakes
 
 
 def test_fields_merge_all_then_the_hop():

@@ -8,7 +8,6 @@ from __future__ import annotations
 import pytest
 from pydantic import ValidationError
 
-from conftest import fake_config, write_config
 from rig.config import ConfigError, ScenarioConfig, load_config
 from rig.config.sequence import SequenceConfig
 from rig.judge.sequence_checks import (
@@ -21,6 +20,7 @@ from rig.judge.sequence_checks import (
 from rig.observe.observations import ScenarioObservation
 from rig.transport.records import Hop, PDRecord
 from rig.workload.sequence import ABANDONED, LeaseReap, SequenceEntry, SequenceResult
+from tests.helpers.fake_rig import fake_config, write_config
 
 
 def steps(*specs: dict) -> dict:

@@ -10,7 +10,6 @@ import pytest
 import yaml
 from pydantic import ValidationError
 
-from conftest import fake_config
 from rig.config import RigConfig
 from rig.config.faults import Fault
 from rig.config.sequence import Step
@@ -19,6 +18,7 @@ from rig.explore.generate import Generator
 from rig.explore.grammar import NEMESIS_WEIGHTS, Action, Nemesis, Topology
 from rig.explore.history import History, read_history
 from rig.explore.shrink import action_variants, shrink, step_variants
+from tests.helpers.fake_rig import fake_config
 
 TOPO = Topology(prefill="prefill", decode="decode", block_size=32, max_model_len=128, usable_blocks=4, lease_s=5)
 
@@ -234,8 +234,8 @@ def test_cancels_and_resources_draw_from_streams_of_their_own():
     (["--build", "no-such-build", "--nemesis-every", "-1"], "--nemesis-every -1"),
 ])
 def test_bad_explore_flags_are_refused_before_a_run_directory(tmp_path, capsys, flags, says):
-    from conftest import write_config
     from rig.cli import main
+    from tests.helpers.fake_rig import write_config
     cfg = write_config(tmp_path, fake_config(tmp_path, decodes={"decode": {"num_gpu_blocks_override": 5}}))
     assert main(["explore", "--config", str(cfg), *flags]) == 2
     assert says in capsys.readouterr().err
@@ -263,8 +263,8 @@ def test_the_nemesis_and_cancel_goals_read_what_the_phase_did():
 
 
 def test_a_replay_file_that_is_no_history_is_refused_before_a_run_directory(tmp_path, capsys):
-    from conftest import write_config
     from rig.cli import main
+    from tests.helpers.fake_rig import write_config
     cfg = write_config(tmp_path, fake_config(tmp_path))
     not_history = tmp_path / "config-as-history.jsonl"
     not_history.write_text("model: tiny\n")

@@ -10,7 +10,8 @@ import subprocess
 import sys
 import time
 
-from conftest import ROOT, fake_config, kill_pids, wait_no_survivors, write_config
+from tests.helpers.fake_rig import ROOT, fake_config, write_config
+from tests.helpers.survivors import kill_pids, wait_no_survivors
 
 
 def test_ctrl_c_keeps_history_and_report_and_stops_every_server(tmp_path):

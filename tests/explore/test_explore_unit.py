@@ -8,7 +8,6 @@ from __future__ import annotations
 import pytest
 import yaml
 
-from conftest import fake_config
 from rig.config import RigConfig
 from rig.config.sequence import Step
 from rig.explore.emit import scenario_of, suite_yaml
@@ -22,6 +21,7 @@ from rig.judge.verdict import ScenarioVerdict
 from rig.observe.observations import ScenarioObservation
 from rig.observe.parity import ParityResult
 from rig.transport.records import Hop, PDRecord
+from tests.helpers.fake_rig import fake_config
 
 TOPO = Topology(prefill="prefill", decode="decode", block_size=32, max_model_len=128, usable_blocks=4, spec_tokens=1)
 SCHEMA = {"properties": {

@@ -7,8 +7,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from conftest import fake_suite_fixtures, run_fake_suite, scenario
 from rig.observe import metrics as m
+from tests.helpers.fake_rig import scenario
+from tests.helpers.suites import fake_suite_fixtures, run_fake_suite
 
 FAILED = {"instance": "decode", "metric": m.NIXL_FAILED_TRANSFERS, "delta": 0}
 GENERATE = {"endpoint": "generate", "all": {"sampling_params": {"seed": 3}}}

@@ -14,21 +14,12 @@ from pathlib import Path
 
 import pytest
 
-from conftest import fake_config, kill_pids, scenario, wait_no_survivors, write_config
 from rig.cluster.logs import FileLog
 from rig.cluster.processes import Cluster, ClusterError
 from rig.config import load_config
 from rig.plan.processes import build_plan
 from rig.run.runner import SuiteRunner, new_run_dir, resolve_model
-
-
-@pytest.fixture()
-def base(tmp_path) -> Path:
-    """Per-test directory; every fake server of the test has it in its argv."""
-    yield tmp_path
-    left = wait_no_survivors(str(tmp_path), within_s=10)
-    kill_pids(left)
-    assert left == {}, f"fake servers survived the run: {left}"
+from tests.helpers.fake_rig import fake_config, scenario, write_config
 
 
 def _cfg(tmp: Path, overrides: list[str] | None = None, **kw):
@@ -182,9 +173,9 @@ def test_a_prefill_that_died_is_restarted_for_the_next_phase(base):
 def test_death_line_of_the_recorded_0_30_0_crash_names_the_exception():
     """The first fatal line of the real 0.30.0 log is a traceback header; the death line is
     the exception that ends it, with the process that raised it."""
-    from conftest import DATA
     from rig.cluster.logs import first_fatal_line
     from rig.cluster.processes import FATAL_PATTERNS
+    from tests.helpers.fake_rig import DATA
 
     text = (DATA / "vllm-0.30.0-decode-ngram-crash.log").read_text()
     line = first_fatal_line(text, FATAL_PATTERNS)
@@ -240,8 +231,8 @@ def test_a_missing_diagnostic_metric_is_recorded_and_the_scenario_still_runs(bas
 
 
 def test_recorded_0_30_0_decode_lacks_only_a_diagnostic_metric():
-    from conftest import DATA
     from rig.observe import metrics as m
+    from tests.helpers.fake_rig import DATA
 
     snap = m.parse_metrics((DATA / "vllm-0.30.0-decode-nospec-before-edge-126-nospec.prom").read_text(), "decode")
     assert m.missing_metrics(snap, m.required_metrics("decode", nixl=True)) == []

@@ -25,11 +25,12 @@ from pathlib import Path
 import pytest
 import yaml
 
-from conftest import LIVELOCK, ROOT, fake_config, kill_pids, scenario, wait_no_survivors, write_config
 from rig.cluster.processes import processes_of_run
 from rig.config import load_config
 from rig.explore.explorer import Explorer, ExploreSettings
 from rig.run.runner import new_run_dir
+from tests.helpers.fake_rig import LIVELOCK, ROOT, fake_config, scenario, write_config
+from tests.helpers.survivors import kill_pids, wait_no_survivors
 
 DECODES = {
     "decode-edge": {"env": {"FAKE_VLLM_FAULT": "diverge-edge"}},

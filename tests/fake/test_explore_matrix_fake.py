@@ -25,10 +25,11 @@ from pathlib import Path
 import pytest
 import yaml
 
-from conftest import LIVELOCK, fake_config, kill_pids, wait_no_survivors, write_config
 from rig.cli import main
 from rig.cluster.builds import BuildError
 from rig.run import matrix as matrix_mod
+from tests.helpers.fake_rig import LIVELOCK, fake_config, write_config
+from tests.helpers.survivors import kill_pids, wait_no_survivors
 
 BUILDS = {"good": {}, "diverge": {"FAKE_VLLM_FAULT": "diverge-at", "FAKE_VLLM_FAULT_ARG": "0"},
           "stall": {"FAKE_VLLM_FAULT": "stall", "FAKE_VLLM_FAULT_ARG": "97"}}

@@ -24,11 +24,12 @@ from pathlib import Path
 import pytest
 import yaml
 
-from conftest import ROOT, fake_config, fake_suite_fixtures, write_config
 from rig.cluster.processes import processes_of_run
 from rig.config import load_config
 from rig.explore.explorer import Explorer, ExploreSettings
 from rig.run.runner import new_run_dir
+from tests.helpers.fake_rig import ROOT, fake_config, write_config
+from tests.helpers.suites import fake_suite_fixtures
 
 BUDGET = 24  # actions, nemesis phases included
 # D's KV pull lasts 300 ms: a cut 20-200 ms after the request was sent lands in it (P answers first),

@@ -20,11 +20,12 @@ from pathlib import Path
 
 import yaml
 
-from conftest import ROOT, fake_config, fake_suite_fixtures, write_config
 from rig.cluster.processes import processes_of_run
 from rig.config import load_config
 from rig.explore.explorer import Explorer, ExploreSettings
 from rig.run.runner import new_run_dir
+from tests.helpers.fake_rig import ROOT, fake_config, write_config
+from tests.helpers.suites import fake_suite_fixtures
 
 BUDGET = 10  # actions: 5 per drawn topology
 base_dir, no_survivors, _suite = fake_suite_fixtures("fake-topologies")

@@ -13,11 +13,12 @@ import json
 import signal
 import time
 
-from conftest import fake_config, fake_suite_fixtures, write_config
 from rig.cluster.processes import Cluster, processes_of_run
 from rig.config import load_config
 from rig.plan.processes import build_plan
 from rig.run.runner import new_run_dir
+from tests.helpers.fake_rig import fake_config, write_config
+from tests.helpers.suites import fake_suite_fixtures
 
 DECODES = {
     "decode": {},

@@ -17,18 +17,12 @@ from pathlib import Path
 
 import pytest
 
-from conftest import (
-    LIVELOCK,
-    fake_config,
-    fake_suite_fixtures,
-    run_fake_suite,
-    scenario,
-    wait_no_survivors,
-    write_config,
-)
 from rig import cli
 from rig.config import load_config
 from rig.run.runner import SuiteRunner, new_run_dir
+from tests.helpers.fake_rig import LIVELOCK, fake_config, scenario, write_config
+from tests.helpers.suites import fake_suite_fixtures, run_fake_suite
+from tests.helpers.survivors import wait_no_survivors
 
 ROOT_DIR = Path(__file__).resolve().parents[2]
 
@@ -282,10 +276,10 @@ def test_cluster_stop_does_not_wait_the_grace_for_exited_servers(base_dir):
 def test_cluster_processes_are_visible_then_gone(base_dir):
     # Guards the survivor check itself: while a cluster is up, its servers are found by the same
     # /proc scan the autouse fixture uses; after stop_all they are not.
-    from conftest import processes_mentioning
     from rig.cluster.processes import Cluster
     from rig.plan.processes import build_plan
     from rig.run.runner import resolve_model
+    from tests.helpers.survivors import processes_mentioning
 
     tmp = base_dir / "cluster"
     tmp.mkdir()

@@ -10,9 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from conftest import fake_config, kill_pids, scenario, wait_no_survivors, write_config
 from rig.config import load_config
 from rig.run.runner import SuiteRunner, new_run_dir
+from tests.helpers.fake_rig import fake_config, scenario, write_config
+from tests.helpers.survivors import kill_pids, wait_no_survivors
 
 PLP = {"decode": {"prompt_logprobs": 1}, "reference": {"prompt_logprobs": 1}}
 RECOMPUTE = [{"vllm": ">=0.32", "prompt_source": "recomputed", "completion_tokens": 4, "total_tokens": 44}]

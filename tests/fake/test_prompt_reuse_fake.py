@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import pytest
 
-from conftest import fake_config, kill_pids, wait_no_survivors, write_config
 from rig.cli import fresh_prompt_seeds
 from rig.config import ConfigError, load_config
 from rig.judge.sequence_checks import gauges_account_check
@@ -15,6 +14,8 @@ from rig.observe.metrics import MetricSnapshot, parse_metrics
 from rig.run.runner import SuiteRunner, new_run_dir
 from rig.workload.prompts import make_prompt, resolve
 from rig.workload.sequence import SequenceResult
+from tests.helpers.fake_rig import fake_config, write_config
+from tests.helpers.survivors import kill_pids, wait_no_survivors
 
 SCENARIOS = [
     {"name": "x-edge", "prompt_tokens": 40, "max_tokens": 4},

@@ -27,10 +27,11 @@ import aiohttp
 import yaml
 from aiohttp import web
 
-from conftest import fake_config, fake_suite_fixtures, free_ports, write_config
 from rig.config import load_config
 from rig.run.runner import SuiteRunner, new_run_dir
 from rig.transport import aio
+from tests.helpers.fake_rig import fake_config, free_ports, write_config
+from tests.helpers.suites import fake_suite_fixtures
 
 APPEND = {"append_first_token": True}
 KNOWN = {"id": "r26", "title": "appended first token", "affects": ">=0.27",

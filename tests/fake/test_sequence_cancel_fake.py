@@ -8,8 +8,8 @@ import json
 
 import pytest
 
-from conftest import run_on_fakes
 from rig.config.sequence import Step
+from tests.helpers.suites import run_on_fakes
 
 SWEEP = {"name": "sweep", "kind": "sequence", "decode": "decode-slow", "sequence": {"idle_margin_s": 1, "steps": [
     {"id": "cut", "route": "pd", "prompt_tokens": 40, "max_tokens": 16, "count": 3, "cancel_after_ms": [0, 2000]},

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import json
 
-from conftest import fake_suite_fixtures
 from rig.cluster.processes import processes_of_run
+from tests.helpers.suites import fake_suite_fixtures
 
 DECODES = {
     # 20 ms per token: a 16-token decode hop lasts ~0.3 s, long enough to see a step wait for it.

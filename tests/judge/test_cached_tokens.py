@@ -10,27 +10,12 @@ from pydantic import ValidationError
 from rig.config import ScenarioConfig
 from rig.judge.cached_tokens import NAME, cached_of, cached_tokens_check, cached_tokens_seen
 from rig.judge.verdict import judge, required_checks
-from rig.observe.observations import ScenarioObservation, TransferEvidence
+from rig.observe.observations import ScenarioObservation
 from rig.observe.parity import ParityResult
 from rig.run.kinds import KINDS
 from rig.transport.records import PDRecord
-from test_verdict import obs_of, ok_record
-
-
-def with_cached(rec, p: int | None, d: int | None, n: int = 96):
-    """``rec`` with P's and D's ``usage.prompt_tokens_details.cached_tokens`` (None = no details)."""
-    if p is not None:
-        rec.prefill.usage = {**rec.prefill.usage, "prompt_tokens_details": {"cached_tokens": p}}
-    if d is not None:
-        rec.decode.usage = {**rec.decode.usage, "prompt_tokens_details": {"cached_tokens": d}}
-    return rec
-
-
-def obs96(*recs, local_hits: float = 0.0, version: str = "0.32.0", parity: list | None = None) -> ScenarioObservation:
-    obs = obs_of(list(recs), parity=parity, version=version)
-    obs.evidence = TransferEvidence(nixl_bytes=1.0, nixl_transfers=len(recs), external_prompt_tokens=96.0 * len(recs),
-                                    cached_prompt_tokens=local_hits)
-    return obs
+from tests.helpers.cached_tokens import obs96, with_cached
+from tests.helpers.verdict_records import ok_record
 
 
 def test_cached_of_reads_prompt_tokens_details():

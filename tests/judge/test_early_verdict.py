@@ -15,7 +15,6 @@ from pathlib import Path
 
 import pytest
 
-from conftest import LIVELOCK, fake_config, scenario, write_config
 from rig.cluster.processes import Cluster
 from rig.config import load_config
 from rig.judge.early_verdict import AdmissionReasoning
@@ -24,9 +23,9 @@ from rig.observe.metrics import parse_metrics
 from rig.observe.stall import StallDetector
 from rig.plan.processes import build_plan
 from rig.run.runner import SuiteRunner, new_run_dir
-from test_evidence_fake import base  # noqa: F401 - the fixture: per-test dir, no fake survives
-from test_stall import DATA, snap
-from test_verdict import stall_facts
+from tests.helpers.fake_rig import LIVELOCK, fake_config, scenario, write_config
+from tests.helpers.stall_metrics import DATA, snap
+from tests.helpers.verdict_records import stall_facts
 
 # The CPU default's decode: 4 usable blocks of 32 tokens, ngram k=1, max_model_len 128.
 FIVE_BLOCKS = BlockFacts(block_size=32, usable_blocks=4, num_speculative_tokens=1, max_model_len=128)

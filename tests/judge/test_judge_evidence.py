@@ -18,7 +18,7 @@ from rig.observe.observations import TransferEvidence
 from rig.observe.parity import ParityResult
 from rig.transport.records import Hop, PDRecord
 from rig.workload.retrieval import RetrievalResult
-from test_verdict import (
+from tests.helpers.verdict_records import (
     BLOCKS,
     LIVELOCK,
     checks_of,
@@ -502,7 +502,7 @@ def test_canary_match_without_a_kv_pulled_check_and_with_given_requests():
 
 
 def test_a_canary_catch_explains_the_kv_integrity_line_of_the_caught_request():
-    from test_verdict import EXPIRED
+    from tests.helpers.verdict_records import EXPIRED
     obs = obs_of([ok_record()], parity=[DIVERGED])
     obs.kv_integrity_lines["prefill"] = [EXPIRED.format(rid="cmpl-p-0")]
     v = canary(obs)

@@ -14,25 +14,8 @@ from rig.config import KnownIssue
 from rig.judge.checks import lease_release_check
 from rig.judge.verdict import judge
 from rig.observe.parity import ParityResult
-from test_verdict import error_record, obs_of, ok_record, sc
-
-R16_LINE = ("(Worker pid=21091) WARNING 11-30 20:59:21 [base_worker.py:3032] Releasing expired KV blocks for "
-            "request 0_cmpl-aa07caf12f702ced-0-9dd92fdc which were retrieved by 0 remote worker(s) before lease "
-            "expired.")
-NAMED = "1_cmpl-aa07caf12f702ced-0-9dd92fdc"  # the child P's kv_transfer_params name
-
-
-def leak_ki(blocks_of: str = "sibling") -> dict:
-    return {"id": "nixl-n-sibling-blocks-to-lease", "title": "n>1 on P: sibling blocks wait for the lease",
-            "affects": ">=0.32.0,<0.33", "upstream": "vllm PR #38900, PR #43509",
-            "symptom": {"kind": "leak", "blocks_of": blocks_of}}
-
-
-def r16_record(i: int = 0, named: str = NAMED):
-    rec = ok_record(i)
-    rec.prefill.kv_transfer_params = {"do_remote_prefill": True, "remote_block_ids": [[4, 6]],
-                                      "remote_request_id": named}
-    return rec
+from tests.helpers.leak import NAMED, R16_LINE, leak_ki, r16_record
+from tests.helpers.verdict_records import error_record, obs_of, sc
 
 
 def verdict_of(records, lines, blocks_of: str = "sibling", parity=None):

@@ -15,7 +15,7 @@ from rig.judge.verdict import judge, required_checks
 from rig.observe.metrics import PREEMPTIONS
 from rig.observe.observations import TransferEvidence
 from rig.observe.parity import ParityResult
-from test_verdict import obs_of, ok_record, sc
+from tests.helpers.verdict_records import obs_of, ok_record, sc
 
 PREEMPT = {"completion_tokens": 2, "total_tokens": 128, "min_preemptions": 1}
 

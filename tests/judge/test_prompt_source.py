@@ -11,7 +11,7 @@ from rig.config import ScenarioConfig, load_config
 from rig.config.expectations import Expectation
 from rig.judge.verdict import _kv_pulled, judge
 from rig.observe.observations import TransferEvidence
-from test_verdict import error_record, obs_of, ok_record
+from tests.helpers.verdict_records import error_record, obs_of, ok_record
 
 BLOCK = 32_768  # the default tiny model's block at float32, block size 32
 
@@ -92,7 +92,7 @@ def test_prompt_source_is_refused_when_unknown():
 
 
 def test_kv_bytes_per_block_from_the_tiny_recipe(tmp_path):
-    from conftest import fake_config, write_config
+    from tests.helpers.fake_rig import fake_config, write_config
     cfg = load_config(write_config(tmp_path, fake_config(tmp_path)))
     assert cfg.kv_bytes_per_block("decode") == BLOCK
     assert cfg.model_copy(update={"dtype": "bfloat16"}).kv_bytes_per_block("decode") == BLOCK // 2

@@ -497,7 +497,7 @@ def test_sequence_checks_not_run_and_an_inconclusive_stall():
     assert [(x.name, x.ok, x.detail) for x in c] == [("completed", None,
                                                       "not checked: the sequence workload did not run")]
     from rig.transport.records import StallEvidence
-    from test_verdict import stall_facts, stalled_record
+    from tests.helpers.verdict_records import stall_facts, stalled_record
     shy = stalled_record(0, replace_facts(stall_facts(), StallEvidence(frozen_s=8.0, finding="starved")))
     firm = stalled_record(1)
     res = SequenceResult(stall="D froze 9 s")

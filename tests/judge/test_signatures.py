@@ -34,11 +34,11 @@ from rig.judge.verdict import judge
 from rig.observe.observations import ScenarioObservation, TransferEvidence
 from rig.observe.parity import ParityResult
 from rig.transport.records import Hop, PDRecord, StallEvidence, StallFacts, WaveRecord
-from test_shared_params_signature import INVALID as PARAMS_INVALID
-from test_shared_params_signature import KI, PARAMS_ID, two_prompt_record, verdict
-from test_verdict import BLOCKS as VERDICT_BLOCKS
-from test_verdict import LIVELOCK as LIVELOCK_ISSUE
-from test_verdict import obs_of, ok_record, sc, stall_facts, stalled_record
+from tests.helpers.shared_params import INVALID as PARAMS_INVALID
+from tests.helpers.shared_params import KI, PARAMS_ID, two_prompt_record, verdict
+from tests.helpers.verdict_records import BLOCKS as VERDICT_BLOCKS
+from tests.helpers.verdict_records import LIVELOCK as LIVELOCK_ISSUE
+from tests.helpers.verdict_records import obs_of, ok_record, sc, stall_facts, stalled_record
 
 INVALID = ("ERROR [pull_worker.py:667] Potentially invalid KV blocks for unrecognized request {rid} were "
            "retrieved by a decode worker. They may have expired.")
@@ -955,7 +955,7 @@ def test_a_wave_parity_mismatch_is_an_answered_divergence():
 def test_an_http_signature_on_decode_does_not_excuse_a_prefill_error():
     ki = {"id": "x", "title": "t", "affects": ">=0.32.0,<0.33",
           "symptom": {"kind": "http-error", "hop": "decode", "status": 500}}
-    from test_verdict import error_record
+    from tests.helpers.verdict_records import error_record
     assert judge(sc(ki), obs_of([error_record(status=500)])).verdict == "XFAIL"
     assert judge(sc(ki), obs_of([error_record(status=500, hop="prefill")])).verdict == "FAIL"
     assert judge(sc(ki), obs_of([error_record(status=503)])).verdict == "FAIL"
@@ -967,7 +967,7 @@ def test_an_http_signature_on_decode_does_not_excuse_a_prefill_error():
 
 def test_a_leak_matches_only_answered_requests():
     from rig.config import KnownIssue
-    from test_leak_signature import NAMED, R16_LINE, leak_ki, r16_record
+    from tests.helpers.leak import NAMED, R16_LINE, leak_ki, r16_record
     sig = KnownIssue.model_validate(leak_ki()).symptom
     rec = r16_record()
     obs = obs_of([rec])
@@ -983,7 +983,7 @@ def test_a_leak_matches_only_answered_requests():
 
 
 def test_an_http_signature_looks_past_answered_requests():
-    from test_verdict import error_record
+    from tests.helpers.verdict_records import error_record
     ki = {"id": "x", "title": "t", "affects": ">=0.32.0,<0.33",
           "symptom": {"kind": "http-error", "hop": "decode", "status": 500}}
     v = judge(sc(ki), obs_of([ok_record(0), error_record(1, status=500)]))
@@ -1001,7 +1001,7 @@ def test_wave_facts_keep_every_outcome_but_a_parity_mismatch():
 
 def test_wrong_metrics_needs_the_share_at_its_boundary():
     from rig.config import KnownIssue
-    from test_cached_tokens import obs96, with_cached
+    from tests.helpers.cached_tokens import obs96, with_cached
     ki = KnownIssue.model_validate({"id": "r15", "title": "t", "affects": ">=0.32.0,<0.33", "symptom": {
         "kind": "wrong-metrics", "check": "cached-tokens", "min_cached_share": 0.5}})
     rec = with_cached(ok_record(0, n=96), 0, 48)
@@ -1015,7 +1015,7 @@ def test_wrong_metrics_needs_the_share_at_its_boundary():
 
 def test_shared_params_without_parity_still_needs_several_prompts():
     from rig.config import KnownIssue
-    from test_shared_params_signature import SHARED, two_prompt_obs
+    from tests.helpers.shared_params import SHARED, two_prompt_obs
     sig = KnownIssue.model_validate({**KI, "symptom": {**KI["symptom"], "parity": False}}).symptom
     same = [SHARED[0], [314, 81, 856, 203, 677, 791, 472, 597]]
     rec = two_prompt_record(choices=same)
@@ -1028,7 +1028,7 @@ def test_shared_params_without_parity_still_needs_several_prompts():
 def test_shared_params_with_ps_log_unscanned_matches_nothing_and_does_not_crash():
     rec = two_prompt_record()
     from rig.config import KnownIssue
-    from test_shared_params_signature import two_prompt_obs
+    from tests.helpers.shared_params import two_prompt_obs
     obs = two_prompt_obs([rec], lines=[PARAMS_INVALID])
     del obs.kv_integrity_lines["prefill"]
     obs.unscanned_logs["prefill"] = "log file missing"

@@ -7,8 +7,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import sys
-from pathlib import Path
 
 from rig.judge import wave_checks as wj
 from rig.judge.checks import Check
@@ -16,9 +14,10 @@ from rig.judge.verdict import Expectation, decide
 from rig.observe.observations import ScenarioObservation
 from rig.transport.records import WaveRecord
 from rig.workload.wave_result import WaveResult
-
-sys.path.insert(0, str(Path(__file__).parent))
-from test_waves import healthy, scenario, wave_and_drain  # noqa: E402,F401 - the shared fake-server fixture
+from tests.helpers.waves import (
+    scenario,
+    wave_and_drain,
+)
 
 
 def _prefix_wave(hits: float, expected: int, fits: bool) -> WaveResult:
@@ -42,7 +41,7 @@ def test_prefix_hits_equal_to_the_expectation_is_ok_even_when_predicted_unsure()
     assert wj._prefix_hits(obs, _prefix_wave(1200, 1440, fits=True), []).ok is False
 
 
-def test_a_wave_all_cancelled_on_purpose_judges_what_is_left(healthy, tmp_path):  # noqa: F811
+def test_a_wave_all_cancelled_on_purpose_judges_what_is_left(healthy, tmp_path):
     p, d = healthy
     sc = scenario("pressure-wave", name="all-cancel", requests=12, concurrency=4, cancel_fraction=1.0, seed=9)
     res, _, v, _ = asyncio.run(wave_and_drain(sc, p, d, tmp_path))
@@ -92,7 +91,7 @@ def _wave_cli(argv: list[str]) -> int:
     return pdrig_main(["wave", *argv])
 
 
-def test_a_wave_at_bare_urls_says_not_checked_and_not_required_everywhere(healthy, tmp_path, capsys):  # noqa: F811
+def test_a_wave_at_bare_urls_says_not_checked_and_not_required_everywhere(healthy, tmp_path, capsys):
     import json
     import xml.etree.ElementTree as ET
 
@@ -116,7 +115,7 @@ def test_a_wave_at_bare_urls_says_not_checked_and_not_required_everywhere(health
 def test_a_wave_with_pdrig_up_endpoints_scans_the_logs(tmp_path, capsys):
     import json
 
-    from test_engine import fake_pd
+    from tests.helpers.fake_pd import fake_pd
 
     logs = tmp_path / "logs"
     logs.mkdir()

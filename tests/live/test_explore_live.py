@@ -14,11 +14,11 @@ from pathlib import Path
 import pytest
 import yaml
 
-from conftest import ROOT
 from rig.cluster.processes import processes_of_run
 from rig.config import load_config
 from rig.explore.explorer import Explorer, ExploreSettings
 from rig.run.runner import new_run_dir
+from tests.helpers.fake_rig import ROOT
 
 pytestmark = pytest.mark.e2e
 

@@ -20,7 +20,8 @@ import sys
 
 import pytest
 
-from conftest import ROOT, assert_no_survivors
+from tests.helpers.fake_rig import ROOT
+from tests.helpers.survivors import assert_no_survivors
 
 pytestmark = pytest.mark.e2e
 

@@ -16,7 +16,7 @@ from rig.observe import observations
 from rig.observe.drain import check_drains, describe_drain, drain_from_samples
 from rig.observe.observations import KV_EPS, DrainResult
 from rig.transport.endpoint import Endpoint
-from test_stall import IDLE, LIVELOCK, TEMPLATE
+from tests.helpers.stall_metrics import IDLE, LIVELOCK, TEMPLATE
 
 PAGE = """\
 # TYPE vllm:num_requests_running gauge

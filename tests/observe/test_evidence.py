@@ -28,7 +28,7 @@ from rig.observe.evidence import (
 )
 from rig.observe.observations import ScenarioObservation
 from rig.transport.endpoint import Endpoint
-from test_stall import IDLE, LIVELOCK, TEMPLATE
+from tests.helpers.stall_metrics import IDLE, LIVELOCK, TEMPLATE
 
 FATAL = "ERROR 12-01 [core.py:1] EngineCore encountered a fatal error."
 INVALID = "ERROR [pull_worker.py:667] Potentially invalid KV blocks for unrecognized request cmpl-p-0 were retrieved"

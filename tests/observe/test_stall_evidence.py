@@ -13,14 +13,13 @@ from __future__ import annotations
 
 import pytest
 
-from conftest import LIVELOCK, fake_config, scenario, write_config
 from rig.cluster import proctree
 from rig.cluster.proctree import ProcSample
 from rig.config import load_config
 from rig.observe.stall import StallDetector, evidence_of
 from rig.run.runner import SuiteRunner, new_run_dir
-from test_evidence_fake import base  # noqa: F401 - the fixture: per-test dir, no fake survives
-from test_stall import snap
+from tests.helpers.fake_rig import LIVELOCK, fake_config, scenario, write_config
+from tests.helpers.stall_metrics import snap
 
 LOADED = (9.0, 8.0, 7.0)  # on any host with fewer than 9 CPUs
 IDLE = (0.0, 0.0, 0.0)

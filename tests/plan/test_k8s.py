@@ -314,8 +314,8 @@ def test_readiness_probe_passes_exactly_when_the_server_is_ready(tmp_path):
     import dataclasses
     import time
 
-    from conftest import FAKE, free_ports
     from rig.plan.spec import ProcessSpec
+    from tests.helpers.fake_rig import FAKE, free_ports
 
     port, side = free_ports(2)
     spec = ProcessSpec(name="decode", role="decode", argv=(), env={}, log_path="", host="127.0.0.1",

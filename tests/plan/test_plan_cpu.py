@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from conftest import free_ports
 from rig.cluster.probes import busy_ports
 from rig.config import ConfigError, load_config
 from rig.plan.processes import build_plan
+from tests.helpers.fake_rig import free_ports
 
 CPU_TINY = Path(__file__).resolve().parents[2] / "configs" / "cpu-tiny.yaml"
 RUN_DIR = "/runs/20261129-000000-cpu-tiny"

@@ -7,12 +7,13 @@ import shlex
 import sys
 from pathlib import Path
 
-from conftest import fake_config, kill_pids, wait_no_survivors, write_config
 from rig import cli
 from rig.cluster.processes import Cluster
 from rig.config import load_config
 from rig.plan.processes import build_plan
 from rig.run.runner import new_run_dir, resolve_model
+from tests.helpers.fake_rig import fake_config, write_config
+from tests.helpers.survivors import kill_pids, wait_no_survivors
 
 
 def printed_commands(out: str) -> dict[str, tuple[dict[str, str], list[str]]]:

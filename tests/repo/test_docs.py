@@ -5,8 +5,8 @@ from __future__ import annotations
 import re
 import subprocess
 
-from conftest import ROOT
 from rig.cli import build_parser
+from tests.helpers.fake_rig import ROOT
 
 README = (ROOT / "README.md").read_text()
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import ROOT
+from tests.helpers.fake_rig import ROOT
 
 PAGES = sorted([ROOT / "README.md", *(ROOT / "docs").rglob("*.md")])
 # [text](target) outside code: inline links only (the docs use no reference-style links).

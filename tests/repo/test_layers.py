@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import ROOT
+from tests.helpers.fake_rig import ROOT
 
 LINT_IMPORTS = [sys.executable, "-c",
                 "import sys; from importlinter.cli import lint_imports_command; sys.exit(lint_imports_command())"]

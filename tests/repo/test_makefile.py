@@ -8,7 +8,7 @@ import subprocess
 
 import pytest
 
-from conftest import ROOT
+from tests.helpers.fake_rig import ROOT
 
 
 def targets() -> list[str]:

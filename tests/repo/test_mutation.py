@@ -13,7 +13,7 @@ import sys
 
 import pytest
 
-from conftest import ROOT
+from tests.helpers.fake_rig import ROOT
 
 spec = importlib.util.spec_from_file_location("mutation", ROOT / "scripts" / "mutation.py")
 assert spec is not None and spec.loader is not None

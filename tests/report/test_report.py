@@ -220,7 +220,7 @@ def test_the_run_table_carries_each_regression_scenarios_reference():
     from rig.config import ScenarioConfig
     from rig.judge.verdict import judge
     from rig.report.render import RunResult, render_junit, render_summary_md, scenario_rows
-    from test_verdict import obs_of, ok_record
+    from tests.helpers.verdict_records import obs_of, ok_record
 
     sc = ScenarioConfig(name="edge-126", decode="decode", prompt_tokens=126, max_tokens=2,
                         description="R05 (vllm PR #32255): cancel the decode hop",

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 from rich.console import Console
 
-from conftest import ROOT
 from rig.config import load_config
 from rig.judge.verdict import ScenarioVerdict
 from rig.report.render import RunResult, print_summary, render_summary_md
+from tests.helpers.fake_rig import ROOT
 
 XF = "xfail: spec-admission-livelock (stall) on vLLM >=0.32.0,<0.33"
 

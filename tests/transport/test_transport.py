@@ -14,7 +14,7 @@ from rig.transport.answers import StreamReader, fill_from_answer
 from rig.transport.bodies import PREFILL_PARAMS, chat_body, decode_body, prefill_body, request_body
 from rig.transport.client import CLIENTS, make_transport
 from rig.transport.records import OUTCOMES, Hop, PDRecord, WaveRecord, classify
-from test_engine import MODEL, fake_pd
+from tests.helpers.fake_pd import MODEL, fake_pd
 
 
 def test_request_body_by_endpoint():

@@ -4,14 +4,7 @@ points and their timing, deadlines, parity, the two HTTP clients."""
 from __future__ import annotations
 
 import asyncio
-import json
-import os
-import socket
-import subprocess
-import sys
 import time
-from contextlib import contextmanager
-from pathlib import Path
 
 import httpx
 import pytest
@@ -21,71 +14,7 @@ from rig.transport.client import CLIENTS, make_transport
 from rig.transport.endpoint import Endpoint
 from rig.workload.engine import CANCEL_POINTS, WaveEngine, WaveRequest, plan_cancels
 from rig.workload.prompts import make_prompt
-
-FAKE = Path(__file__).resolve().parents[1] / "fake_vllm.py"
-MODEL = "tiny"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _spawn(role: str, port: int, env: dict[str, str], blocks: int, block_size: int, max_model_len: int,
-           log: Path | None) -> subprocess.Popen:
-    kv = json.dumps({"kv_connector": "NixlConnector", "kv_role": role})
-    argv = [sys.executable, str(FAKE), "--model", MODEL, "--served-model-name", MODEL, "--port", str(port),
-            "--block-size", str(block_size), "--max-model-len", str(max_model_len),
-            "--num-gpu-blocks-override", str(blocks), "--kv-transfer-config", kv]
-    out = open(log, "ab") if log else subprocess.DEVNULL  # noqa: SIM115 - the server writes to it
-    try:
-        return subprocess.Popen(argv, env=env, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
-    finally:
-        if log:
-            out.close()
-
-
-@contextmanager
-def fake_pd(p_env: dict[str, str] | None = None, d_env: dict[str, str] | None = None, *, p_blocks: int = 1000,
-            d_blocks: int = 1000, block_size: int = 16, max_model_len: int = 2048, token_latency: float = 0.0,
-            log_dir: Path | None = None):
-    """A fake P (kv_producer) and D (kv_consumer) on free ports; yields (P, D) Endpoints and
-    stops both (only the processes started here) on exit."""
-    base = {**os.environ, "FAKE_VLLM_STARTUP_DELAY": "0", "FAKE_VLLM_TOKEN_LATENCY": str(token_latency)}
-    for k in ("FAKE_VLLM_FAULT", "FAKE_VLLM_FAULT_ARG"):
-        base.pop(k, None)
-    procs: list[subprocess.Popen] = []
-    eps = []
-    try:
-        for name, role, extra, blocks in (("prefill", "kv_producer", p_env, p_blocks),
-                                          ("decode", "kv_consumer", d_env, d_blocks)):
-            port = free_port()
-            env = {**base, "VLLM_NIXL_SIDE_CHANNEL_PORT": str(free_port()), **(extra or {})}
-            procs.append(_spawn(role, port, env, blocks, block_size, max_model_len,
-                                log_dir / f"{name}.log" if log_dir else None))
-            eps.append(Endpoint(name, f"http://127.0.0.1:{port}"))
-        deadline = time.monotonic() + 20
-        for ep, pr in zip(eps, procs, strict=True):
-            while True:
-                assert pr.poll() is None, f"fake {ep.name} exited with {pr.returncode}"
-                try:
-                    if httpx.get(ep.url + "/health", timeout=1).status_code == 200:
-                        break
-                except httpx.HTTPError:
-                    pass
-                assert time.monotonic() < deadline, f"fake {ep.name} not ready"
-                time.sleep(0.05)
-        yield eps[0], eps[1]
-    finally:
-        for pr in procs:
-            pr.terminate()
-        for pr in procs:
-            try:
-                pr.wait(timeout=5)
-            except subprocess.TimeoutExpired:
-                pr.kill()
-                pr.wait()
+from tests.helpers.fake_pd import MODEL, fake_pd, free_port
 
 
 def reqs(n: int, prompt_tokens: int = 24, max_tokens: int = 4, stream: bool = False, cancel_at=None,
@@ -109,12 +38,6 @@ async def run(p: Endpoint, d: Endpoint, requests: list[WaveRequest], client: str
 async def scrape(ep: Endpoint) -> m.MetricSnapshot:
     async with httpx.AsyncClient() as http:
         return await m.scrape(http, ep.url, ep.name)
-
-
-@pytest.fixture(scope="module")
-def healthy():
-    with fake_pd() as eps:
-        yield eps
 
 
 @pytest.fixture(scope="module")
@@ -297,8 +220,6 @@ def test_plan_cancels():
     assert plan_cancels(10, 0.0, CANCEL_POINTS, 1) == [None] * 10
     with pytest.raises(ValueError, match="unknown cancel points"):
         plan_cancels(10, 0.5, ["later"], 1)
-
-
 
 
 def test_the_rig_runs_its_event_loop_on_uvloop_when_installed():

@@ -24,7 +24,7 @@ from rig.transport.client import HttpxTransport
 from rig.transport.endpoint import Endpoint
 from rig.workload import store as st
 from rig.workload.store_rounds import plan_store_cancels, streamed
-from test_store import LABELS, World, fast_settle  # noqa: F401 - fast_settle: autouse fixture
+from tests.helpers.store_world import LABELS, World, fast_settle  # noqa: F401 - fast_settle: autouse fixture
 
 ROOT = Path(__file__).resolve().parents[2]
 CFG_PATH = ROOT / "configs" / "cpu-regressions-mooncake.yaml"

@@ -4,9 +4,10 @@ compiles a torch-inductor kernel at the first logprobs request) stay out of meas
 
 from __future__ import annotations
 
-from conftest import fake_config, run_on_fakes, write_config
 from rig.config import load_config
 from rig.workload.warmup import WarmPath, warm_paths
+from tests.helpers.fake_rig import fake_config, write_config
+from tests.helpers.suites import run_on_fakes
 
 SCENARIOS = [
     {"name": "plain", "prompt_tokens": 16, "max_tokens": 2},

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from conftest import ROOT, free_ports
 from rig.cli import main as pdrig_main
+from tests.helpers.fake_rig import ROOT, free_ports
 
 
 def main(argv: list[str]) -> int:
