@@ -158,6 +158,7 @@ import json, os, sys, time
 from rig.config import load_config
 from rig.cluster.ports import config_ports, reserve
 cfg = load_config(sys.argv[1])
+print("ready", flush=True)  # imported and waiting at the start line
 while not os.path.exists(sys.argv[2]):  # a start line: every chooser searches at the same moment
     time.sleep(0.001)
 moved, res = reserve(cfg, sys.argv[3])
@@ -175,7 +176,7 @@ def test_concurrent_free_port_choosers_never_pick_the_same_ports(tmp_path):
     procs = [subprocess.Popen([sys.executable, "-c", CHOOSE, str(path), str(go), f"runs/chooser-{i}"],
                               stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env) for i in range(4)]
     try:
-        time.sleep(1.0)  # all four imported and waiting at the start line (a late one still races the others)
+        assert [p.stdout.readline().strip() for p in procs] == ["ready"] * 4  # all four at the start line
         go.touch()
         chosen = [set(json.loads(p.stdout.readline())) for p in procs]
     finally:

@@ -97,7 +97,9 @@ def test_display_lines_show_phase_seconds_and_cpu_per_instance():
     m = StartupWatch("store-master", None, None, vllm=False)
     out = io.StringIO()
     d = StartupDisplay({"prefill": w, "store-master": m}, mode="lines", stream=out, line_interval_s=0.05).start()
-    time.sleep(0.3)
+    deadline = time.monotonic() + 10  # two periodic lines, then the final one at stop
+    while len(out.getvalue().splitlines()) < 2 and time.monotonic() < deadline:
+        time.sleep(0.01)
     d.stop()
     lines = out.getvalue().splitlines()
     assert len(lines) >= 2

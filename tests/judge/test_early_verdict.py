@@ -13,9 +13,11 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
+import psutil
 import pytest
 
 from rig.cluster.processes import Cluster
+from rig.cluster.proctree import ENGINE_CORE_TITLE
 from rig.config import load_config
 from rig.judge.early_verdict import AdmissionReasoning
 from rig.judge.signatures import BlockFacts
@@ -119,6 +121,12 @@ def _cfg(tmp: Path, **kw):
     return load_config(write_config(tmp, fake_config(tmp, **kw)))
 
 
+def engine_core(pid: int) -> psutil.Process:
+    """The fake's EngineCore stand-in under API server ``pid`` (titled as vLLM's, comm cut at 15)."""
+    (core,) = [c for c in psutil.Process(pid).children(recursive=True) if c.name() == ENGINE_CORE_TITLE[:15]]
+    return core
+
+
 def test_engine_cpu_reads_the_enginecore_child_and_grows_only_while_requests_wait(base):  # noqa: F811 - fixture
     cfg = _cfg(base, decodes={"decode": {"env": {"FAKE_VLLM_ENGINE_CORE": "1"}}})
     plan = build_plan(cfg, base / "run", "model", sys.executable)
@@ -127,8 +135,15 @@ def test_engine_cpu_reads_the_enginecore_child_and_grows_only_while_requests_wai
         assert cluster.engine_cpu_s("prefill") is None  # no EngineCore child: unknown, not 0
         idle0 = cluster.engine_cpu_s("decode")
         assert idle0 is not None
-        time.sleep(0.5)
-        assert cluster.engine_cpu_s("decode") - idle0 < 0.1  # no waiting request: it sleeps
+        # no waiting request: it sleeps. Its loop looked 30 times whether a request waits (each
+        # look ends in a 10 ms sleep, a voluntary context switch) and never stepped.
+        core = engine_core(cluster.procs["decode"].popen.pid)
+        looks0 = core.num_ctx_switches().voluntary
+        deadline = time.monotonic() + 30
+        while core.num_ctx_switches().voluntary - looks0 < 30:
+            assert time.monotonic() < deadline, "the EngineCore stand-in never looked for work"
+            time.sleep(0.05)
+        assert cluster.engine_cpu_s("decode") - idle0 < 0.1
         assert cluster.engine_cpu_s("no-such-instance") is None
     with Cluster(plan, 30, 3, attach=True) as attached:
         assert attached.engine_cpu_s("decode") is None  # not launched by the rig

@@ -18,6 +18,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import httpx
 import kubernetes_validate
 import pytest
 import yaml
@@ -320,17 +321,38 @@ def test_readiness_probe_passes_exactly_when_the_server_is_ready(tmp_path):
     port, side = free_ports(2)
     spec = ProcessSpec(name="decode", role="decode", argv=(), env={}, log_path="", host="127.0.0.1",
                        port=port, served_model="tiny", ready_ports=(side,))
-    env = {**os.environ, "VLLM_NIXL_SIDE_CHANNEL_PORT": str(side), "FAKE_VLLM_STARTUP_DELAY": "3"}
-    server = subprocess.Popen([sys.executable, str(FAKE), "--port", str(port), "--served-model-name", "tiny"],
-                              env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+    def serve(startup_delay_s: float) -> subprocess.Popen:
+        env = {**os.environ, "VLLM_NIXL_SIDE_CHANNEL_PORT": str(side),
+               "FAKE_VLLM_STARTUP_DELAY": str(startup_delay_s)}
+        return subprocess.Popen([sys.executable, str(FAKE), "--port", str(port), "--served-model-name", "tiny"],
+                                env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
     def probe(s: ProcessSpec) -> int:
         return subprocess.run([sys.executable, "-c", compose.readiness_code(s, "127.0.0.1")],
                               capture_output=True, timeout=30).returncode
 
+    def health() -> int | None:
+        try:
+            return httpx.get(f"http://127.0.0.1:{port}/health", timeout=2).status_code
+        except httpx.HTTPError:
+            return None
+
+    server = serve(600)  # listens at once, answers /health 503 for ten minutes
     try:
-        time.sleep(1.0)  # listening, /health still 503
+        deadline = time.monotonic() + 30
+        while health() is None:
+            assert server.poll() is None and time.monotonic() < deadline, "fake server never listened"
+            time.sleep(0.05)
+        # listening and not ready before and after the probe: the probe's failure is the 503's
+        assert health() == 503
         assert probe(spec) != 0
+        assert health() == 503
+    finally:
+        server.kill()
+        server.wait(timeout=10)
+    server = serve(0)
+    try:
         deadline = time.monotonic() + 30
         while probe(spec) != 0:
             assert time.monotonic() < deadline, "fake server never became ready"

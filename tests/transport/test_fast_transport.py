@@ -231,7 +231,9 @@ def test_connection_the_server_closed_while_idle_is_not_used():
 
     async def body(tr, ep, seen):
         assert (await tr.direct(ep, [1], 1)).error is None
-        await asyncio.sleep(0.05)  # the client sees the close while the connection is idle
+        # the client has seen the close: no idle connection of the target is open any more
+        (target,) = tr._targets.values()
+        await eventually(lambda: all(c.closed for c in target.idle))
         hop = await tr.direct(ep, [1], 1)
         assert hop.error is None and hop.token_ids == [3]
 

@@ -40,6 +40,20 @@ async def scrape(ep: Endpoint) -> m.MetricSnapshot:
         return await m.scrape(http, ep.url, ep.name)
 
 
+IDLE = {"waiting": 0.0, "running": 0.0, "kv_usage": 0.0}
+
+
+def settled(ep: Endpoint, within_s: float = 10.0) -> m.MetricSnapshot:
+    """``ep``'s /metrics once it holds no request (waiting, running and KV usage 0), or the last
+    scrape after ``within_s``. The fake counts a request's success and tokens before it releases
+    the request (tests/fake_vllm.py), so the counters of a settled instance are final: a cancelled
+    request that was going to finish would show here."""
+    deadline = time.monotonic() + within_s
+    while m.idle_state(snap := asyncio.run(scrape(ep))) != IDLE and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return snap
+
+
 @pytest.fixture(scope="module")
 def slow():
     """Tokens take 30 ms each: cancel points can be hit on purpose."""
@@ -144,9 +158,7 @@ def test_deadline_is_timeout():
         assert time.monotonic() - t < 3
         assert {r.outcome for r in recs} == {"timeout"} and "0.5 s deadline" in recs[0].diagnosis
         # the stalled requests were dropped when the client gave up: D is idle again
-        time.sleep(0.2)
-        snap = asyncio.run(scrape(d))
-        assert m.idle_state(snap) == {"waiting": 0.0, "running": 0.0, "kv_usage": 0.0}
+        assert m.idle_state(settled(d)) == IDLE
 
 
 def test_parity_mismatch_is_its_own_class():
@@ -171,15 +183,14 @@ def test_cancel_during_decode_stream_after_first_token(slow, client):
     p, d = slow
     before = asyncio.run(scrape(d))
     recs, eng, _ = asyncio.run(run(p, d, reqs(3, max_tokens=20, cancel_at="during-decode", seed=7), client=client))
-    time.sleep(0.1)
-    after = asyncio.run(scrape(d))
+    after = settled(d)
     for r in recs:
         assert r.outcome == "cancelled" and r.cancel_point == "during-decode" and r.intentional
         assert r.tokens == 1 and r.ttft_s is not None
         assert r.d_latency_s < 20 * 0.03 / 2  # well before the stream would have ended
     assert m.delta(before, after, m.REQUEST_SUCCESS) == 0  # none finished on D
     assert m.delta(before, after, m.GENERATION_TOKENS) < 3 * 5  # generation stopped early
-    assert m.idle_state(after) == {"waiting": 0.0, "running": 0.0, "kv_usage": 0.0}
+    assert m.idle_state(after) == IDLE
     assert eng.counts["cancelled"] == 3
 
 
@@ -188,8 +199,7 @@ def test_cancel_before_prefill_answers(slow):
     p, d = slow
     before = {e.name: asyncio.run(scrape(e)) for e in (p, d)}
     recs, _, _ = asyncio.run(run(p, d, reqs(3, cancel_at="before-prefill", seed=8), cancel_after_s=0.005))
-    time.sleep(0.1)
-    after = {e.name: asyncio.run(scrape(e)) for e in (p, d)}
+    after = {e.name: settled(e) for e in (p, d)}
     assert all(r.outcome == "cancelled" and r.cancel_point == "before-prefill" for r in recs)
     assert all(r.p_status is None and r.d_instance is None for r in recs)
     assert m.delta(before["prefill"], after["prefill"], m.REQUEST_SUCCESS) == 0

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 from pathlib import Path
 
 import httpx
@@ -399,19 +400,28 @@ def test_progress_lines_and_rich_panel():
     with pytest.raises(ValueError, match="progress mode"):
         resolve_mode("fancy")
 
-    async def show(mode):
-        out = io.StringIO()
-        prog = WaveProgress("pressure-wave", 200, counts, latest, mode=mode, stream=out, line_interval_s=0.05)
-        prog.start()
-        await asyncio.sleep(0.12)
-        await prog.stop()
-        return out.getvalue()
+    async def show() -> dict[str, str]:
+        """The three modes side by side, until the lines mode wrote two periodic lines and the
+        panel showed the counts (10 s at most): "off" had the same time to write and did not."""
+        outs = {mode: io.StringIO() for mode in ("lines", "rich", "off")}
+        progs = [WaveProgress("pressure-wave", 200, counts, latest, mode=mode, stream=out, line_interval_s=0.05)
+                 for mode, out in outs.items()]
+        for prog in progs:
+            prog.start()
+        deadline = time.monotonic() + 10
+        while (len(outs["lines"].getvalue().splitlines()) < 2 or "ok 90" not in outs["rich"].getvalue()) \
+                and time.monotonic() < deadline:
+            await asyncio.sleep(0.01)
+        for prog in progs:
+            await prog.stop()
+        return {mode: out.getvalue() for mode, out in outs.items()}
 
-    lines = asyncio.run(show("lines")).splitlines()
+    out = asyncio.run(show())
+    lines = out["lines"].splitlines()
     assert len(lines) >= 3 and all(ln.startswith("pressure-wave: 100/200") for ln in lines)
-    panel = asyncio.run(show("rich"))
+    panel = out["rich"]
     assert "ok 90" in panel and "cancelled 8" in panel and "decode" in panel and "80.0%" in panel
-    assert asyncio.run(show("off")) == ""
+    assert out["off"] == ""
 
 
 def test_timeline_rates_do_not_spike_on_a_close_last_sample():
