@@ -113,7 +113,6 @@ def test_wrong_metrics_signature_validation():
 
 
 # -------------------------------------------------------------------------------------------------
-# from test_mut_cached_tokens.py:
 # cached-tokens details as the user reads them (rig/judge/cached_tokens.py): the check keeps its
 # name when it cannot look, and the detail lists the first three requests it judged, '; '-separated.
 # Written against `make mutation` survivors (docs/howto/mutation.md).
@@ -140,7 +139,6 @@ def test_a_holding_check_shows_the_first_three_requests_it_judged():
 
 
 # -------------------------------------------------------------------------------------------------
-# from test_judge_cached_tokens.py:
 # cached-tokens over every answered request, whatever comes first (rig/judge/cached_tokens.py):
 # an unanswered request or one without a prefill hop is skipped, not the end of the look; the share
 # is of D's usage.prompt_tokens. Written against `make mutation` survivors (docs/howto/mutation.md).

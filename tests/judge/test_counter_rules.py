@@ -234,7 +234,6 @@ def test_if_present_leaves_an_absent_counter_out_but_still_judges_a_present_one(
 
 
 # -------------------------------------------------------------------------------------------------
-# from test_judge_counters_stall.py (its counter rule tests):
 # A counter rule or a stall watcher that saw nothing never reads ok (rig/judge/counter_rules.py,
 # rig/observe/stall.py's watch loop). Written against `make mutation` survivors (docs/howto/mutation.md).
 

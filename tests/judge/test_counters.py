@@ -76,7 +76,6 @@ def test_a_series_that_appears_later_starts_its_own_comparison():
 
 
 # -------------------------------------------------------------------------------------------------
-# from test_counters_monotonic.py:
 # counters-monotonic (bug record R12): the timeline rows carry every counter, and the check fails on a
 # decrease within one process life, forgives a restart, and is "not checked" without a timeline.
 
@@ -181,7 +180,6 @@ def test_r12_log_lines_are_fatal():
 
 
 # -------------------------------------------------------------------------------------------------
-# from test_judge_counters_details.py:
 # counters-monotonic says what it saw, in every state (rig/judge/counters.py): the decreases with
 # their instance, series, values and time, the instances it could not attribute, the counts it
 # held over. Written against `make mutation` survivors (docs/howto/mutation.md).

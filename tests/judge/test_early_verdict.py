@@ -170,7 +170,6 @@ def test_fake_livelock_with_an_engine_core_is_xfail_decided_early_and_controls_p
 
 
 # -------------------------------------------------------------------------------------------------
-# from test_judge_early_rule.py:
 # The early stall rule at its thresholds (rig/judge/early_verdict.py): it decides only with every
 # threshold met (frozen seconds, samples, EngineCore CPU seconds, KV usage, a fetch waiting to start
 # and none in progress, every outstanding prompt fits-but-waits), never one short of any. Written

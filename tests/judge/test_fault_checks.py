@@ -233,7 +233,6 @@ def test_fault_checks_pass_the_expected_survivor_errors_on():
 
 
 # -------------------------------------------------------------------------------------------------
-# from test_mut_fault_checks.py:
 # Fault checks where `make mutation` found the evidence unpinned (rig/judge/fault_checks.py): a
 # survivor's traceback is excused only by the exception that ends it (all of it, arrows included),
 # never a fatal line that is no traceback; the recovery detail names every restart and every

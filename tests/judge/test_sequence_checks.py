@@ -545,7 +545,6 @@ def test_token_counts_of_a_transform_without_max_tokens_use_the_steps():
 
 
 # -------------------------------------------------------------------------------------------------
-# from test_mut_sequence_checks.py:
 # Sequence checks where `make mutation` found the evidence unpinned (rig/judge/sequence_checks.py):
 # the token-counts detail a user reads lists the first six miscounted requests, each with its counts,
 # separated, and says how many more there were.
@@ -568,7 +567,6 @@ def test_one_miscounted_request_beyond_the_six_is_counted():
 
 
 # -------------------------------------------------------------------------------------------------
-# from test_judge_sequence_cut.py:
 # A sequence whose every request the rig cut on purpose (rig/judge/sequence_checks.py): its answer
 # checks are "not checked" saying why and not required, the run-level checks still judge it, a PASS
 # says "all N requests cancelled on purpose"; one request that failed brings the answer checks back.

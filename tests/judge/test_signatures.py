@@ -782,7 +782,6 @@ def test_wrong_metrics_matches_a_d_that_counts_the_pulled_prompt_as_cached():
 
 
 # -------------------------------------------------------------------------------------------------
-# from test_judge_signatures.py:
 # A known issue's signature matches only the symptom it names, on the requests that show it
 # (rig/judge/signatures.py). Each test removes one part of the symptom and asserts the known issue
 # no longer excuses the failure (FAIL, never XFAIL). Written against `make mutation` survivors

@@ -232,7 +232,6 @@ def test_store_counters_absent_from_the_master_fail_and_one_is_enough():
 
 
 # -------------------------------------------------------------------------------------------------
-# from test_mut_store_checks.py:
 # Store checks where `make mutation` found the evidence unpinned (rig/judge/store_checks.py): the
 # summary of a store wave's planned cancels names each point with its count, apart, in order, and
 # the span of times they were closed at; a store wave's parity and stream checks say what they

@@ -452,7 +452,6 @@ def test_a_full_pool_stall_may_excuse_spec_drafted_only_when_it_names_it():
 
 
 # -------------------------------------------------------------------------------------------------
-# from test_mut_verdict.py:
 # kv-pulled and the canary's catch as the user reads them (rig/judge/verdict.py): the prompt D
 # served is D's ``usage.prompt_tokens`` (a chat template adds tokens), else the prompt the rig sent;
 # NIXL's exact bytes count every prompt's blocks of a several-prompt request; the detail names P's

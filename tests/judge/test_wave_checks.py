@@ -491,7 +491,6 @@ def test_idle_after_names_a_leak_in_ps_usable_blocks():
 
 
 # -------------------------------------------------------------------------------------------------
-# from test_mut_wave_checks.py:
 # Wave verdicts where `make mutation` found the evidence unpinned (rig/judge/wave_checks.py): a
 # stall is explained only when the in-flight requests' blocks really fill P's pool (one-token
 # blocks, no prompt length given); a wave that did not run is ERROR with no check and its
@@ -562,7 +561,6 @@ def test_a_wave_that_sampled_no_parity_has_no_parity_check(params):
 
 
 # -------------------------------------------------------------------------------------------------
-# from test_judge_wave_unsampled.py:
 # A wave's no-stall check when an instance's /metrics was never read during the wave
 # (rig/judge/wave_checks.py, rig/observe/timeline.py): "no instance froze" cannot be said of an
 # instance nobody looked at, so the check is "not checked" and a wave that requires it is not PASS;

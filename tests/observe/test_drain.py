@@ -114,7 +114,6 @@ def test_check_drains_without_a_baseline_compares_with_an_empty_pool(baseline, m
 
 
 # -------------------------------------------------------------------------------------------------
-# from test_evidence.py (its drain tests):
 # ------------------------------------------------------------------------- drain
 
 def row(t: float, inst: str = "decode", waiting=0.0, running=0.0, kv=0.0) -> dict:

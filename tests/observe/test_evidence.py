@@ -301,10 +301,9 @@ def test_a_fresh_scanner_reads_the_death_line_from_the_logs_first_byte():
 
 
 # -------------------------------------------------------------------------------------------------
-# from test_mut_evidence.py:
 # Evidence gathering (rig.observe.evidence) where `make mutation` found it untested: the owner's
 # stop line, marks kept across phases, the endpoints and bounds of the HTTP probes, the wait for a
-# silent instance to exit. Fakes: the duck-typed cluster of test_observe_evidence, log files under
+# silent instance to exit. Fakes: the duck-typed cluster above, log files under
 # tmp_path, httpx.MockTransport; the clock and sleeps are stubs (no sleeping).
 
 class _FileCluster(Cluster):

@@ -147,7 +147,6 @@ def test_t_defaults_to_monotonic():
 
 
 # -------------------------------------------------------------------------------------------------
-# from test_mut_metrics.py:
 # /metrics reading (rig/observe/metrics.py) pinned down, written against `make mutation`
 # survivors: an absent metric is None (never 0) where its absence must not read as idle or as "no
 # work"; lookups match the name and every asked label; sums are over the other labels; only the

@@ -203,7 +203,6 @@ def test_a_chat_stream_is_merged_as_a_message_with_its_logprobs():
 
 
 # -------------------------------------------------------------------------------------------------
-# from test_mut_parity.py:
 # Parity (rig/observe/parity.py) pinned down field by field, written against `make mutation`
 # survivors: a mismatch anywhere (a token, a logprob beyond the tolerance, an integer, a string, a
 # None where the reference has a value, a missing list element) is ``diverged`` naming the field and
@@ -611,7 +610,6 @@ def test_record_parity_uses_the_records_cap_and_the_tolerance():
 
 
 # -------------------------------------------------------------------------------------------------
-# from test_observe_parity.py:
 # Parity without servers (rig/observe/parity.py): a reference that failed, answered without token
 # IDs or ran out of time is never a comparison; choices are compared one by one; a missing or extra
 # choice is a divergence. Written against `make mutation` survivors (docs/howto/mutation.md).

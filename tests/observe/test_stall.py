@@ -255,7 +255,6 @@ def test_watcher_gives_full_pool_to_every_instance_it_feeds():
 
 
 # -------------------------------------------------------------------------------------------------
-# from test_mut_stall.py:
 # The stall detector and watcher (rig.observe.stall) where `make mutation` found them untested: a
 # watch that sampled nothing is "not checked", never "no stall"; diagnoses and evidence say the
 # frozen values the user acts on. Pure: recorded snapshots, stub scrapes, no sleeps.
@@ -503,7 +502,6 @@ def test_cache_info_without_a_label_reads_the_other_and_facts_quote_running():
 
 
 # -------------------------------------------------------------------------------------------------
-# from test_judge_counters_stall.py (its stall.watch tests):
 # A counter rule or a stall watcher that saw nothing never reads ok (rig/judge/counter_rules.py,
 # rig/observe/stall.py's watch loop). Written against `make mutation` survivors (docs/howto/mutation.md).
 
