@@ -160,11 +160,20 @@ def test_an_interrupted_wave_keeps_its_partial_records(tmp_path):
     async def run_then_cancel(p, d):
         async with httpx.AsyncClient(timeout=5) as http:
             store = SnapshotStore(tmp_path)
+            async def answered() -> float:
+                return (await m.scrape(http, d.url, d.name)).value(m.REQUEST_SUCCESS) or 0.0
+
             try:
+                before = await answered()
                 task = asyncio.create_task(wv.run_wave(
                     sc, "tiny", [p], [d], http, store, tmp_path / "waves", deadline_s=10, block_size=16,
                     usable_blocks={"prefill": 999, "decode": 999}, max_model_len=2048, progress="off"))
-                await asyncio.sleep(1.0)
+                # D answered a 5th request: with 4 in flight at most, one answer reached the wave
+                # before it was sent, so the cut comes after a recorded answer (was: a 1 s sleep)
+                deadline = time.monotonic() + 30
+                while await answered() - before < 5:
+                    assert time.monotonic() < deadline and not task.done(), "the wave answered nothing"
+                    await asyncio.sleep(0.02)
                 task.cancel()
                 with pytest.raises(asyncio.CancelledError):
                     await task
