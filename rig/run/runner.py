@@ -319,7 +319,8 @@ class SuiteRunner:
                 wanted = [n for n in [*extra, ph.prefill, ph.decode] if n not in self.unavailable]
                 new = [n for n in wanted if n not in cluster.procs]
                 thawing = sorted(needed & cluster.frozen)
-                self.log(f"phase {i + 1}: starting {', '.join(sorted(new)) or 'nothing new'}"
+                verb = "waiting for" if self.attach else "starting"  # never "starting" what others started
+                self.log(f"phase {i + 1}: {verb} {', '.join(sorted(new)) or 'nothing new'}"
                          + (f", continuing {', '.join(thawing)}" if thawing else ""))
                 self.logs.starting(cluster, new)
                 t = time.monotonic()

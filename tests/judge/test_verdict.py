@@ -11,8 +11,7 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-from rig.cluster.logs import matching_lines
-from rig.cluster.processes import FATAL_PATTERNS
+from rig.cluster.logs import FATAL_PATTERNS, matching_lines
 from rig.config import ScenarioConfig
 from rig.judge import verdict as engine
 from rig.judge.signatures import BlockFacts
