@@ -37,6 +37,7 @@ from rig.cluster.errors import ClusterError
 from rig.cluster.logs import LogSource
 from rig.cluster.proctree import ProcSample, sample_tree
 from rig.cluster.startup import READY, StartupDisplay, StartupWatch, load_text
+from rig.config.deployment import ATTACH_CONNECT_S
 from rig.plan.spec import Plan, ProcessSpec
 
 # Importable from here as before the backends existed: every caller of the cluster's errors and
@@ -48,14 +49,15 @@ __all__ = ["INTERRUPTED", "Cluster", "ClusterError", "Running", "backend_for", "
 INTERRUPTED = threading.Event()
 
 
-def backend_for(plan: Plan, grace_s: float, attach: bool = False,
-                containers: ComposeContainers | None = None) -> Backend:
+def backend_for(plan: Plan, grace_s: float, attach: bool = False, containers: ComposeContainers | None = None,
+                connect_s: float | None = ATTACH_CONNECT_S) -> Backend:
     """The deployment behind a cluster: processes launched from ``plan`` (the default), the
     Compose services of ``containers`` (with ``attach``), or endpoints someone else started
-    (``attach`` alone). ``containers`` without ``attach`` is ignored, as the runner passes it."""
+    (``attach`` alone; ``connect_s`` is how long one may stay unanswered, ``attach.connect_s``).
+    ``containers`` without ``attach`` is ignored, as the runner passes it."""
     if not attach:
         return Local(plan, grace_s)
-    return Attached() if containers is None else Compose(containers, grace_s)
+    return Attached(connect_s) if containers is None else Compose(containers, grace_s)
 
 
 class Cluster:
@@ -69,7 +71,8 @@ class Cluster:
     def __init__(self, plan: Plan, startup_timeout_s: float, grace_s: float = 10.0, attach: bool = False,
                  log_sources: Mapping[str, LogSource] | None = None, startup_stall_s: float | None = None,
                  display: str = "off", display_stream: TextIO | None = None,
-                 containers: ComposeContainers | None = None, backend: Backend | None = None):
+                 containers: ComposeContainers | None = None, backend: Backend | None = None,
+                 attach_connect_s: float | None = ATTACH_CONNECT_S):
         self.plan = plan
         # startup_timeout_s: the hard ceiling of one start (timeouts.startup_s); startup_stall_s:
         # fail a start that showed no progress (log, CPU, phase) this long (timeouts.startup_stall_s;
@@ -87,8 +90,9 @@ class Cluster:
                                f"known: {[p.name for p in plan.processes]}")
         self.startup_timeout_s = startup_timeout_s
         self.grace_s = grace_s
-        # attach / containers choose the backend (backend_for) unless one is given.
-        self.backend = backend if backend is not None else backend_for(plan, grace_s, attach, containers)
+        # attach / containers / attach_connect_s choose the backend (backend_for) unless one is given.
+        self.backend = backend if backend is not None else \
+            backend_for(plan, grace_s, attach, containers, attach_connect_s)
         self.procs: dict[str, Running] = {}
         # Instances held with SIGSTOP (:meth:`freeze`): started and ready, not in use.
         self.frozen: set[str] = set()

@@ -409,3 +409,14 @@ def test_e2e_attach_to_endpoints_that_do_not_answer_ends_in_seconds_not_at_the_c
         assert f"{name} at {url} (attached: the rig did not start it) does not answer" in report["error"]
     assert "phase 1: waiting for decode, prefill" in err
     assert "starting" not in err, err
+
+
+def test_attach_connect_s_null_waits_for_the_first_answer_up_to_the_ceiling(tmp_path):
+    """``attach.connect_s: null`` (the Kubernetes Job, whose pods start with it): an endpoint that
+    does not answer yet is waited for until ``timeouts.startup_s``, not given up early."""
+    url = f"http://127.0.0.1:{_closed_port()}"
+    with Cluster(_attached_plan(tmp_path, {"decode": url}), 3, 3, attach=True, attach_connect_s=None) as cluster, \
+            pytest.raises(ClusterError) as e:
+        cluster.start(["decode"])
+    assert f"decode at {url} (attached: the rig did not start it) did not answer /health" in str(e.value)
+    assert "within 3 s (timeouts.startup_s; last: GET" in str(e.value) and "does not answer" not in str(e.value)

@@ -3,10 +3,12 @@ probes them and never starts, signals or stops anything.
 
 An attached instance is waited for only once it answers. The rig did not start it, so an endpoint
 that does not answer at all is not "starting": it is not there (a wrong URL, a deployment that is
-down). After :data:`CONNECT_S` seconds without any HTTP answer the start fails, naming the URL and
-what was tried, instead of waiting the start-up ceiling (``timeouts.startup_s``, 1,200 s on the
-CPU profiles). One that answers but is not ready yet (``/health`` 503, the model not listed, the
-side channel closed) is waited for up to that ceiling. Alive means "``/health`` answers 200".
+down). After ``connect_s`` seconds (``attach.connect_s``, 10 s by default) without
+any HTTP answer the start fails, naming the URL and what was tried, instead of waiting the
+start-up ceiling (``timeouts.startup_s``, 1,200 s on the CPU profiles); ``None`` waits for the
+first answer up to that ceiling too (a deployment that starts with the run: the Kubernetes Job).
+One that answers but is not ready yet (``/health`` 503, the model not listed, the side channel
+closed) is waited for up to that ceiling. Alive means "``/health`` answers 200".
 """
 
 from __future__ import annotations
@@ -19,20 +21,17 @@ from rig.cluster.backends.base import Probe, Running, probe_ready, waiting_watch
 from rig.cluster.errors import ClusterError
 from rig.cluster.logs import LogSource
 from rig.cluster.startup import StartupWatch
+from rig.config.deployment import ATTACH_CONNECT_S
 from rig.plan.spec import ProcessSpec
-
-# Seconds an attached endpoint may leave every request unanswered before the wait ends: several
-# probes (3 s HTTP timeout each, every 0.5 s), far below a start-up ceiling.
-CONNECT_S = 10.0
 
 
 class Attached:
     """The :class:`~rig.cluster.backends.base.Backend` of endpoints the rig did not start;
-    ``connect_s``: how long one may stay unanswered (:data:`CONNECT_S`)."""
+    ``connect_s``: how long one may stay unanswered (None: up to the start-up ceiling)."""
 
     launches = False
 
-    def __init__(self, connect_s: float = CONNECT_S):
+    def __init__(self, connect_s: float | None = ATTACH_CONNECT_S):
         self.connect_s = connect_s
         self._answered: set[str] = set()  # names whose endpoint answered since their spawn
 
@@ -56,13 +55,15 @@ class Attached:
         name = run.spec.name
         if probe.answered:
             self._answered.add(name)
-        elif name not in self._answered and (waited := time.monotonic() - run.started_at) > self.connect_s:
+        elif self.connect_s is not None and name not in self._answered \
+                and (waited := time.monotonic() - run.started_at) > self.connect_s:
             spec = run.spec
             raise ClusterError(
                 f"{name} at {spec.base_url} (attached: the rig did not start it) does not answer: "
                 f"GET {spec.base_url}{spec.health_path} every 0.5 s for {waited:.0f} s got no answer "
                 f"({probe.missing}). Is the deployment up at that address (--endpoint NAME=URL)? The rig "
-                f"waits for an attached instance only once it answers: start it first, then attach", name)
+                f"waits for an attached instance only once it answers: start it first, then attach (or wait "
+                f"for its first answer too: --set attach.connect_s=null)", name)
         return probe
 
     def settle(self, run: Running) -> None:
