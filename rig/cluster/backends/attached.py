@@ -57,13 +57,11 @@ class Attached:
             self._answered.add(name)
         elif self.connect_s is not None and name not in self._answered \
                 and (waited := time.monotonic() - run.started_at) > self.connect_s:
-            spec = run.spec
             raise ClusterError(
-                f"{name} at {spec.base_url} (attached: the rig did not start it) does not answer: "
-                f"GET {spec.base_url}{spec.health_path} every 0.5 s for {waited:.0f} s got no answer "
-                f"({probe.missing}). Is the deployment up at that address (--endpoint NAME=URL)? The rig "
-                f"waits for an attached instance only once it answers: start it first, then attach (or wait "
-                f"for its first answer too: --set attach.connect_s=null)", name)
+                f"{name} at {run.spec.base_url} (attached: the rig did not start it) does not answer: "
+                f"{probe.missing}, tried every 0.5 s for {waited:.0f} s. Is the deployment up at that address "
+                "(--endpoint NAME=URL)? The rig waits for an attached instance only once it answers: start it "
+                "first, then attach (or wait for its first answer too: --set attach.connect_s=null)", name)
         return probe
 
     def settle(self, run: Running) -> None:
