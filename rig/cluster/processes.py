@@ -40,8 +40,7 @@ from rig.cluster.startup import READY, StartupDisplay, StartupWatch, load_text
 from rig.config.deployment import ATTACH_CONNECT_S
 from rig.plan.spec import Plan, ProcessSpec
 
-# Importable from here as before the backends existed: every caller of the cluster's errors and
-# leak check (tests, the CLI) keeps one import line.
+# What callers (the CLI, the runner, tests) import from the cluster's module, wherever it is defined.
 __all__ = ["INTERRUPTED", "Cluster", "ClusterError", "Running", "backend_for", "install_signal_handlers",
            "processes_of_run", "startup_affinity"]
 
