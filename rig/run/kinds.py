@@ -74,7 +74,7 @@ class Kind:
 
 def block_facts(cfg: RigConfig, decode: str) -> BlockFacts:
     """The decode instance's block arithmetic from the config (block size, usable blocks =
-    num_gpu_blocks_override - 1, k, max_model_len); the stall facts' ``vllm:cache_config_info``
+    ``InstanceConfig.usable_blocks``, k, max_model_len); the stall facts' ``vllm:cache_config_info``
     overrides the usable blocks where the server exposes it (rig.judge.signatures.admission_of)."""
     spec = cfg.instance(decode).speculative
     return BlockFacts(block_size=cfg.instance(decode).block_size or cfg.block_size,
