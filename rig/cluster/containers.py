@@ -1,9 +1,10 @@
 """Instances that are containers of a Docker Compose project (``pdrig e2e --docker``): what the
 rig does to a process it launched, done to the container instead.
 
-:class:`Cluster` in attach mode owns no process, so by itself it can neither hold an idle instance
-(``freeze``), nor fire a fault (``signal``, ``restart``), nor pin CPUs, nor read EngineCore's CPU
-time. Given a :class:`ComposeContainers`, it does each through the engine:
+:class:`~rig.cluster.processes.Cluster` owns no process of a container, so by itself it could
+neither hold an idle instance (``freeze``), nor fire a fault (``signal``, ``restart``), nor pin
+CPUs, nor read EngineCore's CPU time. Its container backend (:mod:`rig.cluster.backends.containers`)
+does each through a :class:`ComposeContainers`, i.e. through the engine:
 
 =================  ============================================================================
 rig action         container action

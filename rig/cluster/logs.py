@@ -77,7 +77,7 @@ class FileLog:
             return None
 
 
-# Lines the rig itself writes into a launched instance's log (rig.cluster.processes.Cluster): where it
+# Lines the rig itself writes into a launched instance's log (rig.cluster.backends.local): where it
 # started the process and where it began stopping it. What vLLM logs after a stop marker is the
 # teardown the rig caused (EngineDeadError tracebacks, nanobind "leaked" lines), not a finding.
 START_MARKER = "pdrig: starting"
@@ -270,6 +270,41 @@ def attach_log_source(instance: str, spec: AttachLogConfig) -> LogSource:
     k = spec.kubernetes
     assert k is not None  # AttachLogConfig validates that exactly one of the three is given
     return KubernetesLog(instance, k.selector, namespace=k.namespace, container=k.container)
+
+
+# The patterns the log checks look for (rig.observe.evidence, rig.observe.endpoint_watch), whatever the
+# source. Lines that mean an engine is broken even if it still answers /health.
+FATAL_PATTERNS = (
+    "Cannot get",  # "Cannot get N free blocks from the pool" (vllm/v1/core/block_pool.py)
+    "EngineCore encountered a fatal error",
+    "EngineDeadError",
+    "Traceback (most recent call last)",
+    "Segmentation fault",
+    "Illegal instruction",
+    "core dumped",
+    # bug record R12 (vllm PRs #34079, #43828): a negative counter increment kills the API server's
+    # output handler (prometheus_client's ValueError, then vllm/v1/engine/async_llm.py's log).
+    "Counters can only be incremented by non-negative amounts",
+    "AsyncLLM output_handler failed",
+    # bug record R14 (vllm #46240, #51786, #52954): a late or duplicate transfer completion trips the
+    # scheduler's asserts in _update_from_kv_xfer_finished (vllm/v1/core/sched/scheduler.py,
+    # 0.32.0) and EngineCore dies; the traceback quotes the assert's source line.
+    "assert req_id in self.requests",
+    "assert RequestStatus.is_finished(req.status)",
+    # bug record R26 (vllm PR #50558, #51505): D's prompt one token longer than P exported (a router
+    # appended P's first token) trips nixl/base_worker.py _apply_prefix_caching's assert (0.32.0).
+    "assert num_decode_blocks <= len(prefill_group)",
+)
+
+
+# vLLM's own words when a decode worker read KV blocks the prefill had already released: the
+# NIXL lease (kv_lease_duration, 30 s) expired while the request waited on decode. The answer is
+# HTTP 200 with tokens computed from stale or reused blocks (measured: a pressure wave on a
+# starved 2-core host diverged at token 0 with these lines in prefill's log).
+KV_INTEGRITY_PATTERNS = (
+    "Potentially invalid KV blocks",  # vllm/.../nixl/pull_worker.py
+    "Releasing expired KV blocks",  # vllm/.../nixl/base_worker.py
+)
 
 
 def matching_lines(text: str, patterns: tuple[str, ...]) -> list[str]:

@@ -36,8 +36,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from rig.cluster.errors import ClusterError
 from rig.cluster.probes import bindable
-from rig.cluster.processes import ClusterError
 from rig.config import ConfigError, RigConfig
 
 FREE_SEARCH_STEPS = 2000  # offsets tried by ports.free before giving up

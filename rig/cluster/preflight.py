@@ -46,5 +46,5 @@ def preflight(cfg: RigConfig) -> None:
 
 
 def cpu_problem(cfg: RigConfig) -> str:
-    """:func:`rig.cluster.processes.unavailable_cpus` for the config's instances ("" when all fit)."""
+    """:func:`rig.cluster.scheduling.unavailable_cpus` for the config's instances ("" when all fit)."""
     return unavailable_cpus((role, inst.name, inst.cpus or ()) for role, inst in cfg.instances())

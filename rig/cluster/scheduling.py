@@ -1,6 +1,6 @@
 """How much CPU a server's threads get and where they run: the session's autogroup nice, the nice
 of the EngineCore/worker threads, CPU affinity of every thread, and the check that the CPUs a
-config pins exist on this host. Used by rig.cluster.processes right after spawn and once a
+config pins exist on this host. Used by rig.cluster.backends.local right after spawn and once a
 server is ready (ProcessSpec.applied_after_spawn says what is done, in words).
 
 All of it is an aid, not a requirement: a failure (no autogroup, no permission, a vanished

@@ -4,6 +4,7 @@ Imports only :mod:`rig.connectors` below it. Next layer: :mod:`rig.plan`. One jo
 
 - :mod:`rig.config.base` -- ConfigError, the strict base model, the name pattern;
 - :mod:`rig.config.instances` -- one vLLM instance, how instances launch, NIXL and Mooncake settings;
+- :mod:`rig.config.blocks` -- KV block facts: vLLM's null block, usable blocks, blocks a prompt needs;
 - :mod:`rig.config.model` -- which weights to serve, the tiny model's recipe;
 - :mod:`rig.config.deployment` -- port reservations, attach mode, Kubernetes rendering;
 - :mod:`rig.config.timeouts` -- every wait, in seconds;

@@ -79,17 +79,29 @@ class AttachLogConfig(StrictModel):
         return self
 
 
+# Seconds an attached endpoint may leave every request unanswered (attach.connect_s): several probes
+# (3 s HTTP timeout each, every 0.5 s: rig.cluster.processes), far below a start-up ceiling.
+ATTACH_CONNECT_S = 10.0
+
+
 class AttachConfig(StrictModel):
     """``pdrig e2e --attach``: judge a deployment the rig did not start (rig/cli.py cmd_e2e).
 
     ``endpoints`` replaces an instance's ``http://host:port`` (default: the config's host and
     port; rig.plan.processes.with_endpoints); ``logs`` says where its log is
     (rig.cluster.logs.attach_log_source). An instance without a log source has its log checks
-    "not checked". Both are keyed by instance name and used only with ``--attach``.
+    "not checked". Both are keyed by instance name and used only with ``--attach``; so is
+    ``connect_s`` (rig.cluster.backends.attached).
     """
 
     endpoints: dict[str, str] = Field(default_factory=dict, description="instance -> http://host:port")
     logs: dict[str, AttachLogConfig] = Field(default_factory=dict, description="instance -> log source")
+    connect_s: float | None = Field(
+        ATTACH_CONNECT_S, gt=0, allow_inf_nan=False,
+        description="seconds an attached endpoint may leave every request unanswered before the start fails "
+                    "naming it (a wrong URL, a deployment that is down); one that answers is waited for up to "
+                    "timeouts.startup_s. null = wait up to timeouts.startup_s for the first answer too (a "
+                    "deployment that starts with the run: the Kubernetes Job)")
 
     @field_validator("endpoints")
     @classmethod

@@ -11,6 +11,7 @@ from typing import Any, Literal
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from pydantic import Field, field_validator, model_validator
 
+from rig.config import blocks
 from rig.config.base import NAME_PATTERN, ConnectorMode, StrictModel
 from rig.connectors.kv_transfer import check_extra
 
@@ -101,6 +102,12 @@ class InstanceConfig(StrictModel):
                           "'fail', vllm/config/kv_transfer.py): what D does when a KV load fails")
     extra_args: list[str] = Field(default_factory=list, description="appended to the vLLM argv")
     env: dict[str, str] = Field(default_factory=dict)
+
+    @property
+    def usable_blocks(self) -> int | None:
+        """KV blocks requests may use: ``num_gpu_blocks_override`` less vLLM's null block
+        (:func:`rig.config.blocks.usable_in_pool`); None when vLLM sizes the cache itself."""
+        return blocks.usable_in_pool(self.num_gpu_blocks_override)
 
     @field_validator("env", mode="before")
     @classmethod

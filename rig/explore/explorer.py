@@ -54,7 +54,6 @@ from rig.observe.observations import ScenarioObservation
 from rig.plan.processes import build_plan
 from rig.run.runner import SuiteRunner, resolve_model
 from rig.workload.prompts import seed_of
-from rig.workload.waves import usable_blocks_of
 
 RESOURCE_POOL = 8  # prompt resources kept (the latest actions'): a later action may reuse one
 
@@ -143,7 +142,7 @@ def topology_of(cfg: RigConfig, decode: str, variant: Variant | None = None) -> 
     inst = cfg.instance(decode)
     spec = inst.speculative
     return Topology(prefill=cfg.prefill[0].name, decode=decode, block_size=inst.block_size or cfg.block_size,
-                    max_model_len=cfg.max_model_len, usable_blocks=usable_blocks_of(cfg, [decode])[decode],
+                    max_model_len=cfg.max_model_len, usable_blocks=cfg.instance(decode).usable_blocks,
                     spec_tokens=spec.num_speculative_tokens if spec else 0, lease_s=cfg.nixl.lease_s,
                     variant=variant.name if variant else "", sets=variant.sets if variant else ())
 

@@ -16,13 +16,13 @@ that, with its completion, fills the usable blocks exactly.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import Any
 
 from pydantic import Field, model_validator
 
 from rig.config.base import StrictModel
+from rig.config.blocks import blocks_for
 from rig.config.faults import Fault
 from rig.config.sequence import SequenceConfig, Step
 
@@ -83,7 +83,7 @@ NEMESIS_HEAL_S = 10.0  # the liveness bound after heal, beyond the lease (the fa
 @dataclass(frozen=True)
 class Topology:
     """The deployment's knobs the grammar needs: ``block_size`` (tokens), ``max_model_len``
-    (tokens), ``usable_blocks`` of the decode instance (``num_gpu_blocks_override - 1``; None when
+    (tokens), ``usable_blocks`` of the decode instance (``InstanceConfig.usable_blocks``; None when
     vLLM sized the pool itself), ``spec_tokens`` (its ``num_speculative_tokens``, 0 without spec
     decode), ``lease_s`` (P's ``kv_lease_duration``, s; vLLM's default 30); ``variant`` and
     ``sets``: a topology drawn from vLLM's knobs (rig.explore.topologies) and the ``--set``
@@ -113,7 +113,7 @@ class Topology:
 
     def blocks_needed(self, prompt_tokens: int, max_tokens: int) -> int:
         """Blocks one request needs on D at its end: ``cdiv(min(n + max_tokens, mml), bs)``."""
-        return math.ceil(min(prompt_tokens + max_tokens, self.max_model_len) / self.block_size)
+        return blocks_for(min(prompt_tokens + max_tokens, self.max_model_len), self.block_size)
 
 
 # Prompts as resources across actions: a share of the actions (RESOURCE_SHARE, when earlier actions

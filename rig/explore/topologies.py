@@ -32,6 +32,7 @@ from typing import Any
 import yaml
 
 from rig.config import ConfigError, RigConfig
+from rig.config.blocks import NULL_BLOCKS, blocks_for, usable_in_pool
 from rig.config.loading import apply_overrides
 
 NGRAM = {"method": "ngram", "prompt_lookup_max": 4, "prompt_lookup_min": 2}
@@ -109,10 +110,11 @@ def check_variant(name: str, knobs: dict[str, Any], sets: list[str], cfg: RigCon
         raise ConfigError(f"{where}: block_size {bs} is not a multiple of {CPU_BLOCK_MULTIPLE} (the CPU attention "
                           "backend refuses it); draw block sizes from multiples of 32")
     pool = knobs.get("pool", cfg.instance(decode).num_gpu_blocks_override)
-    if pool is not None and (pool - 1) * bs < cfg.max_model_len:
-        raise ConfigError(f"{where}: decode pool {pool} blocks ({pool - 1} usable) x block_size {bs} < max_model_len "
+    usable = usable_in_pool(pool)
+    if usable is not None and usable * bs < cfg.max_model_len:
+        raise ConfigError(f"{where}: decode pool {pool} blocks ({usable} usable) x block_size {bs} < max_model_len "
                           f"{cfg.max_model_len}: vLLM refuses to start; raise num_gpu_blocks_override to "
-                          f"{-(-cfg.max_model_len // bs) + 1}")
+                          f"{blocks_for(cfg.max_model_len, bs) + NULL_BLOCKS}")
     seqs, batched = knobs.get("max_num_seqs"), knobs.get("max_num_batched_tokens")
     if seqs is not None and batched is not None and batched < seqs:
         raise ConfigError(f"{where}: max_num_batched_tokens {batched} < max_num_seqs {seqs}: vLLM refuses it; "

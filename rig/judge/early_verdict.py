@@ -27,7 +27,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from rig.judge.signatures import BlockFacts, admission_of
+from rig.config.blocks import BlockFacts
+from rig.judge.signatures import admission_of
 from rig.observe.stall import StallFacts
 
 

@@ -29,6 +29,7 @@ from rig.config import (
     WrongMetricsSignature,
     WrongOutputSignature,
 )
+from rig.config.blocks import BlockFacts, blocks_for, usable_in_pool
 from rig.judge.cached_tokens import NAME as CACHED_TOKENS
 from rig.judge.cached_tokens import cached_tokens_seen, overcounted
 from rig.judge.checks import lease_released_ids, parent_request_id, prompt_index
@@ -110,18 +111,6 @@ def facts_of_wave(records: list[Any]) -> list[RequestFacts]:
     return out
 
 
-@dataclass(frozen=True)
-class BlockFacts:
-    """The decode instance's KV arithmetic: ``block_size`` tokens per block, ``usable_blocks``
-    (num_gpu_blocks_override - 1: vLLM's null block is not usable), ``num_speculative_tokens``
-    (k, 0 without spec decode) and ``max_model_len`` tokens."""
-
-    block_size: int
-    usable_blocks: int | None
-    num_speculative_tokens: int
-    max_model_len: int
-
-
 def admission_of(prompt_len: int, blocks: BlockFacts | None, facts: StallFacts) -> tuple[str, str]:
     """``(finding, arithmetic)`` for a request of ``prompt_len`` tokens waiting on an instance:
     ``fits-but-waits`` when the blocks its first decode step needs,
@@ -132,12 +121,12 @@ def admission_of(prompt_len: int, blocks: BlockFacts | None, facts: StallFacts) 
     come from ``vllm:cache_config_info`` (facts) when exposed, else from the config."""
     if blocks is None:
         return "unknown", "no block facts for this instance"
-    usable = facts.num_gpu_blocks - 1 if facts.num_gpu_blocks else blocks.usable_blocks
+    usable = usable_in_pool(facts.num_gpu_blocks) if facts.num_gpu_blocks else blocks.usable_blocks
     bs = facts.block_size or blocks.block_size
     if usable is None:
         return "unknown", "usable blocks unknown (no num_gpu_blocks_override, no vllm:cache_config_info)"
     k = blocks.num_speculative_tokens
-    need = -(-min(prompt_len + 1 + k, blocks.max_model_len) // bs)
+    need = blocks_for(min(prompt_len + 1 + k, blocks.max_model_len), bs)
     free = int(usable * (1 - facts.kv_usage) + 1e-9)
     text = (f"n={prompt_len} k={k} block_size={bs}: needs {need} blocks, {free} of {usable} usable free")
     if need > usable:

@@ -40,6 +40,7 @@ from typing import Any
 from packaging.version import InvalidVersion, Version
 
 from rig.config import KnownIssue, Outcome, ScenarioConfig
+from rig.config.blocks import BlockFacts
 from rig.config.expectations import PromptSource
 from rig.judge.checks import (
     KV_PULLED_METRICS,
@@ -57,7 +58,7 @@ from rig.judge.checks import (
 )
 from rig.judge.counter_rules import HEALTHY_NAME, HEALTHY_RULE, counter_rules_check
 from rig.judge.counters import counters_monotonic_check
-from rig.judge.signatures import BlockFacts, Match, RequestFacts, facts_of_records, match
+from rig.judge.signatures import Match, RequestFacts, facts_of_records, match
 from rig.observe.observations import ScenarioObservation
 from rig.transport.records import PDRecord
 

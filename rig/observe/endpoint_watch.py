@@ -17,8 +17,15 @@ from pathlib import Path
 
 import httpx
 
-from rig.cluster.logs import FileLog, fatal_lines, first_fatal_line, matching_lines, owner_stop_line
-from rig.cluster.processes import FATAL_PATTERNS, KV_INTEGRITY_PATTERNS
+from rig.cluster.logs import (
+    FATAL_PATTERNS,
+    KV_INTEGRITY_PATTERNS,
+    FileLog,
+    fatal_lines,
+    first_fatal_line,
+    matching_lines,
+    owner_stop_line,
+)
 from rig.observe.evidence import healthy
 from rig.observe.observations import ScenarioObservation
 from rig.transport.endpoint import Endpoint

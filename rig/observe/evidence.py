@@ -24,8 +24,15 @@ from dataclasses import dataclass, field
 
 import httpx
 
-from rig.cluster.logs import death_summary, fatal_lines, matching_lines, owner_stop_line
-from rig.cluster.processes import FATAL_PATTERNS, KV_INTEGRITY_PATTERNS, Cluster
+from rig.cluster.logs import (
+    FATAL_PATTERNS,
+    KV_INTEGRITY_PATTERNS,
+    death_summary,
+    fatal_lines,
+    matching_lines,
+    owner_stop_line,
+)
+from rig.cluster.processes import Cluster
 from rig.observe import metrics as m
 from rig.observe.observations import ScenarioObservation
 

@@ -105,7 +105,7 @@ def container_env(spec: ProcessSpec, advertised_host: str | None = None) -> dict
 
 
 def readiness_code(spec: ProcessSpec, side_channel_host: str) -> str:
-    """The cluster's readiness rule (rig/cluster/processes.py ``Cluster._is_ready``) as a Python one-liner
+    """The cluster's readiness rule (rig/cluster/backends/base.py ``probe_ready``) as a Python one-liner
     run inside the container: exit 0 when ``GET http://127.0.0.1:<port><health_path>`` answers
     200, ``/v1/models`` lists the served model, and every ``ready_ports`` port (the NIXL side
     channel) accepts a TCP connection on ``side_channel_host``, where the listener is bound.

@@ -222,14 +222,17 @@ def engine_service(spec: ProcessSpec, run_id: str, namespace: str) -> dict[str, 
 def job_config(cfg: RigConfig, plan: Plan, run_id: str) -> dict[str, Any]:
     """The config the Job (and the tiny model's init containers) read from the ConfigMap: the
     config with its suite inlined, run directories on the claim, and ``attach`` naming each
-    instance's Service as endpoint and its pod's log as log source."""
+    instance's Service as endpoint and its pod's log as log source; the first answer of each is
+    waited for up to ``timeouts.startup_s`` (``attach.connect_s: null``)."""
     data = cfg.model_dump(mode="json", exclude_defaults=True)
     data.pop("suite", None)  # scenarios are already inlined by load_config
     data["run_root"], data["cache_dir"] = RUNS_DIR, CACHE_DIR
     data["attach"] = {
         "endpoints": {p.name: f"http://{name_of(run_id, p.name)}:{p.port}" for p in plan.processes},
         "logs": {p.name: {"kubernetes": {"selector": f"{LABEL_RUN}={run_id},{LABEL_INSTANCE}={p.name}",
-                                         "container": ENGINE_CONTAINER}} for p in plan.processes}}
+                                         "container": ENGINE_CONTAINER}} for p in plan.processes},
+        # The pods start with the Job: an engine answers no request until it has started (minutes).
+        "connect_s": None}
     return data
 
 

@@ -57,7 +57,7 @@ class ProcessSpec:
         return f"{env} {shlex.join(self.argv)}".strip()
 
     def applied_after_spawn(self) -> str:
-        """What :mod:`rig.cluster.processes` does to the process after spawning it, in words ('' if nothing):
+        """What :mod:`rig.cluster.backends.local` does to the process after spawning it, in words ('' if nothing):
         CPU affinity of every thread (``cpus``) and, with ``nice``, the session's autogroup nice
         and the nice of the EngineCore/worker threads; the API server process keeps nice 0."""
         done = []

@@ -20,12 +20,12 @@ import httpx
 
 from rig.cluster.processes import Cluster
 from rig.config import RigConfig, ScenarioConfig
+from rig.config.blocks import BlockFacts, usable_in_pool
 from rig.judge.cached_tokens import cached_tokens_check
 from rig.judge.checks import lease_release_check, retrieval_check, stream_check
 from rig.judge.early_verdict import AdmissionReasoning
 from rig.judge.fault_checks import fault_checks
 from rig.judge.sequence_checks import judge_sequence
-from rig.judge.signatures import BlockFacts
 from rig.judge.store_checks import judge_store
 from rig.judge.verdict import ScenarioVerdict, judge
 from rig.judge.wave_checks import explain_stall, judge_wave
@@ -74,11 +74,11 @@ class Kind:
 
 def block_facts(cfg: RigConfig, decode: str) -> BlockFacts:
     """The decode instance's block arithmetic from the config (block size, usable blocks =
-    num_gpu_blocks_override - 1, k, max_model_len); the stall facts' ``vllm:cache_config_info``
+    ``InstanceConfig.usable_blocks``, k, max_model_len); the stall facts' ``vllm:cache_config_info``
     overrides the usable blocks where the server exposes it (rig.judge.signatures.admission_of)."""
     spec = cfg.instance(decode).speculative
     return BlockFacts(block_size=cfg.instance(decode).block_size or cfg.block_size,
-                      usable_blocks=usable_blocks_of(cfg, [decode])[decode],
+                      usable_blocks=cfg.instance(decode).usable_blocks,
                       num_speculative_tokens=spec.num_speculative_tokens if spec else 0,
                       max_model_len=cfg.max_model_len_of(decode))
 
@@ -116,7 +116,7 @@ async def _run_edge(sc: ScenarioConfig, ctx: ScenarioContext, obs: ScenarioObser
 async def _usable_from_metrics(ctx: ScenarioContext) -> int | None:
     """P's usable blocks from its ``vllm:cache_config_info`` (vLLM sized the pool itself)."""
     n = cache_info(await m.scrape(ctx.http, ctx.prefill.url, ctx.prefill.name)).get("num_gpu_blocks")
-    return n - 1 if n else None
+    return usable_in_pool(n)
 
 
 def _judge_edge(sc: ScenarioConfig, obs: ScenarioObservation, result: Any, _sections: list[str]) -> ScenarioVerdict:

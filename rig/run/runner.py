@@ -196,7 +196,8 @@ class SuiteRunner:
             cluster = Cluster(plan, self.cfg.timeouts.startup_s, self.cfg.timeouts.shutdown_grace_s,
                               attach=self.attach, log_sources=self.log_sources,
                               startup_stall_s=self.cfg.timeouts.startup_stall_s,
-                              display="off" if self.quiet else "auto", containers=self.containers)
+                              display="off" if self.quiet else "auto", containers=self.containers,
+                              attach_connect_s=self.cfg.attach.connect_s)
             upfront = self.cfg.launch.start_all_at_once and (not self.attach or self.containers is not None)
             aio.run(self._run_phases(cluster, plan, upfront=upfront))
         except KeyboardInterrupt as e:
@@ -319,7 +320,8 @@ class SuiteRunner:
                 wanted = [n for n in [*extra, ph.prefill, ph.decode] if n not in self.unavailable]
                 new = [n for n in wanted if n not in cluster.procs]
                 thawing = sorted(needed & cluster.frozen)
-                self.log(f"phase {i + 1}: starting {', '.join(sorted(new)) or 'nothing new'}"
+                verb = "waiting for" if self.attach else "starting"  # never "starting" what others started
+                self.log(f"phase {i + 1}: {verb} {', '.join(sorted(new)) or 'nothing new'}"
                          + (f", continuing {', '.join(thawing)}" if thawing else ""))
                 self.logs.starting(cluster, new)
                 t = time.monotonic()

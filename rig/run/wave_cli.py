@@ -37,6 +37,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from rig.config import ConfigError, RigConfig
+from rig.config.blocks import usable_in_pool
 from rig.config.help import DEFAULT_CONFIG, config_path
 from rig.transport import aio
 
@@ -225,7 +226,7 @@ async def _run(args: argparse.Namespace, cfg: RigConfig | None, sc: Any, ps: lis
             if explicit is not None:
                 blocks[e.name] = explicit
             elif cache_info(before[e.name]).get("num_gpu_blocks"):
-                blocks[e.name] = cache_info(before[e.name])["num_gpu_blocks"] - 1
+                blocks[e.name] = usable_in_pool(cache_info(before[e.name])["num_gpu_blocks"])
         deadline = sc.deadline_s or (cfg.timeouts.request_s if cfg else 60.0)
         drain_s = args.drain or (cfg.timeouts.drain_s if cfg else 40.0)
         progress = "off" if args.quiet else args.progress

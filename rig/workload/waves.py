@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import math
 import random
 import time
 from collections.abc import Callable
@@ -41,6 +40,7 @@ import httpx
 
 from rig.cluster.proctree import ProcSample
 from rig.config import RigConfig, ScenarioConfig, WaveConfig
+from rig.config.blocks import blocks_for, usable_in_pool
 from rig.observe import metrics as m
 from rig.observe.observations import (
     SnapshotStore,
@@ -118,7 +118,7 @@ def prefix_fits(groups: int, per_group: int, concurrency: int, prefix_tokens: in
         return False, f"prefix of {prefix_tokens} tokens is shorter than one block ({block_size} tokens)"
     if usable_blocks is None:
         return True, "P's block count unknown: assumed to fit"
-    need = groups * full + min(concurrency, groups * per_group) * math.ceil((prompt_tokens + 1) / block_size)
+    need = groups * full + min(concurrency, groups * per_group) * blocks_for(prompt_tokens + 1, block_size)
     if need > usable_blocks:
         return False, f"working set {need} blocks > P's {usable_blocks} usable blocks (evictions possible)"
     return True, f"working set {need} of P's {usable_blocks} usable blocks"
@@ -199,7 +199,7 @@ async def run_wave(sc: ScenarioConfig, model: str, prefills: list[Endpoint], dec
         res.baseline_kv[name] = snap.value(m.KV_USAGE)
         info = cache_info(snap)
         if res.usable_blocks.get(name) is None and info.get("num_gpu_blocks"):
-            res.usable_blocks[name] = info["num_gpu_blocks"] - 1  # minus vLLM's null block
+            res.usable_blocks[name] = usable_in_pool(info["num_gpu_blocks"])
         if res.block_size is None and info.get("block_size"):
             res.block_size = info["block_size"]
         if store is not None:
@@ -290,15 +290,14 @@ def _write_records(path: Path, records: list[WaveRecord]) -> None:
 
 
 def usable_blocks_of(cfg: RigConfig, names: list[str]) -> dict[str, int | None]:
-    """Usable KV blocks per instance from the config (``num_gpu_blocks_override - 1``; None when
-    vLLM sizes the cache itself)."""
+    """Usable KV blocks per instance from the config (``InstanceConfig.usable_blocks``; None when
+    vLLM sizes the cache itself or the config has no such instance)."""
     out: dict[str, int | None] = {}
     for n in names:
         try:
-            o = cfg.instance(n).num_gpu_blocks_override
+            out[n] = cfg.instance(n).usable_blocks
         except KeyError:
-            o = None
-        out[n] = o - 1 if o else None
+            out[n] = None
     return out
 
 

@@ -9,10 +9,14 @@ runner turns into "not checked" (rig/run/runner.py ``_scan_logs``).
 
 from __future__ import annotations
 
+import io
 import json
 import os
+import socket
 import stat
 import sys
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import httpx2
@@ -22,8 +26,9 @@ from lightkube.config.models import Cluster as KubeCluster
 from lightkube.config.models import User
 
 from rig import cli
+from rig.cluster.backends.attached import Attached
 from rig.cluster.logs import ComposeLog, FileLog, KubernetesLog, attach_log_source
-from rig.cluster.processes import Cluster
+from rig.cluster.processes import Cluster, ClusterError
 from rig.config import ConfigError, load_config
 from rig.plan.processes import build_plan, with_endpoints
 from rig.run.runner import resolve_model
@@ -319,3 +324,99 @@ def test_endpoints_json_of_pdrig_up_gives_the_urls_and_the_logs(tmp_path, capsys
         cli.up_endpoint_flags(str(tmp_path / "bad.json"))
     assert cli.main(["e2e", "--endpoints", str(ep)]) == 2  # main turns the ConfigError into exit 2
     assert "describe a deployment the rig did not start: add --attach" in capsys.readouterr().err
+
+
+# --- attached endpoints: waited for only once they answer ----------------------------------------
+
+def _closed_port() -> int:
+    """A port nothing listens on (bound, then closed again)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _attached_plan(tmp_path: Path, urls: dict[str, str]):
+    cfg = load_config("configs/cpu-tiny.yaml")
+    return with_endpoints(build_plan(cfg, tmp_path / "run", "m", "python"), urls)
+
+
+def test_an_attached_endpoint_that_never_answers_fails_in_seconds_naming_it(tmp_path):
+    """Under the 1,200 s ceiling of the CPU profiles, an endpoint with nothing behind it fails
+    once ``connect_s`` has passed without any answer, naming its URL and what was tried; the
+    progress display waits for it, it never says "starting" (the rig did not start it)."""
+    urls = {n: f"http://127.0.0.1:{_closed_port()}" for n in ("prefill", "decode")}
+    shown = io.StringIO()
+    with Cluster(_attached_plan(tmp_path, urls), 1200, 3, display="lines", display_stream=shown,
+                 backend=Attached(connect_s=1.0)) as cluster:
+        outcome = cluster.start_each(["prefill", "decode"])
+        watches = dict(cluster.startups)
+    for name, url in urls.items():
+        err = outcome[name]
+        assert isinstance(err, ClusterError), err
+        assert f"{name} at {url} (attached: the rig did not start it) does not answer" in str(err)
+        assert f"GET {url}/health" in str(err) and "ConnectError" in str(err)
+        assert "timeouts.startup_s" not in str(err)  # not the ceiling's message
+        assert watches[name].outcome == "failed" and "connecting" in watches[name].phase_s
+    assert shown.getvalue().startswith("[waiting for ") and "starting" not in shown.getvalue()
+
+
+def test_an_attached_endpoint_that_answers_but_is_not_ready_is_waited_for(tmp_path):
+    """One that answers ``/health`` 503 is still coming up: no early failure, the wait goes on to
+    the ceiling, its phase says what it waits for."""
+    class Loading(BaseHTTPRequestHandler):
+        def do_GET(self):  # noqa: N802 (http.server's name)
+            self.send_response(503)
+            self.end_headers()
+
+        def log_message(self, *args):
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Loading)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{server.server_address[1]}"
+    shown = io.StringIO()
+    try:
+        with Cluster(_attached_plan(tmp_path, {"decode": url}), 3, 3, display="lines", display_stream=shown,
+                     backend=Attached(connect_s=0.5)) as cluster, pytest.raises(ClusterError) as e:
+            cluster.start(["decode"])
+        watch = cluster.startups["decode"]
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert "did not answer /health with the model listed within 3 s (timeouts.startup_s; last: " \
+           f"GET {url}/health answered 503)" in str(e.value)
+    assert watch.outcome == "timeout" and "waiting for /health" in watch.phase_s
+    assert "decode: timeout" in shown.getvalue() and "starting" not in shown.getvalue()
+
+
+def test_e2e_attach_to_endpoints_that_do_not_answer_ends_in_seconds_not_at_the_ceiling(
+        fake_servers_dir, restore_signals, capsys):
+    """``pdrig e2e --attach`` with the CPU profiles' 1,200 s ceiling: nothing answers at either
+    endpoint, so the run breaks (rc 3) once the attached backend's connect time has passed,
+    naming each URL; its progress says it waits for them, never that it starts them."""
+    base = fake_servers_dir
+    data = fake_config(base, scenarios=[scenario("one", "decode")])
+    data["timeouts"] = {**data.get("timeouts", {}), "startup_s": 1200}
+    config = write_config(base, data, "attach.yaml")
+    urls = {n: f"http://127.0.0.1:{_closed_port()}" for n in ("prefill", "decode")}
+    rc = cli.main(["e2e", "-c", str(config), "--attach",
+                   *[a for n, u in urls.items() for a in ("--endpoint", f"{n}={u}")]])
+    err = capsys.readouterr().err
+    assert rc == 3
+    report = json.loads(max((base / "runs").glob("*/report.json")).read_text())
+    assert "no scenario could run" in report["error"]
+    for name, url in urls.items():
+        assert f"{name} at {url} (attached: the rig did not start it) does not answer" in report["error"]
+    assert "phase 1: waiting for decode, prefill" in err
+    assert "starting" not in err, err
+
+
+def test_attach_connect_s_null_waits_for_the_first_answer_up_to_the_ceiling(tmp_path):
+    """``attach.connect_s: null`` (the Kubernetes Job, whose pods start with it): an endpoint that
+    does not answer yet is waited for until ``timeouts.startup_s``, not given up early."""
+    url = f"http://127.0.0.1:{_closed_port()}"
+    with Cluster(_attached_plan(tmp_path, {"decode": url}), 3, 3, attach=True, attach_connect_s=None) as cluster, \
+            pytest.raises(ClusterError) as e:
+        cluster.start(["decode"])
+    assert f"decode at {url} (attached: the rig did not start it) did not answer /health" in str(e.value)
+    assert "within 3 s (timeouts.startup_s; last: GET" in str(e.value) and "does not answer" not in str(e.value)

@@ -5,8 +5,16 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from rig.cluster.logs import FileLog, first_fatal_line, matching_lines, start_marker, stop_marker, until_stop_marker
-from rig.cluster.processes import FATAL_PATTERNS, Cluster
+from rig.cluster.logs import (
+    FATAL_PATTERNS,
+    FileLog,
+    first_fatal_line,
+    matching_lines,
+    start_marker,
+    stop_marker,
+    until_stop_marker,
+)
+from rig.cluster.processes import Cluster
 from rig.config import load_config
 from rig.plan.processes import build_plan
 from rig.run.runner import resolve_model

@@ -173,8 +173,7 @@ def test_a_prefill_that_died_is_restarted_for_the_next_phase(base):
 def test_death_line_of_the_recorded_0_30_0_crash_names_the_exception():
     """The first fatal line of the real 0.30.0 log is a traceback header; the death line is
     the exception that ends it, with the process that raised it."""
-    from rig.cluster.logs import first_fatal_line
-    from rig.cluster.processes import FATAL_PATTERNS
+    from rig.cluster.logs import FATAL_PATTERNS, first_fatal_line
     from tests.helpers.fake_rig import DATA
 
     text = (DATA / "vllm-0.30.0-decode-ngram-crash.log").read_text()

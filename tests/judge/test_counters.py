@@ -170,8 +170,7 @@ def test_judge_fails_a_scenario_on_a_decrease_and_keeps_it_out_of_required():
 
 
 def test_r12_log_lines_are_fatal():
-    from rig.cluster.logs import matching_lines
-    from rig.cluster.processes import FATAL_PATTERNS
+    from rig.cluster.logs import FATAL_PATTERNS, matching_lines
 
     log = ("INFO 11-30 ok\n"
            "ERROR 11-30 [async_llm.py:906] AsyncLLM output_handler failed.\n"

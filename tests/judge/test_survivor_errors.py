@@ -11,8 +11,7 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-from rig.cluster.logs import TRACEBACK, fatal_lines
-from rig.cluster.processes import FATAL_PATTERNS
+from rig.cluster.logs import FATAL_PATTERNS, TRACEBACK, fatal_lines
 from rig.config.faults import FaultScenarioConfig
 from rig.judge.fault_checks import _fatal_log_check_survivors
 from rig.observe.observations import ScenarioObservation

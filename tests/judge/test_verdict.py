@@ -9,9 +9,8 @@ from __future__ import annotations
 import pytest
 from pydantic import ValidationError
 
-from rig.cluster.logs import matching_lines
-from rig.cluster.processes import FATAL_PATTERNS
-from rig.config import KnownIssue
+from rig.cluster.logs import FATAL_PATTERNS, matching_lines
+from rig.config import KnownIssue, ScenarioConfig
 from rig.judge import verdict as engine
 from rig.judge.checks import Check
 from rig.judge.signatures import BlockFacts, Match, RequestFacts

@@ -3,8 +3,7 @@ line: "EngineCore encountered a fatal error." alone reads like a vLLM crash what
 
 from __future__ import annotations
 
-from rig.cluster.logs import death_summary, final_exception
-from rig.cluster.processes import FATAL_PATTERNS
+from rig.cluster.logs import FATAL_PATTERNS, death_summary, final_exception
 from tests.helpers.fake_rig import DATA
 
 CRASH_0_30 = (DATA / "vllm-0.30.0-decode-ngram-crash.log").read_text().splitlines()

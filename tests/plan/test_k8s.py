@@ -241,6 +241,7 @@ def test_job_config_loads_and_attaches_to_the_services(tmp_path):
         assert wanted.items() <= pods[name]["metadata"]["labels"].items()  # the log is this pod's
         assert sel.container == pods[name]["spec"]["containers"][0]["name"]
     assert set(cfg.attach.logs) == set(pods)
+    assert cfg.attach.connect_s is None  # the pods start with the Job: their first answer takes minutes
 
 
 def test_job_runs_attach_mode_keeps_its_run_dir_and_may_read_logs():

@@ -1,7 +1,8 @@
 """The import-layers contract: rig/'s packages import only their own layer and the ones below.
 
 The contract itself is import-linter's, in pyproject.toml (``[tool.importlinter]``: a ``layers``
-contract in the order of the README's pipeline plus ``acyclic_siblings``); ``make lint`` runs it with
+contract in the order of the README's pipeline, ``acyclic_siblings``, and an ``independence`` contract
+between the deployment backends of rig/cluster/backends/); ``make lint`` runs it with
 ``lint-imports`` and this file runs the same contract from ``make test``. Two planted violations (an
 upward import, a cycle between siblings) in a copy of the tree show that it can fail. A third check
 lists the imports of rig modules made inside functions: each is either a documented lazy import for
@@ -35,7 +36,7 @@ def lint_imports(root: Path) -> subprocess.CompletedProcess[str]:
 def test_the_layers_contract_holds():
     r = lint_imports(ROOT)
     assert r.returncode == 0, r.stdout + r.stderr
-    assert "Contracts: 2 kept, 0 broken." in r.stdout
+    assert "Contracts: 3 kept, 0 broken." in r.stdout
 
 
 @pytest.fixture
@@ -63,6 +64,17 @@ def test_a_cycle_inside_one_layer_breaks_the_contract(tree_copy: Path):
     assert r.returncode == 1, r.stdout + r.stderr
     assert "No cycles are allowed in rig.report." in r.stdout
     assert "rig layers" in r.stdout and "KEPT" in r.stdout  # only the cycle contract broke
+
+
+def test_a_backend_importing_another_breaks_the_contract(tree_copy: Path):
+    """The deployment backends share only their base: a container backend that reused the local
+    one's code would break the independence contract."""
+    containers = tree_copy / "rig" / "cluster" / "backends" / "containers.py"
+    containers.write_text(containers.read_text() + "\nfrom rig.cluster.backends import local  # planted\n")
+    r = lint_imports(tree_copy)
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert "rig.cluster.backends.containers -> rig.cluster.backends.local" in r.stdout
+    assert "rig layers" in r.stdout and "KEPT" in r.stdout  # only the independence contract broke
 
 
 def test_a_new_top_level_package_must_be_given_a_layer(tree_copy: Path):
