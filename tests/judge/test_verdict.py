@@ -10,7 +10,7 @@ import pytest
 from pydantic import ValidationError
 
 from rig.cluster.logs import FATAL_PATTERNS, matching_lines
-from rig.config import KnownIssue, ScenarioConfig
+from rig.config import KnownIssue
 from rig.judge import verdict as engine
 from rig.judge.checks import Check
 from rig.judge.signatures import BlockFacts, Match, RequestFacts
