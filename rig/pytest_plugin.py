@@ -183,7 +183,7 @@ class PDRigSession:
 
     def close(self) -> None:
         """Stop the proxies and every server of the session; write the report once more."""
-        from rig.report.render import write_report
+        from rig.report.build import write_report
 
         for front in self._proxies.values():
             front.stop()

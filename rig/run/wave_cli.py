@@ -184,16 +184,18 @@ def build_scenario(args: argparse.Namespace, cfg: RigConfig | None) -> Any:
 
 async def _run(args: argparse.Namespace, cfg: RigConfig | None, sc: Any, ps: list[Any], ds: list[Any],
                known: set[str], run_dir: Path) -> int:
+    """The wave as a one-scenario run on the attached servers: what the servers cannot be asked
+    comes from ``args`` and ``cfg``, then :func:`rig.run.lifecycle.run_scenario` (snapshots,
+    transfer evidence, drains, deaths and log lines through the endpoints' watch, the verdict)."""
     import httpx
 
     from rig.judge.wave_checks import explain_stall, judge_wave
     from rig.observe import metrics as m
-    from rig.observe.drain import check_drains
     from rig.observe.endpoint_watch import EndpointWatch
-    from rig.observe.observations import ScenarioObservation, SnapshotStore, TransferEvidence
+    from rig.observe.observations import ScenarioObservation, SnapshotStore
     from rig.observe.stall import cache_info
-    from rig.report.render import RunResult, print_summary, write_report
-    from rig.report.wave_section import wave_section
+    from rig.report.build import RunResult, print_summary, wave_report, write_report
+    from rig.run.lifecycle import ScenarioSteps, run_scenario
     from rig.workload.waves import run_wave, served_model, stall_settings, usable_blocks_of
 
     endpoints = ps + ds
@@ -232,59 +234,74 @@ async def _run(args: argparse.Namespace, cfg: RigConfig | None, sc: Any, ps: lis
         if not args.quiet:
             print(f"[pdrig wave] {sc.name} -> {run_dir} (seed {sc.seed}; P {', '.join(e.url for e in ps)}; "
                   f"D {', '.join(e.url for e in ds)})", file=sys.stderr, flush=True)
-        wave = await run_wave(sc, model, ps, ds, http, store, run_dir / "waves", deadline_s=deadline,
-                              usable_blocks=blocks, block_size=block_size, max_model_len=mml, progress=progress,
-                              explain=explain_stall, **(stall_settings(cfg) if cfg else {}))
-        after = {}
-        for e in ds:
-            with contextlib.suppress(httpx.HTTPError):
-                after[e.name] = await m.scrape(http, e.url, e.name)
-        ev = None
-        for e in ds:
-            if e.name in after:
-                one = TransferEvidence.between(before[e.name], after[e.name])
-                ev = one if ev is None else TransferEvidence(**{k: getattr(ev, k) + getattr(one, k)
-                                                                 for k in ev.__dict__})
-        if not args.quiet:
-            print(f"[pdrig wave] waiting up to {drain_s:g} s for P and D to return to idle",
-                  file=sys.stderr, flush=True)
-        wave.drains = await check_drains(http, endpoints, wave.baseline_kv, drain_s)
-        for e in endpoints:
-            with contextlib.suppress(httpx.HTTPError):
-                store.save(f"{sc.name}-idle", await m.scrape(http, e.url, e.name))
+
+        async def run(obs: ScenarioObservation) -> object:
+            wave = await run_wave(sc, model, ps, ds, http, store, run_dir / "waves", deadline_s=deadline,
+                                  usable_blocks=blocks, block_size=block_size, max_model_len=mml, progress=progress,
+                                  explain=explain_stall, **(stall_settings(cfg) if cfg else {}))
+            obs.error = "" if wave.records else wave.error
+            if not args.quiet:
+                print(f"[pdrig wave] waiting up to {drain_s:g} s for P and D to return to idle",
+                      file=sys.stderr, flush=True)
+            return wave
+
+        def rig_exception(scenario: str, doing: str, e: Exception) -> str:
+            raise e  # the rig's own bug: the command fails with its traceback
+
+        # Bare URLs: no process to watch, no log to scan; the wave's rule then does not require
+        # alive / no-fatal-log / kv-integrity, and says so (rig.judge.wave_checks.judge_wave).
+        steps = ScenarioSteps(run, lambda obs, wave: judge_wave(sc, obs, wave, unwatched=not watch.watched),  # type: ignore[arg-type]
+                              http, store, drain_s, rig_exception)
         obs = ScenarioObservation(scenario=sc.name, decode=",".join(e.name for e in ds),
-                                  prefill=",".join(e.name for e in ps), evidence=ev, drains=wave.drains,
-                                  wall_s=time.monotonic() - t0, error="" if wave.records else wave.error,
-                                  timeline=store.rows_of(sc.name))  # counters-monotonic (bug record R12)
-        await watch.observe(http, obs)
+                                  prefill=",".join(e.name for e in ps))
         with contextlib.suppress(httpx.HTTPError, ValueError):
             obs.vllm_version = (await http.get(ds[0].url + "/version")).json().get("version", "")
+        out = await run_scenario(sc, WatchedEndpoints(ps, ds, watch), steps, obs)
+        wave = out.kind_result
         result = RunResult(name=f"wave-{args.kind}", run_dir=str(run_dir), vllm_version=obs.vllm_version,
                            config={"scenario": sc.model_dump(mode="json"), "model": model,
                                    "prefill": {e.name: e.url for e in ps}, "decode": {e.name: e.url for e in ds},
                                    "block_size": block_size, "max_model_len": mml, "usable_blocks": blocks,
                                    "deadline_s": deadline, "drain_s": drain_s,
                                    "config_file": args.config if cfg else None})
-        # Bare URLs: no process to watch, no log to scan; the wave's rule then does not require
-        # alive / no-fatal-log / kv-integrity, and says so (rig.judge.wave_checks.judge_wave).
-        verdict = judge_wave(sc, obs, wave, unwatched=not watch.watched)
-        result.extra_sections.append(wave_section(wave, verdict))
-        result.observations.append(obs)
-        result.verdicts.append(verdict)
-        result.timings = {"wave": wave.wall_s, "total": time.monotonic() - t0}
+        result.add(sc.kind, out.observation, out.verdict, wave)
+        result.timings = {"wave": getattr(wave, "wall_s", 0.0), "total": time.monotonic() - t0}
         result.finish_status()
-        (run_dir / "waves" / f"{sc.name}.json").parent.mkdir(parents=True, exist_ok=True)
-        (run_dir / "waves" / f"{sc.name}.json").write_text(json.dumps(wave.to_json(), indent=1, default=str))
+        if wave is not None:  # the wave's JSON again, now with its drains
+            wave.drains = out.observation.drains  # type: ignore[attr-defined]
+            (run_dir / "waves").mkdir(parents=True, exist_ok=True)
+            (run_dir / "waves" / f"{sc.name}.json").write_text(wave_report(wave).model_dump_json(indent=1))
         write_report(result)
         if not args.quiet:
             print_summary(result)
-            for c in verdict.checks:  # the words of summary.md and junit.xml: ok / FAILED / not checked
+            for c in out.verdict.checks:  # the words of summary.md and junit.xml: ok / FAILED / not checked
                 said = c.detail if c.detail.startswith(c.state) else f"{c.state}: {c.detail}"
                 print(f"  {c.name}: {'FAILED' + said[6:] if c.ok is False else said}", file=sys.stderr)
-        return 0 if verdict.verdict == "PASS" else 1
+        return 0 if out.verdict.verdict == "PASS" else 1
     finally:
         store.close()
         await http.aclose()
+
+
+class WatchedEndpoints:
+    """The wave's servers as a :class:`rig.run.lifecycle.Deployment`: deaths, stops and log lines
+    from their ``endpoints.json`` entries (rig.observe.endpoint_watch.EndpointWatch); at bare URLs
+    nothing is watched and nothing is called dead."""
+
+    def __init__(self, prefills: list[Any], decodes: list[Any], watch: Any) -> None:
+        self.prefills, self.decodes, self.watch = prefills, decodes, watch
+
+    async def deaths(self, http: Any) -> dict[str, int]:
+        """The watched instances that are gone (their owner's stops excluded)."""
+        from rig.observe.observations import ScenarioObservation
+
+        probe = ScenarioObservation("", "", "")
+        await self.watch.observe(http, probe)
+        return probe.dead
+
+    async def observe(self, http: Any, obs: Any) -> None:
+        """Deaths, stops and the log lines written since the watch started."""
+        await self.watch.observe(http, obs)
 
 
 def cmd_wave(args: argparse.Namespace) -> int:

@@ -314,7 +314,7 @@ def test_matrix_row_without_mooncake_is_not_run_never_pass(tmp_path):
     m = Matrix(load_builds(), NoMooncakeBuilder(fake), str(CFG_PATH), [], ["regressions-mooncake"],
                tmp_path / "out", quiet=True)
     (rep,) = m.run_build("0.32.0", resume=False)
-    assert rep["status"] == "not-run" and not (tmp_path / "out" / "0.32.0" / "regressions-mooncake" / "logs").exists()
+    assert rep.status == "not-run" and not (tmp_path / "out" / "0.32.0" / "regressions-mooncake" / "logs").exists()
     md, passed = m.write(["0.32.0"], ["test"])
     cell = json.loads((tmp_path / "out" / "matrix.json").read_text())["cells"][0]
     assert not passed and cell["verdict"] == "NOT RUN" and cell["scenario"] == "r14-cancel-wave-store"
