@@ -45,6 +45,7 @@ from rig.report.model import (
     WaveScenario,
 )
 from rig.report.render import print_report, write_files
+from rig.transport.records import PDRecord
 
 M = TypeVar("M", bound=ReportModel)
 
@@ -133,16 +134,19 @@ def verdict_report(v: ScenarioVerdict) -> VerdictReport:
                          reason=v.reason, checks=[check_report(c) for c in v.checks])
 
 
+def record_report(r: PDRecord) -> RecordReport:
+    """A request record as the report holds it: without its prompt (its length and the scenario's
+    seed identify it)."""
+    d = dataclasses.asdict(r)
+    d.pop("prompt", None)
+    return RecordReport.model_validate(d)
+
+
 def observation_report(obs: ScenarioObservation) -> ObservationReport:
     """An observation as the report holds it (records without their prompts; the timeline is in
     metrics/timeline.jsonl)."""
-    records = []
-    for r in obs.records:
-        d = dataclasses.asdict(r)
-        d.pop("prompt", None)
-        records.append(RecordReport.model_validate(d))
     return from_fields(
-        ObservationReport, obs, records=records,
+        ObservationReport, obs, records=[record_report(r) for r in obs.records],
         parity=[ParityReport.model_validate(dataclasses.asdict(p)) if p else None for p in obs.parity],
         evidence=TransferEvidenceReport.model_validate(dataclasses.asdict(obs.evidence)) if obs.evidence else None,
         prefill_evidence=(TransferEvidenceReport.model_validate(dataclasses.asdict(obs.prefill_evidence))

@@ -26,7 +26,7 @@ from rig.judge.checks import alive_check
 from rig.judge.signatures import match
 from rig.judge.verdict import ScenarioVerdict, decide, expectation_of
 from rig.observe import metrics as m
-from rig.observe.evidence import LogScanner, settle_deaths
+from rig.observe.evidence import UNKNOWN_VERSION, LogScanner, MetricPresence, settle_deaths
 from rig.observe.observations import ScenarioObservation, SnapshotStore, TransferEvidence, wait_idle
 from rig.transport.endpoint import Endpoint
 
@@ -203,3 +203,21 @@ class ClusterDeployment:
             obs.dead = {n: rc for n, rc in obs.dead.items() if n not in obs.stopped}
         obs.death_lines = {n: self.logs.death_line(self.cluster, n) for n in obs.dead}
         self.logs.scan(self.cluster, obs)
+
+
+@dataclass
+class PhaseEvidence:
+    """What the warm-up of a phase learnt: ``versions`` (``{instance: /version}``, "unknown" when
+    it did not answer) and which metrics the checks read each instance lacks."""
+
+    versions: dict[str, str]
+    presence: MetricPresence
+
+
+def decode_version(versions: dict[str, str], decode: str) -> str:
+    """The version a known issue is matched against (``ScenarioObservation.vllm_version``): the
+    ``decode`` instance's, the subject of the scenarios; '' when it did not answer ``/version``
+    (never the prefill's instead: ``versions`` holds both, and unknown or different versions are
+    the verdict engine's to judge)."""
+    v = versions.get(decode, UNKNOWN_VERSION)
+    return "" if v == UNKNOWN_VERSION else v

@@ -10,8 +10,8 @@ The report is rewritten after every scenario and once more on the way out, whate
 out is (pass, fail, exception, Ctrl-C, SIGTERM), so the run directory always holds what was
 observed.
 
-One module (~430 lines) because the phase loop, the scenario-in-flight bookkeeping and every exit
-path of a run share the runner's state; what a scenario kind does is in rig/run/kinds.py.
+The phase loop, the scenario-in-flight bookkeeping and every exit path share the runner's state;
+one scenario's steps are rig/run/lifecycle.py, what a scenario kind does is in rig/run/kinds.py.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ import shutil
 import sys
 import time
 import traceback
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from datetime import datetime
 from pathlib import Path
 
@@ -45,7 +45,6 @@ from rig.judge.verdict import ScenarioVerdict, decide, expectation_of
 from rig.observe.evidence import (
     UNKNOWN_VERSION,
     LogScanner,
-    MetricPresence,
     metric_presence,
     read_versions,
 )
@@ -54,7 +53,15 @@ from rig.plan.processes import Plan, build_plan, with_endpoints
 from rig.proxy import ProxyThread, reserved_proxy
 from rig.report.build import RunResult, print_summary, write_report
 from rig.run.kinds import KINDS, ScenarioContext
-from rig.run.lifecycle import ClusterDeployment, ScenarioOutcome, ScenarioSteps, died_verdict, run_scenario
+from rig.run.lifecycle import (
+    ClusterDeployment,
+    PhaseEvidence,
+    ScenarioOutcome,
+    ScenarioSteps,
+    decode_version,
+    died_verdict,
+    run_scenario,
+)
 from rig.transport import aio
 from rig.transport.client import AiohttpTransport, Transport
 from rig.transport.endpoint import Endpoint
@@ -185,8 +192,8 @@ class SuiteRunner:
                               launch_vllm_version(self.cfg.launch.command))
             if self.attach:
                 plan = with_endpoints(plan, self.cfg.attach.endpoints)
-            self.result.plan = plan.to_json()
-            (self.run_dir / "plan.json").write_text(json.dumps(plan.to_json(), indent=1))
+            self.result.plan = asdict(plan)
+            (self.run_dir / "plan.json").write_text(json.dumps(asdict(plan), indent=1))
             (self.run_dir / "config.yaml").write_text(yaml.safe_dump(self.result.config, sort_keys=False))
             if self.announce:
                 print(f"[pdrig] run directory: {self.run_dir}", file=sys.stderr, flush=True)
@@ -246,6 +253,22 @@ class SuiteRunner:
         if interrupted is not None:
             raise interrupted
         return self.result
+
+    def run_in(self, cluster: Cluster, cfg: RigConfig, scenarios: list[ScenarioConfig],
+               keep: int | None = None) -> ScenarioOutcome:
+        """:meth:`run_on` with ``cfg`` as the config of these scenarios (the workload resolves prompt
+        names in it; the runner's own config is back afterwards, also on an exception); returns the
+        last scenario's outcome. ``keep``: the report then holds only the last ``keep`` scenarios
+        (a long exploration; its history keeps every one)."""
+        kept, self.cfg = self.cfg, cfg
+        try:
+            verdict = self.run_on(cluster, scenarios)[-1]
+        finally:
+            self.cfg = kept
+        out = ScenarioOutcome(self.result.observations[-1], verdict, self.result.kind_results.get(verdict.scenario))
+        if keep is not None:
+            self.result.keep_last(keep)
+        return out
 
     def run_on(self, cluster: Cluster, scenarios: list[ScenarioConfig]) -> list[ScenarioVerdict]:
         """Run ``scenarios`` on a ``cluster`` the caller owns and keeps up between calls (the pytest
@@ -330,7 +353,7 @@ class SuiteRunner:
                     continue
                 t = time.monotonic()
                 warm = await self._warm_up(client, http, cluster, ph)
-                self.result.vllm_version = (self.result.vllm_version or decode_version(warm.versions, ph) or
+                self.result.vllm_version = (self.result.vllm_version or decode_version(warm.versions, ph.decode) or
                                             next((v for v in warm.versions.values() if v != UNKNOWN_VERSION), ""))
                 self.result.timings[f"warm-up phase {i + 1}"] = time.monotonic() - t
                 self.log(f"warmed up {ph.prefill} -> {ph.decode} in {time.monotonic() - t:.1f} s")
@@ -437,7 +460,7 @@ class SuiteRunner:
         ``death_lines``) or lacks a metric its checks read (ERROR naming it). A rig exception
         while running it is that scenario's ERROR with the traceback in rig-traceback.txt."""
         obs = ScenarioObservation(scenario=sc.name, decode=ph.decode, prefill=ph.prefill,
-                                  vllm_version=decode_version(warm.versions, ph), versions=dict(warm.versions),
+                                  vllm_version=decode_version(warm.versions, ph.decode), versions=dict(warm.versions),
                                   missing_metrics=warm.presence.all_missing(),
                                   kv_bytes_per_block=self.cfg.kv_bytes_per_block(ph.decode),
                                   block_size=self.cfg.instance(ph.decode).block_size or self.cfg.block_size)
@@ -475,21 +498,3 @@ class SuiteRunner:
             ctx = ScenarioContext(self.cfg, deployment.cluster, p, d, client, http, store, self.run_dir, self.quiet,
                                   router_url)
             return await KINDS[sc.kind].run(sc, ctx, obs)
-
-
-@dataclass
-class PhaseEvidence:
-    """What the warm-up of a phase learnt: ``versions`` (``{instance: /version}``, "unknown" when
-    it did not answer) and which metrics the checks read each instance lacks."""
-
-    versions: dict[str, str]
-    presence: MetricPresence
-
-
-def decode_version(versions: dict[str, str], ph: Phase) -> str:
-    """The version a known issue is matched against (``ScenarioObservation.vllm_version``): the
-    decode's, the subject of the scenarios; '' when it did not answer ``/version`` (never the
-    prefill's instead: ``versions`` holds both, and unknown or different versions are the verdict
-    engine's to judge)."""
-    v = versions.get(ph.decode, UNKNOWN_VERSION)
-    return "" if v == UNKNOWN_VERSION else v

@@ -164,10 +164,6 @@ class SequenceResult:
     router_url: str = ""  # where route router steps went ('' = no router step)
     refusals: list[RefusalProbe] = field(default_factory=list)
 
-    def to_json(self) -> dict[str, Any]:
-        """JSON-able dict."""
-        return asdict(self)
-
 
 class _StepState:
     """How far the requests of one step got: per event, how many reached it; how many ended."""
@@ -588,7 +584,7 @@ async def run_sequence_scenario(sc: ScenarioConfig, ctx: Any, obs: ScenarioObser
     try:
         return await seq.run()
     finally:
-        (ctx.run_dir / f"sequence-{sc.name}.json").write_text(json.dumps(seq.result.to_json(), indent=1))
+        (ctx.run_dir / f"sequence-{sc.name}.json").write_text(json.dumps(asdict(seq.result), indent=1))
 
 
 def step_of(spec: SequenceConfig, request_id: str, scenario: str) -> Step | None:
