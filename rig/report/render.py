@@ -253,12 +253,20 @@ def startup_table_md(startup: dict[str, dict[str, Any]]) -> list[str]:
 
 
 def write_files(report: Report) -> Path:
-    """Write report.json, junit.xml and summary.md of ``report`` into its ``run_dir``; returns the dir."""
+    """Write report.json, junit.xml and summary.md of ``report`` into its ``run_dir``, and
+    ``waves/<scenario>.json`` / ``store/<scenario>.json`` (the kind's part of each wave / store
+    scenario report); returns the dir."""
     d = Path(report.run_dir)
     d.mkdir(parents=True, exist_ok=True)
     (d / "report.json").write_text(report.model_dump_json(indent=1))
     (d / "junit.xml").write_text(render_junit(junit_suite(report)))
     (d / "summary.md").write_text(render_summary_md(report))
+    for s in report.scenarios:  # each wave's and store scenario's own facts beside its other files
+        kind_part = getattr(s, "wave", None) or getattr(s, "store", None)
+        if kind_part is not None:
+            sub = d / ("waves" if s.kind in ("prefix-wave", "pressure-wave") else "store")
+            sub.mkdir(exist_ok=True)
+            (sub / f"{s.verdict.scenario}.json").write_text(kind_part.model_dump_json(indent=1))
     return d
 
 

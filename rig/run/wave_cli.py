@@ -194,7 +194,7 @@ async def _run(args: argparse.Namespace, cfg: RigConfig | None, sc: Any, ps: lis
     from rig.observe.endpoint_watch import EndpointWatch
     from rig.observe.observations import ScenarioObservation, SnapshotStore
     from rig.observe.stall import cache_info
-    from rig.report.build import RunResult, print_summary, wave_report, write_report
+    from rig.report.build import RunResult, print_summary, write_report
     from rig.run.lifecycle import ScenarioSteps, run_scenario
     from rig.workload.waves import run_wave, served_model, stall_settings, usable_blocks_of
 
@@ -267,10 +267,8 @@ async def _run(args: argparse.Namespace, cfg: RigConfig | None, sc: Any, ps: lis
         result.add(sc.kind, out.observation, out.verdict, wave)
         result.timings = {"wave": getattr(wave, "wall_s", 0.0), "total": time.monotonic() - t0}
         result.finish_status()
-        if wave is not None:  # the wave's JSON again, now with its drains
+        if wave is not None:  # waves/<name>.json (written with the report) carries the drains
             wave.drains = out.observation.drains  # type: ignore[attr-defined]
-            (run_dir / "waves").mkdir(parents=True, exist_ok=True)
-            (run_dir / "waves" / f"{sc.name}.json").write_text(wave_report(wave).model_dump_json(indent=1))
         write_report(result)
         if not args.quiet:
             print_summary(result)

@@ -17,7 +17,8 @@ from rig.judge.verdict import Check, ScenarioVerdict
 from rig.observe import metrics as m
 from rig.observe.observations import DrainResult, ScenarioObservation, TransferEvidence
 from rig.observe.parity import ParityResult, compare
-from rig.report.build import RunResult, build_report, observation_report, write_report
+from rig.observe.store_metrics import STORE_SOURCE, StoreObservation
+from rig.report.build import RunResult, build_report, observation_report, store_report, write_report
 from rig.report.model import REPORT_VERSION, FaultScenario, Report
 from rig.report.render import render_summary_md
 from rig.transport.records import PDRecord
@@ -158,3 +159,27 @@ def test_report_json_keeps_every_observed_fact():
         "status": "diverged", "position": 1, "pd_token": 2, "ref_token": 3, "reason": "",
         "choice": None, "field": None, "pd_value": None, "ref_value": None, "not_compared": [],
         "max_float_diff": None, "tolerance": None}
+
+
+def test_a_store_report_carries_the_fields_and_every_derived_fact():
+    o = StoreObservation(kind="store-roundtrip", block_size=16, p_ops={"save_put": {"ok_bytes": 8.0}},
+                         d={"external_queries": 4.0, f"cached_{STORE_SOURCE}": 2.0}, notes=["n"])
+    j = store_report(o, None).model_dump(mode="json")
+    assert (j["kind"], j["block_size"], j["notes"], j["p_ops"]) == ("store-roundtrip", 16, ["n"],
+                                                                     {"save_put": {"ok_bytes": 8.0}})
+    assert {k: j[k] for k in ("bytes_put", "bytes_got", "d_bytes_got", "failed_load_keys", "failed_load_calls",
+                              "rejected_put_keys", "d_store_tokens", "store_hit_ratio", "master_get_ratio")} == {
+        "bytes_put": 8.0, "bytes_got": 0.0, "d_bytes_got": 0.0, "failed_load_keys": 0.0, "failed_load_calls": 0.0,
+        "rejected_put_keys": 0.0, "d_store_tokens": 2.0, "store_hit_ratio": 0.5, "master_get_ratio": None}
+    assert j["cancel_summary"] == ""  # no planned cancellation: nothing to say
+
+
+def test_the_wave_and_store_parts_are_written_beside_the_report(tmp_path):
+    r = RunResult(name="x", run_dir=str(tmp_path / "r"), config={})
+    so = StoreObservation(kind="store-roundtrip", block_size=16, master_alive_end=True)
+    r.add("store-roundtrip", ScenarioObservation("st", "decode", "prefill"),
+          ScenarioVerdict("st", "PASS", "pass", "ok", []), so)
+    d = write_report(r)
+    saved = json.loads((d / "store" / "st.json").read_text())
+    assert saved["master_alive_end"] is True and saved["block_size"] == 16
+    assert json.loads((d / "report.json").read_text())["scenarios"][0]["store"] == saved
