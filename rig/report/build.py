@@ -11,10 +11,13 @@ or interrupted run, with whatever was observed so far.
 from __future__ import annotations
 
 import dataclasses
+import time
+import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
+from pydantic import ValidationError
 from rich.console import Console
 
 from rig.judge.checks import Check
@@ -220,9 +223,25 @@ def build_report(result: RunResult) -> Report:
 
 def write_report(result: RunResult) -> Path:
     """Write report.json, junit.xml and summary.md of ``result`` into its run directory; returns it."""
-    return write_files(build_report(result))
+    return write_files(report_of(result))
+
+
+def report_of(result: RunResult) -> Report:
+    """:func:`build_report`, but data the model refuses (a rig bug: a value of a type no field
+    declares) must not cost the run its report: the run is then reported as ``error`` with the
+    verdicts alone and the refusal in ``error`` (its traceback in ``rig-traceback.txt``)."""
+    try:
+        return build_report(result)
+    except (ValidationError, TypeError, ValueError) as e:
+        Path(result.run_dir).mkdir(parents=True, exist_ok=True)
+        with open(Path(result.run_dir) / "rig-traceback.txt", "a") as f:
+            f.write(f"=== {time.strftime('%Y-%m-%d %H:%M:%S')} writing the report ===\n{traceback.format_exc()}\n")
+        bare = dataclasses.replace(result, observations=[], kind_results={}, plan={}, status="error",
+                                   error=f"the report model refused the run's data: {type(e).__name__}: "
+                                         f"{str(e)[:500]} (traceback in rig-traceback.txt)")
+        return build_report(bare)
 
 
 def print_summary(result: RunResult, console: Console | None = None) -> None:
     """The verdict table and the run directory of ``result`` on the terminal."""
-    print_report(build_report(result), console)
+    print_report(report_of(result), console)

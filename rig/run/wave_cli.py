@@ -31,6 +31,7 @@ import json
 import shutil
 import sys
 import time
+from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -182,76 +183,104 @@ def build_scenario(args: argparse.Namespace, cfg: RigConfig | None) -> Any:
     return sc
 
 
+@dataclass
+class WaveServers:
+    """What the wave learnt from the servers before it (and what the arguments and the config
+    said where the servers do not): the served ``model`` name, ``max_model_len`` (tokens),
+    ``block_size`` (tokens), usable ``blocks`` per instance, the request ``deadline_s`` and the
+    ``drain_s`` (seconds)."""
+
+    model: str
+    max_model_len: int | None
+    block_size: int | None
+    blocks: dict[str, int | None]
+    deadline_s: float
+    drain_s: float
+
+
+async def _servers(args: argparse.Namespace, cfg: RigConfig | None, sc: Any, ps: list[Any], ds: list[Any],
+                   known: set[str], http: Any) -> WaveServers:
+    """Ask the servers what they serve (``/v1/models``, ``/metrics``' cache config); ConfigError
+    when one does not answer or the prompt does not fit its ``max_model_len``."""
+    import httpx
+
+    from rig.observe import metrics as m
+    from rig.observe.stall import cache_info
+    from rig.workload.waves import served_model, usable_blocks_of
+
+    endpoints = ps + ds
+    url = ps[0].url
+    try:
+        model, mml = await served_model(http, url)
+        before = {}
+        for e in endpoints:
+            url = e.url
+            before[e.name] = await m.scrape(http, e.url, e.name)
+    except (httpx.HTTPError, ValueError, KeyError) as err:
+        raise ConfigError(f"cannot reach {url} ({type(err).__name__}: {err}); is `pdrig up` running, "
+                          "are the URLs right?") from None
+    mml = mml or (cfg.max_model_len if cfg else None)
+    if mml is not None and sc.prompt_tokens >= mml:
+        raise ConfigError(f"--prompt-tokens {sc.prompt_tokens} must be below the server's max_model_len {mml}")
+    info = cache_info(before[ps[0].name])
+    block_size = args.block_size or info.get("block_size") or (cfg.block_size if cfg else None)
+    blocks = usable_blocks_of(cfg, [e.name for e in endpoints if e.name in known]) if cfg else {}
+    for e in endpoints:
+        explicit = args.prefill_blocks if e in ps else args.decode_blocks
+        if explicit is not None:
+            blocks[e.name] = explicit
+        elif cache_info(before[e.name]).get("num_gpu_blocks"):
+            blocks[e.name] = cache_info(before[e.name])["num_gpu_blocks"] - 1
+    return WaveServers(args.model or model, mml, block_size, blocks,
+                       sc.deadline_s or (cfg.timeouts.request_s if cfg else 60.0),
+                       args.drain or (cfg.timeouts.drain_s if cfg else 40.0))
+
+
+def _raise(scenario: str, doing: str, e: Exception) -> str:
+    """A rig bug in ``pdrig wave`` is not a verdict: the command fails with its traceback."""
+    raise e
+
+
 async def _run(args: argparse.Namespace, cfg: RigConfig | None, sc: Any, ps: list[Any], ds: list[Any],
                known: set[str], run_dir: Path) -> int:
-    """The wave as a one-scenario run on the attached servers: what the servers cannot be asked
-    comes from ``args`` and ``cfg``, then :func:`rig.run.lifecycle.run_scenario` (snapshots,
-    transfer evidence, drains, deaths and log lines through the endpoints' watch, the verdict)."""
+    """The wave as a one-scenario run on the attached servers: :func:`_servers`, then
+    :func:`rig.run.lifecycle.run_scenario` (snapshots, transfer evidence, drains, deaths and log
+    lines through the endpoints' watch, the verdict) and the report; returns the exit code."""
     import httpx
 
     from rig.judge.wave_checks import explain_stall, judge_wave
-    from rig.observe import metrics as m
     from rig.observe.endpoint_watch import EndpointWatch
     from rig.observe.observations import ScenarioObservation, SnapshotStore
-    from rig.observe.stall import cache_info
     from rig.report.build import RunResult, print_summary, write_report
     from rig.run.lifecycle import ScenarioSteps, run_scenario
-    from rig.workload.waves import run_wave, served_model, stall_settings, usable_blocks_of
+    from rig.workload.waves import run_wave, stall_settings
 
-    endpoints = ps + ds
-    watch = EndpointWatch(endpoints)  # logs and pids from endpoints.json (`pdrig up`)
+    watch = EndpointWatch(ps + ds)  # logs and pids from endpoints.json (`pdrig up`)
     watch.start()
     http = httpx.AsyncClient(timeout=10.0)
     store = SnapshotStore(run_dir)
     t0 = time.monotonic()
     try:
-        url = ps[0].url
-        try:
-            model, mml = await served_model(http, url)
-            before = {}
-            for e in endpoints:
-                url = e.url
-                before[e.name] = await m.scrape(http, e.url, e.name)
-        except (httpx.HTTPError, ValueError, KeyError) as err:
-            raise ConfigError(f"cannot reach {url} ({type(err).__name__}: {err}); is `pdrig up` running, "
-                              "are the URLs right?") from None
-        model = args.model or model
-        mml = mml or (cfg.max_model_len if cfg else None)
-        if mml is not None and sc.prompt_tokens >= mml:
-            raise ConfigError(f"--prompt-tokens {sc.prompt_tokens} must be below the server's max_model_len {mml}")
-        info = cache_info(before[ps[0].name])
-        block_size = args.block_size or info.get("block_size") or (cfg.block_size if cfg else None)
-        blocks = usable_blocks_of(cfg, [e.name for e in endpoints if e.name in known]) if cfg else {}
-        for e in endpoints:
-            explicit = args.prefill_blocks if e in ps else args.decode_blocks
-            if explicit is not None:
-                blocks[e.name] = explicit
-            elif cache_info(before[e.name]).get("num_gpu_blocks"):
-                blocks[e.name] = cache_info(before[e.name])["num_gpu_blocks"] - 1
-        deadline = sc.deadline_s or (cfg.timeouts.request_s if cfg else 60.0)
-        drain_s = args.drain or (cfg.timeouts.drain_s if cfg else 40.0)
-        progress = "off" if args.quiet else args.progress
+        srv = await _servers(args, cfg, sc, ps, ds, known, http)
         if not args.quiet:
             print(f"[pdrig wave] {sc.name} -> {run_dir} (seed {sc.seed}; P {', '.join(e.url for e in ps)}; "
                   f"D {', '.join(e.url for e in ds)})", file=sys.stderr, flush=True)
 
         async def run(obs: ScenarioObservation) -> object:
-            wave = await run_wave(sc, model, ps, ds, http, store, run_dir / "waves", deadline_s=deadline,
-                                  usable_blocks=blocks, block_size=block_size, max_model_len=mml, progress=progress,
-                                  explain=explain_stall, **(stall_settings(cfg) if cfg else {}))
+            wave = await run_wave(sc, srv.model, ps, ds, http, store, run_dir / "waves", deadline_s=srv.deadline_s,
+                                  usable_blocks=srv.blocks, block_size=srv.block_size, max_model_len=srv.max_model_len,
+                                  progress="off" if args.quiet else args.progress, explain=explain_stall,
+                                  **(stall_settings(cfg) if cfg else {}))
             obs.error = "" if wave.records else wave.error
             if not args.quiet:
-                print(f"[pdrig wave] waiting up to {drain_s:g} s for P and D to return to idle",
+                print(f"[pdrig wave] waiting up to {srv.drain_s:g} s for P and D to return to idle",
                       file=sys.stderr, flush=True)
             return wave
-
-        def rig_exception(scenario: str, doing: str, e: Exception) -> str:
-            raise e  # the rig's own bug: the command fails with its traceback
 
         # Bare URLs: no process to watch, no log to scan; the wave's rule then does not require
         # alive / no-fatal-log / kv-integrity, and says so (rig.judge.wave_checks.judge_wave).
         steps = ScenarioSteps(run, lambda obs, wave: judge_wave(sc, obs, wave, unwatched=not watch.watched),  # type: ignore[arg-type]
-                              http, store, drain_s, rig_exception)
+                              http, store, srv.drain_s, _raise)
         obs = ScenarioObservation(scenario=sc.name, decode=",".join(e.name for e in ds),
                                   prefill=",".join(e.name for e in ps))
         with contextlib.suppress(httpx.HTTPError, ValueError):
@@ -259,10 +288,10 @@ async def _run(args: argparse.Namespace, cfg: RigConfig | None, sc: Any, ps: lis
         out = await run_scenario(sc, WatchedEndpoints(ps, ds, watch), steps, obs)
         wave = out.kind_result
         result = RunResult(name=f"wave-{args.kind}", run_dir=str(run_dir), vllm_version=obs.vllm_version,
-                           config={"scenario": sc.model_dump(mode="json"), "model": model,
+                           config={"scenario": sc.model_dump(mode="json"), "model": srv.model,
                                    "prefill": {e.name: e.url for e in ps}, "decode": {e.name: e.url for e in ds},
-                                   "block_size": block_size, "max_model_len": mml, "usable_blocks": blocks,
-                                   "deadline_s": deadline, "drain_s": drain_s,
+                                   "block_size": srv.block_size, "max_model_len": srv.max_model_len,
+                                   "usable_blocks": srv.blocks, "deadline_s": srv.deadline_s, "drain_s": srv.drain_s,
                                    "config_file": args.config if cfg else None})
         result.add(sc.kind, out.observation, out.verdict, wave)
         result.timings = {"wave": getattr(wave, "wall_s", 0.0), "total": time.monotonic() - t0}

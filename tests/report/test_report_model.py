@@ -183,3 +183,13 @@ def test_the_wave_and_store_parts_are_written_beside_the_report(tmp_path):
     saved = json.loads((d / "store" / "st.json").read_text())
     assert saved["master_alive_end"] is True and saved["block_size"] == 16
     assert json.loads((d / "report.json").read_text())["scenarios"][0]["store"] == saved
+
+
+def test_data_the_model_refuses_still_leaves_a_report_that_says_so(tmp_path):
+    r = fault_run(tmp_path)
+    r.observations[0].records[0].outcome = object()  # a rig bug: no field takes it
+    d = write_report(r)
+    rep = Report.model_validate_json((d / "report.json").read_text())
+    assert rep.status == "error" and rep.error.startswith("the report model refused the run's data")
+    assert [v.verdict for v in rep.verdicts()] == ["PASS", "FAIL"]  # the verdicts are kept
+    assert "writing the report" in (d / "rig-traceback.txt").read_text()
