@@ -202,10 +202,9 @@ def _kind_of(result: RunResult, scenario: str) -> str:
     return next((sc.get("kind", "edge") for sc in scs if isinstance(sc, dict) and sc.get("name") == scenario), "edge")
 
 
-def scenario_report(result: RunResult, v: ScenarioVerdict) -> ScenarioReport:
-    """One judged scenario of ``result`` as its kind's report."""
+def scenario_report(result: RunResult, v: ScenarioVerdict, obs: ScenarioObservation | None) -> ScenarioReport:
+    """One judged scenario of ``result`` (its verdict ``v`` and observation ``obs``) as its kind's report."""
     kind = _kind_of(result, v.scenario)
-    obs = next((o for o in result.observations if o.scenario == v.scenario), None)
     model = _SCENARIO.get(kind, EdgeScenario)
     return model.model_validate({"kind": kind, "verdict": verdict_report(v),  # type: ignore[return-value]
                                  "observation": observation_report(obs) if obs else None,
@@ -218,7 +217,23 @@ def build_report(result: RunResult) -> Report:
                   error=result.error, vllm_version=result.vllm_version, timings=dict(result.timings),
                   startup=result.startup, startup_profiles=result.startup_profiles,
                   not_run=list(result.not_run), config=result.config, plan=result.plan,
-                  scenarios=[scenario_report(result, v) for v in result.verdicts])
+                  scenarios=[scenario_report(result, v, o) for v, o in _paired(result)])
+
+
+def _paired(result: RunResult) -> list[tuple[ScenarioVerdict, ScenarioObservation | None]]:
+    """Each verdict with its observation: the k-th verdict of a scenario name with the k-th
+    observation of that name (a name the explorer or a pytest session runs again), the last one
+    when there are fewer, None when there is none."""
+    by_name: dict[str, list[ScenarioObservation]] = {}
+    for o in result.observations:
+        by_name.setdefault(o.scenario, []).append(o)
+    seen: dict[str, int] = {}
+    out = []
+    for v in result.verdicts:
+        k, obs = seen.get(v.scenario, 0), by_name.get(v.scenario, [])
+        seen[v.scenario] = k + 1
+        out.append((v, obs[min(k, len(obs) - 1)] if obs else None))
+    return out
 
 
 def write_report(result: RunResult) -> Path:

@@ -193,3 +193,13 @@ def test_data_the_model_refuses_still_leaves_a_report_that_says_so(tmp_path):
     assert rep.status == "error" and rep.error.startswith("the report model refused the run's data")
     assert [v.verdict for v in rep.verdicts()] == ["PASS", "FAIL"]  # the verdicts are kept
     assert "writing the report" in (d / "rig-traceback.txt").read_text()
+
+
+def test_a_scenario_run_twice_keeps_each_runs_own_observation(tmp_path):
+    r = RunResult(name="x", run_dir=str(tmp_path / "r"), config={})
+    first, again = ok_obs("edge-96"), stalled_obs("edge-96")
+    r.add("edge", first, ScenarioVerdict("edge-96", "PASS", "pass", "ok", []))
+    r.add("edge", again, ScenarioVerdict("edge-96", "XFAIL", "xfail: x", "stalled", []))
+    a, b = build_report(r).scenarios
+    assert a.observation is not None and a.observation.records[0].outcome == "ok"
+    assert b.observation is not None and b.observation.records[0].outcome == "stalled"
