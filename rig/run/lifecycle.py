@@ -146,13 +146,15 @@ async def _between_snapshots(sc: ScenarioConfig, deployment: Deployment, steps: 
         store.save(f"{sc.name}-before", s)
         store.sample(sc.name, s)  # the timeline's first row per instance (counters-monotonic)
     got["result"] = await steps.run(obs)
+    evidence: TransferEvidence | None = None
     for d in deployment.decodes:  # the decodes' deltas summed (one decode in a suite's phase)
         after_d = await m.scrape(http, d.url, d.name)
         store.save(f"{sc.name}-after", after_d)
         store.sample(sc.name, after_d)
         one = TransferEvidence.between(before[d.name], after_d)
-        obs.evidence = one if obs.evidence is None else TransferEvidence(
-            **{k: getattr(obs.evidence, k) + getattr(one, k) for k in one.__dict__})
+        evidence = one if evidence is None else TransferEvidence(
+            **{k: getattr(evidence, k) + getattr(one, k) for k in one.__dict__})
+    obs.evidence = evidence
     # P's counters too (its preemptions: expect.min_preemptions_on prefill, bug record R11's P side).
     # P's metrics are not in the warm-up's presence list, so a counter P lacks is listed here:
     # the check that reads it is then "not checked", never a 0 that fails or passes. A P that a
