@@ -32,6 +32,7 @@ import os
 import shutil
 import sys
 import time
+from dataclasses import asdict
 from datetime import UTC
 from pathlib import Path
 from typing import Any
@@ -46,6 +47,7 @@ from rig.config.help import DEFAULT_CONFIG, REPO_CONFIGS, config_path, did_you_m
 from rig.config.schema import schemas
 from rig.connectors.mooncake import MASTER_ROLE
 from rig.plan.processes import build_plan
+from rig.report.model import Report
 from rig.transport import aio
 
 
@@ -268,7 +270,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
     plan = build_plan(cfg, Path(cfg.run_root) / "<timestamp>-" f"{cfg.name}", resolve_model(cfg, build=False),
                       sys.executable, mooncake.master_binary(cfg))
     if args.json:
-        print(json.dumps(plan.to_json(), indent=1))
+        print(json.dumps(asdict(plan), indent=1))
         return 0
     for p in plan.processes:
         print(f"# {p.name} ({p.role}) http://{p.host}:{p.port}  log {p.log_path}")
@@ -344,7 +346,7 @@ def cmd_up(args: argparse.Namespace) -> int:
     with ports:
         plan = build_plan(cfg, run_dir, resolve_model(cfg), sys.executable, mooncake.master_binary(cfg),
                           launch_vllm_version(cfg.launch.command))
-        (run_dir / "plan.json").write_text(json.dumps(plan.to_json(), indent=1))  # `pdrig ps` reads its ports
+        (run_dir / "plan.json").write_text(json.dumps(asdict(plan), indent=1))  # `pdrig ps` reads its ports
         names = [p.name for p in plan.processes if p.role == MASTER_ROLE] + engines
         print(f"starting {', '.join(names)}: {why}", flush=True)
         with Cluster(plan, cfg.timeouts.startup_s, cfg.timeouts.shutdown_grace_s,
@@ -720,13 +722,15 @@ def build_parser() -> argparse.ArgumentParser:
 
 def all_schemas() -> dict[str, dict]:
     """File name -> JSON Schema of every YAML the rig reads: profiles and suites
-    (rig/config/schema.py) and the builds file (``rig.cluster.builds.BuildsFile``)."""
+    (rig/config/schema.py) and the builds file (``rig.cluster.builds.BuildsFile``); and of the
+    report.json every run writes (``rig.report.model.Report``)."""
     builds = BuildsFile.model_json_schema()
     spec = builds.get("$defs", {}).get("BuildSpec", {})
     # A build's name is its key in the file (BuildsFile fills it in), never written in the entry.
     spec["required"] = [f for f in spec.get("required", []) if f != "name"]
-    return {**schemas(), "builds.schema.json": {"$schema": "https://json-schema.org/draft/2020-12/schema",
-                                                "title": "pdrig builds", **builds}}
+    draft = "https://json-schema.org/draft/2020-12/schema"
+    return {**schemas(), "builds.schema.json": {"$schema": draft, "title": "pdrig builds", **builds},
+            "report.schema.json": {"$schema": draft, **Report.model_json_schema()}}
 
 
 def cmd_schema(args: argparse.Namespace) -> int:

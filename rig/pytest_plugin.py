@@ -46,6 +46,7 @@ groups, its reaper) at the end of the session, whatever way it ends.
 from __future__ import annotations
 
 import re
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -142,8 +143,8 @@ class PDRigSession:
             self.runner.result.config = self.cfg.model_dump(mode="json")
             plan = build_plan(self.cfg, self.run_dir, resolve_model(self.cfg), sys.executable,
                               master_binary(self.cfg), launch_vllm_version(self.cfg.launch.command))
-            self.runner.result.plan = plan.to_json()
-            (self.run_dir / "plan.json").write_text(json.dumps(plan.to_json(), indent=1))
+            self.runner.result.plan = asdict(plan)
+            (self.run_dir / "plan.json").write_text(json.dumps(asdict(plan), indent=1))
             (self.run_dir / "config.yaml").write_text(yaml.safe_dump(self.runner.result.config, sort_keys=False))
             self._cluster = Cluster(plan, self.cfg.timeouts.startup_s, self.cfg.timeouts.shutdown_grace_s,
                                     startup_stall_s=self.cfg.timeouts.startup_stall_s)
@@ -183,7 +184,7 @@ class PDRigSession:
 
     def close(self) -> None:
         """Stop the proxies and every server of the session; write the report once more."""
-        from rig.report.render import write_report
+        from rig.report.build import write_report
 
         for front in self._proxies.values():
             front.stop()

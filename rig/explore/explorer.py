@@ -25,7 +25,7 @@ import json
 import shlex
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -52,6 +52,7 @@ from rig.explore.topologies import Variant, draw_variants, variant_of_sets
 from rig.judge.verdict import ScenarioVerdict
 from rig.observe.observations import ScenarioObservation
 from rig.plan.processes import build_plan
+from rig.report.build import record_report
 from rig.run.runner import SuiteRunner, resolve_model
 from rig.workload.prompts import seed_of
 
@@ -230,9 +231,9 @@ class Explorer:
         self.runner.cfg = self.cfg
         plan = build_plan(self.cfg, self.run_dir, resolve_model(self.cfg), sys.executable, master_binary(self.cfg),
                           launch_vllm_version(self.cfg.launch.command))
-        (self.run_dir / "plan.json").write_text(json.dumps(plan.to_json(), indent=1))
+        (self.run_dir / "plan.json").write_text(json.dumps(asdict(plan), indent=1))
         (self.run_dir / "config.yaml").write_text(yaml.safe_dump(self.cfg_json, sort_keys=False))
-        self.runner.result.plan = plan.to_json()
+        self.runner.result.plan = asdict(plan)
         self.cluster = Cluster(plan, self.cfg.timeouts.startup_s, self.cfg.timeouts.shutdown_grace_s,
                                startup_stall_s=self.cfg.timeouts.startup_stall_s,
                                display="off" if self.quiet else "auto")
@@ -257,16 +258,10 @@ class Explorer:
             raise ConfigError(f"explore: action {action.index} does not validate as a scenario: {e}") from None
         assert self.cluster is not None
         run = cfg.scenarios[-1:] if origin else list(cfg.scenarios)
-        kept, self.runner.cfg = self.runner.cfg, cfg  # the workload resolves prompt names in its config
-        try:
-            verdict = self.runner.run_on(self.cluster, run)[-1]
-        finally:
-            self.runner.cfg = kept
-        obs = self.runner.result.observations[-1]
         # The runner's report keeps the last actions only (history.jsonl keeps every one).
-        del self.runner.result.observations[:-20], self.runner.result.verdicts[:-20]
+        out = self.runner.run_in(self.cluster, cfg, run, keep=20)
         self._runs += 1
-        return verdict, obs, sc
+        return out.verdict, out.observation, sc
 
     def _deploy(self, topo: Topology) -> None:
         """Start ``topo``'s pair (and a Mooncake master) before its first action, stopping the
@@ -385,7 +380,7 @@ class Explorer:
             "topology": topo.__dict__,
             "action": action.model_dump(mode="json"), "scenario": sc, "verdict": v.verdict, "reason": v.reason,
             "checks": [{"name": c.name, "state": c.state, "detail": c.detail} for c in v.checks],
-            "records": [r.to_json() for r in obs.records],
+            "records": [record_report(r).model_dump(mode="json") for r in obs.records],
             "evidence": obs.evidence.__dict__ if obs.evidence else None,
             "prefill_evidence": obs.prefill_evidence.__dict__ if obs.prefill_evidence else None,
             "dead": obs.dead, "goals": goals, "signature": sig, "wall_s": obs.wall_s})

@@ -8,7 +8,8 @@ import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
-from xml.sax.saxutils import escape, quoteattr
+
+from rig.report.junit import Case, Suite, render_junit
 
 
 @dataclass
@@ -91,19 +92,13 @@ def render_md(r: ExploreReport) -> str:
     return "\n".join(out) + "\n"
 
 
-def render_junit(r: ExploreReport) -> str:
-    """explore-junit.xml: one testcase per finding (a known issue's: skipped; a new one: failure)."""
-    cases = []
-    for i, f in enumerate(r.findings, 1):
-        name = quoteattr(f"finding-{i}: {f['signature']}")
-        if f["known_issue"] != "new":
-            body = f"<skipped message={quoteattr('known issue ' + f['known_issue'])}/>"
-        else:
-            body = f"<failure message={quoteattr(f['stability'])}>{escape(f['reason'][:2000])}</failure>"
-        cases.append(f'  <testcase classname="explore.{escape(r.config)}" name={name}>{body}</testcase>')
-    failures = sum(f["known_issue"] == "new" for f in r.findings)
-    return (f'<?xml version="1.0" encoding="utf-8"?>\n<testsuite name="pdrig-explore" tests="{len(cases)}" '
-            f'failures="{failures}" skipped="{len(cases) - failures}">\n' + "\n".join(cases) + "\n</testsuite>\n")
+def junit_suite(r: ExploreReport) -> Suite:
+    """explore-junit.xml's cases: one per finding (a known issue's: skipped; a new one: failure)."""
+    return Suite("pdrig-explore", [
+        Case(f"explore.{r.config}", f"finding-{i}: {f['signature']}", "skipped", f"known issue {f['known_issue']}")
+        if f["known_issue"] != "new" else
+        Case(f"explore.{r.config}", f"finding-{i}: {f['signature']}", "failure", f["stability"], f["reason"][:2000])
+        for i, f in enumerate(r.findings, 1)])
 
 
 def write_explore_report(r: ExploreReport, run_dir: Path) -> None:
@@ -111,4 +106,4 @@ def write_explore_report(r: ExploreReport, run_dir: Path) -> None:
     data = {**asdict(r), "actions_per_min": r.actions_per_min}
     (run_dir / "explore.json").write_text(json.dumps(data, indent=1, default=str))
     (run_dir / "explore.md").write_text(render_md(r))
-    (run_dir / "explore-junit.xml").write_text(render_junit(r))
+    (run_dir / "explore-junit.xml").write_text(render_junit(junit_suite(r)))

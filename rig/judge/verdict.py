@@ -34,8 +34,7 @@ PASS or XFAIL.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field, replace
-from typing import Any
+from dataclasses import dataclass, field, replace
 
 from packaging.version import InvalidVersion, Version
 
@@ -143,10 +142,6 @@ class ScenarioVerdict:
     def passed(self) -> bool:
         """True for PASS and XFAIL."""
         return self.verdict in PASSING
-
-    def to_json(self) -> dict[str, Any]:
-        """JSON-able dict."""
-        return asdict(self)
 
 
 def _known(version: str) -> str:

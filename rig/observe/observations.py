@@ -157,29 +157,12 @@ class ScenarioObservation:
     stopped: dict[str, str] = field(default_factory=dict)
     versions: dict[str, str] = field(default_factory=dict)  # instance -> vLLM version from its /version
     # This scenario's metrics timeline rows (SnapshotStore.rows_of; already in
-    # metrics/timeline.jsonl, so not repeated in to_json): what counters-monotonic reads.
+    # metrics/timeline.jsonl, so not repeated in report.json): what counters-monotonic reads.
     timeline: list[dict[str, Any]] = field(default_factory=list)
     # Decode's KV block as NIXL moves it (RigConfig.kv_bytes_per_block; None: geometry unknown) and
     # its block size in tokens: what makes kv-pulled's NIXL bytes exact.
     kv_bytes_per_block: int | None = None
     block_size: int | None = None
-
-    def to_json(self) -> dict[str, Any]:
-        """JSON-able dict for report.json."""
-        return {
-            "scenario": self.scenario, "decode": self.decode, "prefill": self.prefill,
-            "records": [r.to_json() for r in self.records],
-            "parity": [p.to_json() if p else None for p in self.parity],
-            "evidence": self.evidence.__dict__ if self.evidence else None,
-            "prefill_evidence": self.prefill_evidence.__dict__ if self.prefill_evidence else None,
-            "fatal_lines": self.fatal_lines, "kv_integrity_lines": self.kv_integrity_lines,
-            "dead": self.dead,
-            "drains": [d.__dict__ for d in self.drains],
-            "stall_diagnosis": self.stall_diagnosis, "vllm_version": self.vllm_version,
-            "wall_s": self.wall_s, "error": self.error,
-            "unscanned_logs": self.unscanned_logs, "missing_metrics": self.missing_metrics,
-            "death_lines": self.death_lines, "versions": self.versions, "stopped": self.stopped,
-        }
 
 
 class SnapshotStore:

@@ -19,7 +19,7 @@ import asyncio
 import math
 import re
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import asdict, dataclass, replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 from rig.config.scenarios import DEFAULT_PARITY_TOLERANCE
@@ -51,10 +51,6 @@ class ParityResult:
     not_compared: tuple[str, ...] = ()
     max_float_diff: float | None = None
     tolerance: float | None = None
-
-    def to_json(self) -> dict[str, Any]:
-        """JSON-able dict."""
-        return asdict(self)
 
     def describe(self) -> str:
         """One line for tables: 'equal', 'diverged at 3: 517 != 12', 'refused: ...'."""

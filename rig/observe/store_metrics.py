@@ -10,7 +10,7 @@ docs/explanation/mooncake.md; :func:`loadable_tokens`).
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any
 
 from rig.observe import metrics as m
@@ -239,12 +239,4 @@ class StoreObservation:
         """The master's ``valid_get_nums_ / total_get_nums_`` delta (None without GETs)."""
         t = self.master.get("total_get_nums", 0.0)
         return self.master.get("valid_get_nums", 0.0) / t if t > 0 else None
-
-    def to_json(self) -> dict[str, Any]:
-        """JSON-able dict with the derived facts."""
-        out = asdict(self)
-        for k in ("bytes_put", "bytes_got", "d_bytes_got", "failed_load_keys", "failed_load_calls",
-                  "rejected_put_keys", "d_store_tokens", "store_hit_ratio", "master_get_ratio"):
-            out[k] = getattr(self, k)
-        return out
 

@@ -6,8 +6,7 @@ dataclasses, built by rig.plan.processes and rig.plan.mooncake, run by rig.clust
 from __future__ import annotations
 
 import shlex
-from dataclasses import asdict, dataclass, field
-from typing import Any
+from dataclasses import dataclass, field
 
 
 def probe_host(host: str) -> str:
@@ -85,8 +84,3 @@ class Plan:
             if p.name == name:
                 return p
         raise KeyError(name)
-
-    def to_json(self) -> dict[str, Any]:
-        """A JSON-able dict of the plan (what ``pdrig plan --json`` prints)."""
-        return {"name": self.name, "run_dir": self.run_dir, "model_path": self.model_path,
-                "processes": [asdict(p) for p in self.processes]}

@@ -3,10 +3,10 @@ event, action and completion times."""
 
 from __future__ import annotations
 
-from rig.workload.faults import FaultResult
+from rig.report.model import FaultReport
 
 
-def fault_section(scenario: str, result: FaultResult) -> str:
+def fault_section(scenario: str, result: FaultReport) -> str:
     """A summary.md section: each fault with its event, action and completion times (ms after
     the first event) and what was done."""
     t0 = min((e.event_at for e in result.events if e.event_at is not None), default=None)

@@ -2,8 +2,9 @@
 
 Pure functions: :func:`build_grid` turns each build's reports into cells, marks the changes
 between adjacent builds and, per known issue, compares the builds where its symptom was seen
-with its declared ``affects``; :func:`render_md` / :func:`render_junit` / :meth:`Grid.to_json`
-write ``matrix.md``, ``junit.xml`` and ``matrix.json`` (rig/run/matrix.py runs the builds).
+with its declared ``affects``; :func:`render_md` / :func:`junit_suite` (through the one JUnit writer,
+rig.report.junit) / :func:`grid_json` write ``matrix.md``, ``junit.xml`` and ``matrix.json``
+(rig/run/matrix.py runs the builds). Reports are :class:`rig.report.model.Report` objects.
 
 Cell verdicts are the run's (PASS, FAIL, XFAIL, XPASS, ERROR) plus two of the matrix's own:
 
@@ -23,12 +24,14 @@ model may grow other fields).
 
 from __future__ import annotations
 
-import xml.etree.ElementTree as ET
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from packaging.specifiers import SpecifierSet
 from packaging.version import InvalidVersion, Version
+
+from rig.report.junit import Case, Suite
+from rig.report.model import Report, ScenarioReport
 
 PASSING = ("PASS", "XFAIL")
 UNKNOWN = ("BROKEN", "NOT RUN", "ERROR")  # the cell says nothing about a known issue's symptom
@@ -46,15 +49,17 @@ class IssueRef:
 
 @dataclass(frozen=True)
 class BuildRuns:
-    """One build's recorded runs: ``reports`` are parsed ``report.json`` dicts (one per suite),
+    """One build's recorded runs: ``reports`` are its suites' ``report.json`` (one per suite),
     ``fixes`` the known-issue ids the build declares fixed, ``version`` its vLLM version when
-    known without a report (the build's stamp)."""
+    known without a report (the build's stamp); ``death_causes`` per report's ``run_dir``: instance
+    -> the root-cause line the matrix read from its log (rig.run.matrix.death_cause)."""
 
     name: str
-    reports: tuple[dict[str, Any], ...]
+    reports: tuple[Report, ...]
     fixes: tuple[str, ...] = ()
     version: str = ""
     source: str = ""
+    death_causes: dict[str, dict[str, str]] = field(default_factory=dict)
 
 
 @dataclass
@@ -113,17 +118,19 @@ class Grid:
         """True when every cell is PASS or XFAIL (and there is one)."""
         return bool(self.cells) and all(c.verdict in PASSING for c in self.cells.values())
 
-    def to_json(self) -> dict[str, Any]:
-        """matrix.json: builds (name, version, source), scenarios, cells, changes, known issues."""
-        return {
-            "builds": [{"name": b, "vllm_version": self.versions.get(b, ""), "source": self.sources.get(b, "")}
-                       for b in self.builds],
-            "scenarios": self.scenarios,
-            "cells": [asdict(self.cells[(s, b)]) for s in self.scenarios for b in self.builds],
-            "changes": [asdict(c) for c in self.changes()],
-            "known_issues": [asdict(f) for f in self.findings],
-            "passed": self.passed(),
-        }
+
+
+def grid_json(grid: Grid) -> dict[str, Any]:
+    """matrix.json: builds (name, version, source), scenarios, cells, changes, known issues."""
+    return {
+        "builds": [{"name": b, "vllm_version": grid.versions.get(b, ""), "source": grid.sources.get(b, "")}
+                   for b in grid.builds],
+        "scenarios": grid.scenarios,
+        "cells": [asdict(grid.cells[(s, b)]) for s in grid.scenarios for b in grid.builds],
+        "changes": [asdict(c) for c in grid.changes()],
+        "known_issues": [asdict(f) for f in grid.findings],
+        "passed": grid.passed(),
+    }
 
 
 # ----------------------------------------------------------------------------- cells
@@ -133,26 +140,27 @@ class Grid:
 ENGINE_DEATH = ("EngineCore encountered a fatal error", "EngineDeadError")
 
 
-def instance_deaths(report: dict[str, Any]) -> dict[str, dict[str, str]]:
+def instance_deaths(report: Report, causes: dict[str, str] | None = None) -> dict[str, dict[str, str]]:
     """Per scenario of ``report`` (in run order): the instances known dead by the end of it,
-    with the cause: ``report["death_causes"]`` (the root-cause line the matrix read from the
-    instance's log), else its death line, first fatal line or exit code."""
-    causes = report.get("death_causes") or {}
+    with the cause: ``causes`` (instance -> the root-cause line the matrix read from its log),
+    else its death line, first fatal line or exit code."""
+    causes = causes or {}
     dead: dict[str, str] = {}
     out: dict[str, dict[str, str]] = {}
-    for item in report.get("scenarios") or []:
-        obs = item.get("observation") or {}
-        for name, lines in (obs.get("fatal_lines") or {}).items():
-            if any(m in ln for ln in lines or [] for m in ENGINE_DEATH):
-                dead.setdefault(name, causes.get(name) or lines[0].strip())
-        for name, rc in (obs.get("dead") or {}).items():
-            dead.setdefault(name, causes.get(name) or (obs.get("death_lines") or {}).get(name) or f"exited {rc}")
-        out[(item.get("verdict") or {}).get("scenario", "")] = dict(dead)
+    for item in report.scenarios:
+        obs = item.observation
+        if obs is not None:
+            for name, lines in obs.fatal_lines.items():
+                if any(m in ln for ln in lines for m in ENGINE_DEATH):
+                    dead.setdefault(name, causes.get(name) or lines[0].strip())
+            for name, rc in obs.dead.items():
+                dead.setdefault(name, causes.get(name) or obs.death_lines.get(name) or f"exited {rc}")
+        out[item.verdict.scenario] = dict(dead)
     return out
 
 
-def symptom_seen(symptom: str, scenario: dict[str, Any]) -> bool:
-    """Whether a recorded scenario (``report.json`` item: verdict + observation) shows the
+def symptom_seen(symptom: str, scenario: ScenarioReport) -> bool:
+    """Whether a recorded scenario (a ``report.json`` scenario: verdict + observation) shows the
     symptom of a known issue, whatever its verdict was. ``symptom`` is the kind of the known
     issue's signature (rig/judge/signatures.py): ``stall`` a stalled request, ``stale-kv`` a failed
     kv-integrity check or a diverged parity, ``wrong-output`` a diverged parity, ``crash`` an
@@ -161,56 +169,58 @@ def symptom_seen(symptom: str, scenario: dict[str, Any]) -> bool:
     ``wrong-metrics`` a failed cached-tokens check, ``http-error`` (and anything else) a request
     that failed otherwise. This is the kind-level reading on recorded data; the field-by-field
     match is the engine's."""
-    obs = scenario.get("observation") or {}
-    records = obs.get("records") or []
-    diverged = any(p and p.get("status") == "diverged" for p in obs.get("parity") or [])
-    checks = (scenario.get("verdict") or {}).get("checks") or []
+    obs = scenario.observation
+    records = obs.records if obs else []
+    dead = bool(obs and obs.dead)
+    diverged = any(p and p.status == "diverged" for p in (obs.parity if obs else []))
+    failed = {c.name for c in scenario.verdict.checks if c.ok is False}
     if symptom == "stall":
-        return any(r.get("outcome") == "stalled" for r in records)
+        return any(r.outcome == "stalled" for r in records)
     if symptom == "stale-kv":
-        return any(c.get("name") == "kv-integrity" and c.get("ok") is False for c in checks) or diverged
+        return "kv-integrity" in failed or diverged
     if symptom == "wrong-output":
         return diverged
     if symptom == "crash":
-        return bool(obs.get("dead"))
+        return dead
     if symptom == "leak":
-        return any(c.get("name") == "released-by-d" and c.get("ok") is False for c in checks)
+        return "released-by-d" in failed
     if symptom == "appended-token":
-        return diverged or bool(obs.get("dead"))
+        return diverged or dead
     if symptom == "wrong-metrics":
-        return any(c.get("name") == "cached-tokens" and c.get("ok") is False for c in checks)
-    return any(r.get("outcome") not in ("ok", "stalled") for r in records)
+        return "cached-tokens" in failed
+    return any(r.outcome not in ("ok", "stalled") for r in records)
 
 
 def _cell(scenario: str, build: BuildRuns, issue: IssueRef | None) -> Cell:
     for rep in build.reports:
-        for item in rep.get("scenarios") or []:
-            v = item.get("verdict") or {}
-            if v.get("scenario") != scenario:
+        for item in rep.scenarios:
+            v = item.verdict
+            if v.scenario != scenario:
                 continue
-            obs = item.get("observation") or {}
-            verdict, reason = v.get("verdict", "ERROR"), v.get("reason", "")
-            answered = any(r.get("outcome") == "ok" for r in obs.get("records") or [])
-            down = {n: c for n, c in instance_deaths(rep).get(scenario, {}).items()
-                    if n in (obs.get("decode"), obs.get("prefill"))}
+            obs = item.observation
+            verdict: str = v.verdict  # the matrix's own BROKEN besides the run's verdicts
+            reason = v.reason
+            answered = any(r.outcome == "ok" for r in (obs.records if obs else []))
+            down = {n: c for n, c in instance_deaths(rep, build.death_causes.get(rep.run_dir)).get(scenario, {}).items()
+                    if obs is not None and n in (obs.decode, obs.prefill)}
             if verdict not in PASSING and down and not answered:
                 verdict, reason = "BROKEN", "cannot run on this build: " + "; ".join(
                     f"{n} died: {c[:240]}" for n, c in down.items())
-            expectation = v.get("expectation", "")
+            expectation = v.expectation
             if issue is not None and issue.id in build.fixes:
                 expectation = f"pass ({issue.id} declared fixed by build {build.name})"
             seen = None
             if issue is not None and verdict not in UNKNOWN:
                 seen = symptom_seen(issue.symptom, item)
-            return Cell(scenario, build.name, verdict, reason, expectation, rep.get("run_dir", ""), seen)
+            return Cell(scenario, build.name, verdict, reason, expectation, rep.run_dir, seen)
     # Not in any report: a run that broke before it (server did not start) or never ran.
     for rep in build.reports:
-        names = {sc.get("name") for sc in (rep.get("config") or {}).get("scenarios") or []}
-        if scenario in names and rep.get("status") == "not-run":  # e.g. a store profile, no mooncake
-            return Cell(scenario, build.name, "NOT RUN", rep.get("error") or "not run", run_dir=rep.get("run_dir", ""))
-        if scenario in names and rep.get("status") in ("error", "failed") and rep.get("error"):
-            return Cell(scenario, build.name, "BROKEN", f"cannot run on this build: {rep['error'][:300]}",
-                        run_dir=rep.get("run_dir", ""))
+        names = {sc.get("name") for sc in rep.config.get("scenarios") or []}
+        if scenario in names and rep.status == "not-run":  # e.g. a store profile, no mooncake
+            return Cell(scenario, build.name, "NOT RUN", rep.error or "not run", run_dir=rep.run_dir)
+        if scenario in names and rep.status in ("error", "failed") and rep.error:
+            return Cell(scenario, build.name, "BROKEN", f"cannot run on this build: {rep.error[:300]}",
+                        run_dir=rep.run_dir)
     return Cell(scenario, build.name, "NOT RUN", "no recorded run has this scenario")
 
 
@@ -226,8 +236,8 @@ def _mark(prev: Cell, cur: Cell) -> str:
 
 def _version(build: BuildRuns) -> str:
     for rep in build.reports:
-        if rep.get("vllm_version"):
-            return str(rep["vllm_version"]).split("+")[0]
+        if rep.vllm_version:
+            return rep.vllm_version.split("+")[0]
     return build.version.split("+")[0]
 
 
@@ -370,26 +380,12 @@ def render_md(grid: Grid, title: str, header: list[str]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def render_junit(grid: Grid) -> str:
-    """junit.xml: one testcase per (build, scenario), classname ``pdrig.matrix.<build>``; FAIL and
+def junit_suite(grid: Grid) -> Suite:
+    """junit.xml's cases: one per (build, scenario), classname ``pdrig.matrix.<build>``; FAIL and
     XPASS are failures, ERROR an error, XFAIL / BROKEN / NOT RUN skipped with the reason."""
-    suite = ET.Element("testsuite", name="pdrig.matrix", tests=str(len(grid.cells)))
-    counts = {"failures": 0, "errors": 0, "skipped": 0}
-    for s in grid.scenarios:
-        for b in grid.builds:
-            c = grid.cells[(s, b)]
-            case = ET.SubElement(suite, "testcase", classname=f"pdrig.matrix.{b}", name=s)
-            msg = f"{c.verdict}: {c.reason}"[:1000]
-            if c.verdict in ("FAIL", "XPASS"):
-                counts["failures"] += 1
-                ET.SubElement(case, "failure", message=msg)
-            elif c.verdict == "ERROR":
-                counts["errors"] += 1
-                ET.SubElement(case, "error", message=msg)
-            elif c.verdict in ("XFAIL", "BROKEN", "NOT RUN"):
-                counts["skipped"] += 1
-                ET.SubElement(case, "skipped", message=msg)
-            ET.SubElement(case, "system-out").text = c.expectation
-    for k, n in counts.items():
-        suite.set(k, str(n))
-    return ET.tostring(suite, encoding="unicode", xml_declaration=True)
+    outcome = {"FAIL": "failure", "XPASS": "failure", "ERROR": "error", "XFAIL": "skipped", "BROKEN": "skipped",
+               "NOT RUN": "skipped"}
+    cases = [Case(f"pdrig.matrix.{b}", s, outcome.get(c.verdict, "passed"), f"{c.verdict}: {c.reason}",  # type: ignore[arg-type]
+                  system_out=c.expectation)
+             for s in grid.scenarios for b in grid.builds if (c := grid.cells[(s, b)])]
+    return Suite("pdrig.matrix", cases)

@@ -6,17 +6,15 @@ error, so CI systems show it natively; ``tests`` counts the scenarios, and each 
 checks are properties of its testcase, a "not checked" one with its reason) and ``summary.md``
 (one row per scenario: expectation, verdict, tokens, latency per hop, time-to-verdict, parity,
 check counts, diagnosis; then every check that failed or was not checked, with the requests it
-failed on). The terminal shows the
-same table with rich. :func:`write_report` is called on every exit path, also for a failed or
-interrupted run, with whatever was observed so far.
+failed on; then each scenario kind's own section, rig.report.sections). The terminal shows the
+same table with rich. Everything here reads the plain :class:`rig.report.model.Report`
+(rig.report.build makes it from the runner's objects): no renderer imports the judge, and
+import-linter keeps it so.
 """
 
 from __future__ import annotations
 
-import json
 import re
-import xml.etree.ElementTree as ET
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -24,42 +22,9 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from rig.judge.verdict import ScenarioVerdict, run_passed
-from rig.observe.observations import ScenarioObservation
-from rig.observe.parity import summarize
-
-
-@dataclass
-class RunResult:
-    """A whole run: its scenarios' observations and verdicts plus run-level facts.
-
-    ``timings`` are seconds (``startup`` per phase, ``total``); ``status`` is
-    ``passed`` | ``failed`` | ``interrupted`` | ``error``.
-    """
-
-    name: str
-    run_dir: str
-    config: dict[str, Any]
-    plan: dict[str, Any] = field(default_factory=dict)
-    vllm_version: str = ""
-    observations: list[ScenarioObservation] = field(default_factory=list)
-    verdicts: list[ScenarioVerdict] = field(default_factory=list)
-    timings: dict[str, float] = field(default_factory=dict)
-    status: str = "running"
-    error: str = ""
-    extra_sections: list[str] = field(default_factory=list)  # markdown appended to summary.md
-    # Scenarios of the suite that never started because the run stopped first (Ctrl-C, a cluster
-    # error): listed as NOT RUN so an interrupted run cannot read as "every scenario passed".
-    not_run: list[str] = field(default_factory=list)
-    # Per instance, its (latest) start: rig.cluster.startup.StartupWatch.figures() (seconds to
-    # ready, seconds per start-up phase, CPU-s, host load at start and end, outcome).
-    startup: dict[str, dict[str, Any]] = field(default_factory=dict)
-
-    def finish_status(self) -> str:
-        """Set and return ``status`` from the verdicts unless the run was interrupted/errored."""
-        if self.status == "running":
-            self.status = "passed" if run_passed(self.verdicts) else "failed"
-        return self.status
+from rig.report.junit import Case, Suite, render_junit
+from rig.report.model import RecordReport, Report, VerdictReport
+from rig.report.sections import section_of
 
 
 def _ms(v: float | None) -> str:
@@ -78,13 +43,13 @@ def reference_of(description: str | None) -> str:
     return m.group(1).strip() if m else ""
 
 
-def scenario_references(result: RunResult) -> dict[str, str]:
+def scenario_references(report: Report) -> dict[str, str]:
     """Scenario name -> its reference (:func:`reference_of`), from the run's config."""
-    return {sc.get("name", ""): reference_of(sc.get("description")) for sc in result.config.get("scenarios", [])
+    return {sc.get("name", ""): reference_of(sc.get("description")) for sc in report.config.get("scenarios", [])
             if isinstance(sc, dict)}
 
 
-def _tokens(records: list[Any]) -> str:
+def _tokens(records: list[RecordReport]) -> str:
     """'8/72' per answered request; a run of equal values is shown once with its count ('8/136 x138')."""
     vals = [f"{r.completion_tokens}/{r.total_tokens}" for r in records]
     if not vals:
@@ -96,23 +61,23 @@ def _tokens(records: list[Any]) -> str:
     return ", ".join(out)
 
 
-def scenario_rows(result: RunResult) -> list[dict[str, str]]:
+def scenario_rows(report: Report) -> list[dict[str, str]]:
     """The summary table's rows (one per scenario) as display strings. A ``reference`` column (the
     scenario's bug-record reference, :func:`reference_of`) follows ``scenario`` when any scenario of
     the run has one (the regression suite)."""
     rows = []
-    obs_by = {o.scenario: o for o in result.observations}
-    refs = scenario_references(result)
-    with_refs = any(refs.get(v.scenario) for v in result.verdicts)
-    for v in result.verdicts:
-        o = obs_by.get(v.scenario)
+    refs = scenario_references(report)
+    with_refs = any(refs.get(s.verdict.scenario) for s in report.scenarios)
+    for s in report.scenarios:
+        v, o = s.verdict, s.observation
         recs = o.records if o else []
         ok = [r for r in recs if r.outcome == "ok"]
         toks = _tokens(ok)
         p_lat = max((r.prefill.latency_s for r in recs if r.prefill and r.prefill.latency_s), default=None)
         d_lat = max((r.decode.latency_s for r in recs if r.decode and r.decode.latency_s), default=None)
         ttv = max((r.verdict_after_s for r in recs if r.verdict_after_s is not None), default=None)
-        ps = summarize(o.parity) if o else {"compared": 0, "equal": 0}
+        done = [p for p in (o.parity if o else []) if p is not None]
+        ps = {"compared": sum(p.status != "refused" for p in done), "equal": sum(p.status == "equal" for p in done)}
         rows.append({
             "scenario": v.scenario,
             **({"reference": refs.get(v.scenario) or "-"} if with_refs else {}),
@@ -130,7 +95,7 @@ def scenario_rows(result: RunResult) -> list[dict[str, str]]:
     return rows
 
 
-def check_counts(v: ScenarioVerdict) -> str:
+def check_counts(v: VerdictReport) -> str:
     """'6 ok, 1 failed, 1 not checked' over the scenario's checks (tri-state, rig.judge.checks)."""
     n: dict[str, int] = {}
     for c in v.checks:
@@ -138,10 +103,10 @@ def check_counts(v: ScenarioVerdict) -> str:
     return ", ".join(f"{n[k]} {k}" for k in ("ok", "failed", "not checked") if n.get(k)) or "-"
 
 
-def checks_md(result: RunResult) -> list[str]:
+def checks_md(report: Report) -> list[str]:
     """summary.md lines: every check that failed or was not checked, per scenario, with why."""
     lines = []
-    for v in result.verdicts:
+    for v in report.verdicts():
         for c in v.checks:
             if c.ok is not True:
                 on = f" (on {', '.join(c.requests)})" if c.requests else ""
@@ -158,12 +123,12 @@ VERDICT_LEGEND = (
     "the scenario (no answer, a server died, the run broke)")
 
 
-def known_issue_lines(result: RunResult) -> list[str]:
+def known_issue_lines(report: Report) -> list[str]:
     """The legend and, per known issue of the run's scenarios, ``id: title (affects; upstream)``
     with the scenarios expecting it; [] when no scenario of the run declares one. The table's
     ``expectation`` column shows only the id (config: ``ScenarioConfig.known_issue``)."""
-    judged = {v.scenario for v in result.verdicts}
-    scs = list(result.config.get("scenarios") or []) + [result.config.get("scenario") or {}]
+    judged = {v.scenario for v in report.verdicts()}
+    scs = list(report.config.get("scenarios") or []) + [report.config.get("scenario") or {}]
     issues: dict[str, tuple[dict[str, Any], list[str]]] = {}
     for sc in scs:
         ki = sc.get("known_issue") if isinstance(sc, dict) else None
@@ -180,95 +145,84 @@ def known_issue_lines(result: RunResult) -> list[str]:
     return lines
 
 
-def render_summary_md(result: RunResult) -> str:
-    """summary.md: status line, timings, the scenario table, extra sections."""
-    rows = scenario_rows(result)
-    lines = [f"# pdrig run `{Path(result.run_dir).name}`: {result.status.upper()}", ""]
-    lines.append(f"- config: `{result.name}`; vLLM {result.vllm_version or 'unknown'}")
-    if result.timings:
-        lines.append("- timings: " + ", ".join(f"{k} {v:.1f} s" for k, v in result.timings.items()))
-    if result.error:
-        lines.append(f"- error: {result.error}")
+def render_summary_md(report: Report) -> str:
+    """summary.md: status line, timings, the start-up table, the scenario table, the checks not
+    ok, the known issues, then each scenario kind's section (rig.report.sections)."""
+    rows = scenario_rows(report)
+    lines = [f"# pdrig run `{Path(report.run_dir).name}`: {report.status.upper()}", ""]
+    lines.append(f"- config: `{report.name}`; vLLM {report.vllm_version or 'unknown'}")
+    if report.timings:
+        lines.append("- timings: " + ", ".join(f"{k} {v:.1f} s" for k, v in report.timings.items()))
+    if report.error:
+        lines.append(f"- error: {report.error}")
     counts: dict[str, int] = {}
-    for v in result.verdicts:
+    for v in report.verdicts():
         counts[v.verdict] = counts.get(v.verdict, 0) + 1
     lines.append("- verdicts: " + (", ".join(f"{k} {n}" for k, n in sorted(counts.items())) or "none"))
-    if result.not_run:
-        lines.append(f"- NOT RUN ({len(result.not_run)}, the run stopped first): " + ", ".join(result.not_run))
-    for n, f in result.startup.items():
+    if report.not_run:
+        lines.append(f"- NOT RUN ({len(report.not_run)}, the run stopped first): " + ", ".join(report.not_run))
+    for n, f in report.startup.items():
         if f.get("outcome") not in ("ready", "starting"):
             lines.append(f"- did not start: {f.get('reason') or n + ': ' + str(f.get('outcome'))}")
     lines.append("")
-    lines += startup_table_md(result.startup)
+    lines += startup_table_md(report.startup)
     if rows:
         cols = list(rows[0])
         lines.append("| " + " | ".join(cols) + " |")
         lines.append("|" + "---|" * len(cols))
         for r in rows:
             lines.append("| " + " | ".join(str(r[c]).replace("|", "\\|").replace("\n", " ") for c in cols) + " |")
-    lines += checks_md(result)
-    legend = known_issue_lines(result)
+    lines += checks_md(report)
+    legend = known_issue_lines(report)
     lines += ["", legend[0], "", *legend[1:]] if legend else []
-    lines += ["", *result.extra_sections] if result.extra_sections else []
+    sections = [text for sc in report.scenarios if (text := section_of(sc, _description(report, sc.verdict.scenario)))]
+    lines += ["", *sections] if sections else []
     return "\n".join(lines) + "\n"
 
 
-def render_junit(result: RunResult) -> str:
-    """junit.xml: one testcase per scenario (classname = the config name), so ``tests`` counts the
-    scenarios: the judged ones and those the run never reached (``result.not_run``, an ``error``
-    "NOT RUN": a stopped run must not look green to CI).
+def _description(report: Report, scenario: str) -> str:
+    """The scenario's ``description`` in the run's config ('' when none)."""
+    scs = [*(report.config.get("scenarios") or []), report.config.get("scenario") or {}]
+    return next((sc.get("description") or "" for sc in scs if isinstance(sc, dict) and sc.get("name") == scenario), "")
 
-    A scenario's checks are in its testcase's ``<properties>`` (``check.<name>`` = ``ok`` /
-    ``failed`` / ``not checked`` with the detail) and the text of its failure/error; a check that could not
-    look is never a pass. A run that stopped before any scenario (a start-up failure) is the
-    one synthetic testcase ``pdrig-run`` with the error; the run's status and error are also the
-    suite's properties."""
-    suite = ET.Element("testsuite", name=f"pdrig.{result.name}")
-    props = ET.SubElement(suite, "properties")
-    ET.SubElement(props, "property", name="pdrig_run_status", value=result.status)
-    if result.error:
-        ET.SubElement(props, "property", name="pdrig_run_error", value=result.error[:1000])
-    n_fail = n_err = n_skip = n_cases = 0
-    obs_by = {o.scenario: o for o in result.observations}
-    for v in result.verdicts:
-        o = obs_by.get(v.scenario)
-        n_cases += 1
-        case = ET.SubElement(suite, "testcase", classname=f"pdrig.{result.name}", name=v.scenario,
-                             time=f"{o.wall_s:.3f}" if o else "0")
-        if v.checks:
-            checks = ET.SubElement(case, "properties")
-            for c in v.checks:
-                said = c.detail if c.detail.startswith(c.state) else f"{c.state}: {c.detail}"  # "not checked" once
-                ET.SubElement(checks, "property", name=f"check.{c.name}", value=said[:1000])
+
+def junit_suite(report: Report) -> Suite:
+    """junit.xml's cases: one per scenario (classname ``pdrig.<config name>``), so ``tests`` counts
+    the scenarios: the judged ones and those the run never reached (``report.not_run``, an
+    ``error`` "NOT RUN": a stopped run must not look green to CI).
+
+    XFAIL is skipped, FAIL/XPASS a failure, ERROR an error. A scenario's checks are its case's
+    properties (``check.<name>`` = ``ok`` / ``failed`` / ``not checked`` with the detail) and the
+    text of its failure/error; a check that could not look is never a pass. A run that stopped
+    before any scenario (a start-up failure) is the one synthetic case ``pdrig-run`` with the
+    error; the run's status and error are also the suite's properties."""
+    cls = f"pdrig.{report.name}"
+    refs = scenario_references(report)
+    cases = []
+    for s in report.scenarios:
+        v = s.verdict
+        # "not checked" said once: its detail already starts with it
+        props = tuple((f"check.{c.name}", c.detail if c.detail.startswith(c.state) else f"{c.state}: {c.detail}")
+                      for c in v.checks)
         detail = "\n".join(f"{c.name}: {c.state} - {c.detail}" for c in v.checks)
-        if v.verdict == "XFAIL":
-            n_skip += 1
-            ET.SubElement(case, "skipped", message=f"xfail: {v.reason}"[:1000]).text = detail
-        elif v.verdict in ("FAIL", "XPASS"):
-            n_fail += 1
-            ET.SubElement(case, "failure", message=f"{v.verdict}: {v.reason}"[:1000]).text = detail
-        elif v.verdict == "ERROR":
-            n_err += 1
-            ET.SubElement(case, "error", message=v.reason[:1000]).text = "\n".join(filter(None, [v.reason, detail]))
-        ref = scenario_references(result).get(v.scenario)
-        ET.SubElement(case, "system-out").text = v.expectation + (f"\nreference: {ref}" if ref else "")
-    for name in result.not_run:  # never started: an error with the reason, never a pass
-        n_cases += 1
-        n_err += 1
-        case = ET.SubElement(suite, "testcase", classname=f"pdrig.{result.name}", name=name, time="0")
-        why = f"NOT RUN: the run stopped first ({result.status}: {result.error})"
-        ET.SubElement(case, "error", message=why[:1000])
-    if n_cases == 0 and result.status in ("error", "interrupted"):
+        outcome, message, text = {
+            "XFAIL": ("skipped", f"xfail: {v.reason}", detail),
+            "FAIL": ("failure", f"{v.verdict}: {v.reason}", detail),
+            "XPASS": ("failure", f"{v.verdict}: {v.reason}", detail),
+            "ERROR": ("error", v.reason, "\n".join(filter(None, [v.reason, detail]))),
+        }.get(v.verdict, ("passed", "", None))
+        ref = refs.get(v.scenario)
+        cases.append(Case(cls, v.scenario, outcome, message, text,  # type: ignore[arg-type]
+                          s.observation.wall_s if s.observation else 0.0, props,
+                          v.expectation + (f"\nreference: {ref}" if ref else "")))
+    for name in report.not_run:  # never started: an error with the reason, never a pass
+        cases.append(Case(cls, name, "error", f"NOT RUN: the run stopped first ({report.status}: {report.error})",
+                          time_s=0.0))
+    if not cases and report.status in ("error", "interrupted"):
         # A run that ended before any scenario must not look green to CI just because none failed.
-        n_err += 1
-        n_cases += 1
-        case = ET.SubElement(suite, "testcase", classname=f"pdrig.{result.name}", name="pdrig-run")
-        ET.SubElement(case, "error", message=f"run {result.status}: {result.error}"[:1000]).text = result.error
-    suite.set("tests", str(n_cases))
-    suite.set("failures", str(n_fail))
-    suite.set("errors", str(n_err))
-    suite.set("skipped", str(n_skip))
-    return ET.tostring(suite, encoding="unicode", xml_declaration=True)
+        cases.append(Case(cls, "pdrig-run", "error", f"run {report.status}: {report.error}", report.error))
+    props = (("pdrig_run_status", report.status), *((("pdrig_run_error", report.error),) if report.error else ()))
+    return Suite(cls, cases, props)
 
 
 def startup_line(name: str, f: dict[str, Any]) -> str:
@@ -298,41 +252,35 @@ def startup_table_md(startup: dict[str, dict[str, Any]]) -> list[str]:
     return [*out, ""]
 
 
-def result_json(result: RunResult) -> dict[str, Any]:
-    """The full report as a JSON-able dict."""
-    return {
-        "name": result.name, "run_dir": result.run_dir, "status": result.status,
-        "error": result.error, "vllm_version": result.vllm_version, "timings": result.timings,
-        "startup": result.startup, "not_run": result.not_run,
-        "config": result.config, "plan": result.plan,
-        "scenarios": [{"verdict": v.to_json(),
-                       "observation": next((o.to_json() for o in result.observations
-                                            if o.scenario == v.scenario), None)}
-                      for v in result.verdicts],
-    }
-
-
-def write_report(result: RunResult) -> Path:
-    """Write report.json, junit.xml and summary.md into ``result.run_dir``; returns the dir."""
-    d = Path(result.run_dir)
+def write_files(report: Report) -> Path:
+    """Write report.json, junit.xml and summary.md of ``report`` into its ``run_dir``, and
+    ``waves/<scenario>.json`` / ``store/<scenario>.json`` (the kind's part of each wave / store
+    scenario report); returns the dir."""
+    d = Path(report.run_dir)
     d.mkdir(parents=True, exist_ok=True)
-    (d / "report.json").write_text(json.dumps(result_json(result), indent=1, default=str))
-    (d / "junit.xml").write_text(render_junit(result))
-    (d / "summary.md").write_text(render_summary_md(result))
+    (d / "report.json").write_text(report.model_dump_json(indent=1))
+    (d / "junit.xml").write_text(render_junit(junit_suite(report)))
+    (d / "summary.md").write_text(render_summary_md(report))
+    for s in report.scenarios:  # each wave's and store scenario's own facts beside its other files
+        kind_part = getattr(s, "wave", None) or getattr(s, "store", None)
+        if kind_part is not None:
+            sub = d / ("waves" if s.kind in ("prefix-wave", "pressure-wave") else "store")
+            sub.mkdir(exist_ok=True)
+            (sub / f"{s.verdict.scenario}.json").write_text(kind_part.model_dump_json(indent=1))
     return d
 
 
 _STYLE = {"PASS": "green", "XFAIL": "yellow", "XPASS": "bold red", "FAIL": "bold red", "ERROR": "bold magenta"}
 
 
-def print_summary(result: RunResult, console: Console | None = None) -> None:
+def print_report(report: Report, console: Console | None = None) -> None:
     """The verdict table and the run directory on the terminal."""
     # Off a terminal (CI logs, redirects) rich would wrap at 80 columns, one word per line.
     console = console or (Console() if Console().is_terminal else Console(width=240))
-    rows = scenario_rows(result)
+    rows = scenario_rows(report)
     # The title is a line of its own, cut to the terminal's width: as the table's title rich wraps
     # it to the table's width, over several lines when the table is narrow (or empty).
-    console.print(f"[bold]pdrig {escape(result.name)}: {result.status.upper()}[/]", no_wrap=True, overflow="ellipsis")
+    console.print(f"[bold]pdrig {escape(report.name)}: {report.status.upper()}[/]", no_wrap=True, overflow="ellipsis")
     if rows:
         table = Table(show_lines=False)
         for col in rows[0]:
@@ -344,15 +292,15 @@ def print_summary(result: RunResult, console: Console | None = None) -> None:
         console.print(table)
     else:
         console.print("no scenario was judged")
-    for line in known_issue_lines(result):
+    for line in known_issue_lines(report):
         console.print(escape(line))
-    if result.error:
-        console.print(f"[bold red]error:[/] {escape(result.error)}")
-    if result.not_run:
-        console.print(f"[bold magenta]NOT RUN[/] ({len(result.not_run)}, the run stopped first): "
-                      + escape(", ".join(result.not_run)))
-    if result.timings:
-        console.print("timings: " + ", ".join(f"{k} {v:.1f} s" for k, v in result.timings.items()))
-    if result.startup:
-        console.print("start-up: " + escape("; ".join(startup_line(n, f) for n, f in result.startup.items())))
-    console.print(f"run directory: {escape(result.run_dir)}")
+    if report.error:
+        console.print(f"[bold red]error:[/] {escape(report.error)}")
+    if report.not_run:
+        console.print(f"[bold magenta]NOT RUN[/] ({len(report.not_run)}, the run stopped first): "
+                      + escape(", ".join(report.not_run)))
+    if report.timings:
+        console.print("timings: " + ", ".join(f"{k} {v:.1f} s" for k, v in report.timings.items()))
+    if report.startup:
+        console.print("start-up: " + escape("; ".join(startup_line(n, f) for n, f in report.startup.items())))
+    console.print(f"run directory: {escape(report.run_dir)}")

@@ -3,14 +3,14 @@ its step, route and event times (ms from the scenario's start), then the stall a
 
 from __future__ import annotations
 
-from rig.workload.sequence import SequenceResult
+from rig.report.model import SequenceReport
 
 
 def _ms(v: float | None) -> str:
     return "-" if v is None else f"{v:.0f}"
 
 
-def sequence_section(scenario: str, result: SequenceResult) -> str:
+def sequence_section(scenario: str, result: SequenceReport) -> str:
     """A summary.md section: one row per request (step, route, sent / prefill answered / decode
     sent / answered / ended in ms from the scenario's start, outcome, diagnosis), then the stall
     diagnosis and P's reaping of abandoned leases when there were any."""
@@ -24,9 +24,10 @@ def sequence_section(scenario: str, result: SequenceResult) -> str:
         out += f"\nStall: {result.stall}\n"
     r = result.reap
     if r is not None:
-        out += (f"\nAbandoned leases: {r.want} request(s), last prefill answer at {_ms(r.last_abandoned_ms)} ms; "
-                f"P's expired counter rose by {r.rose:g}"
-                + (f", all reaped at {_ms(r.reaped_ms)} ms (outstanding then: "
-                   f"{', '.join(r.outstanding_then) or 'none'})" if r.reaped_ms is not None else ", not all reaped")
+        out += (f"\nAbandoned leases: {r['want']} request(s), last prefill answer at {_ms(r['last_abandoned_ms'])} ms; "
+                f"P's expired counter rose by {r['rose']:g}"
+                + (f", all reaped at {_ms(r['reaped_ms'])} ms (outstanding then: "
+                   f"{', '.join(r['outstanding_then']) or 'none'})" if r['reaped_ms'] is not None
+                   else ", not all reaped")
                 + "\n")
     return out

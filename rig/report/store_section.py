@@ -4,11 +4,12 @@ per-wave tables."""
 
 from __future__ import annotations
 
-from rig.config import ScenarioConfig
-from rig.judge.store_checks import cancel_summary, fmt_bytes
-from rig.judge.verdict import ScenarioVerdict
-from rig.observe.observations import ScenarioObservation
-from rig.observe.store_metrics import StoreObservation
+from rig.report.model import ObservationReport, StoreReport, VerdictReport
+
+
+def fmt_bytes(v: float) -> str:
+    """``1,234 B``: a byte count as the store checks' details write it (rig.judge.store_checks)."""
+    return f"{v:,.0f} B"
 
 
 def _ratio(v: float | None) -> str:
@@ -16,12 +17,12 @@ def _ratio(v: float | None) -> str:
     return "-" if v is None else f"{v:.2f}"
 
 
-def store_section(sc: ScenarioConfig, obs: ScenarioObservation, so: StoreObservation,
-                  verdict: ScenarioVerdict | None = None) -> str:
-    """Markdown for summary.md: the store facts of one scenario."""
-    lines = [f"## Mooncake store: `{sc.name}` ({so.kind})" + (f" - {verdict.verdict}" if verdict else ""), ""]
-    if sc.description:
-        lines += [sc.description.strip(), ""]
+def store_section(name: str, description: str, obs: ObservationReport | None, so: StoreReport,
+                  verdict: VerdictReport | None = None) -> str:
+    """Markdown for summary.md: the store facts of scenario ``name``."""
+    lines = [f"## Mooncake store: `{name}` ({so.kind})" + (f" - {verdict.verdict}" if verdict else ""), ""]
+    if description:
+        lines += [description.strip(), ""]
     if verdict and verdict.checks:
         lines.append("| check | ok | detail |")
         lines.append("|---|---|---|")
@@ -29,8 +30,9 @@ def store_section(sc: ScenarioConfig, obs: ScenarioObservation, so: StoreObserva
             lines.append(f"| {c.name} | {'yes' if c.ok else '**NO**'} | {c.detail.replace('|', '/')} |")
         lines.append("")
     ma = so.master_after
+    dead = obs.dead if obs else {}
     facts = [
-        ("master alive to the end", f"{'yes' if so.master_alive_end and so.master_name not in obs.dead else 'NO'} "
+        ("master alive to the end", f"{'yes' if so.master_alive_end and so.master_name not in dead else 'NO'} "
                                     f"({so.master_health[:80]})"),
         ("failed GET keys (load_get)", f"{so.failed_load_keys:.0f}"),
         ("rejected PUT keys (save_put, allowed)", f"{so.rejected_put_keys:.0f}"),
@@ -50,8 +52,8 @@ def store_section(sc: ScenarioConfig, obs: ScenarioObservation, so: StoreObserva
                                                  f"+{so.master.get('put_start_alloc_failures', 0):.0f}"),
         ("P puts visible in the master after", ", ".join(f"{w:.2f} s" for w in so.put_waits) or "-"),
     ]
-    if any(r.cancel is not None for r in obs.records):  # the store wave's planned cancels (bug record R14)
-        facts.append(("planned cancellations", cancel_summary(obs.records)))
+    if so.cancel_summary:  # the store wave's planned cancels (bug record R14)
+        facts.append(("planned cancellations", so.cancel_summary))
     if so.resets:
         facts.append(("prefix-cache resets between rounds", "; ".join(
             f"round {r['round']} {r['instance']}: {'ok' if r['success'] else 'FAILED'} (HTTP {r['status']}, "

@@ -6,22 +6,21 @@ from __future__ import annotations
 import contextlib
 from pathlib import Path
 
-from rig.judge.verdict import ScenarioVerdict
-from rig.workload.wave_result import WaveResult
+from rig.report.model import VerdictReport, WaveReport
 
 
 def _f(v: float | None, unit: str = "", scale: float = 1.0, digits: int = 0) -> str:
     return "-" if v is None else f"{v * scale:.{digits}f}{unit}"
 
 
-def wave_section(wave: WaveResult, verdict: ScenarioVerdict | None = None, link_base: str | Path | None = None) -> str:
+def wave_section(wave: WaveReport, verdict: VerdictReport | None = None, link_base: str | Path | None = None) -> str:
     """The wave's markdown section for summary.md: parameters, outcome counts, throughput and
     latency, per-instance peaks and counter deltas, checks, and the timeline plot.
 
     Paths are written relative to ``link_base`` (default: the directory above ``waves/``, i.e.
     the run directory where summary.md lives).
     """
-    s = wave.summary()
+    s = wave.summary
     pr = wave.params
     # The heading names the scenario; its kind only when the name does not already say it.
     title = wave.scenario if wave.kind in wave.scenario else f"{wave.kind} `{wave.scenario}`"

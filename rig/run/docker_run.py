@@ -34,7 +34,7 @@ from rig.cluster.ports import reserve as reserve_ports
 from rig.config import RigConfig, ScenarioConfig
 from rig.connectors.mooncake import MASTER_ROLE
 from rig.plan import compose
-from rig.report.render import write_report
+from rig.report.build import write_report
 from rig.run.runner import RunResult, SuiteRunner, phases_of, resolve_model
 
 

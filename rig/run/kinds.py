@@ -4,8 +4,9 @@ The runner owns what every kind shares (metric snapshots before and after, trans
 drain-to-idle, liveness, fatal log lines); a kind only fills the request-level part of the
 :class:`~rig.observe.observations.ScenarioObservation` and may return a kind-specific result that its
 judge reads (wave statistics, store counters, retrieval rates). Adding a kind = one entry here;
-its summary.md section is one entry in rig.report.sections. This module is the glue: workload
-(rig.workload) -> checks and verdict (rig.judge) -> section (rig.report).
+its summary.md section is one entry in rig.report.sections, rendered from the report's data
+(rig.report.build puts the kind's result into the scenario's report). This module is the glue:
+workload (rig.workload) -> checks and verdict (rig.judge).
 """
 
 from __future__ import annotations
@@ -32,8 +33,6 @@ from rig.judge.wave_checks import explain_stall, judge_wave
 from rig.observe import metrics as m
 from rig.observe.observations import ScenarioObservation, SnapshotStore
 from rig.observe.stall import cache_info
-from rig.observe.store_metrics import StoreObservation
-from rig.report.sections import section_of
 from rig.transport.client import Transport
 from rig.transport.endpoint import Endpoint
 from rig.transport.records import PDRecord
@@ -41,9 +40,8 @@ from rig.workload.edge import flush_prefill_pool, run_edge
 from rig.workload.faults import FaultResult, run_fault_scenario
 from rig.workload.prompts import seed_of
 from rig.workload.retrieval import RetrievalResult, run_retrieval
-from rig.workload.sequence import SequenceResult, run_sequence_scenario
+from rig.workload.sequence import run_sequence_scenario
 from rig.workload.store import StoreContext, run_store_scenario
-from rig.workload.wave_result import WaveResult
 from rig.workload.waves import run_wave_scenario, usable_blocks_of
 
 
@@ -65,11 +63,11 @@ class ScenarioContext:
 
 @dataclass(frozen=True)
 class Kind:
-    """``run(sc, ctx, obs) -> result`` fills ``obs``; ``judge(sc, obs, result, sections)`` returns
-    the verdict and may append markdown sections for summary.md."""
+    """``run(sc, ctx, obs) -> result`` fills ``obs``; ``judge(sc, obs, result)`` returns the
+    verdict, nothing else (the report renders the kind's section from ``result``)."""
 
     run: Callable[[ScenarioConfig, ScenarioContext, ScenarioObservation], Awaitable[Any]]
-    judge: Callable[[ScenarioConfig, ScenarioObservation, Any, list[str]], ScenarioVerdict]
+    judge: Callable[[ScenarioConfig, ScenarioObservation, Any], ScenarioVerdict]
 
 
 def block_facts(cfg: RigConfig, decode: str) -> BlockFacts:
@@ -119,7 +117,7 @@ async def _usable_from_metrics(ctx: ScenarioContext) -> int | None:
     return usable_in_pool(n)
 
 
-def _judge_edge(sc: ScenarioConfig, obs: ScenarioObservation, result: Any, _sections: list[str]) -> ScenarioVerdict:
+def _judge_edge(sc: ScenarioConfig, obs: ScenarioObservation, result: Any) -> ScenarioVerdict:
     # The checks that follow request fields: a streamed decode hop must be
     # complete and in order; fields such as n on the prefill hop must not leave blocks to the lease.
     extra = [c for c in (stream_check(obs.records),) if c is not None]
@@ -139,19 +137,9 @@ async def _run_wave(sc: ScenarioConfig, ctx: ScenarioContext, obs: ScenarioObser
                                    explain=explain_stall, probe=ctx.cluster.proc_sample)
 
 
-def _judge_wave(sc: ScenarioConfig, obs: ScenarioObservation, result: WaveResult | None,
-                sections: list[str]) -> ScenarioVerdict:
-    return _with_section(sc, obs, result, judge_wave(sc, obs, result), sections)
-
-
 async def _run_store(sc: ScenarioConfig, ctx: ScenarioContext, obs: ScenarioObservation) -> Any:
     return await run_store_scenario(sc, StoreContext.of(ctx.cfg, ctx.cluster, ctx.prefill, ctx.decode, ctx.client,
                                                         ctx.http, ctx.store, ctx.run_dir), obs)
-
-
-def _judge_store(sc: ScenarioConfig, obs: ScenarioObservation, result: StoreObservation | None,
-                 sections: list[str]) -> ScenarioVerdict:
-    return _with_section(sc, obs, result, judge_store(sc, obs, result), sections)
 
 
 async def _run_retrieval(sc: ScenarioConfig, ctx: ScenarioContext, obs: ScenarioObservation) -> Any:
@@ -164,45 +152,27 @@ async def _run_retrieval(sc: ScenarioConfig, ctx: ScenarioContext, obs: Scenario
     return result
 
 
-def _judge_retrieval(sc: ScenarioConfig, obs: ScenarioObservation, result: RetrievalResult | None,
-                     sections: list[str]) -> ScenarioVerdict:
+def _judge_retrieval(sc: ScenarioConfig, obs: ScenarioObservation, result: RetrievalResult | None) -> ScenarioVerdict:
     """The edge checks (completion, parity, transfer, liveness, idle) plus
     rig.judge.checks.retrieval_check, through the one engine."""
-    return _with_section(sc, obs, result, judge(sc, obs, extra=[retrieval_check(result)]), sections)
+    return judge(sc, obs, extra=[retrieval_check(result)])
 
 
 async def _run_fault(sc: ScenarioConfig, ctx: ScenarioContext, obs: ScenarioObservation) -> Any:
     return await run_fault_scenario(sc, ctx, obs)
 
 
-def _judge_fault(sc: ScenarioConfig, obs: ScenarioObservation, result: FaultResult | None,
-                 sections: list[str]) -> ScenarioVerdict:
+def _judge_fault(sc: ScenarioConfig, obs: ScenarioObservation, result: FaultResult | None) -> ScenarioVerdict:
     """Fault scenarios: rig.judge.fault_checks.fault_checks through the one engine."""
-    return _with_section(sc, obs, result, judge(sc, obs, checks=fault_checks(sc, obs, result)), sections)
+    return judge(sc, obs, checks=fault_checks(sc, obs, result))
 
 
 async def _run_sequence(sc: ScenarioConfig, ctx: ScenarioContext, obs: ScenarioObservation) -> Any:
     return await run_sequence_scenario(sc, ctx, obs)
 
 
-def _judge_sequence(sc: ScenarioConfig, obs: ScenarioObservation, result: SequenceResult | None,
-                    sections: list[str]) -> ScenarioVerdict:
-    """Sequence scenarios (bug record R02, R06): rig.judge.sequence_checks through the one engine, with the
-    required checks of its steps' routes."""
-    return _with_section(sc, obs, result, judge_sequence(sc, obs, result), sections)
-
-
-def _with_section(sc: ScenarioConfig, obs: ScenarioObservation, result: Any, verdict: ScenarioVerdict,
-                  sections: list[str]) -> ScenarioVerdict:
-    """Append the kind's summary.md section (rig.report.sections) to ``sections``; return ``verdict``."""
-    text = section_of(sc, obs, result, verdict)
-    if text is not None:
-        sections.append(text)
-    return verdict
-
-
-_WAVE = Kind(_run_wave, _judge_wave)
-_STORE = Kind(_run_store, _judge_store)
+_WAVE = Kind(_run_wave, judge_wave)
+_STORE = Kind(_run_store, judge_store)
 KINDS: dict[str, Kind] = {
     "edge": Kind(_run_edge, _judge_edge),
     "prefix-wave": _WAVE,
@@ -212,5 +182,5 @@ KINDS: dict[str, Kind] = {
     "long-generation": _STORE,
     "retrieval": Kind(_run_retrieval, _judge_retrieval),
     "fault": Kind(_run_fault, _judge_fault),
-    "sequence": Kind(_run_sequence, _judge_sequence),
+    "sequence": Kind(_run_sequence, judge_sequence),
 }

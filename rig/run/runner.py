@@ -10,8 +10,8 @@ The report is rewritten after every scenario and once more on the way out, whate
 out is (pass, fail, exception, Ctrl-C, SIGTERM), so the run directory always holds what was
 observed.
 
-One module (~430 lines) because the phase loop, the scenario-in-flight bookkeeping and every exit
-path of a run share the runner's state; what a scenario kind does is in rig/run/kinds.py.
+The phase loop, the scenario-in-flight bookkeeping and every exit path share the runner's state;
+one scenario's steps are rig/run/lifecycle.py, what a scenario kind does is in rig/run/kinds.py.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ import shutil
 import sys
 import time
 import traceback
-from dataclasses import dataclass, replace
+from dataclasses import asdict, dataclass
 from datetime import datetime
 from pathlib import Path
 
@@ -41,23 +41,27 @@ from rig.cluster.processes import Cluster, ClusterError, startup_affinity
 from rig.cluster.tiny_model import ensure_tiny_model, tiny_model_dir
 from rig.config import ConfigError, RigConfig, ScenarioConfig
 from rig.connectors.mooncake import MASTER_ROLE
-from rig.judge.checks import alive_check
-from rig.judge.signatures import match
 from rig.judge.verdict import ScenarioVerdict, decide, expectation_of
-from rig.observe import metrics as m
 from rig.observe.evidence import (
     UNKNOWN_VERSION,
     LogScanner,
-    MetricPresence,
     metric_presence,
     read_versions,
-    settle_deaths,
 )
-from rig.observe.observations import ScenarioObservation, SnapshotStore, TransferEvidence, wait_idle
+from rig.observe.observations import ScenarioObservation, SnapshotStore
 from rig.plan.processes import Plan, build_plan, with_endpoints
 from rig.proxy import ProxyThread, reserved_proxy
-from rig.report.render import RunResult, print_summary, write_report
+from rig.report.build import RunResult, print_summary, write_report
 from rig.run.kinds import KINDS, ScenarioContext
+from rig.run.lifecycle import (
+    ClusterDeployment,
+    PhaseEvidence,
+    ScenarioOutcome,
+    ScenarioSteps,
+    decode_version,
+    died_verdict,
+    run_scenario,
+)
 from rig.transport import aio
 from rig.transport.client import AiohttpTransport, Transport
 from rig.transport.endpoint import Endpoint
@@ -153,7 +157,7 @@ class SuiteRunner:
         self.result = RunResult(name=cfg.name, run_dir=str(run_dir), config=cfg.model_dump(mode="json"))
         self.logs = LogScanner()  # every instance's log, read through Cluster.log_source
         # scenario -> what its kind returned (wave statistics, store counters, retrieval rates)
-        self.kind_results: dict[str, object] = {}
+        self.kind_results = self.result.kind_results
         # The scenario in flight and its observation as filled so far: kept in the report
         # (ERROR, "interrupted mid-scenario") when Ctrl-C or a crash stops the run inside it.
         self._in_flight: tuple[ScenarioConfig, ScenarioObservation, float] | None = None
@@ -188,8 +192,8 @@ class SuiteRunner:
                               launch_vllm_version(self.cfg.launch.command))
             if self.attach:
                 plan = with_endpoints(plan, self.cfg.attach.endpoints)
-            self.result.plan = plan.to_json()
-            (self.run_dir / "plan.json").write_text(json.dumps(plan.to_json(), indent=1))
+            self.result.plan = asdict(plan)
+            (self.run_dir / "plan.json").write_text(json.dumps(asdict(plan), indent=1))
             (self.run_dir / "config.yaml").write_text(yaml.safe_dump(self.result.config, sort_keys=False))
             if self.announce:
                 print(f"[pdrig] run directory: {self.run_dir}", file=sys.stderr, flush=True)
@@ -251,6 +255,22 @@ class SuiteRunner:
             raise interrupted
         return self.result
 
+    def run_in(self, cluster: Cluster, cfg: RigConfig, scenarios: list[ScenarioConfig],
+               keep: int | None = None) -> ScenarioOutcome:
+        """:meth:`run_on` with ``cfg`` as the config of these scenarios (the workload resolves prompt
+        names in it; the runner's own config is back afterwards, also on an exception); returns the
+        last scenario's outcome. ``keep``: the report then holds only the last ``keep`` scenarios
+        (a long exploration; its history keeps every one)."""
+        kept, self.cfg = self.cfg, cfg
+        try:
+            verdict = self.run_on(cluster, scenarios)[-1]
+        finally:
+            self.cfg = kept
+        out = ScenarioOutcome(self.result.observations[-1], verdict, self.result.kind_results.get(verdict.scenario))
+        if keep is not None:
+            self.result.keep_last(keep)
+        return out
+
     def run_on(self, cluster: Cluster, scenarios: list[ScenarioConfig]) -> list[ScenarioVerdict]:
         """Run ``scenarios`` on a ``cluster`` the caller owns and keeps up between calls (the pytest
         plugin's session topology); returns their verdicts. Phases work as in :meth:`run`
@@ -281,12 +301,11 @@ class SuiteRunner:
         answered = sum(r.outcome == "ok" for r in obs.records)
         obs.wall_s = time.monotonic() - started
         obs.error = obs.error or f"{why}: partial observation ({answered}/{len(obs.records)} requests answered)"
-        self.result.observations.append(obs)
         try:  # the kind's own judge gives ERROR (obs.error is set) with the scenario's expectation
-            verdict = KINDS[sc.kind].judge(sc, obs, None, self.result.extra_sections)
+            verdict = KINDS[sc.kind].judge(sc, obs, None)
         except Exception:  # a judge that needs what the interrupted run never produced
             verdict = ScenarioVerdict(sc.name, "ERROR", "pass", obs.error)
-        self.result.verdicts.append(verdict)
+        self.result.add(sc.kind, obs, verdict)
 
     async def _run_phases(self, cluster: Cluster, plan: Plan, upfront: bool = False) -> None:
         """Run the phases in order. ``upfront`` (``launch.start_all_at_once``): every instance of
@@ -336,18 +355,16 @@ class SuiteRunner:
                     continue
                 t = time.monotonic()
                 warm = await self._warm_up(client, http, cluster, ph)
-                self.result.vllm_version = (self.result.vllm_version or decode_version(warm.versions, ph) or
+                self.result.vllm_version = (self.result.vllm_version or decode_version(warm.versions, ph.decode) or
                                             next((v for v in warm.versions.values() if v != UNKNOWN_VERSION), ""))
                 self.result.timings[f"warm-up phase {i + 1}"] = time.monotonic() - t
                 self.log(f"warmed up {ph.prefill} -> {ph.decode} in {time.monotonic() - t:.1f} s")
                 for sc in ph.scenarios:
                     self.log(f"scenario {sc.name} on {ph.prefill} -> {ph.decode}")
-                    obs, kind_result = await self._scenario(sc, ph, cluster, client, http, store, warm)
+                    out = await self._scenario(sc, ph, cluster, client, http, store, warm)
                     self._in_flight = None
-                    self.result.observations.append(obs)
-                    self.kind_results[sc.name] = kind_result
-                    verdict = self._judge(sc, obs, kind_result)
-                    self.result.verdicts.append(verdict)
+                    verdict = out.verdict
+                    self.result.add(sc.kind, out.observation, verdict, out.kind_result)
                     self.log(f"  {verdict.verdict}: {verdict.reason[:200]}")
                     write_report(self.result)
         finally:
@@ -397,26 +414,9 @@ class SuiteRunner:
         obs.death_lines = {n: self.unavailable[n][1] for n in obs.dead}
         verdict = died_verdict(sc, obs) if obs.dead else decide(sc.name, [], expectation_of(sc, obs), error=obs.error)
         self._unrun.add(sc.name)
-        self.result.observations.append(obs)
-        self.result.verdicts.append(verdict)
+        self.result.add(sc.kind, obs, verdict)
         self.log(f"scenario {sc.name}: {verdict.verdict}: {verdict.reason[:200]}")
         write_report(self.result)
-
-    def _judge(self, sc: ScenarioConfig, obs: ScenarioObservation, kind_result: object) -> ScenarioVerdict:
-        """The kind's verdict; a rig exception while judging is that scenario's ERROR (traceback
-        in rig-traceback.txt), and the run goes on. A scenario whose kind produced nothing
-        because an instance it needs died (before it ran, or while it ran) gets the death's
-        verdict (:func:`died_verdict`) in every kind, ``fault`` included: a fault scenario kills
-        on purpose and judges those deaths itself, but only from the result its workload returns;
-        with no result its fault never fired, so the death is not its own (e.g. P died at the
-        warm-up before it: FAIL "prefill died", not ERROR "the fault workload did not run")."""
-        if obs.dead and kind_result is None:
-            return died_verdict(sc, obs)
-        try:
-            return KINDS[sc.kind].judge(sc, obs, kind_result, self.result.extra_sections)
-        except Exception as e:
-            why = self._rig_exception(sc.name, "judging", e)
-            return ScenarioVerdict(sc.name, "ERROR", "pass", why, [])
 
     def _rig_exception(self, scenario: str, doing: str, e: Exception) -> str:
         """Append the current traceback to ``rig-traceback.txt`` (one section per exception) and
@@ -454,50 +454,28 @@ class SuiteRunner:
         return PhaseEvidence(versions, presence)
 
     async def _scenario(self, sc: ScenarioConfig, ph: Phase, cluster: Cluster, client: Transport,
-                        http: httpx.AsyncClient, store: SnapshotStore,
-                        warm: PhaseEvidence) -> tuple[ScenarioObservation, object]:
-        """Run one scenario of any kind; returns its observation and the kind's own result.
+                        http: httpx.AsyncClient, store: SnapshotStore, warm: PhaseEvidence) -> ScenarioOutcome:
+        """Run and judge one scenario of any kind on the phase's pair
+        (:func:`rig.run.lifecycle.run_scenario`); the observation is kept in flight meanwhile.
 
         Not run (the observation says why) when an instance it needs is dead (FAIL: ``dead``,
         ``death_lines``) or lacks a metric its checks read (ERROR naming it). A rig exception
         while running it is that scenario's ERROR with the traceback in rig-traceback.txt."""
-        timeouts = self.cfg.timeouts
-        kind_result: object = None
         obs = ScenarioObservation(scenario=sc.name, decode=ph.decode, prefill=ph.prefill,
-                                  vllm_version=decode_version(warm.versions, ph), versions=dict(warm.versions),
+                                  vllm_version=decode_version(warm.versions, ph.decode), versions=dict(warm.versions),
                                   missing_metrics=warm.presence.all_missing(),
                                   kv_bytes_per_block=self.cfg.kv_bytes_per_block(ph.decode),
                                   block_size=self.cfg.instance(ph.decode).block_size or self.cfg.block_size)
-        t0 = time.monotonic()
-        self._in_flight = (sc, obs, t0)
-        p = Endpoint(ph.prefill, cluster.url(ph.prefill))
-        d = Endpoint(ph.decode, cluster.url(ph.decode))
-        needed = [ph.prefill, ph.decode]
-        dead = await settle_deaths(http, cluster, needed, timeouts.shutdown_grace_s)
-        missing_error = warm.presence.error(warm.versions)
-        if not any(n in dead for n in needed) and missing_error:
-            obs.error = missing_error
-        elif not any(n in dead for n in needed):
-            got: dict[str, object] = {}
-            try:
-                await self._run_kind(sc, cluster, client, http, store, obs, p, d, got)
-            except httpx.HTTPError as e:
-                # An instance that died is an observation (FAIL), not a rig error.
-                dead = await settle_deaths(http, cluster, needed, timeouts.shutdown_grace_s)
-                if not any(n in dead for n in needed):
-                    obs.error = f"metrics unavailable: {type(e).__name__}: {e}"
-            except Exception as e:  # the rig's own bug: this scenario is ERROR, the run goes on
-                obs.error = self._rig_exception(sc.name, "running it", e)
-            kind_result = got.get("result")
-        obs.timeline = store.rows_of(sc.name)
-        obs.dead = await settle_deaths(http, cluster, needed, timeouts.shutdown_grace_s)
-        if self.attach:  # gone because its owner stopped it (`pdrig up` after another died): no death
-            obs.stopped = {n: line for n in obs.dead if (line := self.logs.stop_line(cluster, n))}
-            obs.dead = {n: rc for n, rc in obs.dead.items() if n not in obs.stopped}
-        obs.death_lines = {n: self.logs.death_line(cluster, n) for n in obs.dead}
-        self.logs.scan(cluster, obs)
-        obs.wall_s = time.monotonic() - t0
-        return obs, kind_result
+        self._in_flight = (sc, obs, time.monotonic())
+        deployment = ClusterDeployment(cluster, ph.prefill, ph.decode, self.logs, self.attach,
+                                       self.cfg.timeouts.shutdown_grace_s)
+
+        async def run(o: ScenarioObservation) -> object:
+            return await self._run_kind(sc, deployment, client, http, store, o)
+
+        steps = ScenarioSteps(run, lambda o, result: KINDS[sc.kind].judge(sc, o, result), http, store,
+                              self.cfg.timeouts.drain_s, self._rig_exception, warm.presence.error(warm.versions))
+        return await run_scenario(sc, deployment, steps, obs)
 
     def _save_proxy_metrics(self, proxy: ProxyThread, scenario: str) -> None:
         """The rig-started proxy's own /metrics (statuses, failed hops, hop times) next to the
@@ -506,79 +484,19 @@ class SuiteRunner:
             text = httpx.get(proxy.url + "/metrics", timeout=5.0).text
             (self.run_dir / f"proxy-{scenario}.metrics.txt").write_text(text)
 
-    async def _run_kind(self, sc: ScenarioConfig, cluster: Cluster, client: Transport, http: httpx.AsyncClient,
-                        store: SnapshotStore, obs: ScenarioObservation, p: Endpoint, d: Endpoint,
-                        got: dict[str, object]) -> None:
-        """The kind's requests between metric snapshots, then transfer evidence and drains.
-        The kind's own result goes to ``got["result"]`` as soon as it exists (a failure after the
-        kind ran keeps it). Raises httpx.HTTPError when an instance stops answering."""
-        timeouts = self.cfg.timeouts
-        before = {e.name: await m.scrape(http, e.url, e.name) for e in (p, d)}
-        for s in before.values():
-            store.save(f"{sc.name}-before", s)
-            store.sample(sc.name, s)  # the timeline's first row per instance (counters-monotonic)
+    async def _run_kind(self, sc: ScenarioConfig, deployment: ClusterDeployment, client: Transport,
+                        http: httpx.AsyncClient, store: SnapshotStore, obs: ScenarioObservation) -> object:
+        """The kind's requests (``Kind.run``), through a ``pdrig proxy`` the runner starts on a
+        reserved port when the scenario's router steps need one; returns the kind's result."""
+        p, d = deployment.prefills[0], deployment.decodes[0]
         with contextlib.ExitStack() as stack:
             router_url = None
             if sc.via_router and sc.router_url is None:
                 proxy = stack.enter_context(reserved_proxy([(p.name, p.url)], [(d.name, d.url)],
                                                            self.cfg.ports.lock_dir, str(self.run_dir),
-                                                           self.cfg.launch.host, timeouts.request_s))
+                                                           self.cfg.launch.host, self.cfg.timeouts.request_s))
                 router_url = proxy.url
                 stack.callback(self._save_proxy_metrics, proxy, sc.name)
-            ctx = ScenarioContext(self.cfg, cluster, p, d, client, http, store, self.run_dir, self.quiet, router_url)
-            got["result"] = await KINDS[sc.kind].run(sc, ctx, obs)
-        after_d = await m.scrape(http, d.url, d.name)
-        store.save(f"{sc.name}-after", after_d)
-        store.sample(sc.name, after_d)
-        obs.evidence = TransferEvidence.between(before[d.name], after_d)
-        # P's counters too (its preemptions: expect.min_preemptions_on prefill, bug record R11's P side).
-        # P's metrics are not in the warm-up's presence list, so a counter P lacks is listed here:
-        # the check that reads it is then "not checked", never a 0 that fails or passes.
-        # A P that a fault killed answers nothing: no prefill evidence (not checked), and the
-        # drains below still run as before.
-        with contextlib.suppress(httpx.HTTPError, ValueError):
-            after_p = await m.scrape(http, p.url, p.name)
-            store.save(f"{sc.name}-after", after_p)
-            store.sample(sc.name, after_p)
-            obs.prefill_evidence = TransferEvidence.between(before[p.name], after_p)
-            # Only the counter a check reads on P (expect.min_preemptions_on); a P without a spec
-            # method has no spec_decode_* series at all, which is not a gap.
-            if not after_p.has(m.PREEMPTIONS):
-                obs.missing_metrics[p.name] = sorted({*obs.missing_metrics.get(p.name, []), m.PREEMPTIONS})
-        # D first (the subject), then P, which may hold blocks for an abandoned transfer
-        # until its kv_lease_duration (30 s by default) expires.
-        for e in (d, p):
-            obs.drains.append(await wait_idle(http, e.name, e.url, before[e.name].get(m.KV_USAGE) or 0.0,
-                                              timeouts.drain_s))
-        for e in (p, d):
-            idle = await m.scrape(http, e.url, e.name)
-            store.save(f"{sc.name}-idle", idle)
-            store.sample(sc.name, idle)
-
-
-def died_verdict(sc: ScenarioConfig, obs: ScenarioObservation) -> ScenarioVerdict:
-    """FAIL "<instance> died (exit N): <death line>" for a scenario that could not run because an
-    instance it needs died (``obs.dead``, ``obs.death_lines``): the verdict engine
-    (:func:`rig.judge.verdict.decide`) on the ``alive`` check alone, so a known issue whose
-    signature is that death still gives XFAIL."""
-    exp = replace(expectation_of(sc, obs), required=("alive",))
-    m = match(sc.known_issue.symptom, obs, []) if sc.known_issue is not None and not exp.tamper else None
-    return decide(sc.name, [alive_check(obs)], exp, m, obs.error, dead=True)
-
-
-@dataclass
-class PhaseEvidence:
-    """What the warm-up of a phase learnt: ``versions`` (``{instance: /version}``, "unknown" when
-    it did not answer) and which metrics the checks read each instance lacks."""
-
-    versions: dict[str, str]
-    presence: MetricPresence
-
-
-def decode_version(versions: dict[str, str], ph: Phase) -> str:
-    """The version a known issue is matched against (``ScenarioObservation.vllm_version``): the
-    decode's, the subject of the scenarios; '' when it did not answer ``/version`` (never the
-    prefill's instead: ``versions`` holds both, and unknown or different versions are the verdict
-    engine's to judge)."""
-    v = versions.get(ph.decode, UNKNOWN_VERSION)
-    return "" if v == UNKNOWN_VERSION else v
+            ctx = ScenarioContext(self.cfg, deployment.cluster, p, d, client, http, store, self.run_dir, self.quiet,
+                                  router_url)
+            return await KINDS[sc.kind].run(sc, ctx, obs)

@@ -12,7 +12,7 @@ instance that served a hop is ``p_instance``/``d_instance`` on a wave record and
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import dataclass, field, fields
 from typing import Any, Literal
 
 # The outcome of a request, one word (``RequestRecord.outcome``):
@@ -261,12 +261,6 @@ class PDRecord(RequestRecord):
     def total_tokens(self) -> int | None:
         """Total tokens reported by D's ``usage`` (None without an answer)."""
         return (self.decode.usage or {}).get("total_tokens") if self.decode else None
-
-    def to_json(self) -> dict[str, Any]:
-        """JSON-able dict (the prompt itself is left out; its length and seed identify it)."""
-        d = asdict(self)
-        d.pop("prompt")
-        return d
 
 
 @dataclass(slots=True, kw_only=True)

@@ -87,10 +87,6 @@ class FaultResult:
     idle_bound_s: float = 0.0
     drains: list[DrainResult] = field(default_factory=list)
 
-    def to_json(self) -> dict[str, Any]:
-        """JSON-able dict."""
-        return asdict(self)
-
 
 class FaultCluster(Protocol):
     """What a fault does to the topology (:class:`rig.cluster.processes.Cluster` has it)."""
@@ -402,4 +398,4 @@ async def run_fault_scenario(sc: ScenarioConfig, ctx: FaultContext, obs: Scenari
     try:
         return await ex.run()
     finally:  # kept also when the scenario fails or is interrupted
-        (ctx.run_dir / f"faults-{sc.name}.json").write_text(json.dumps(ex.result.to_json(), indent=1))
+        (ctx.run_dir / f"faults-{sc.name}.json").write_text(json.dumps(asdict(ex.result), indent=1))

@@ -42,6 +42,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+from dataclasses import asdict
 from typing import Any
 
 import httpx
@@ -493,4 +494,4 @@ async def run_sequence_scenario(sc: ScenarioConfig, ctx: Any, obs: ScenarioObser
     try:
         return await seq.run()
     finally:
-        (ctx.run_dir / f"sequence-{sc.name}.json").write_text(json.dumps(seq.result.to_json(), indent=1))
+        (ctx.run_dir / f"sequence-{sc.name}.json").write_text(json.dumps(asdict(seq.result), indent=1))

@@ -8,8 +8,7 @@ waves: the judge and the report read the result, never run a sequence.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
-from typing import Any
+from dataclasses import dataclass, field
 
 from rig.config.sequence import SequenceConfig, Step
 from rig.observe import metrics as m
@@ -121,9 +120,6 @@ class SequenceResult:
     router_url: str = ""  # where route router steps went ('' = no router step)
     refusals: list[RefusalProbe] = field(default_factory=list)
 
-    def to_json(self) -> dict[str, Any]:
-        """JSON-able dict."""
-        return asdict(self)
 
 
 def step_of(spec: SequenceConfig, request_id: str, scenario: str) -> Step | None:

@@ -56,7 +56,6 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import json
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -316,7 +315,4 @@ async def _run(sc: ScenarioConfig, st: StoreScenarioConfig, ctx: StoreContext, o
         so.master_alive_end = r.status_code == 200 and '"ok"' in r.text
     except httpx.HTTPError as e:
         so.master_health = f"unreachable: {type(e).__name__}: {e}"
-    out = ctx.run_dir / "store"
-    out.mkdir(parents=True, exist_ok=True)
-    (out / f"{sc.name}.json").write_text(json.dumps(so.to_json(), indent=1, default=str))
-    return so
+    return so  # store/<name>.json is the report's: rig.report.render writes it from the report model

@@ -91,16 +91,3 @@ class WaveResult:
                           "max": lat[-1] if lat else None},
             "ttft_s": {"p50": _pct(ttft, 50), "p95": _pct(ttft, 95), "p99": _pct(ttft, 99)},
         }
-
-    def to_json(self) -> dict[str, Any]:
-        """JSON-able dict (records are in the records file, not here)."""
-        return {"scenario": self.scenario, "kind": self.kind, "client": self.client, "params": self.params,
-                "instances": self.instances, "summary": self.summary(), "usable_blocks": self.usable_blocks,
-                "block_size": self.block_size, "max_model_len": self.max_model_len,
-                "baseline_kv": self.baseline_kv, "deltas": self.deltas, "peaks": self.peaks,
-                "expected_prefix_hits": self.expected_prefix_hits, "prefix_fits": self.prefix_fits,
-                "prefix_note": self.prefix_note, "parity": self.parity,
-                "drains": [d.__dict__ for d in self.drains], "timeline_png": self.timeline_png,
-                "records_path": self.records_path, "scrape_errors": self.scrape_errors,
-                "samples": self.samples, "stalls": self.stalls, "kv_lease_s": self.kv_lease_s,
-                "plot_error": self.plot_error, "error": self.error}

@@ -165,7 +165,8 @@ async def run_wave(sc: ScenarioConfig, model: str, prefills: list[Endpoint], dec
 
     Takes a baseline scrape of every instance, samples the timeline while the engine sends the
     requests, scrapes again (counter deltas), then runs the parity sample and writes the records,
-    the wave JSON and the timeline PNG into ``out_dir``. Problems reaching the servers end up in
+    and the timeline PNG into ``out_dir`` (the wave's JSON, ``<name>.json`` beside them, is the report's:
+    rig.report.render writes it from the report model). Problems reaching the servers end up in
     ``WaveResult.error``; this function does not raise for them.
     """
     w = sc.wave or WaveConfig()
@@ -275,7 +276,6 @@ async def run_wave(sc: ScenarioConfig, model: str, prefills: list[Endpoint], dec
         except Exception as e:  # a plot must never cost the run its verdict
             res.timeline_png = None
             res.plot_error = f"{type(e).__name__}: {e}"
-        (out / f"{sc.name}.json").write_text(json.dumps(res.to_json(), indent=1, default=str))
     for rec in res.records:  # the sample's tokens were only needed for parity
         rec.token_ids = None
     return res

@@ -265,10 +265,10 @@ def test_a_rig_exception_is_that_scenarios_error_with_its_traceback_and_the_run_
             raise RuntimeError("a bug in the rig")
         return await edge.run(sc, ctx, obs)
 
-    def judge(sc, obs, result, sections):
+    def judge(sc, obs, result):
         if sc.name == "bad-judge":
             raise KeyError("missing-field")
-        return edge.judge(sc, obs, result, sections)
+        return edge.judge(sc, obs, result)
 
     monkeypatch.setitem(kinds.KINDS, "edge", kinds.Kind(run, judge))
     cfg = _cfg(base, scenarios=[scenario("boom", "decode"), scenario("bad-judge", "decode"),
@@ -392,7 +392,7 @@ def test_attach_to_pdrig_up_names_the_dead_decode_and_the_prefill_its_owner_stop
     import asyncio
     import threading
 
-    from rig.run import runner as runner_mod
+    from rig.run import lifecycle as runner_mod
 
     cfg = _cfg(base, decodes={"decode": {"env": {"FAKE_VLLM_FAULT": "crash-mid-request", "FAKE_VLLM_FAULT_ARG": "3"}}},
                scenarios=[scenario("one", "decode")])

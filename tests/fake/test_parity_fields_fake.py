@@ -133,6 +133,8 @@ def test_echo_with_logprobs_recomputes_where_declared(suite):
 
 
 def test_report_json_keeps_the_answer_fields_and_the_reference(suite):
-    rec = suite[1]["recompute-declared"].to_json()["records"][0]
+    from rig.report.build import observation_report
+
+    rec = observation_report(suite[1]["recompute-declared"]).model_dump(mode="json")["records"][0]
     assert rec["decode"]["answer_fields"]["choices"][0]["prompt_logprobs"][0] is None
     assert len(rec["reference"]["answer_fields"]["choices"][0]["prompt_logprobs"]) == 40

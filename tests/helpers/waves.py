@@ -12,6 +12,7 @@ from rig.judge import wave_checks as wj
 from rig.observe import drain
 from rig.observe import metrics as m
 from rig.observe.observations import ScenarioObservation, SnapshotStore, TransferEvidence
+from rig.report.build import verdict_report, wave_report
 from rig.report.wave_section import wave_section
 from rig.workload import waves as wv
 
@@ -41,4 +42,4 @@ async def wave_and_drain(sc, p, d, tmp: Path, drain_s: float = 5.0, block_size: 
                               fatal_lines={p.name: [], d.name: []}, kv_integrity_lines={p.name: [], d.name: []},
                               timeline=store.rows_of(sc.name))
     v = wj.judge_wave(sc, obs, res)
-    return res, obs, v, [wave_section(res, v)]
+    return res, obs, v, [wave_section(wave_report(res), verdict_report(v))]

@@ -57,15 +57,15 @@ def test_require_makes_the_check_required_and_a_gap_is_error():
     sc = edge96(require=["cached-tokens"])
     assert "cached-tokens" in required_checks(sc) and "cached-tokens" not in required_checks(edge96())
     judge_edge = KINDS["edge"].judge
-    v = judge_edge(sc, obs96(ok_record(0, n=96)), None, [])  # no details on either hop
+    v = judge_edge(sc, obs96(ok_record(0, n=96)), None)  # no details on either hop
     assert v.verdict == "ERROR" and "cached-tokens not checked" in v.reason
-    v = judge_edge(sc, obs96(with_cached(ok_record(0, n=96), 0, 0)), None, [])
+    v = judge_edge(sc, obs96(with_cached(ok_record(0, n=96), 0, 0)), None)
     assert v.verdict == "PASS", v.reason
-    v = judge_edge(sc, obs96(with_cached(ok_record(0, n=96), 0, 96)), None, [])
+    v = judge_edge(sc, obs96(with_cached(ok_record(0, n=96), 0, 96)), None)
     assert v.verdict == "FAIL" and "cached-tokens" in v.reason
     # without require the check does not run, even where a hop reports details: bug record R15 asks for an
     # informational verdict, and on 0.28.0 every P/D answer over-reports (docs/howto/regressions.md)
-    v = judge_edge(edge96(), obs96(with_cached(ok_record(0, n=96), 0, 96)), None, [])
+    v = judge_edge(edge96(), obs96(with_cached(ok_record(0, n=96), 0, 96)), None)
     assert v.verdict == "PASS" and all(c.name != "cached-tokens" for c in v.checks)
 
 
@@ -88,20 +88,20 @@ def test_wrong_metrics_known_issue_excuses_the_overcount_on_the_requests_that_sh
     judge_edge = KINDS["edge"].judge
     sc = edge96(require=["cached-tokens"], known_issue=r15_issue())
     # the 0.28.0 symptom: D 96 of 96 cached while P hit 0 -> XFAIL naming the request
-    v = judge_edge(sc, obs96(with_cached(ok_record(0, n=96), 0, 96), version="0.28.0"), None, [])
+    v = judge_edge(sc, obs96(with_cached(ok_record(0, n=96), 0, 96), version="0.28.0"), None)
     assert v.verdict == "XFAIL" and "edge-126-0: D cached_tokens 96 of 96" in v.reason, v.reason
     # a small overcount is another bug: the signature (>= 90 % of the prompt) does not match
-    v = judge_edge(sc, obs96(with_cached(ok_record(0, n=96), 0, 40), version="0.28.0"), None, [])
+    v = judge_edge(sc, obs96(with_cached(ok_record(0, n=96), 0, 40), version="0.28.0"), None)
     assert v.verdict == "FAIL" and "not known issue d-counts-pulled-as-cached" in v.reason, v.reason
     # the symptom excuses cached-tokens only: a divergence on the same request stays FAIL
     bad = with_cached(ok_record(0, n=96), 0, 96)
-    v = judge_edge(sc, obs96(bad, version="0.28.0", parity=[ParityResult("diverged", 0, 7, 517)]), None, [])
+    v = judge_edge(sc, obs96(bad, version="0.28.0", parity=[ParityResult("diverged", 0, 7, 517)]), None)
     assert v.verdict == "FAIL", v.reason
     # a build where D reports honestly: XPASS (strict), so the range gets updated
-    v = judge_edge(sc, obs96(with_cached(ok_record(0, n=96), 0, 0), version="0.28.0"), None, [])
+    v = judge_edge(sc, obs96(with_cached(ok_record(0, n=96), 0, 0), version="0.28.0"), None)
     assert v.verdict == "XPASS", v.reason
     # outside affects: a plain FAIL that names the known issue as a candidate
-    v = judge_edge(sc, obs96(with_cached(ok_record(0, n=96), 0, 96), version="0.32.0"), None, [])
+    v = judge_edge(sc, obs96(with_cached(ok_record(0, n=96), 0, 96), version="0.32.0"), None)
     assert v.verdict == "FAIL" and "outside its declared range" in v.reason, v.reason
 
 

@@ -18,15 +18,12 @@ from rig.observe.observations import (
     IDLE_GAUGES,
     KV_EPS,
     DrainResult,
-    ScenarioObservation,
     SnapshotStore,
     TransferEvidence,
     absent_gauges,
     idle_verdict,
     wait_idle,
 )
-from rig.observe.parity import ParityResult
-from rig.transport.records import PDRecord
 
 
 def prom(waiting=0.0, running=0.0, kv=0.1, extra="") -> str:
@@ -195,34 +192,6 @@ def test_transfer_evidence_is_each_counters_delta():
                                   cached_prompt_tokens=5.0, computed_prompt_tokens=6.0, failed_transfers=2.0,
                                   preemptions=7.0, spec_drafts=8.0)
     assert TransferEvidence() == TransferEvidence(0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0)
-
-
-def test_report_json_keeps_every_observed_fact():
-    rec = PDRecord(request_id="r1", prompt_len=4, max_tokens=2, outcome="ok")
-    obs = ScenarioObservation(
-        "edge", "decode", "prefill", records=[rec], parity=[ParityResult("equal"), None],
-        evidence=TransferEvidence(nixl_bytes=5.0), prefill_evidence=TransferEvidence(preemptions=1.0),
-        fatal_lines={"decode": ["boom"]}, kv_integrity_lines={"prefill": ["expired"]}, dead={"decode": -9},
-        drains=[DrainResult("decode", False, 1.0, 0.1, {"running": 1.0}, "e")], stall_diagnosis="stall",
-        vllm_version="0.32.0", wall_s=3.5, error="rig error", unscanned_logs={"prefill": "no log"},
-        missing_metrics={"decode": [m.KV_USAGE]}, death_lines={"decode": "Killed"},
-        stopped={"prefill": "stopped by owner"}, versions={"decode": "0.32.0"})
-    j = obs.to_json()
-    assert j == {
-        "scenario": "edge", "decode": "decode", "prefill": "prefill", "records": [rec.to_json()],
-        "parity": [ParityResult("equal").to_json(), None],
-        "evidence": TransferEvidence(nixl_bytes=5.0).__dict__,
-        "prefill_evidence": TransferEvidence(preemptions=1.0).__dict__,
-        "fatal_lines": {"decode": ["boom"]}, "kv_integrity_lines": {"prefill": ["expired"]}, "dead": {"decode": -9},
-        "drains": [{"instance": "decode", "idle": False, "after_s": 1.0, "baseline_kv": 0.1, "final": {"running": 1.0},
-                    "error": "e"}],
-        "stall_diagnosis": "stall", "vllm_version": "0.32.0", "wall_s": 3.5, "error": "rig error",
-        "unscanned_logs": {"prefill": "no log"}, "missing_metrics": {"decode": [m.KV_USAGE]},
-        "death_lines": {"decode": "Killed"}, "versions": {"decode": "0.32.0"},
-        "stopped": {"prefill": "stopped by owner"}}
-    json.dumps(j)
-    empty = ScenarioObservation("s", "d", "p").to_json()
-    assert (empty["evidence"], empty["prefill_evidence"], empty["parity"], empty["drains"]) == (None, None, [], [])
 
 
 # ------------------------------------------------------------------------------- timeline

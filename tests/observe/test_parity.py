@@ -72,13 +72,6 @@ def test_refused_for_different_max_tokens():
     assert compare([1], [2], 1, 2).status == "refused"
 
 
-def test_to_json():
-    assert compare([1, 2], [1, 3], 2, 2).to_json() == {
-        "status": "diverged", "position": 1, "pd_token": 2, "ref_token": 3, "reason": "",
-        "choice": None, "field": None, "pd_value": None, "ref_value": None, "not_compared": (),
-        "max_float_diff": None, "tolerance": None}
-
-
 def test_summarize():
     results = [compare([1], [1], 1, 1), compare([1], [2], 1, 1), compare([1], [1], 1, 2), None,
                compare([4, 5], [4, 5], 2, 2)]

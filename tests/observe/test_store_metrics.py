@@ -194,18 +194,6 @@ def test_ratios_are_none_when_nothing_was_asked():
     assert obs(master={"total_get_nums": 2.0}).master_get_ratio == 0.0
 
 
-def test_to_json_carries_the_fields_and_every_derived_fact():
-    o = obs(p_ops={"save_put": {"ok_bytes": 8.0}}, d={"external_queries": 4.0, f"cached_{sm.STORE_SOURCE}": 2.0},
-            notes=["n"])
-    j = o.to_json()
-    assert (j["kind"], j["block_size"], j["notes"], j["p_ops"]) == ("store-roundtrip", 16, ["n"],
-                                                                     {"save_put": {"ok_bytes": 8.0}})
-    assert {k: j[k] for k in ("bytes_put", "bytes_got", "d_bytes_got", "failed_load_keys", "failed_load_calls",
-                              "rejected_put_keys", "d_store_tokens", "store_hit_ratio", "master_get_ratio")} == {
-        "bytes_put": 8.0, "bytes_got": 0.0, "d_bytes_got": 0.0, "failed_load_keys": 0.0, "failed_load_calls": 0.0,
-        "rejected_put_keys": 0.0, "d_store_tokens": 2.0, "store_hit_ratio": 0.5, "master_get_ratio": None}
-
-
 @pytest.mark.parametrize("name", sorted(sm.STORE_OP_METRICS.values()))
 def test_each_store_operation_metric_is_read(name):
     text = f'# TYPE {name} counter\n{name}{{operation="load_get",status="ok"}} 2.0\n'

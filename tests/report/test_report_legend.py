@@ -7,7 +7,8 @@ from rich.console import Console
 
 from rig.config import load_config
 from rig.judge.verdict import ScenarioVerdict
-from rig.report.render import RunResult, print_summary, render_summary_md
+from rig.report.build import RunResult, build_report, print_summary
+from rig.report.render import render_summary_md
 from tests.helpers.fake_rig import ROOT
 
 XF = "xfail: spec-admission-livelock (stall) on vLLM >=0.32.0,<0.33"
@@ -19,8 +20,8 @@ def run(verdicts: list[ScenarioVerdict]) -> RunResult:
 
 
 def test_summary_md_explains_xfail_and_names_the_issue():
-    md = render_summary_md(run([ScenarioVerdict("edge-126", "XFAIL", XF, "stalled"),
-                                ScenarioVerdict("edge-96-pair", "PASS", "pass", "all checks hold")]))
+    md = render_summary_md(build_report(run([ScenarioVerdict("edge-126", "XFAIL", XF, "stalled"),
+                                ScenarioVerdict("edge-96-pair", "PASS", "pass", "all checks hold")])))
     assert "XFAIL expected failure: a known issue showed its named symptom" in md
     assert "XPASS a known issue did not reproduce" in md
     line = next(ln for ln in md.splitlines() if ln.startswith("- spec-admission-livelock: "))
@@ -38,7 +39,7 @@ def test_terminal_shows_the_same_lines():
 
 
 def test_no_legend_without_a_known_issue():
-    md = render_summary_md(run([ScenarioVerdict("edge-96-pair", "PASS", "pass", "all checks hold")]))
+    md = render_summary_md(build_report(run([ScenarioVerdict("edge-96-pair", "PASS", "pass", "all checks hold")])))
     assert "Known issues" not in md and "XFAIL expected failure" not in md
 
 

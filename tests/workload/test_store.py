@@ -12,7 +12,6 @@ unless a test breaks it.
 from __future__ import annotations
 
 import asyncio
-import json
 from pathlib import Path
 
 import httpx
@@ -23,6 +22,7 @@ from rig.judge import store_checks as sj
 from rig.observe import metrics as m
 from rig.observe import store_metrics as sm
 from rig.observe.observations import DrainResult, ScenarioObservation
+from rig.report.build import observation_report, store_report, verdict_report
 from rig.report.store_section import store_section
 from rig.transport.client import HttpxTransport
 from rig.transport.endpoint import Endpoint
@@ -39,6 +39,12 @@ ROOT = Path(__file__).resolve().parents[2]
 CFG = load_config(ROOT / "configs" / "cpu-tiny-mooncake.yaml")
 P, D, M = "http://p.test", "http://d.test", "http://m.test"
 
+
+
+def store_md(sc, obs, so, v) -> str:
+    """The scenario's store section as summary.md renders it: from the report's data."""
+    return store_section(sc.name, sc.description or "", observation_report(obs), store_report(so, obs),
+                         verdict_report(v))
 
 def scenario(name: str) -> ScenarioConfig:
     return next(s for s in CFG.scenarios if s.name == name)
@@ -115,7 +121,7 @@ def test_roundtrip_passes_with_store_traffic(tmp_path):
     sc = scenario("store-roundtrip")
     obs, so = run(world, sc, tmp_path)
     v = sj.judge_store(sc, obs, so)
-    sections = [store_section(sc, obs, so, v)]
+    sections = [store_md(sc, obs, so, v)]
     assert v.verdict == "PASS", v.reason
     assert [r["store_tokens"] for r in so.per_request] == [128, 128]
     assert so.bytes_put == 2 * 4 * KEY_BYTES and so.d_bytes_got == 2 * 4 * KEY_BYTES
@@ -129,8 +135,8 @@ def test_roundtrip_passes_with_store_traffic(tmp_path):
     text = sections[0]
     assert "## Mooncake store: `store-roundtrip`" in text and "| failed GET keys (load_get) | 0 |" in text
     assert "| bytes put / got (ok) | 262,144 B / 262,144 B |" in text
-    saved = json.loads((tmp_path / "store" / "store-roundtrip.json").read_text())
-    assert saved["d_store_tokens"] == 256 and saved["master_alive_end"] is True
+    saved = store_report(so, obs)  # store/store-roundtrip.json, written with the report
+    assert saved.d_store_tokens == 256 and saved.master_alive_end is True
 
 
 def test_roundtrip_fails_when_d_cache_already_holds_the_prompt(tmp_path):
@@ -184,7 +190,7 @@ def test_prefix_wave_store_mixed_routes(tmp_path):
     sc = scenario("prefix-wave-store")
     obs, so = run(world, sc, tmp_path)
     v = sj.judge_store(sc, obs, so)
-    sections = [store_section(sc, obs, so, v)]
+    sections = [store_md(sc, obs, so, v)]
     assert v.verdict == "PASS", v.reason
     assert len(obs.records) == 2 * 3 * 2 and so.routes.count("store") == so.routes.count("pd") == 6
     # seeding: one direct P request per group before any D request

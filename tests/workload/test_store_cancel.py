@@ -19,6 +19,7 @@ import pytest
 from rig.config import ConfigError, ScenarioConfig, StoreScenarioConfig, load_config
 from rig.judge import store_checks as sj
 from rig.observe.observations import ScenarioObservation, wait_idle
+from rig.report.build import observation_report, store_report, verdict_report
 from rig.report.store_section import store_section
 from rig.transport.client import HttpxTransport
 from rig.transport.endpoint import Endpoint
@@ -31,6 +32,12 @@ CFG_PATH = ROOT / "configs" / "cpu-regressions-mooncake.yaml"
 CFG = load_config(CFG_PATH)
 P, D, M = "http://p.test", "http://d.test", "http://m.test"
 
+
+
+def store_md(sc, obs, so, v) -> str:
+    """The scenario's store section as summary.md renders it: from the report's data."""
+    return store_section(sc.name, sc.description or "", observation_report(obs), store_report(so, obs),
+                         verdict_report(v))
 
 def r14(**store) -> ScenarioConfig:
     """r14-cancel-wave-store of the suite, smaller, with ``store`` overrides."""
@@ -205,7 +212,7 @@ def test_decode_cancel_fires_at_its_time_not_before(tmp_path):
     assert checks["prefix-cache-reset"].ok and "2/2 POST /reset_prefix_cache answered success" \
         in checks["prefix-cache-reset"].detail
     assert [w["cancelled"] for w in so.waves] == [4, 4] and [w["round"] for w in so.waves] == [0, 1]
-    section = store_section(sc, obs, so, v)
+    section = store_md(sc, obs, so, v)
     assert "| round 1 wave 0 | 4/8 (4 cancelled) |" in section
     assert "| planned cancellations | 8 cancelled on purpose (during-decode 8)" in section
     assert "| prefix-cache resets between rounds | round 1 prefill: ok (HTTP 200, 1 attempt(s)" in section
@@ -314,7 +321,7 @@ def test_matrix_row_without_mooncake_is_not_run_never_pass(tmp_path):
     m = Matrix(load_builds(), NoMooncakeBuilder(fake), str(CFG_PATH), [], ["regressions-mooncake"],
                tmp_path / "out", quiet=True)
     (rep,) = m.run_build("0.32.0", resume=False)
-    assert rep["status"] == "not-run" and not (tmp_path / "out" / "0.32.0" / "regressions-mooncake" / "logs").exists()
+    assert rep.status == "not-run" and not (tmp_path / "out" / "0.32.0" / "regressions-mooncake" / "logs").exists()
     md, passed = m.write(["0.32.0"], ["test"])
     cell = json.loads((tmp_path / "out" / "matrix.json").read_text())["cells"][0]
     assert not passed and cell["verdict"] == "NOT RUN" and cell["scenario"] == "r14-cancel-wave-store"
