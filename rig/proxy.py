@@ -66,6 +66,7 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 from rig.cluster.ports import PortConflict, PortReservation
+from rig.errors import TransportError
 from rig.transport import aio
 from rig.transport.bodies import decode_body, prefill_body
 
@@ -143,7 +144,7 @@ class ProxyMetrics:
                 self.hop_seconds.labels(hop, b.name)
 
 
-class HopFailed(Exception):
+class HopFailed(TransportError):
     """A hop that gave no usable answer; ``response`` is what the client gets."""
 
     def __init__(self, response: web.StreamResponse):

@@ -39,6 +39,7 @@ from pathlib import Path
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from rig.config import ConfigError, RigConfig, ScenarioConfig, load_config, read_yaml_mapping
+from rig.errors import BuildError
 
 REPO = Path(__file__).resolve().parents[2]  # rig/cluster/builds.py -> repo root
 DEFAULT_BUILDS_FILE = REPO / "configs" / "builds.yaml"
@@ -46,10 +47,6 @@ INSTALL_SCRIPT = REPO / "scripts" / "install-vllm.sh"
 BUILD_NAME = r"^[A-Za-z0-9][A-Za-z0-9._+-]*$"
 VERSION = r"^\d+(\.\d+)*([a-z]+\d*)?(\.post\d+)?(\.dev\d+)?$"
 STAMP = "pdrig-build.json"
-
-
-class BuildError(RuntimeError):
-    """A build could not be created (install failed, a patch did not apply)."""
 
 
 class BuildSpec(BaseModel):

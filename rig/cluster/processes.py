@@ -49,6 +49,7 @@ from rig.cluster.reaper import Reaper, kill_groups
 from rig.cluster.scheduling import lower_engine_priority, lower_group_priority, pin_cpus, unavailable_cpus
 from rig.cluster.startup import READY, StartupDisplay, StartupWatch, group_cpu_s, load_text
 from rig.connectors.mooncake import MASTER_ROLE
+from rig.errors import ClusterError  # re-exported: callers import it from here too
 from rig.plan.spec import Plan, ProcessSpec, probe_host
 
 # Set by the CLI's signal handlers (install_signal_handlers): stop waiting for servers to start.
@@ -86,19 +87,6 @@ KV_INTEGRITY_PATTERNS = (
     "Potentially invalid KV blocks",  # vllm/.../nixl/pull_worker.py
     "Releasing expired KV blocks",  # vllm/.../nixl/base_worker.py
 )
-
-
-class ClusterError(RuntimeError):
-    """A process could not be started or made ready; ``log_tail`` holds its last log lines,
-    ``exit_code`` the code it exited with when it exited before it was ready (else None) and
-    ``summary`` the message without the log tail (one line, for a verdict's reason)."""
-
-    def __init__(self, message: str, name: str = "", log_tail: str = "", exit_code: int | None = None):
-        super().__init__(message + (f"\n--- last lines of {name}'s log ---\n{log_tail}" if log_tail else ""))
-        self.name = name
-        self.log_tail = log_tail
-        self.exit_code = exit_code
-        self.summary = message
 
 
 RUN_MARKER = "PDRIG_RUN_DIR"

@@ -37,6 +37,7 @@ from urllib.parse import urlsplit
 
 import httptools
 
+from rig.errors import TransportError
 from rig.transport.answers import StreamReader, encode, error_text
 from rig.transport.hops import HopsBase, fill_whole
 from rig.transport.records import Hop
@@ -45,7 +46,7 @@ KEEPALIVE_S = 2.0  # reuse idle connections younger than this (vLLM closes them 
 CONNECT_TIMEOUT_S = 10.0  # as the aiohttp transport's sock_connect
 
 
-class BadStreamChunk(Exception):
+class BadStreamChunk(TransportError):
     """An SSE ``data:`` payload of a 200 stream that is not a JSON chunk (the message of
     msgspec's DecodeError)."""
 

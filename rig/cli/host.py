@@ -1,0 +1,101 @@
+"""The commands about this host and the processes on it: ``pdrig ps``, ``pdrig clean``, ``pdrig proxy``."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from rig.cli.args import config_args
+from rig.config import ConfigError, load_config
+from rig.transport import aio
+
+
+def cmd_ps(args: argparse.Namespace) -> int:
+    """List this host's live runs (run directory, pid, instances, ports, age) from the port locks."""
+    from rig.run.hostruns import live_runs, ps_lines
+
+    cfg = load_config(args.config, args.overrides)
+    runs = live_runs(cfg.ports.lock_dir)
+    if runs is None:
+        print("pdrig: cannot read /proc/locks: which runs are live is unknown", file=sys.stderr)
+        return 3
+    print("\n".join(ps_lines(runs)))
+    return 0
+
+
+def cmd_clean(args: argparse.Namespace) -> int:
+    """Remove stale port lock files and empty run directories (never a live run's)."""
+    from rig.run.hostruns import clean
+
+    cfg = load_config(args.config, args.overrides)
+    done = clean(cfg.ports.lock_dir, cfg.run_root, args.min_age_s)
+    if done is None:
+        print("pdrig: cannot read /proc/locks: nothing removed (which runs are live is unknown)", file=sys.stderr)
+        return 3
+    ports, dirs = done
+    print(f"removed {len(ports)} stale lock files from {cfg.ports.lock_dir}"
+          + (f" (ports {', '.join(map(str, ports))})" if ports else "")
+          + f" and {len(dirs)} empty run directories from {cfg.run_root}"
+          + (": " + ", ".join(d.name for d in dirs) if dirs else ""))
+    return 0
+
+
+def cmd_proxy(args: argparse.Namespace) -> int:
+    """Serve the OpenAI-compatible P/D proxy (rig/proxy.py) until Ctrl-C."""
+    from rig.proxy import PDProxy, endpoints_from_file, serve
+
+    try:
+        if args.endpoints:
+            pre, dec = endpoints_from_file(args.endpoints)
+        else:
+            pre = [(f"prefill-{i}", u) for i, u in enumerate(args.prefill or [])]
+            dec = [(f"decode-{i}", u) for i, u in enumerate(args.decode or [])]
+        proxy = PDProxy(pre, dec, args.policy, timeout_s=args.timeout)
+    except ValueError as e:
+        raise ConfigError(f"proxy: {e} (give --endpoints F, or --prefill URL and --decode URL)") from None
+    print(f"pdrig proxy on http://{args.host}:{args.port}  ({args.policy}) prefill: "
+          f"{', '.join(u for _, u in pre)}  decode: {', '.join(u for _, u in dec)}", file=sys.stderr, flush=True)
+
+    async def until_signal() -> None:
+        # Signals end the loop cleanly here: the CLI's KeyboardInterrupt handlers, raised inside
+        # a transport callback, would be swallowed by the event loop.
+        import asyncio
+        import signal
+
+        stop, loop = asyncio.Event(), asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+            loop.add_signal_handler(sig, stop.set)
+        await serve(proxy, args.host, args.port, stop=stop)
+    aio.run(until_signal())
+    return 0
+
+
+def add_ps(sub) -> None:
+    """Register ``pdrig ps`` (live runs)."""
+    p = sub.add_parser("ps", help="list this host's live runs (run directory, pid, instances, ports, age)")
+    config_args(p)  # its ports.lock_dir
+    p.set_defaults(func=cmd_ps)
+
+
+def add_clean(sub) -> None:
+    """Register ``pdrig clean`` (what dead runs left)."""
+    p = sub.add_parser("clean", help="remove stale port lock files and empty run directories (never a live run's)")
+    config_args(p)  # its ports.lock_dir and run_root
+    p.add_argument("--min-age-s", type=float, default=600.0,
+                   help="only remove empty run directories older than this (default 600: a run just "
+                        "starting may not have written anything yet)")
+    p.set_defaults(func=cmd_clean)
+
+
+def add_proxy(sub) -> None:
+    """Register ``pdrig proxy`` (the P/D proxy)."""
+    p = sub.add_parser("proxy", help="OpenAI-compatible P/D proxy in front of running instances")
+    p.add_argument("--endpoints", help="endpoints.json of a `pdrig up` run directory")
+    p.add_argument("--prefill", action="append", metavar="URL", help="a prefill instance (repeatable)")
+    p.add_argument("--decode", action="append", metavar="URL", help="a decode instance (repeatable)")
+    p.add_argument("--policy", default="round-robin", choices=["round-robin", "least-outstanding"],
+                   help="how each hop picks its instance")
+    p.add_argument("--host", default="127.0.0.1", help="bind address (default loopback)")
+    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--timeout", type=float, default=600.0, help="seconds an upstream may stay silent (504 after)")
+    p.set_defaults(func=cmd_proxy)
