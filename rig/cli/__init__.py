@@ -95,7 +95,10 @@ def _one_line(error: BaseException) -> str:
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``pdrig`` console script; returns the exit code (module docstring).
     ``PDRIG_TRACEBACK=1`` also prints the traceback of a rig bug."""
-    args = build_parser().parse_args(argv)
+    try:
+        args = build_parser().parse_args(argv)
+    except SystemExit as e:  # a usage error (one line already printed, code 2) or --help (0)
+        return e.code if isinstance(e.code, int) else 2
     install_signal_handlers()
     try:
         return args.func(args)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import re
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -28,7 +29,8 @@ class OneLineParser(argparse.ArgumentParser):
     code for them, the rig's for bad input): ``pdrig e2e: argument --minutes: ...; see pdrig e2e -h``."""
 
     def error(self, message: str) -> NoReturn:
-        print(f"{self.prog}: {' '.join(message.split())}; see `{self.prog} -h`", file=sys.stderr)
+        text = re.sub(r"^argument (\S+?)(/\S+)?: ", r"\1 ", " ".join(message.split()))
+        print(f"{self.prog}: {text}; see `{self.prog} -h`", file=sys.stderr)
         sys.exit(2)
 
 
@@ -44,7 +46,7 @@ def port(text: str) -> int:
     return value
 
 
-def finite(low: float = 0.0, high: float = math.inf, what: str = "a number") -> Callable[[str], float]:
+def finite(low: float = -math.inf, high: float = math.inf, what: str = "a number") -> Callable[[str], float]:
     """``type=`` of a float flag: a finite number in ``[low, high]`` (NaN passes every comparison,
     so ``--minutes nan`` would otherwise mean "no bound" by accident)."""
     def parse(text: str) -> float:
@@ -55,7 +57,8 @@ def finite(low: float = 0.0, high: float = math.inf, what: str = "a number") -> 
         if not math.isfinite(value):
             raise argparse.ArgumentTypeError(f"{text!r} is not a finite number; give {what}")
         if not low <= value <= high:
-            bound = f">= {low:g}" if high == math.inf else f"between {low:g} and {high:g}"
+            bound = f">= {low:g}" if high == math.inf else f"<= {high:g}" if low == -math.inf \
+                else f"between {low:g} and {high:g}"
             raise argparse.ArgumentTypeError(f"{value:g} is out of range; give {what} {bound}")
         return value
     parse.__name__ = "number"  # argparse names the type in "invalid <name> value"

@@ -11,7 +11,7 @@ import time
 from datetime import UTC
 from pathlib import Path
 
-from rig.cli.args import config_args
+from rig.cli.args import config_args, output_dir, output_file, port
 from rig.cluster import mooncake
 from rig.cluster.builds import BuildsFile, launch_vllm_version
 from rig.cluster.preflight import cpu_problem, preflight
@@ -192,7 +192,10 @@ def cmd_compose(args: argparse.Namespace) -> int:
     engines, why = (parse_instances(cfg, args.instances), "as given by --instances") if args.instances \
         else default_instances(cfg)
     plan = compose.container_plan(cfg, engines)
-    run_dir = Path(args.run_dir or Path(cfg.run_root) / f"compose-{cfg.name}").resolve()
+    run_dir = output_dir(Path(args.run_dir or Path(cfg.run_root) / f"compose-{cfg.name}").resolve(),
+                         "--run-dir" if args.run_dir else "run_root")
+    if args.output and args.output != "-":
+        output_file(args.output, "-o")
     run_dir.mkdir(parents=True, exist_ok=True)
     model_dir_host = resolve_model(cfg) if cfg.model.source != "hub" else None
     image = args.image or ("pdrig:gpu" if cfg.device == "cuda" else "pdrig:cpu")  # docker/README.md tags
@@ -217,6 +220,8 @@ def cmd_k8s(args: argparse.Namespace) -> int:
 
     from rig.plan import k8s
 
+    if args.output != "-":
+        output_file(args.output, "-o")
     cfg = load_config(args.config, args.overrides)
     run_id = args.run_id or datetime.now(UTC).strftime("r%m%d-%H%M%S")
     text = k8s.k8s_yaml(cfg, run_id, args.namespace, args.image)
@@ -244,7 +249,7 @@ def cmd_schema(args: argparse.Namespace) -> int:
     """``pdrig schema``: write ``profile.schema.json`` and ``suite.schema.json`` to ``--out``
     (rig/config/schema.py: made from the pydantic models). The shipped YAML files name these files
     in their ``# yaml-language-server: $schema=...`` line. Returns 0."""
-    out = Path(args.out)
+    out = output_dir(args.out, "--out")
     out.mkdir(parents=True, exist_ok=True)
     for name, schema in all_schemas().items():
         (out / name).write_text(json.dumps(schema, indent=2, sort_keys=True) + "\n")
@@ -283,7 +288,7 @@ def add_up(sub) -> None:
     config_args(p)
     p.add_argument("--instances", help="comma-separated instance names (default: the pair a manual wave "
                                        "needs; the command says which and why)")
-    p.add_argument("--proxy", type=int, nargs="?", const=8000, default=None, metavar="PORT",
+    p.add_argument("--proxy", type=port, nargs="?", const=8000, default=None, metavar="PORT",
                    help="also serve `pdrig proxy` over the started instances on 127.0.0.1:PORT (default 8000)")
     p.add_argument("--proxy-policy", default="round-robin", choices=["round-robin", "least-outstanding"])
     p.set_defaults(func=cmd_up)

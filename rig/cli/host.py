@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 
-from rig.cli.args import config_args
+from rig.cli.args import config_args, finite, port
 from rig.config import ConfigError, load_config
 from rig.transport import aio
 
@@ -15,6 +16,9 @@ def cmd_ps(args: argparse.Namespace) -> int:
     from rig.run.hostruns import live_runs, ps_lines
 
     cfg = load_config(args.config, args.overrides)
+    if Path(cfg.ports.lock_dir).exists() and not Path(cfg.ports.lock_dir).is_dir():
+        raise ConfigError(f"ports.lock_dir: {cfg.ports.lock_dir} is a file, not a folder; give the folder the "
+                          "runs' port locks are in (--set ports.lock_dir=DIR)")
     runs = live_runs(cfg.ports.lock_dir)
     if runs is None:
         print("pdrig: cannot read /proc/locks: which runs are live is unknown", file=sys.stderr)
@@ -24,19 +28,25 @@ def cmd_ps(args: argparse.Namespace) -> int:
 
 
 def cmd_clean(args: argparse.Namespace) -> int:
-    """Remove stale port lock files and empty run directories (never a live run's)."""
+    """Remove the rig's stale port lock files and empty run directories (never a live run's, never
+    what the rig cannot prove it made: those are listed as kept)."""
     from rig.run.hostruns import clean
 
     cfg = load_config(args.config, args.overrides)
+    for field, path in (("ports.lock_dir", cfg.ports.lock_dir), ("run_root", cfg.run_root)):
+        if Path(path).exists() and not Path(path).is_dir():
+            raise ConfigError(f"{field}: {path} is a file, not a folder; give the folder the runs use "
+                              f"(--set {field}=DIR)")
     done = clean(cfg.ports.lock_dir, cfg.run_root, args.min_age_s)
     if done is None:
         print("pdrig: cannot read /proc/locks: nothing removed (which runs are live is unknown)", file=sys.stderr)
         return 3
-    ports, dirs = done
-    print(f"removed {len(ports)} stale lock files from {cfg.ports.lock_dir}"
-          + (f" (ports {', '.join(map(str, ports))})" if ports else "")
-          + f" and {len(dirs)} empty run directories from {cfg.run_root}"
-          + (": " + ", ".join(d.name for d in dirs) if dirs else ""))
+    print(f"removed {len(done.ports)} stale lock files from {cfg.ports.lock_dir}"
+          + (f" (ports {', '.join(map(str, done.ports))})" if done.ports else "")
+          + f" and {len(done.dirs)} empty run directories from {cfg.run_root}"
+          + (": " + ", ".join(d.name for d in done.dirs) if done.dirs else ""))
+    for kept, why in done.kept:
+        print(f"kept {kept}: {why}")
     return 0
 
 
@@ -66,7 +76,11 @@ def cmd_proxy(args: argparse.Namespace) -> int:
         for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
             loop.add_signal_handler(sig, stop.set)
         await serve(proxy, args.host, args.port, stop=stop)
-    aio.run(until_signal())
+    try:
+        aio.run(until_signal())
+    except OSError as e:  # the bind: the port is taken, or the host is not an address of this machine
+        raise ConfigError(f"proxy --host {args.host} --port {args.port}: cannot listen there "
+                          f"({e.strerror or e}); give a free port (`pdrig ps` lists the rig's runs)") from None
     return 0
 
 
@@ -81,7 +95,7 @@ def add_clean(sub) -> None:
     """Register ``pdrig clean`` (what dead runs left)."""
     p = sub.add_parser("clean", help="remove stale port lock files and empty run directories (never a live run's)")
     config_args(p)  # its ports.lock_dir and run_root
-    p.add_argument("--min-age-s", type=float, default=600.0,
+    p.add_argument("--min-age-s", type=finite(0), default=600.0,
                    help="only remove empty run directories older than this (default 600: a run just "
                         "starting may not have written anything yet)")
     p.set_defaults(func=cmd_clean)
@@ -96,6 +110,7 @@ def add_proxy(sub) -> None:
     p.add_argument("--policy", default="round-robin", choices=["round-robin", "least-outstanding"],
                    help="how each hop picks its instance")
     p.add_argument("--host", default="127.0.0.1", help="bind address (default loopback)")
-    p.add_argument("--port", type=int, default=8000)
-    p.add_argument("--timeout", type=float, default=600.0, help="seconds an upstream may stay silent (504 after)")
+    p.add_argument("--port", type=port, default=8000)
+    p.add_argument("--timeout", type=finite(0.001), default=600.0,
+                   help="seconds an upstream may stay silent (504 after)")
     p.set_defaults(func=cmd_proxy)

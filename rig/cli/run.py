@@ -4,15 +4,24 @@ they share: ``--endpoint``, ``--endpoints``, ``--log``)."""
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 from pathlib import Path
 from typing import Any
 
-from rig.cli.args import build_args, config_args, on_build
+from rig.cli.args import build_args, config_args, finite, on_build
 from rig.cluster.preflight import preflight
 from rig.config import ConfigError, RigConfig, load_config
+from rig.config.endpoints_file import read_endpoints
 from rig.config.help import REPO_CONFIGS, did_you_mean, unknown_scenarios_message
+
+# Bounds of the explore flags: a larger number is a typo, not a plan (an action takes seconds on a
+# CPU pair, so 100,000 actions are days of exploring).
+MAX_ACTIONS = 100_000
+MAX_TOPOLOGIES = 1_000
+MAX_REPLAYS = 10_000
+MAX_MINUTES = 7 * 24 * 60  # a week
 
 
 def fresh_prompt_seeds(cfg: RigConfig, salt: str) -> RigConfig:
@@ -119,13 +128,16 @@ def _explore_phases(args: argparse.Namespace) -> dict[str, Any]:
 
     if args.cancel_share is not None and not 0 <= args.cancel_share <= 1:
         raise ConfigError(f"--cancel-share {args.cancel_share}: give a share between 0 and 1")
-    for flag, value in (("--nemesis-every", args.nemesis_every), ("--draw-topologies", args.draw_topologies),
-                        ("--replays", args.replays), ("--shrink-runs", args.shrink_runs),
-                        ("--minutes", args.minutes)):
+    for flag, value, top in (("--nemesis-every", args.nemesis_every, MAX_ACTIONS),
+                             ("--draw-topologies", args.draw_topologies, MAX_TOPOLOGIES),
+                             ("--replays", args.replays, MAX_REPLAYS), ("--shrink-runs", args.shrink_runs, MAX_REPLAYS),
+                             ("--minutes", args.minutes, MAX_MINUTES)):
         if value < 0:
             raise ConfigError(f"{flag} {value:g}: give 0 (off) or a positive number")
-    if args.actions < 1:
-        raise ConfigError(f"--actions {args.actions}: give at least 1 action")
+        if value > top:
+            raise ConfigError(f"{flag} {value:g}: give at most {top:,} (what one exploration can spend)")
+    if not 1 <= args.actions <= MAX_ACTIONS:
+        raise ConfigError(f"--actions {args.actions}: give at least 1 action, at most {MAX_ACTIONS:,}")
     nemesis, knobs = names("--nemesis", args.nemesis, NEMESIS_WEIGHTS), names("--knobs", args.knobs, KNOBS)
     if nemesis and not args.nemesis_every:
         raise ConfigError(f"--nemesis {args.nemesis} chooses the faults of the nemesis phase: add --nemesis-every N")
@@ -135,20 +147,43 @@ def _explore_phases(args: argparse.Namespace) -> dict[str, Any]:
             "draw_topologies": args.draw_topologies, "knobs": knobs}
 
 
-def _check_history(path: Path) -> None:
+def _check_history(path: Path, cfg: RigConfig) -> None:
     """Refuse a ``--replay`` file before any server starts: ConfigError when it is missing, is not
-    a history.jsonl (rig.explore.history.read_history raises ValueError), or holds no action."""
-    from rig.explore.history import read_history
+    a history.jsonl (rig.explore.history.read_history), holds no action, or holds an action or a
+    topology the explorer could not replay on ``cfg`` (checked here, not after start-up)."""
+    from pydantic import ValidationError
 
-    if not path.is_file():
-        raise ConfigError(f"--replay {path}: no such file; give the history.jsonl of an earlier explore run")
-    try:
-        entries = read_history(path)
-    except (ValueError, OSError) as e:
-        raise ConfigError(f"--replay {e}") from None
+    from rig.explore.grammar import Topology
+    from rig.explore.history import action_of, read_history
+
+    fix = "give the history.jsonl of an earlier explore run"
+    if not path.exists():
+        raise ConfigError(f"--replay {path}: no such file; {fix}")
+    entries = read_history(path)  # InputFileError (a ConfigError) names the line
     if not entries:
-        raise ConfigError(f"--replay {path}: no action in it; give the history.jsonl of an earlier explore run "
-                          "(its lines with phase explore or nemesis)")
+        raise ConfigError(f"--replay {path}: no action in it; {fix} (its lines with phase explore or nemesis)")
+    fields = Topology.__dataclass_fields__
+    decodes, prefills = {d.name for d in cfg.decode}, {p.name for p in cfg.prefill}
+    for n, entry in enumerate(entries, 1):
+        where = f"--replay {path}: action {n}"
+        try:
+            action_of(entry)
+        except ValidationError as e:
+            first = e.errors()[0]
+            loc = ".".join(str(x) for x in first["loc"]) or "action"
+            raise ConfigError(f"{where}: {loc}: {first['msg']}; {fix}") from None
+        topo = entry.get("topology")
+        missing = [f for f, spec in fields.items() if spec.default is spec.default_factory is dataclasses.MISSING
+                   and f not in (topo or {})] if isinstance(topo, dict) else ["topology"]
+        unknown = sorted(set(topo) - set(fields)) if isinstance(topo, dict) else []
+        if missing or unknown:
+            raise ConfigError(f"{where}: its topology {'lacks ' + ', '.join(missing) if missing else ''}"
+                              f"{'has unknown ' + ', '.join(unknown) if unknown else ''}; {fix}")
+        assert isinstance(topo, dict)
+        if topo["decode"] not in decodes or topo["prefill"] not in prefills:
+            raise ConfigError(f"{where}: its topology's instances {topo['prefill']!r}/{topo['decode']!r} are not in "
+                              f"this config (prefill: {', '.join(sorted(prefills))}; decode: "
+                              f"{', '.join(sorted(decodes))}); replay it with the config it was explored with")
 
 
 def cmd_explore(args: argparse.Namespace) -> int:
@@ -172,7 +207,7 @@ def cmd_explore(args: argparse.Namespace) -> int:
     if [r for r in routes if r not in ROUTE_WEIGHTS]:
         raise ConfigError(f"--routes {args.routes}: give some of {', '.join(ROUTE_WEIGHTS)}")
     if args.replay:
-        _check_history(Path(args.replay))
+        _check_history(Path(args.replay), cfg)
     phases = _explore_phases(args)
     cfg = on_build(cfg, args)
     if phases["draw_topologies"]:  # a bad drawn combination is refused before the run directory and servers
@@ -199,14 +234,8 @@ def up_endpoint_flags(path: str) -> tuple[list[str], list[str]]:
     ``pdrig up`` wrote (``{name: {"url", "role", "log", "pid"}}``; prefill and decode entries only,
     an entry without ``log``, as from an older ``pdrig up``, gives no --log). Raises ConfigError naming the file when it
     cannot be read."""
-    try:
-        data = json.loads(Path(path).read_text())
-        engines = {n: v for n, v in data.items() if v.get("role") in ("prefill", "decode")}
-        return ([f"{n}={v['url']}" for n, v in engines.items()],
-                [f"{n}=file:{v['log']}" for n, v in engines.items() if v.get("log")])
-    except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
-        raise ConfigError(f"--endpoints {path}: cannot read it ({type(e).__name__}: {e}); give the "
-                          "endpoints.json of a `pdrig up` run directory") from None
+    engines = {n: v for n, v in read_endpoints(path).items() if v.role in ("prefill", "decode")}
+    return ([f"{n}={v.url}" for n, v in engines.items()], [f"{n}=file:{v.log}" for n, v in engines.items() if v.log])
 
 
 def attach_overrides(endpoints: list[str], logs: list[str]) -> list[str]:
@@ -290,7 +319,7 @@ def add_explore(sub) -> None:
     config_args(p)
     p.add_argument("--seed", type=int, default=0, help="everything the explorer draws derives from it")
     p.add_argument("--actions", type=int, default=40, help="actions to explore, over all topologies")
-    p.add_argument("--minutes", type=float, default=0,
+    p.add_argument("--minutes", type=finite(), default=0,
                    help="bound on the time spent in actions, start-ups excluded (0: none)")
     p.add_argument("--topologies", metavar="D1,D2", help="decode instances to explore (each with the first "
                                                          "prefill); default: every decode of the config")
@@ -309,7 +338,7 @@ def add_explore(sub) -> None:
     p.add_argument("--nemesis", metavar="K1,K2", help="nemesis faults drawn: some of sigstop-prefill, "
                                                       "sigstop-decode, sigkill-prefill, sigkill-decode, "
                                                       "delay-past-lease (default: all)")
-    p.add_argument("--cancel-share", type=float, default=None, metavar="F",
+    p.add_argument("--cancel-share", type=finite(), default=None, metavar="F",
                    help="share of P/D steps cancelled at a drawn time (default 0.2)")
     p.add_argument("--draw-topologies", type=int, default=0, metavar="N",
                    help="explore N topologies drawn from vLLM's knobs on the first --topologies decode "

@@ -233,15 +233,16 @@ def _depth(value: Any) -> int:
     return deepest
 
 
-def parse_json(text: str, source: str) -> Any:
-    """One JSON value from ``text`` (``source`` names it in errors). Raises InputFileError for
-    invalid JSON, NaN/Infinity, a duplicate key, or nesting deeper than :data:`MAX_DEPTH`."""
+def parse_json(text: str, source: str, allow_nan: bool = False, what: str = "valid JSON") -> Any:
+    """One JSON value from ``text`` (``source`` names it in errors, ``what`` the form expected).
+    Raises InputFileError for invalid JSON, NaN/Infinity (unless ``allow_nan``: the rig's own
+    history lines may carry a NaN metric), a duplicate key, or nesting deeper than :data:`MAX_DEPTH`."""
     try:
-        value = json.loads(text, parse_constant=_no_constant, object_pairs_hook=_no_duplicates)
+        value = json.loads(text, object_pairs_hook=_no_duplicates, parse_constant=None if allow_nan else _no_constant)
     except RecursionError:
         raise InputFileError(f"{source}: nested too deep to read (more than {MAX_DEPTH} levels)", source) from None
     except ValueError as e:
-        raise InputFileError(f"{source}: not valid JSON ({e})", source) from None
+        raise InputFileError(f"{source}: not {what} ({e})", source) from None
     try:
         deep = _depth(value) > MAX_DEPTH
     except ValueError as e:
@@ -271,7 +272,7 @@ def json_lines(path: str | Path, what: str, fix: str) -> Iterator[tuple[int, dic
             continue
         source = f"{what} {path}:{i}"
         try:
-            value = parse_json(line, source)
+            value = parse_json(line, source, allow_nan=True, what="a JSON line")
         except InputFileError as e:
             raise InputFileError(f"{e}; {fix}", str(path), i) from None
         if not isinstance(value, dict):
