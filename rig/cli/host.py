@@ -63,19 +63,25 @@ def cmd_proxy(args: argparse.Namespace) -> int:
         proxy = PDProxy(pre, dec, args.policy, timeout_s=args.timeout)
     except ValueError as e:
         raise ConfigError(f"proxy: {e} (give --endpoints F, or --prefill URL and --decode URL)") from None
-    print(f"pdrig proxy on http://{args.host}:{args.port}  ({args.policy}) prefill: "
-          f"{', '.join(u for _, u in pre)}  decode: {', '.join(u for _, u in dec)}", file=sys.stderr, flush=True)
+    banner = (f"pdrig proxy on http://{args.host}:{args.port}  ({args.policy}) prefill: "
+              f"{', '.join(u for _, u in pre)}  decode: {', '.join(u for _, u in dec)}")
 
     async def until_signal() -> None:
         # Signals end the loop cleanly here: the CLI's KeyboardInterrupt handlers, raised inside
         # a transport callback, would be swallowed by the event loop.
         import asyncio
         import signal
+        import threading
 
-        stop, loop = asyncio.Event(), asyncio.get_running_loop()
+        stop, loop, listening = asyncio.Event(), asyncio.get_running_loop(), threading.Event()
         for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
             loop.add_signal_handler(sig, stop.set)
-        await serve(proxy, args.host, args.port, stop=stop)
+        server = asyncio.create_task(serve(proxy, args.host, args.port, started=listening, stop=stop))
+        while not listening.is_set() and not server.done():
+            await asyncio.sleep(0.01)
+        if listening.is_set():  # said once the port is bound: a refused bind is the only line
+            print(banner, file=sys.stderr, flush=True)
+        await server
     try:
         aio.run(until_signal())
     except OSError as e:  # the bind: the port is taken, or the host is not an address of this machine

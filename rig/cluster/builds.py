@@ -133,7 +133,8 @@ class BuildsFile(BaseModel):
 def load_builds(path: str | Path = DEFAULT_BUILDS_FILE) -> BuildsFile:
     """Read and validate a builds file; raises ConfigError with one line per bad field."""
     p = Path(path)
-    data = read_yaml_mapping(p, f"builds file {str(p)!r} not found (the team's is configs/builds.yaml)")
+    data = read_yaml_mapping(p, f"builds file {str(p)!r} not found (the team's is configs/builds.yaml)",
+                             "builds file", "give a mapping of builds, as configs/builds.yaml")
     try:
         return BuildsFile.model_validate(data)
     except ValidationError as e:
@@ -146,7 +147,7 @@ def load_builds(path: str | Path = DEFAULT_BUILDS_FILE) -> BuildsFile:
             elif err["type"] == "missing":
                 msg = "required field is missing"
             lines.append(f"{where}: {msg}")
-        raise ConfigError(f"{p}: invalid builds file\n  " + "\n  ".join(lines)) from None
+        raise ConfigError(f"{p}: invalid builds file: " + "; ".join(lines)) from None
 
 
 def apply_fixes(cfg: RigConfig, build: BuildSpec) -> RigConfig:

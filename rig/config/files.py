@@ -149,10 +149,11 @@ def _check_expansion(root: yaml.Node, source: str) -> None:
                 stack.append((kid, False))
 
 
-def parse_yaml(text: str, source: str) -> Any:
+def parse_yaml(text: str, source: str, lines: bool = True) -> Any:
     """The YAML document ``text`` as plain Python objects (None when empty); ``source`` names it
-    in errors (a file, ``--set k=v``). Raises InputFileError for invalid YAML, a duplicate key, an
-    alias bomb or nesting past the bounds (module docstring)."""
+    in errors (a file, ``--set k=v``; ``lines=False``: no line number, for a one-line value).
+    Raises InputFileError for invalid YAML, a duplicate key, an alias bomb or nesting past the
+    bounds (module docstring)."""
     loader = RigYamlLoader(text)
     try:
         node = loader.get_single_node()
@@ -165,7 +166,7 @@ def parse_yaml(text: str, source: str) -> Any:
                              source, e.line) from None
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
-        line = mark.line + 1 if mark is not None else None
+        line = mark.line + 1 if mark is not None and lines else None
         problem = getattr(e, "problem", None) or str(e)
         context = getattr(e, "context", None)
         text_ = " ".join(f"{context + ': ' if context else ''}{problem}".split())

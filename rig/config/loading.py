@@ -63,7 +63,7 @@ def apply_overrides(data: dict, overrides: list[str]) -> dict:
             raise ConfigError(f"--set {ov!r}: {path.strip()!r} is not a dotted field path; "
                               "e.g. --set timeouts.stall_window_s=5")
         try:
-            value = parse_yaml(raw, f"--set {ov}")
+            value = parse_yaml(raw, f"--set {ov}", lines=False)
         except InputFileError as e:
             raise ConfigError(f"{e}; the value is YAML: quote it to give a string, "
                               "e.g. --set 'name=\"a: b\"'") from None
