@@ -15,7 +15,7 @@ from rig.cli.args import config_args, output_dir, output_file, port
 from rig.cluster import mooncake
 from rig.cluster.builds import BuildsFile, launch_vllm_version
 from rig.cluster.preflight import cpu_problem, preflight
-from rig.cluster.probes import busy_ports
+from rig.cluster.probes import bindable, busy_ports
 from rig.cluster.processes import Cluster, ClusterError
 from rig.config import ConfigError, RigConfig, load_config
 from rig.config.schema import schemas
@@ -99,6 +99,8 @@ def cmd_up(args: argparse.Namespace) -> int:
     preflight(cfg)
     engines, why = (parse_instances(cfg, args.instances), "as given by --instances") if args.instances \
         else default_instances(cfg)
+    if args.proxy is not None and not bindable(args.proxy, "127.0.0.1"):  # before any server starts
+        raise ConfigError(f"--proxy {args.proxy}: the port is in use on 127.0.0.1; give a free port")
     run_dir = new_run_dir(cfg, f"{cfg.name}-up")
     try:
         cfg, ports = reserve(cfg, str(run_dir.resolve()))  # held until exit: a second run refuses at once

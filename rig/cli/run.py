@@ -109,6 +109,9 @@ def cmd_e2e(args: argparse.Namespace) -> int:
     if runner.refused:  # nothing started, no run directory left: one line says why
         print(f"pdrig: refused before any server started: {'; '.join(result.error.splitlines())}",
               file=sys.stderr)
+    elif result.status == "error":  # the run broke: its reason in one line, also with --quiet
+        print(f"pdrig: the run broke: {(result.error or 'see the report').splitlines()[0]} "
+              f"(report: {run_dir / 'summary.md'})", file=sys.stderr)
     return {"passed": 0, "failed": 1}.get(result.status, 3)
 
 

@@ -253,10 +253,10 @@ def parse_json(text: str, source: str, allow_nan: bool = False, what: str = "val
     return value
 
 
-def load_json(path: str | Path, what: str, fix: str, top: type = dict) -> Any:
+def load_json(path: str | Path, what: str, fix: str, top: type = dict, allow_nan: bool = False) -> Any:
     """The JSON value in file ``path``, which must be a ``top`` (``dict``: an object). Raises
     InputFileError (see :func:`read_text`, :func:`parse_json`) naming ``what`` and ``fix``."""
-    value = parse_json(read_text(path, what, MAX_JSON_BYTES, fix), f"{what} {path}")
+    value = parse_json(read_text(path, what, MAX_JSON_BYTES, fix), f"{what} {path}", allow_nan)
     if not isinstance(value, top):
         raise InputFileError(f"{what} {path}: the top level must be {'an object' if top is dict else 'a list'}, "
                              f"not {_kind(value)}; {fix}", str(path))
