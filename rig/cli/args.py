@@ -136,3 +136,14 @@ def on_build(cfg: RigConfig, args: argparse.Namespace) -> RigConfig:
         return config_on_build(cfg, args.build, args.builds_file or DEFAULT_BUILDS_FILE, args.builds_dir)
     except BuildError as e:
         raise ConfigError(f"--build {args.build}: {e}") from None
+
+
+def check_folders(cfg: RigConfig) -> RigConfig:
+    """``cfg`` when its ``run_root`` and ``cache_dir`` are (or can become) writable folders; raises
+    ConfigError naming the field otherwise, before any command creates a run directory, builds a
+    model or takes a port (rig.config.files.folder_problem). Returns ``cfg``."""
+    for field, path in (("run_root", cfg.run_root), ("cache_dir", cfg.cache_dir)):
+        problem = folder_problem(path)
+        if problem:
+            raise ConfigError(f"{field}: {path}: {problem}; set it to a writable folder (--set {field}=DIR)")
+    return cfg

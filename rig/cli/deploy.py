@@ -11,7 +11,7 @@ import time
 from datetime import UTC
 from pathlib import Path
 
-from rig.cli.args import config_args, output_dir, output_file, port
+from rig.cli.args import check_folders, config_args, output_dir, output_file, port
 from rig.cluster import mooncake
 from rig.cluster.builds import BuildsFile, launch_vllm_version
 from rig.cluster.preflight import cpu_problem, preflight
@@ -82,7 +82,7 @@ def cmd_build_model(args: argparse.Namespace) -> int:
     """Build the tiny model if the config uses it and print its directory."""
     from rig.run.runner import resolve_model
 
-    cfg = load_config(args.config, args.overrides)
+    cfg = check_folders(load_config(args.config, args.overrides))
     print(resolve_model(cfg))
     return 0
 
@@ -95,7 +95,7 @@ def cmd_up(args: argparse.Namespace) -> int:
     from rig.run.runner import new_run_dir, resolve_model
     from rig.run.topology import default_instances, parse_instances
 
-    cfg = load_config(args.config, args.overrides)
+    cfg = check_folders(load_config(args.config, args.overrides))
     preflight(cfg)
     engines, why = (parse_instances(cfg, args.instances), "as given by --instances") if args.instances \
         else default_instances(cfg)
@@ -190,7 +190,7 @@ def cmd_compose(args: argparse.Namespace) -> int:
     from rig.run.runner import resolve_model
     from rig.run.topology import default_instances, parse_instances
 
-    cfg = load_config(args.config, args.overrides)
+    cfg = check_folders(load_config(args.config, args.overrides))
     engines, why = (parse_instances(cfg, args.instances), "as given by --instances") if args.instances \
         else default_instances(cfg)
     plan = compose.container_plan(cfg, engines)

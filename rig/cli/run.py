@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from rig.cli.args import build_args, config_args, finite, on_build
+from rig.cli.args import build_args, check_folders, config_args, finite, on_build
 from rig.cluster.preflight import preflight
 from rig.config import ConfigError, RigConfig, load_config
 from rig.config.endpoints_file import read_endpoints
@@ -62,7 +62,7 @@ def cmd_e2e(args: argparse.Namespace) -> int:
         named = {spec.partition("=")[0] for spec in logs}
         names = [i.name for _, i in load_config(args.config, args.overrides).instances()]
         logs = [f"{n}=compose:{args.logs_from_compose}:{n}" for n in names if n not in named] + logs
-    cfg = load_config(args.config, args.overrides + attach_overrides(args.endpoint, logs))
+    cfg = check_folders(load_config(args.config, args.overrides + attach_overrides(args.endpoint, logs)))
     if args.build and (args.attach or args.docker):
         raise ConfigError("--build starts the servers with that build's interpreter: drop --attach / --docker")
     cfg = on_build(cfg, args)
@@ -197,7 +197,7 @@ def cmd_explore(args: argparse.Namespace) -> int:
 
     # Every flag is checked before --build may create a build's env (gigabytes, minutes) and
     # before any server starts.
-    cfg = load_config(args.config, args.overrides)
+    cfg = check_folders(load_config(args.config, args.overrides))
     decodes = [d.strip() for d in (args.topologies or "").split(",") if d.strip()]
     names = [d.name for d in cfg.decode]
     bad = [d for d in decodes if d not in names]

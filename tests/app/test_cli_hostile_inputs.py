@@ -232,3 +232,14 @@ def test_the_console_entry_point_refuses_in_one_line_too(tmp_path):
         assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1, (argv, r.stderr)
         assert "Traceback" not in r.stderr
     assert sorted(p.name for p in tmp_path.iterdir()) == ["bad.yaml"]
+
+
+@EXAMPLES
+@given(field=st.sampled_from(["run_root", "cache_dir"]),
+       command=st.sampled_from(["e2e", "explore", "up", "build-model"]), under=st.booleans())
+def test_a_run_root_or_cache_dir_that_is_a_file_is_refused_before_work(field, command, under):
+    with in_fresh_dir() as d:
+        cfg = write(d, "c.yaml", yaml.safe_dump(base_config(d), sort_keys=False))
+        target = "c.yaml/below" if under else "c.yaml"  # the file itself, or a folder under it
+        line = refused([command, "--config", cfg, "--set", f"{field}={target}"], d, {"c.yaml"})
+        assert field in line
