@@ -47,12 +47,21 @@ import traceback
 from rig.cli.args import OneLineParser
 from rig.cli.deploy import add_build_model, add_compose, add_config, add_k8s, add_plan, add_schema, add_up, all_schemas
 from rig.cli.host import add_clean, add_proxy, add_ps
-from rig.cli.run import add_e2e, add_explore, attach_overrides, fresh_prompt_seeds, up_endpoint_flags
+from rig.cli.run import (
+    add_e2e,
+    add_explore,
+    attach_overrides,
+    cmd_e2e,
+    cmd_explore,
+    fresh_prompt_seeds,
+    up_endpoint_flags,
+)
 from rig.cluster.processes import install_signal_handlers
 from rig.errors import ClusterError, ConfigError, PdrigError, RigError
 
-__all__ = ["EXIT_CODES", "all_schemas", "attach_overrides", "build_parser", "exit_code", "fresh_prompt_seeds",
-           "main", "up_endpoint_flags"]
+# What callers and tests import from rig.cli (the handlers live in the group modules).
+__all__ = ["EXIT_CODES", "all_schemas", "attach_overrides", "build_parser", "cmd_e2e", "cmd_explore", "exit_code",
+           "fresh_prompt_seeds", "main", "up_endpoint_flags"]
 
 # The one mapping of the exception tree (rig/errors.py) to exit codes; the first class that
 # matches wins. Anything else that escapes a command is a bug of the rig: 3 as well.

@@ -13,9 +13,10 @@ listens on which port.
   with anything else in it is some other tool's, and stays;
 - run directories directly under ``run_root`` that carry the rig's marker file
   (:data:`RUN_MARKER_FILE`, written by :func:`make_run_dir` when the rig creates a run directory)
-  and hold no other file (an attempt that died before writing anything), older than
-  ``min_age_s`` (a run that has just created its directory is left alone). An empty folder
-  without the marker, a folder of sockets, anything under a live run: listed, not deleted.
+  and hold no other file, only folders or sockets (an attempt that died before writing
+  anything), older than ``min_age_s`` (a run that has just created its directory is left alone).
+  Such a folder without the marker (an empty folder, a folder of sockets) is listed, not deleted;
+  a live run's directory is never touched.
 """
 
 from __future__ import annotations
@@ -128,14 +129,15 @@ class CleanResult:
     kept: list[tuple[Path, str]] = field(default_factory=list)
 
 
-def _only_marker(d: Path) -> bool:
-    """True when the only non-directory entry anywhere under ``d`` is its marker file."""
-    return all(p.is_dir() and not p.is_symlink() for p in d.rglob("*") if p != d / RUN_MARKER_FILE)
+def _holds_nothing(d: Path) -> bool:
+    """True when nothing under ``d`` but its marker is a regular file or a link (folders and
+    sockets only: an attempt that died before writing anything)."""
+    return not any(p.is_file() or p.is_symlink() for p in d.rglob("*") if p != d / RUN_MARKER_FILE)
 
 
 def empty_run_dirs(run_root: str, keep: set[str], min_age_s: float) -> tuple[list[Path], list[tuple[Path, str]]]:
     """``(removable, kept)`` among the directories directly under ``run_root``: removable are the
-    rig's own (:func:`is_rig_run_dir`) that hold nothing but their marker and empty folders, last
+    rig's own (:func:`is_rig_run_dir`) that hold nothing but their marker, folders and sockets, last
     modified more than ``min_age_s`` seconds ago, and not in ``keep`` (live runs' directories,
     resolved); kept are the empty ones it cannot prove are the rig's, with the reason."""
     root = Path(run_root)
@@ -148,7 +150,7 @@ def empty_run_dirs(run_root: str, keep: set[str], min_age_s: float) -> tuple[lis
         if not d.is_dir() or d.is_symlink() or str(d.resolve()) in keep:
             continue
         try:
-            if not _only_marker(d) or now - d.stat().st_mtime < min_age_s:
+            if not _holds_nothing(d) or now - d.stat().st_mtime < min_age_s:
                 continue
             if not is_rig_run_dir(d):
                 kept.append((d, "no pdrig run marker: not made by the rig"))

@@ -81,6 +81,7 @@ def test_ps_and_clean_with_a_live_fake_run(base, capsys, restore_signals):
         assert not (locks / "1.lock").exists() and not old_empty.exists()
         assert (locks / "2.lock").exists() and foreign.exists() and (sockets / "s.sock").exists()  # not the rig's
         assert f"kept {foreign}: no pdrig run marker" in out and f"kept {locks / '2.lock'}: not the rig's" in out
+        assert f"kept {sockets}: no pdrig run marker" in out
         listener.close()
         assert fresh_empty.exists() and up_dir.exists()  # too young; live
         held = [lf for lf in lock_files(locks) if lf.held_by == up.pid]
