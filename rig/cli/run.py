@@ -227,7 +227,8 @@ def cmd_explore(args: argparse.Namespace) -> int:
                                routes=routes, **phases)
     report = Explorer(cfg, run_dir, settings, quiet=args.quiet).run()
     print((run_dir / "explore.md").read_text(), flush=True)
-    if report.status == "error":
+    if report.status == "error":  # the reason in one line on stderr, also with --quiet
+        print(f"pdrig: the exploration broke: {(report.error or 'see explore.md').splitlines()[0]}", file=sys.stderr)
         return 3
     return 1 if any(f["known_issue"] == "new" for f in report.findings) else 0
 
