@@ -90,8 +90,8 @@ def collect_findings(run_dirs: list[Path]) -> list[tuple[ExploreFinding, dict[st
     names: set[str] = set()
     for d in run_dirs:
         if not (d / "explore.json").is_file():
-            raise ConfigError(f"--explore {d}: no explore.json; give the run directory of a `pdrig explore` run "
-                              "(runs/<stamp>-<config>-explore)")
+            raise ConfigError(f"--explore {d}: no readable explore.json; give the run directory of a "
+                              "`pdrig explore` run (runs/<stamp>-<config>-explore)")
         rep = load_json(d / "explore.json", "--explore", "give the run directory of a `pdrig explore` run",
                         allow_nan=True)
         lease = exploration_overrides(d)
