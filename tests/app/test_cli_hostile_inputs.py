@@ -22,12 +22,14 @@ from pathlib import Path
 import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from hypothesis.configuration import set_hypothesis_home_dir
 
 from conftest import ROOT, fake_config
 from rig.cli import main
 
-# Bounded for `make test`: a few hundred examples over the tests below, no example database
-# written into the repository (database=None), reproducible (derandomize).
+# Bounded for `make test`: a few hundred examples over the tests below, reproducible (derandomize),
+# no example database (database=None) and Hypothesis's own cache kept out of the repository.
+set_hypothesis_home_dir(os.path.join(tempfile.gettempdir(), "pdrig-hypothesis"))
 EXAMPLES = settings(max_examples=60, deadline=None, database=None, derandomize=True,
                     suppress_health_check=[HealthCheck.too_slow])
 
