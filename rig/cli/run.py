@@ -183,6 +183,12 @@ def _check_history(path: Path, cfg: RigConfig) -> None:
             raise ConfigError(f"{where}: its topology {'lacks ' + ', '.join(missing) if missing else ''}"
                               f"{'has unknown ' + ', '.join(unknown) if unknown else ''}; {fix}")
         assert isinstance(topo, dict)
+        wrong = [f for f, want in (("prefill", str), ("decode", str), ("block_size", int), ("max_model_len", int),
+                                   ("spec_tokens", int), ("lease_s", (int, float)), ("variant", str))
+                 if f in topo and (not isinstance(topo[f], want) or isinstance(topo[f], bool))]
+        if wrong:
+            raise ConfigError(f"{where}: its topology's {', '.join(wrong)} {'is' if len(wrong) == 1 else 'are'} "
+                              f"not of the type the explorer wrote; {fix}")
         if topo["decode"] not in decodes or topo["prefill"] not in prefills:
             raise ConfigError(f"{where}: its topology's instances {topo['prefill']!r}/{topo['decode']!r} are not in "
                               f"this config (prefill: {', '.join(sorted(prefills))}; decode: "

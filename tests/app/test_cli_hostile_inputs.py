@@ -245,3 +245,20 @@ def test_a_run_root_or_cache_dir_that_is_a_file_is_refused_before_work(field, co
         target = "c.yaml/below" if under else "c.yaml"  # the file itself, or a folder under it
         line = refused([command, "--config", cfg, "--set", f"{field}={target}"], d, {"c.yaml"})
         assert field in line
+
+
+def test_a_replayed_action_or_topology_the_explorer_could_not_run_is_refused_before_any_server(tmp_path):
+    import json
+
+    from rig.explore.grammar import Action, Step
+
+    action = Action(index=1, steps=[Step(id="s0", prompt_tokens=33, max_tokens=2)]).model_dump(mode="json")
+    topo = {"prefill": "prefill", "decode": "decode", "block_size": 32, "max_model_len": 128, "usable_blocks": 4}
+    cfg = write(tmp_path, "c.yaml", yaml.safe_dump(base_config(tmp_path), sort_keys=False))
+    for bad_topo, says in (({**topo, "decode": "nowhere"}, "are not in this config"),
+                           ({**topo, "block_size": "32"}, "block_size is not of the type"),
+                           ({k: v for k, v in topo.items() if k != "max_model_len"}, "lacks max_model_len"),
+                           ({**topo, "gpus": 8}, "has unknown gpus")):
+        history = write(tmp_path, "h.jsonl", json.dumps({"phase": "explore", "action": action, "topology": bad_topo}))
+        line = refused(["explore", "--config", cfg, "--replay", history], tmp_path, {"c.yaml", "h.jsonl"})
+        assert says in line and "action 1" in line
