@@ -66,6 +66,8 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 from rig.cluster.ports import PortConflict, PortReservation
+from rig.config.endpoints_file import base_url, by_role, read_endpoints
+from rig.errors import TransportError
 from rig.transport import aio
 from rig.transport.bodies import decode_body, prefill_body
 
@@ -143,7 +145,7 @@ class ProxyMetrics:
                 self.hop_seconds.labels(hop, b.name)
 
 
-class HopFailed(Exception):
+class HopFailed(TransportError):
     """A hop that gave no usable answer; ``response`` is what the client gets."""
 
     def __init__(self, response: web.StreamResponse):
@@ -173,13 +175,23 @@ class PDProxy:
     ``policy``: see :data:`POLICIES`. ``timeout_s``: the longest wait for an upstream's next
     bytes (seconds; a hop silent this long is a 504). ``max_connections``: upstream connection
     pool size. Build the aiohttp app with :meth:`app`; the client session is created on start-up.
-    Raises ValueError for an unknown policy or an empty instance list.
+    Raises ValueError for an unknown policy, an empty instance list or a URL that is not an
+    instance's base URL (rig.config.endpoints_file.base_url), naming it.
     """
 
     def __init__(self, prefills: Sequence[tuple[str, str]], decodes: Sequence[tuple[str, str]],
                  policy: str = "round-robin", timeout_s: float = 600.0, max_connections: int = 1024):
-        self.prefill = Picker([Backend(n, u.rstrip("/")) for n, u in prefills], policy)
-        self.decode = Picker([Backend(n, u.rstrip("/")) for n, u in decodes], policy)
+        def backends(pool: Sequence[tuple[str, str]], role: str) -> list[Backend]:
+            out = []
+            for n, u in pool:
+                try:
+                    out.append(Backend(n, base_url(u)))
+                except ValueError as e:
+                    raise ValueError(f"{role} {n}: {e}") from None
+            return out
+
+        self.prefill = Picker(backends(prefills, "prefill"), policy)
+        self.decode = Picker(backends(decodes, "decode"), policy)
         self.timeout_s, self.max_connections = timeout_s, max_connections
         self.metrics = ProxyMetrics(self.prefill.backends, self.decode.backends)
         self.session: aiohttp.ClientSession | None = None
@@ -360,13 +372,9 @@ def endpoints_from_file(path: str) -> tuple[list[tuple[str, str]], list[tuple[st
     """``(prefills, decodes)`` as ``(name, url)`` from an ``endpoints.json`` written by ``pdrig up``
     (``{name: {"url": ..., "role": "prefill"|"decode"|...}}``). Raises ValueError naming the file
     when it is unreadable or lacks a prefill or a decode."""
-    try:
-        data = json.loads(Path(path).read_text())
-    except (OSError, ValueError) as e:
-        raise ValueError(f"--endpoints {path}: cannot read it ({e}); give the endpoints.json of a "
-                         "`pdrig up` run directory") from None
-    pre = [(n, v["url"]) for n, v in data.items() if v.get("role") == "prefill"]
-    dec = [(n, v["url"]) for n, v in data.items() if v.get("role") == "decode"]
+    entries = read_endpoints(path)  # InputFileError (a ConfigError, so a ValueError) names the entry
+    pre = [(n, e.url) for n, e in by_role(entries, "prefill")]
+    dec = [(n, e.url) for n, e in by_role(entries, "decode")]
     if not pre or not dec:
         raise ValueError(f"--endpoints {path}: needs at least one prefill and one decode entry")
     return pre, dec

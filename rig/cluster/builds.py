@@ -39,6 +39,7 @@ from pathlib import Path
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from rig.config import ConfigError, RigConfig, ScenarioConfig, load_config, read_yaml_mapping
+from rig.errors import BuildError
 
 REPO = Path(__file__).resolve().parents[2]  # rig/cluster/builds.py -> repo root
 DEFAULT_BUILDS_FILE = REPO / "configs" / "builds.yaml"
@@ -46,10 +47,6 @@ INSTALL_SCRIPT = REPO / "scripts" / "install-vllm.sh"
 BUILD_NAME = r"^[A-Za-z0-9][A-Za-z0-9._+-]*$"
 VERSION = r"^\d+(\.\d+)*([a-z]+\d*)?(\.post\d+)?(\.dev\d+)?$"
 STAMP = "pdrig-build.json"
-
-
-class BuildError(RuntimeError):
-    """A build could not be created (install failed, a patch did not apply)."""
 
 
 class BuildSpec(BaseModel):
@@ -136,7 +133,8 @@ class BuildsFile(BaseModel):
 def load_builds(path: str | Path = DEFAULT_BUILDS_FILE) -> BuildsFile:
     """Read and validate a builds file; raises ConfigError with one line per bad field."""
     p = Path(path)
-    data = read_yaml_mapping(p, f"builds file {str(p)!r} not found (the team's is configs/builds.yaml)")
+    data = read_yaml_mapping(p, f"builds file {str(p)!r} not found (the team's is configs/builds.yaml)",
+                             "builds file", "give a mapping of builds, as configs/builds.yaml")
     try:
         return BuildsFile.model_validate(data)
     except ValidationError as e:
@@ -149,7 +147,7 @@ def load_builds(path: str | Path = DEFAULT_BUILDS_FILE) -> BuildsFile:
             elif err["type"] == "missing":
                 msg = "required field is missing"
             lines.append(f"{where}: {msg}")
-        raise ConfigError(f"{p}: invalid builds file\n  " + "\n  ".join(lines)) from None
+        raise ConfigError(f"{p}: invalid builds file: " + "; ".join(lines)) from None
 
 
 def apply_fixes(cfg: RigConfig, build: BuildSpec) -> RigConfig:

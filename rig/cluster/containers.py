@@ -33,12 +33,10 @@ import subprocess
 import time
 from dataclasses import dataclass, field
 
+from rig.errors import ContainerError
+
 PAUSE_ATTEMPTS = 5  # docker pause tries (rig/cluster/containers.py ComposeContainers.signal)
 SIGNAL_NAMES: dict[int, str] = {_signal.SIGKILL: "KILL", _signal.SIGTERM: "TERM", _signal.SIGINT: "INT"}
-
-
-class ContainerError(RuntimeError):
-    """A docker command failed or timed out (message: the command and docker's stderr)."""
 
 
 @dataclass

@@ -36,9 +36,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from rig.cluster.errors import ClusterError
 from rig.cluster.probes import bindable
 from rig.config import ConfigError, RigConfig
+from rig.errors import ClusterError
 
 FREE_SEARCH_STEPS = 2000  # offsets tried by ports.free before giving up
 
@@ -262,14 +262,16 @@ def lock_files(lock_dir: str | os.PathLike[str]) -> list[LockFile] | None:
 
 
 def remove_stale_locks(lock_dir: str | os.PathLike[str]) -> list[int]:
-    """Delete the lock files of ``lock_dir`` no process holds; returns their ports. Each is
+    """Delete the lock files of ``lock_dir`` no process holds and that hold the rig's holder line
+    (:data:`HOLDER_LINE`: an unheld ``<digits>.lock`` with anything else in it is not the rig's and
+    stays); returns their ports. Each is
     unlinked while this process holds its flock, and a run that locked the old inode meanwhile
     retries on the new file (:meth:`PortReservation._lock`), so a live run's lock is never lost
     (a run locking the same port in the same instant may find it taken and refuse once).
     Nothing is removed when ``/proc/locks`` is unreadable."""
     removed = []
     for lf in lock_files(lock_dir) or []:
-        if lf.held_by is not None:
+        if lf.held_by is not None or lf.run_dir is None:
             continue
         try:
             fd = os.open(lf.path, os.O_RDWR)
@@ -277,7 +279,8 @@ def remove_stale_locks(lock_dir: str | os.PathLike[str]) -> list[int]:
             continue
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            if _same_file(fd, lf.path):
+            mine = HOLDER_LINE.search(os.pread(fd, 4096, 0).decode("utf-8", "replace"))
+            if mine and _same_file(fd, lf.path):
                 lf.path.unlink()
                 removed.append(lf.port)
         except OSError:

@@ -33,11 +33,11 @@ from rig.cluster.backends.base import Backend, Probe, Running
 from rig.cluster.backends.containers import Compose
 from rig.cluster.backends.local import Local, processes_of_run
 from rig.cluster.containers import ComposeContainers
-from rig.cluster.errors import ClusterError
 from rig.cluster.logs import LogSource
 from rig.cluster.proctree import ProcSample, sample_tree
 from rig.cluster.startup import READY, StartupDisplay, StartupWatch, load_text
 from rig.config.deployment import ATTACH_CONNECT_S
+from rig.errors import ClusterError
 from rig.plan.spec import Plan, ProcessSpec
 
 # What callers (the CLI, the runner, tests) import from the cluster's module, wherever it is defined.

@@ -9,18 +9,26 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict
 
+from rig.errors import ConfigError as ConfigError  # defined in the one exception tree; the config layer's name for it
+
 NAME_PATTERN = r"^[a-z0-9][a-z0-9-]*$"
+
+# Bounds on counts, from what the rig can send: a larger number is a typo (``concurrent: 100000000``
+# would build that many prompts before the first request), refused with the bound in the message.
+MAX_SENT_TOGETHER = 256  # copies sent at once on one client: rig.transport.client pools 256 connections
+MAX_IN_FLIGHT = 4096  # a wave's concurrency: each request in flight holds up to two sockets (P's and D's hop)
+MAX_REQUESTS = 1_000_000  # requests of one wave: ~6 h at the 50 req/s a tiny-model CPU pair serves
+MAX_ROUNDS = 10_000  # requests, groups, waves, rounds of the kinds that send one after another
+MAX_CONTEXT_WORDS = 1_000_000  # retrieval filler words (~1.3 tokens each): past any model's max_model_len
 ConnectorMode = Literal["nixl", "mooncake-store", "nixl+store", "mooncake-p2p"]
 
 
-class ConfigError(ValueError):
-    """A config file or override that cannot be used; the message names the field and the fix."""
-
-
 class StrictModel(BaseModel):
-    """Base for every config section: unknown fields are errors, not silently ignored."""
+    """Base for every config section: unknown fields are errors, not silently ignored, and no
+    float field takes NaN or infinity (``.nan`` / ``.inf`` are valid YAML floats, but no timeout,
+    share or rate of the rig means anything at them: a NaN passes every ``ge``/``le`` bound)."""
 
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False)
 
 
 def regex_field(v: str | None, what: str) -> str | None:

@@ -32,7 +32,7 @@ from typing import Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from rig.config.base import StrictModel
+from rig.config.base import MAX_ROUNDS, StrictModel
 
 TriggerEvent = Literal["prefill-answered", "decode-sent", "kv-fetch-in-progress", "after-requests"]
 InstanceAction = Literal["sigkill", "sigterm", "sigstop", "restart"]
@@ -108,7 +108,7 @@ class FaultScenarioConfig(StrictModel):
     """Settings of ``kind: fault``: the requests sent (one after another), which one is faulted,
     the faults, and the recovery checks' bounds."""
 
-    requests: int = Field(1, ge=1, description="P/D requests sent one after another")
+    requests: int = Field(1, ge=1, le=MAX_ROUNDS, description="P/D requests sent one after another")
     faulted: int = Field(0, ge=0, description="index of the request the exchange events refer to")
     faults: list[Fault] = Field(min_length=1)
     recovery: bool = Field(True, description="after the faults: survivors back to idle within the bound, "

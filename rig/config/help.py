@@ -1,6 +1,6 @@
 """Help for people writing configs: nearest valid names, field listings, where suites are.
 
-A leaf module (imports nothing from the rig): :mod:`rig.config.loading` uses it to word its errors,
+A leaf module (imports only the file reader rig.config.files): :mod:`rig.config.loading` uses it to word its errors,
 ``pdrig config --explain`` to list fields. Every function takes the pydantic model class to
 inspect, so the models stay in their own modules of :mod:`rig.config`.
 
@@ -20,9 +20,11 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-import yaml
 from pydantic import BaseModel
 from pydantic_core import PydanticUndefined
+
+from rig.config.files import load_yaml
+from rig.errors import ConfigError
 
 # The repository's own profiles: a copied profile whose relative ``suite:`` is not next to it
 # falls back to the suite of the same name here (a clone or an editable install has it).
@@ -179,10 +181,10 @@ def scenarios_by_suite(dirs: Iterable[Path]) -> dict[str, list[str]]:
     for d in dirs:
         for f in sorted(Path(d).glob("*.yaml")):
             try:
-                items = yaml.safe_load(f.read_text()) or []
-            except (OSError, yaml.YAMLError):
+                items = load_yaml(f, "suite", "", list)
+            except ConfigError:  # not a suite (or not readable): it defines no scenario
                 continue
-            for item in items if isinstance(items, list) else []:
+            for item in items:
                 if isinstance(item, dict) and isinstance(item.get("name"), str):
                     out.setdefault(item["name"], []).append(str(f))
     return out

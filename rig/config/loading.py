@@ -1,8 +1,9 @@
 """Reading a config: the YAML file, its ``suite:`` files, ``--set dotted.path=value`` overrides
 (list items by index or by ``name``: ``decode.decode-6blk.port=8300``) and validation into a
 :class:`~rig.config.topology.RigConfig`. Every problem becomes one
-:class:`~rig.config.base.ConfigError` that names the field and the fix (worded with
-rig.config.help).
+:class:`~rig.config.base.ConfigError` on one line that names the field and the fix (worded with
+rig.config.help). Files are read through :mod:`rig.config.files` (size, UTF-8, duplicate keys,
+alias bombs).
 """
 
 from __future__ import annotations
@@ -11,10 +12,10 @@ import re
 from pathlib import Path
 from typing import Any
 
-import yaml
 from pydantic import ValidationError
 
 from rig.config.base import ConfigError
+from rig.config.files import InputFileError, load_yaml, parse_yaml, short
 from rig.config.help import did_you_mean, model_at, suite_candidates
 from rig.config.topology import RigConfig
 
@@ -58,7 +59,15 @@ def apply_overrides(data: dict, overrides: list[str]) -> dict:
         if "=" not in ov:
             raise ConfigError(f"--set {ov!r}: expected dotted.path=value, e.g. timeouts.stall_window_s=5")
         path, raw = ov.split("=", 1)
-        _set_path(data, path.strip().split("."), yaml.safe_load(raw), ov)
+        if not all(part.strip() for part in path.split(".")):
+            raise ConfigError(f"--set {ov!r}: {path.strip()!r} is not a dotted field path; "
+                              "e.g. --set timeouts.stall_window_s=5")
+        try:
+            value = parse_yaml(raw, f"--set {ov}", lines=False)
+        except InputFileError as e:
+            raise ConfigError(f"{e}; the value is YAML: quote it to give a string, "
+                              "e.g. --set 'name=\"a: b\"'") from None
+        _set_path(data, path.strip().split("."), value, ov)
     return data
 
 
@@ -93,10 +102,10 @@ def _format_validation_error(source: str, err: ValidationError, data: dict,
         elif e["type"] == "missing":
             msg = "required field is missing"
         if isinstance(value, (str, int, float, bool)) and e["type"] not in ("extra_forbidden", "missing"):
-            msg += f" (got {value!r})"
+            msg += f" (got {short(value)})"
         if e["type"] in ("list_type", "tuple_type") and isinstance(value, (str, int, float)):
             # --set values are YAML: a list is written in brackets, e.g. cpus=[1] or cpus=[0,1]
-            msg += f"; write a YAML list, e.g. [{value}]"
+            msg += f"; write a YAML list, e.g. [{str(value)[:30]}]"
         field_name = str(e["loc"][-1]) if e["loc"] else ""
         origin = next((ov for ov in overrides or [] if ov.split("=", 1)[0].strip().split(".")[-1] == field_name), None)
         if origin is not None:
@@ -104,21 +113,29 @@ def _format_validation_error(source: str, err: ValidationError, data: dict,
             lines.append(f"--set {origin} ({where}): {msg}; {advice}")
         else:
             lines.append(f"{where}: {msg}")
-    return f"{source}: invalid config\n  " + "\n  ".join(lines)
+    if len(lines) == 1:
+        return f"{source}: invalid config: {lines[0]}"
+    return f"{source}: invalid config, {len(lines)} problems: " + "; ".join(lines)
 
 
-def read_yaml_mapping(p: Path, missing: str) -> dict:
-    """The YAML mapping in file ``p``; raises ConfigError with ``missing`` when there is no such
-    file, and naming the file when it is not valid YAML or not a mapping (configs, builds files)."""
-    if not p.is_file():
+def read_yaml_mapping(p: Path, missing: str, what: str = "config file",
+                      fix: str = "give a YAML mapping of fields, as the profiles in configs/") -> dict:
+    """The YAML mapping in file ``p`` (configs, builds files), read by
+    :func:`rig.config.files.load_yaml`; raises ConfigError with ``missing`` when there is no such
+    path, and InputFileError naming the file (``what``) and ``fix`` when it cannot be used."""
+    if not p.exists():
         raise ConfigError(missing)
-    try:
-        data = yaml.safe_load(p.read_text()) or {}
-    except yaml.YAMLError as e:
-        raise ConfigError(f"{p}: not valid YAML: {e}") from None
-    if not isinstance(data, dict):
-        raise ConfigError(f"{p}: the top level must be a mapping of fields")
-    return data
+    return load_yaml(p, what, fix, dict)
+
+
+def _suite_names(p: Path, suites: Any) -> list[str]:
+    """The ``suite:`` value as a list of file names; raises ConfigError unless it is a string or a
+    list of strings."""
+    names = [suites] if isinstance(suites, str) else suites if isinstance(suites, list) else None
+    if names is None or not all(isinstance(n, str) and n for n in names):
+        raise ConfigError(f"{p}: suite: {short(suites)} is not a suite file; give a path (suite: suites/edge.yaml) "
+                          "or a list of paths")
+    return names
 
 
 def load_config(path: str | Path, overrides: list[str] | None = None) -> RigConfig:
@@ -133,9 +150,8 @@ def load_config(path: str | Path, overrides: list[str] | None = None) -> RigConf
     # Overrides of scenarios apply after the suite is read (so they can name its scenarios);
     # all others before (so --set suite=... picks the suite).
     apply_overrides(data, [o for o in overrides if not o.startswith("scenarios.")])
-    suites = data.get("suite") or []
     loaded_all: list = []
-    for name in [suites] if isinstance(suites, str) else list(suites):
+    for name in _suite_names(p, data.get("suite") or []):
         candidates = suite_candidates(p, str(name))
         suite = next((c for c in candidates if c.is_file()), None)
         if suite is None:
@@ -143,15 +159,13 @@ def load_config(path: str | Path, overrides: list[str] | None = None) -> RigConf
                 f"{p}: suite: {str(name)!r} not found; looked at {' and '.join(map(str, candidates))}. "
                 "suite: is relative to the config file: copy the suite next to your config, give an "
                 "absolute path, or override it: --set suite=/path/to/suite.yaml")
-        try:
-            loaded = yaml.safe_load(suite.read_text()) or []
-        except (OSError, yaml.YAMLError) as e:
-            raise ConfigError(f"{p}: suite: cannot read {str(suite)!r}: {e}") from None
-        if not isinstance(loaded, list):
-            raise ConfigError(f"{suite}: a suite file is a YAML list of scenarios")
-        loaded_all += loaded
+        loaded_all += load_yaml(suite, "suite", "a suite file is a YAML list of scenarios "
+                                "(as configs/suites/edge.yaml)", list)
     if loaded_all:
-        data["scenarios"] = loaded_all + list(data.get("scenarios") or [])
+        own = data.get("scenarios") or []
+        if not isinstance(own, list):
+            raise ConfigError(f"{p}: scenarios: {short(own)} is not a list of scenarios; give a YAML list")
+        data["scenarios"] = loaded_all + own
     apply_overrides(data, [o for o in overrides if o.startswith("scenarios.")])
     try:
         return RigConfig.model_validate(data)

@@ -24,7 +24,7 @@ class TinyModelRecipe(BaseModel):
     ``head_dim`` 32 by default.
     """
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     hidden_size: int = Field(128, gt=0, description="model width (elements)")
     intermediate_size: int = Field(256, gt=0, description="MLP width (elements)")

@@ -27,6 +27,7 @@ fields are its top-level ones, sampling fields go in a nested ``sampling_params`
 
 from __future__ import annotations
 
+import math
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
@@ -86,7 +87,22 @@ def _check_sampling(fields: dict[str, Any], where: str) -> None:
                          "fields (e.g. temperature, seed, stop_token_ids, logprobs)")
 
 
+def _finite(value: Any, where: str) -> None:
+    """Raise ValueError naming the field for a NaN or infinite number anywhere in ``value``: JSON
+    has no such number, so a request carrying one would not be valid JSON."""
+    stack = [(value, where)]
+    while stack:
+        v, at = stack.pop()
+        if isinstance(v, float) and not math.isfinite(v):
+            raise ValueError(f"{at}: {v} is not a number JSON can carry; give a finite number")
+        if isinstance(v, dict):
+            stack.extend((x, f"{at}.{k}") for k, x in v.items())
+        elif isinstance(v, list):
+            stack.extend((x, f"{at}[{i}]") for i, x in enumerate(v))
+
+
 def _check(fields: dict[str, Any], where: str, owned: dict[str, str], endpoint: str = "completions") -> dict[str, Any]:
+    _finite(fields, f"request.{where}")
     known = {"chat": CHAT_FIELDS, "generate": GENERATE_FIELDS}.get(endpoint, COMPLETIONS_FIELDS)
     if endpoint == "chat":
         owned = {**owned, **CHAT_OWNED}

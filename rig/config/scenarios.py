@@ -14,7 +14,15 @@ from typing import Any, Literal, get_args
 
 from pydantic import Field, model_validator
 
-from rig.config.base import NAME_PATTERN, StrictModel
+from rig.config.base import (
+    MAX_CONTEXT_WORDS,
+    MAX_IN_FLIGHT,
+    MAX_REQUESTS,
+    MAX_ROUNDS,
+    MAX_SENT_TOGETHER,
+    NAME_PATTERN,
+    StrictModel,
+)
 from rig.config.expectations import Expectation, KnownIssue, OptionalCheck
 from rig.config.faults import FaultScenarioConfig
 from rig.config.request_fields import RequestFields
@@ -36,8 +44,9 @@ DEFAULT_PARITY_TOLERANCE = 1e-5
 class RetrievalConfig(StrictModel):
     """Identifier retrieval (rig/workload/retrieval.py): needle prompts as text, real models."""
 
-    requests: int = Field(8, ge=1, description="needle prompts, each at another depth")
-    context_words: int = Field(1500, ge=10, description="filler words around the needle (~1.3 tokens each)")
+    requests: int = Field(8, ge=1, le=MAX_ROUNDS, description="needle prompts, each at another depth")
+    context_words: int = Field(1500, ge=10, le=MAX_CONTEXT_WORDS,
+                               description="filler words around the needle (~1.3 tokens each)")
     reference: str | None = Field(None, description="instance serving the non-disaggregated reference; "
                                                     "None = the prefill instance")
 CancelPoint = Literal["before-prefill", "between", "during-decode"]
@@ -55,8 +64,8 @@ class WaveConfig(StrictModel):
     ``cancel_fraction`` cancelled on purpose at ``cancel_points`` (round robin).
     """
 
-    requests: int = Field(2048, ge=1, description="pressure wave: number of requests (R)")
-    concurrency: int = Field(64, ge=1, description="requests in flight at most (C)")
+    requests: int = Field(2048, ge=1, le=MAX_REQUESTS, description="pressure wave: number of requests (R)")
+    concurrency: int = Field(64, ge=1, le=MAX_IN_FLIGHT, description="requests in flight at most (C)")
     cancel_fraction: float = Field(0.0, ge=0, le=1, description="fraction cancelled on purpose (X)")
     cancel_points: list[CancelPoint] = Field(
         default_factory=lambda: list(get_args(CancelPoint)), min_length=1,
@@ -64,8 +73,8 @@ class WaveConfig(StrictModel):
                     "during D's stream (after its first token)")
     cancel_prefill_after_s: float = Field(
         0.005, ge=0, description="a before-prefill cancel fires this long after P was sent")
-    groups: int = Field(4, ge=1, description="prefix wave: prefix groups (G)")
-    per_group: int = Field(8, ge=1, description="prefix wave: requests per group (N)")
+    groups: int = Field(4, ge=1, le=MAX_ROUNDS, description="prefix wave: prefix groups (G)")
+    per_group: int = Field(8, ge=1, le=MAX_ROUNDS, description="prefix wave: requests per group (N)")
     prefix_tokens: int = Field(32, ge=0, description="prefix wave: shared prefix length (K)")
     stream: Literal["always", "never", "mixed"] = Field(
         "mixed", description="D hop streamed (SSE) or not; mixed = every other request; "
@@ -89,14 +98,14 @@ class StoreScenarioConfig(StrictModel):
     length stay ``prompt_tokens`` / ``max_tokens``.
     """
 
-    requests: int = Field(2, ge=1, description="store-roundtrip: distinct prompts (one after another); "
+    requests: int = Field(2, ge=1, le=MAX_ROUNDS, description="store-roundtrip: distinct prompts (one after another); "
                                                "long-generation: requests sent together")
-    groups: int = Field(3, ge=1, description="prefix-wave-store: prefix groups")
-    per_group: int = Field(2, ge=1, description="prefix-wave-store: requests per group in each wave")
-    waves: int = Field(2, ge=1, description="prefix-wave-store: waves, each over every group")
+    groups: int = Field(3, ge=1, le=MAX_ROUNDS, description="prefix-wave-store: prefix groups")
+    per_group: int = Field(2, ge=1, le=MAX_ROUNDS, description="prefix-wave-store: requests per group in each wave")
+    waves: int = Field(2, ge=1, le=MAX_ROUNDS, description="prefix-wave-store: waves, each over every group")
     prefix_tokens: int = Field(96, ge=1, description="prefix-wave-store: shared prefix length; whole "
                                                      "blocks of it are what D can load from the store")
-    concurrency: int = Field(4, ge=1, description="prefix-wave-store: requests in flight at most")
+    concurrency: int = Field(4, ge=1, le=MAX_IN_FLIGHT, description="prefix-wave-store: requests in flight at most")
     route: Literal["store", "pd", "mixed"] = Field(
         "mixed", description="prefix-wave-store: a request goes plainly to D (prefix from the store), "
                              "two-hop P->D over NIXL, or alternately")
@@ -111,7 +120,8 @@ class StoreScenarioConfig(StrictModel):
     cancel_hop: Literal["prefill", "decode", "either"] = Field(
         "either", description="prefix-wave-store: the hop a cancel closes; either = prefill or decode at random "
                               "on a P/D request (a store-routed request has only its decode hop)")
-    rounds: int = Field(1, ge=1, description="prefix-wave-store: rounds of `waves` waves, same prefixes, new suffixes")
+    rounds: int = Field(1, ge=1, le=MAX_ROUNDS,
+                        description="prefix-wave-store: rounds of `waves` waves, same prefixes, new suffixes")
     reset_prefix_cache: bool = Field(
         False, description="prefix-wave-store: POST /reset_prefix_cache on P and D between rounds (the store "
                            "stays warm); needs VLLM_SERVER_DEV_MODE=1 in both instances' env")
@@ -157,7 +167,7 @@ class ScenarioConfig(StrictModel):
     decode: str | None = Field(None, description="instance name; None = the first decode")
     prompt_tokens: int = Field(ge=1, description="exact prompt length (token IDs)")
     max_tokens: int = Field(ge=1)
-    concurrent: int = Field(1, ge=1, description="copies (distinct prompts) sent together")
+    concurrent: int = Field(1, ge=1, le=MAX_SENT_TOGETHER, description="copies (distinct prompts) sent together")
     same_as: str | None = Field(
         None, description="edge: every copy sends this request's prompt (rig/workload/prompts.py): "
                           "<scenario> (an edge or fault scenario's request 0) or <scenario>/<step>; "

@@ -32,7 +32,7 @@ from typing import Literal
 
 from pydantic import Field, model_validator
 
-from rig.config.base import NAME_PATTERN, StrictModel
+from rig.config.base import MAX_SENT_TOGETHER, NAME_PATTERN, StrictModel
 from rig.config.request_fields import RequestFields
 from rig.config.routes import RouterConfig, Transform
 
@@ -67,8 +67,9 @@ class Step(StrictModel):
                                            "request to sequence.router, which drives both hops)")
     prompt_tokens: int = Field(ge=1, description="exact prompt length (token IDs)")
     max_tokens: int = Field(ge=1, description="completion tokens asked for")
-    count: int = Field(1, ge=1, description="prompts of this shape sent together: distinct, or count identical "
-                                            "copies with same_as / head_of")
+    count: int = Field(1, ge=1, le=MAX_SENT_TOGETHER,
+                       description="prompts of this shape sent together: distinct, or count identical copies "
+                                   "with same_as / head_of")
     same_as: str | None = Field(
         None, description="send this request's prompt (rig/workload/prompts.py): <step> of this scenario, "
                           "<scenario>/<step>, or <scenario> (an edge or fault scenario's request 0); "

@@ -8,6 +8,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from rig.config.files import json_lines
 from rig.explore.grammar import Action
 
 
@@ -32,19 +33,10 @@ class History:
 
 def read_history(path: Path) -> list[dict[str, Any]]:
     """The entries of a history file that carry an action (``phase`` explore or nemesis), in order. Raises
-    ValueError naming the line for a line that is not JSON, OSError when the file cannot be read."""
-    out = []
-    for i, line in enumerate(path.read_text().splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            entry = json.loads(line)
-        except ValueError as e:
-            raise ValueError(f"{path}:{i}: not a JSON line ({e}); "
-                             "give a history.jsonl written by pdrig explore") from None
-        if entry.get("phase") in ("explore", "nemesis") and "action" in entry:
-            out.append(entry)
-    return out
+    InputFileError (a ValueError) naming the line for a line that is not one JSON object, and for a
+    file that cannot be read, is too big or is not UTF-8 (rig.config.files.json_lines)."""
+    return [entry for _, entry in json_lines(path, "--replay", "give a history.jsonl written by pdrig explore")
+            if entry.get("phase") in ("explore", "nemesis") and "action" in entry]
 
 
 def action_of(entry: dict[str, Any]) -> Action:

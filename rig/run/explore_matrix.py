@@ -27,7 +27,6 @@ column per build), followed by the ordinary scenario x build grid; ``matrix.json
 
 from __future__ import annotations
 
-import json
 import re
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -37,6 +36,7 @@ import yaml
 
 from rig.cluster.builds import SuiteSpec
 from rig.config import ConfigError
+from rig.config.files import load_json, load_yaml
 from rig.report.grid import Grid
 
 HOLDS = {"XFAIL": "holds", "FAIL": "holds", "PASS": "does not hold", "XPASS": "does not hold"}
@@ -73,10 +73,11 @@ def exploration_overrides(run_dir: Path) -> list[str]:
     ``nixl.kv_lease_duration`` when its ``config.yaml`` (the effective config the explorer wrote)
     sets one; [] otherwise (vLLM's default lease)."""
     try:
-        data = yaml.safe_load((run_dir / "config.yaml").read_text()) or {}
-    except (OSError, yaml.YAMLError):
+        data = load_yaml(run_dir / "config.yaml", "--explore", "the run directory of a `pdrig explore` run")
+    except ConfigError:
         return []
-    lease = (data.get("nixl") or {}).get("kv_lease_duration")
+    nixl = data.get("nixl")
+    lease = nixl.get("kv_lease_duration") if isinstance(nixl, dict) else None
     return [] if lease is None else [f"nixl.kv_lease_duration={lease}"]
 
 
@@ -88,15 +89,16 @@ def collect_findings(run_dirs: list[Path]) -> list[tuple[ExploreFinding, dict[st
     out: list[tuple[ExploreFinding, dict[str, Any]]] = []
     names: set[str] = set()
     for d in run_dirs:
-        try:
-            rep = json.loads((d / "explore.json").read_text())
-        except (OSError, ValueError) as e:
-            raise ConfigError(f"--explore {d}: no readable explore.json ({type(e).__name__}); give the run "
-                              "directory of a `pdrig explore` run (runs/<stamp>-<config>-explore)") from None
+        if not (d / "explore.json").is_file():
+            raise ConfigError(f"--explore {d}: no readable explore.json; give the run directory of a "
+                              "`pdrig explore` run (runs/<stamp>-<config>-explore)")
+        rep = load_json(d / "explore.json", "--explore", "give the run directory of a `pdrig explore` run",
+                        allow_nan=True)
         lease = exploration_overrides(d)
-        found_on = rep.get("vllm_version") or ""
-        for f in rep.get("findings") or []:
-            if not f.get("yaml"):
+        found_on = str(rep.get("vllm_version") or "")
+        findings = rep.get("findings") or []
+        for f in findings if isinstance(findings, list) else []:
+            if not isinstance(f, dict) or not isinstance(f.get("yaml"), str) or not f["yaml"]:
                 continue
             # a topology drawn from vLLM's knobs is the config plus its --sets (rig/explore/topologies.py)
             overrides = [str(x) for x in ((f.get("topology") or {}).get("sets") or [])]
@@ -104,10 +106,7 @@ def collect_findings(run_dirs: list[Path]) -> list[tuple[ExploreFinding, dict[st
                 overrides += lease
             path = Path(f["yaml"])
             path = path if path.is_file() else d / "findings" / path.name  # a moved run directory
-            try:
-                scenarios = yaml.safe_load(path.read_text()) or []
-            except (OSError, yaml.YAMLError) as e:
-                raise ConfigError(f"--explore {d}: finding {f['yaml']} cannot be read ({e})") from None
+            scenarios = load_yaml(path, f"--explore {d}: finding", "a findings/*.yaml of pdrig explore", list)
             if not isinstance(scenarios, list) or not scenarios or not isinstance(scenarios[0], dict):
                 raise ConfigError(f"--explore {d}: {path} holds no scenario (a findings/*.yaml of pdrig explore)")
             base = "-".join(p for p in (_slug(found_on) or _slug(d.name), path.stem) if p)

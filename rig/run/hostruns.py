@@ -4,11 +4,19 @@
 A run is live while a process holds the flock of one of its port lock files (``/proc/locks``;
 the kernel drops it when the run's process dies, SIGKILL included). The lock file names the
 run directory and pid that wrote it; the run directory's ``plan.json`` says which instance
-listens on which port. What ``clean`` removes: lock files nobody holds (each an unlocked file
-is free anyway; they only pile up), and run directories that hold no file at all (an attempt
-that died before writing anything) and are older than ``min_age_s``, so a run that has just
-created its directory and not yet written its plan is left alone. A live run's directory is
-never removed.
+listens on which port.
+
+``clean`` removes only what it can prove the rig made, and lists everything else:
+
+- lock files nobody holds whose content is the rig's holder line
+  (``run directory <dir> (pid <n>)``, rig.cluster.ports.HOLDER_LINE); an unheld ``<digits>.lock``
+  with anything else in it is some other tool's, and stays;
+- run directories directly under ``run_root`` that carry the rig's marker file
+  (:data:`RUN_MARKER_FILE`, written by :func:`make_run_dir` when the rig creates a run directory)
+  and hold no other file, only folders or sockets (an attempt that died before writing
+  anything), older than ``min_age_s`` (a run that has just created its directory is left alone).
+  Such a folder without the marker (an empty folder, a folder of sockets) is listed, not deleted;
+  a live run's directory is never touched.
 """
 
 from __future__ import annotations
@@ -22,6 +30,12 @@ from pathlib import Path
 import psutil
 
 from rig.cluster.ports import LockFile, lock_files, remove_stale_locks
+from rig.config import ConfigError
+
+# Written into every run directory the rig creates (make_run_dir): what lets `pdrig clean` tell the
+# rig's own empty run directories from any other folder under run_root.
+RUN_MARKER_FILE = ".pdrig-run"
+MARKER_TEXT = "a pdrig run directory (pdrig clean may remove it once it holds nothing else)\n"
 
 
 @dataclass
@@ -86,36 +100,78 @@ def ps_lines(runs: list[HostRun]) -> list[str]:
     return out
 
 
-def empty_run_dirs(run_root: str, keep: set[str], min_age_s: float) -> list[Path]:
-    """Directories directly under ``run_root`` with no file anywhere inside, last modified more
-    than ``min_age_s`` seconds ago, and not in ``keep`` (live runs' directories, resolved)."""
+def make_run_dir(path: Path, field: str = "run_root") -> Path:
+    """Create run directory ``path`` (and its ``logs/``) with the rig's marker file in it; never
+    reuses one. Raises ConfigError naming ``field`` (where its parent came from) when it cannot be
+    created: the parent is a file, not writable, or ``path`` exists already."""
+    try:
+        (path / "logs").mkdir(parents=True)
+        (path / RUN_MARKER_FILE).write_text(MARKER_TEXT)
+    except OSError as e:
+        raise ConfigError(f"{field}: cannot create the run directory {path} ({e.strerror or e}); "
+                          f"set {field} to a writable folder (--set {field}=DIR)") from None
+    return path
+
+
+def is_rig_run_dir(d: Path) -> bool:
+    """True when ``d`` carries the marker :func:`make_run_dir` writes (a regular file, not a link)."""
+    marker = d / RUN_MARKER_FILE
+    return marker.is_file() and not marker.is_symlink()
+
+
+@dataclass
+class CleanResult:
+    """What ``pdrig clean`` did: ``ports`` whose lock files it removed, ``dirs`` it removed, and
+    what it ``kept`` (path, why) because it cannot prove the rig made it."""
+
+    ports: list[int] = field(default_factory=list)
+    dirs: list[Path] = field(default_factory=list)
+    kept: list[tuple[Path, str]] = field(default_factory=list)
+
+
+def _holds_nothing(d: Path) -> bool:
+    """True when nothing under ``d`` but its marker is a regular file or a link (folders and
+    sockets only: an attempt that died before writing anything)."""
+    return not any(p.is_file() or p.is_symlink() for p in d.rglob("*") if p != d / RUN_MARKER_FILE)
+
+
+def empty_run_dirs(run_root: str, keep: set[str], min_age_s: float) -> tuple[list[Path], list[tuple[Path, str]]]:
+    """``(removable, kept)`` among the directories directly under ``run_root``: removable are the
+    rig's own (:func:`is_rig_run_dir`) that hold nothing but their marker, folders and sockets, last
+    modified more than ``min_age_s`` seconds ago, and not in ``keep`` (live runs' directories,
+    resolved); kept are the empty ones it cannot prove are the rig's, with the reason."""
     root = Path(run_root)
     if not root.is_dir():
-        return []
+        return [], []
     now = time.time()
-    out = []
+    out: list[Path] = []
+    kept: list[tuple[Path, str]] = []
     for d in sorted(root.iterdir()):
         if not d.is_dir() or d.is_symlink() or str(d.resolve()) in keep:
             continue
         try:
-            if any(p.is_file() or p.is_symlink() for p in d.rglob("*")) or now - d.stat().st_mtime < min_age_s:
+            if not _holds_nothing(d) or now - d.stat().st_mtime < min_age_s:
+                continue
+            if not is_rig_run_dir(d):
+                kept.append((d, "no pdrig run marker: not made by the rig"))
                 continue
         except OSError:
             continue
         out.append(d)
-    return out
+    return out, kept
 
 
-def clean(lock_dir: str, run_root: str, min_age_s: float = 600.0) -> tuple[list[int], list[Path]] | None:
-    """Remove stale lock files of ``lock_dir`` and empty run directories under ``run_root``
-    (module docstring); returns (ports whose lock files went, directories removed), or None
-    (nothing removed) when the host's locks cannot be read."""
+def clean(lock_dir: str, run_root: str, min_age_s: float = 600.0) -> CleanResult | None:
+    """Remove the rig's stale lock files of ``lock_dir`` and its empty run directories under
+    ``run_root`` (module docstring); None (nothing removed) when the host's locks cannot be read."""
     files: list[LockFile] | None = lock_files(lock_dir)
     if files is None:
         return None
     keep = {str(Path(lf.run_dir).resolve()) for lf in files if lf.held_by is not None and lf.run_dir}
-    ports = remove_stale_locks(lock_dir)
-    dirs = empty_run_dirs(run_root, keep, min_age_s)
-    for d in dirs:
+    result = CleanResult(ports=remove_stale_locks(lock_dir))
+    result.kept += [(lf.path, "not the rig's holder line") for lf in files if lf.held_by is None and lf.run_dir is None]
+    result.dirs, kept = empty_run_dirs(run_root, keep, min_age_s)
+    result.kept += kept
+    for d in result.dirs:
         shutil.rmtree(d, ignore_errors=True)
-    return ports, dirs
+    return result

@@ -43,6 +43,7 @@ from rig.cluster.builds import (
 )
 from rig.cluster.preflight import preflight
 from rig.config import ConfigError, RigConfig, load_config
+from rig.config.files import folder_problem
 from rig.report.build import build_report, write_report
 from rig.report.grid import ENGINE_DEATH, BuildRuns, Grid, IssueRef, build_grid, grid_json, junit_suite, render_md
 from rig.report.junit import render_junit
@@ -297,6 +298,12 @@ class Matrix:
 def cmd_matrix(args) -> int:
     """``pdrig matrix``: exit 0 when every cell is PASS or XFAIL (with ``--explore``: when no
     finding's cell is an error), 1 otherwise (the grid is written either way), 2 for bad input."""
+    out_problem = folder_problem(args.out)
+    if args.report_only and not Path(args.out).is_dir():
+        raise ConfigError(f"--out {args.out}: no such matrix folder; --report-only renders the grid of an earlier "
+                          f"`pdrig matrix --out {args.out}` and creates nothing")
+    if out_problem:
+        raise ConfigError(f"--out {args.out}: {out_problem}; give a writable folder for the matrix")
     files = load_builds(args.builds_file)
     builds = [b.strip() for b in args.builds.split(",") if b.strip()]
     for b in builds:

@@ -52,6 +52,7 @@ from rig.observe.observations import ScenarioObservation, SnapshotStore
 from rig.plan.processes import Plan, build_plan, with_endpoints
 from rig.proxy import ProxyThread, reserved_proxy
 from rig.report.build import RunResult, print_summary, write_report
+from rig.run.hostruns import make_run_dir
 from rig.run.kinds import KINDS, ScenarioContext
 from rig.run.lifecycle import (
     ClusterDeployment,
@@ -69,15 +70,16 @@ from rig.workload.warmup import WarmupWatch, warm_paths, warm_up
 
 
 def new_run_dir(cfg: RigConfig, label: str | None = None) -> Path:
-    """``<run_root>/<YYYYmmdd-HHMMSS>-<label or config name>``, created (never reused)."""
+    """``<run_root>/<YYYYmmdd-HHMMSS>-<label or config name>``, created (never reused) by
+    rig.run.hostruns.make_run_dir. Raises ConfigError when ``run_root`` cannot hold it (a file, not
+    writable)."""
     stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
     base = Path(cfg.run_root) / f"{stamp}-{label or cfg.name}"
     d, n = base, 1
     while d.exists():
         n += 1
         d = base.with_name(f"{base.name}-{n}")
-    (d / "logs").mkdir(parents=True)
-    return d
+    return make_run_dir(d)  # with the marker `pdrig clean` looks for; ConfigError when run_root cannot hold it
 
 
 def resolve_model(cfg: RigConfig, build: bool = True) -> str:

@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import shutil
 import sys
 import time
@@ -39,7 +38,9 @@ from urllib.parse import urlsplit
 
 from rig.config import ConfigError, RigConfig
 from rig.config.blocks import usable_in_pool
+from rig.config.endpoints_file import by_role, read_endpoints
 from rig.config.help import DEFAULT_CONFIG, config_path
+from rig.run.hostruns import RUN_MARKER_FILE, make_run_dir
 from rig.transport import aio
 
 
@@ -112,13 +113,9 @@ def _endpoints(args: argparse.Namespace, cfg: RigConfig | None) -> tuple[list[An
     if args.endpoints:
         if args.prefill or args.decode:
             raise ConfigError("give either --endpoints or --prefill/--decode, not both")
-        try:
-            data = json.loads(Path(args.endpoints).read_text())
-        except (OSError, ValueError) as e:
-            raise ConfigError(f"--endpoints {args.endpoints}: cannot read it ({e}); `pdrig up` writes "
-                              "runs/<dir>/endpoints.json") from None
-        ps = [Endpoint(n, v["url"], v.get("log"), v.get("pid")) for n, v in data.items() if v.get("role") == "prefill"]
-        ds = [Endpoint(n, v["url"], v.get("log"), v.get("pid")) for n, v in data.items() if v.get("role") == "decode"]
+        entries = read_endpoints(args.endpoints)
+        ps = [Endpoint(n, v.url, v.log, v.pid) for n, v in by_role(entries, "prefill")]
+        ds = [Endpoint(n, v.url, v.log, v.pid) for n, v in by_role(entries, "decode")]
         known = {e.name for e in ps + ds}
     else:
         by_port = {i.port: i.name for _, i in cfg.instances()} if cfg else {}
@@ -346,13 +343,17 @@ def cmd_wave(args: argparse.Namespace) -> int:
             n += 1
             run_dir = base.with_name(f"{base.name}-{n}")
     created = not run_dir.exists()
-    run_dir.mkdir(parents=True, exist_ok=True)
+    if created:  # with the marker `pdrig clean` looks for
+        make_run_dir(run_dir, "--run-dir" if args.run_dir else "run_root")
+    elif not run_dir.is_dir():
+        raise ConfigError(f"--run-dir {run_dir}: is a file, not a folder; give a folder")
     try:
         return aio.run(_run(args, cfg, sc, ps, ds, known, run_dir))
     except ConfigError:
         # Refused before any request (servers unreachable, bad prompt length): a directory this
         # command created holds nothing worth keeping, so it does not stay behind empty.
-        if created and not any(f.is_file() and f.stat().st_size for f in run_dir.rglob("*")):
+        if created and not any(f.is_file() and f.stat().st_size and f.name != RUN_MARKER_FILE
+                               for f in run_dir.rglob("*")):
             shutil.rmtree(run_dir, ignore_errors=True)
         raise
 

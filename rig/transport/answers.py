@@ -20,7 +20,7 @@ from typing import Any
 
 import msgspec
 
-from rig.transport.records import Hop
+from rig.transport.records import Hop, HopFailure
 
 # msgspec's JSON codec: bodies (token-ID lists) encode and answers decode several times faster than
 # the standard library's json (figures: docs/measurements.md). Its DecodeError is a ValueError.
@@ -196,7 +196,7 @@ async def consume_sse(hop: Hop, status: int, read_body: Callable[[], Awaitable[b
     connection so vLLM aborts the request). Raises ValueError for a chunk that is not JSON."""
     hop.status = status
     if status != 200:
-        hop.error = error_text(status, (await read_body()).decode("utf-8", "replace"))
+        hop.fail(HopFailure.HTTP_ERROR, error_text(status, (await read_body()).decode("utf-8", "replace")))
         return False
     async for line in lines:
         if line[:6] in (b"data: ", "data: ") and reader.feed(line[6:].rstrip()):
@@ -205,12 +205,13 @@ async def consume_sse(hop: Hop, status: int, read_body: Callable[[], Awaitable[b
 
 
 def hop_error(e: BaseException, timeouts: type[BaseException] | tuple[type[BaseException], ...],
-              connection: type[BaseException] | tuple[type[BaseException], ...]) -> str:
-    """A hop's error text for an exception of the HTTP library: ``timeout: <class>`` for its
-    ``timeouts``, ``connection error: <class>: <message>`` for its ``connection`` errors, and
+              connection: type[BaseException] | tuple[type[BaseException], ...]) -> tuple[HopFailure, str]:
+    """A hop's failure kind and error text for an exception of the HTTP library (for
+    :meth:`Hop.fail`): timeout, ``timeout: <class>`` for its ``timeouts``; connection_error,
+    ``connection error: <class>: <message>`` for its ``connection`` errors and
     ``connection error: bad SSE chunk: <message>`` for a ValueError raised by a stream chunk."""
     if isinstance(e, timeouts):
-        return f"timeout: {type(e).__name__}"
+        return HopFailure.TIMEOUT, f"timeout: {type(e).__name__}"
     if isinstance(e, ValueError) and not isinstance(e, connection):
-        return f"connection error: bad SSE chunk: {e}"
-    return f"connection error: {type(e).__name__}: {e}"
+        return HopFailure.CONNECTION_ERROR, f"connection error: bad SSE chunk: {e}"
+    return HopFailure.CONNECTION_ERROR, f"connection error: {type(e).__name__}: {e}"

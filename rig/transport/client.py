@@ -101,7 +101,7 @@ class AiohttpTransport(HopsBase):
                 hop.status = r.status
                 raw = await r.read()
         except (TimeoutError, aiohttp.ClientError) as e:
-            hop.error = hop_error(e, TimeoutError, aiohttp.ClientError)
+            hop.fail(*hop_error(e, TimeoutError, aiohttp.ClientError))
         hop.latency_s = time.monotonic() - t0
         return hop if hop.error else fill_whole(hop, raw)
 
@@ -111,7 +111,7 @@ class AiohttpTransport(HopsBase):
                 if await consume_sse(hop, r.status, r.read, r.content, reader):
                     r.close()  # drop the connection: vLLM aborts the request
         except (TimeoutError, aiohttp.ClientError, ValueError) as e:
-            hop.error = hop_error(e, TimeoutError, aiohttp.ClientError)
+            hop.fail(*hop_error(e, TimeoutError, aiohttp.ClientError))
 
     async def aclose(self) -> None:
         """Close the client's connections."""
@@ -137,7 +137,7 @@ class HttpxTransport(HopsBase):
         try:
             r = await self.http.post(url, content=encode(body), headers=_JSON_HEADERS)
         except httpx.HTTPError as e:
-            hop.error = hop_error(e, httpx.TimeoutException, httpx.HTTPError)
+            hop.fail(*hop_error(e, httpx.TimeoutException, httpx.HTTPError))
         hop.latency_s = time.monotonic() - t0
         if hop.error:
             return hop
@@ -150,7 +150,7 @@ class HttpxTransport(HopsBase):
                 # an early stop just leaves the block: that closes the unread response's connection
                 await consume_sse(hop, r.status_code, r.aread, r.aiter_lines(), reader)
         except (httpx.HTTPError, ValueError) as e:
-            hop.error = hop_error(e, httpx.TimeoutException, httpx.HTTPError)
+            hop.fail(*hop_error(e, httpx.TimeoutException, httpx.HTTPError))
 
     async def aclose(self) -> None:
         """Close the client's connections."""

@@ -37,15 +37,16 @@ from urllib.parse import urlsplit
 
 import httptools
 
+from rig.errors import TransportError
 from rig.transport.answers import StreamReader, encode, error_text
 from rig.transport.hops import HopsBase, fill_whole
-from rig.transport.records import Hop
+from rig.transport.records import Hop, HopFailure
 
 KEEPALIVE_S = 2.0  # reuse idle connections younger than this (vLLM closes them at 5 s)
 CONNECT_TIMEOUT_S = 10.0  # as the aiohttp transport's sock_connect
 
 
-class BadStreamChunk(Exception):
+class BadStreamChunk(TransportError):
     """An SSE ``data:`` payload of a 200 stream that is not a JSON chunk (the message of
     msgspec's DecodeError)."""
 
@@ -227,11 +228,11 @@ class FastTransport(HopsBase):
                     conn = await self._connect(t)
                 await conn.send(loop, request, on_line, self.timeout_s)
             except TimeoutError as e:
-                hop.error = f"timeout: {e}"
+                hop.fail(HopFailure.TIMEOUT, f"timeout: {e}")
             except BadStreamChunk as e:
-                hop.error = f"connection error: bad SSE chunk: {e}"
+                hop.fail(HopFailure.CONNECTION_ERROR, f"connection error: bad SSE chunk: {e}")
             except OSError as e:  # refused, reset, closed early (ConnectionError), TLS (ssl.SSLError)
-                hop.error = f"connection error: {type(e).__name__}: {e}"
+                hop.fail(HopFailure.CONNECTION_ERROR, f"connection error: {type(e).__name__}: {e}")
             finally:  # also on cancellation: the connection is dropped, vLLM aborts the request
                 if conn is not None:
                     conn.finish()
@@ -247,7 +248,7 @@ class FastTransport(HopsBase):
             hop.status = conn.status
             raw = b"".join(conn.body)
             if conn.status != 200:
-                hop.error = error_text(conn.status, raw.decode("utf-8", "replace"))
+                hop.fail(HopFailure.HTTP_ERROR, error_text(conn.status, raw.decode("utf-8", "replace")))
                 return None
             return raw
 

@@ -14,7 +14,7 @@ from rig.config.routes import Transform
 from rig.transport.answers import StreamReader, decode, error_text, fill_from_answer
 from rig.transport.bodies import ROUTE, Prompt, decode_body, prefill_body, request_body
 from rig.transport.endpoint import Endpoint
-from rig.transport.records import Hop
+from rig.transport.records import Hop, HopFailure
 
 STREAM_OPTIONS = {"stream_options": {"include_usage": True}}
 
@@ -130,10 +130,10 @@ def derive_decode(transform: Transform | None, prompt: Prompt, prefill: Hop, max
 def fill_whole(hop: Hop, raw: bytes) -> Hop:
     """A whole answer's bytes into ``hop`` (status already set): an error text unless 200 JSON."""
     if hop.status != 200:
-        hop.error = error_text(hop.status or 0, raw.decode("utf-8", "replace"))
+        hop.fail(HopFailure.HTTP_ERROR, error_text(hop.status or 0, raw.decode("utf-8", "replace")))
         return hop
     try:
         fill_from_answer(hop, decode(raw))
     except ValueError as e:
-        hop.error = f"connection error: answer is not JSON: {e}"
+        hop.fail(HopFailure.CONNECTION_ERROR, f"connection error: answer is not JSON: {e}")
     return hop

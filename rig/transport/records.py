@@ -13,6 +13,7 @@ instance that served a hop is ``p_instance``/``d_instance`` on a wave record and
 from __future__ import annotations
 
 from dataclasses import dataclass, field, fields
+from enum import StrEnum
 from typing import Any, Literal
 
 # The outcome of a request, one word (``RequestRecord.outcome``):
@@ -30,6 +31,22 @@ Outcome = Literal["pending", "ok", "timeout", "http_error", "connection_error", 
                   "stalled", "parity_mismatch"]
 OUTCOMES: tuple[str, ...] = Outcome.__args__  # type: ignore[attr-defined]
 ERROR_OUTCOMES = ("timeout", "http_error", "connection_error", "empty", "cancelled", "parity_mismatch")
+
+
+class HopFailure(StrEnum):
+    """Why a hop has no usable answer (:attr:`Hop.failure`), set by the transport where it sees
+    the failure, so no one parses ``Hop.error``'s words. Each value is the request outcome it
+    gives (:data:`Outcome`, :func:`classify`).
+
+    - ``timeout``: no full answer within the hop's deadline (the HTTP library's timeout).
+    - ``http_error``: a non-200 answer (``Hop.status`` holds it, ``Hop.error`` vLLM's message).
+    - ``connection_error``: the connection failed or broke off, or a 200 answer that is not JSON
+      (a whole answer, or an SSE chunk).
+    """
+
+    TIMEOUT = "timeout"
+    HTTP_ERROR = "http_error"
+    CONNECTION_ERROR = "connection_error"
 
 
 # What a stalled instance's processes did while its state was frozen (``StallEvidence.finding``):
@@ -146,16 +163,24 @@ class Hop:
     choices: list[list[int]] | None = None
     stream_problem: str = ""  # a streamed answer out of order or incomplete (rig.transport.answers)
     answer_fields: dict[str, Any] | None = None
+    failure: HopFailure | None = None  # set with ``error`` (:meth:`fail`): what kind of failure it was
+
+    def fail(self, failure: HopFailure, error: str) -> Hop:
+        """Record that this hop failed: its kind and its message (returns the hop)."""
+        self.failure, self.error = failure, error
+        return self
 
 
 def classify(hop: Hop | None) -> Outcome:
     """The outcome of a finished hop: ok | timeout | http_error | connection_error | empty;
-    ``cancelled`` for no hop."""
+    ``cancelled`` for no hop. A failed hop's outcome is its :class:`HopFailure`; a hop given an
+    ``error`` without one (built by hand) is an http_error when it has a status, else a
+    connection_error."""
     if hop is None:
         return "cancelled"
     if hop.error:
-        if hop.error.startswith("timeout"):
-            return "timeout"
+        if hop.failure is not None:
+            return hop.failure.value
         return "http_error" if hop.status is not None else "connection_error"
     if not hop.token_ids:
         return "empty"

@@ -35,7 +35,7 @@ from rig.config import ScenarioConfig
 from rig.config.request_fields import RequestFields
 from rig.transport.client import Transport
 from rig.transport.endpoint import Endpoint
-from rig.transport.records import Hop
+from rig.transport.records import Hop, HopFailure
 from rig.workload.prompts import make_prompt
 
 WARM_PROMPT_TOKENS = 8
@@ -134,7 +134,7 @@ async def _send(send: Callable[[], Awaitable[Hop]], name: str, watch: WarmupWatc
             return hop
         after = watch.cpu_s(name)
         used = None if before is None or after is None else after - before
-        if not hop.error.startswith("timeout") or used is None or used < BUSY_CPU_S or watch.left_s() <= 0:
+        if hop.failure is not HopFailure.TIMEOUT or used is None or used < BUSY_CPU_S or watch.left_s() <= 0:
             return hop
         watch.retries[name] = watch.retries.get(name, 0) + 1
         log(f"warm-up request to {name} timed out after {time.monotonic() - t:.0f} s while its processes used "

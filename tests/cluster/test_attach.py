@@ -320,7 +320,7 @@ def test_endpoints_json_of_pdrig_up_gives_the_urls_and_the_logs(tmp_path, capsys
     cfg = load_config("configs/cpu-tiny.yaml", cli.attach_overrides(urls, logs))
     assert attach_log_source("decode", cfg.attach.logs["decode"]) == FileLog("decode", "/r/logs/decode.log")
     (tmp_path / "bad.json").write_text("[1]")
-    with pytest.raises(ConfigError, match="--endpoints .*bad.json: cannot read it"):
+    with pytest.raises(ConfigError, match="--endpoints .*bad.json: the top level must be an object, not a list"):
         cli.up_endpoint_flags(str(tmp_path / "bad.json"))
     assert cli.main(["e2e", "--endpoints", str(ep)]) == 2  # main turns the ConfigError into exit 2
     assert "describe a deployment the rig did not start: add --attach" in capsys.readouterr().err

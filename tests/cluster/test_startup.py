@@ -21,7 +21,7 @@ from rig.config import load_config
 from rig.plan.processes import build_plan
 from rig.run.runner import SuiteRunner, new_run_dir
 from rig.transport.endpoint import Endpoint
-from rig.transport.records import Hop
+from rig.transport.records import Hop, HopFailure
 from rig.workload.warmup import WarmupWatch, warm_up
 from tests.helpers.fake_rig import fake_config, scenario, write_config
 
@@ -208,7 +208,7 @@ def _warm(answers: dict[str, list[Hop]], cpu: dict[str, list[float | None]], exi
 
 
 def test_a_warm_up_timeout_while_the_engine_works_is_sent_again_not_called_a_failure():
-    timeout = Hop("decode", error="timeout: SocketTimeoutError")
+    timeout = Hop("decode", error="timeout: SocketTimeoutError", failure=HopFailure.TIMEOUT)
     failed, watch, client, logged = _warm({"prefill": [Hop("prefill", status=200)],
                                            "decode": [timeout, timeout, Hop("decode", status=200)]},
                                           {"prefill": [1.0], "decode": [10.0, 14.0, 14.0, 20.0, 20.0]}, {})
@@ -217,7 +217,7 @@ def test_a_warm_up_timeout_while_the_engine_works_is_sent_again_not_called_a_fai
 
 
 def test_a_warm_up_timeout_without_cpu_use_or_past_the_bound_is_a_failure():
-    timeout = Hop("decode", error="timeout: SocketTimeoutError")
+    timeout = Hop("decode", error="timeout: SocketTimeoutError", failure=HopFailure.TIMEOUT)
     idle, _, client, logged = _warm({"prefill": [Hop("prefill", status=200)], "decode": [timeout]},
                                     {"prefill": [1.0], "decode": [10.0, 10.1]}, {})
     assert idle == ["decode"] and client.sent.count("decode") == 1 and "failed: timeout" in logged[-1]

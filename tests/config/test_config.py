@@ -149,7 +149,7 @@ def test_bad_yaml(tmp_path):
     p.write_text("name: x\nprefill: [\n  - {name: p\n")
     with pytest.raises(ConfigError) as ei:
         load_config(p)
-    assert f"{p}: not valid YAML" in str(ei.value)
+    assert f"{p}:3: not valid YAML" in str(ei.value)  # the line of the problem
 
 
 def test_top_level_not_a_mapping(tmp_path):

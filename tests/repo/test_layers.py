@@ -107,13 +107,16 @@ _PLUGIN = ("the pytest plugin is loaded by every pytest session of an environmen
 
 # (importing module, imported module) -> why it is imported inside a function.
 LAZY: dict[tuple[str, str], str] = {
-    **{("rig.cli", m): _CLI for m in (
-        "rig.cluster.builds", "rig.cluster.logs", "rig.cluster.ports", "rig.config.help", "rig.plan.compose",
-        "rig.plan.k8s", "rig.proxy", "rig.run.docker_run", "rig.run.hostruns", "rig.run.matrix",
-        "rig.run.request_check", "rig.run.runner", "rig.run.topology", "rig.run.wave_cli",
-        "rig.transport.client", "rig.transport.endpoint", "rig.workload.prompts",
-        "rig.explore.explorer", "rig.explore.grammar", "rig.explore.history", "rig.explore.topologies",
-        "rig.workload.warmup")},
+    **{("rig.cli", m): _CLI for m in ("rig.cluster.builds", "rig.run.matrix", "rig.run.wave_cli")},
+    **{("rig.cli.args", m): _CLI for m in ("rig.cluster.builds", "rig.run.matrix")},
+    **{("rig.cli.deploy", m): _CLI for m in (
+        "rig.cluster.ports", "rig.config.help", "rig.plan.compose", "rig.plan.k8s", "rig.proxy", "rig.run.runner",
+        "rig.run.topology", "rig.transport.client", "rig.transport.endpoint", "rig.workload.warmup")},
+    **{("rig.cli.host", m): _CLI for m in ("rig.proxy", "rig.run.hostruns")},
+    **{("rig.cli.run", m): _CLI for m in (
+        "rig.cluster.logs", "rig.explore.explorer", "rig.explore.grammar", "rig.explore.history",
+        "rig.explore.topologies", "rig.run.docker_run", "rig.run.request_check", "rig.run.runner",
+        "rig.run.topology", "rig.workload.prompts")},
     **{("rig.run.wave_cli", m): _WAVE_CLI for m in (
         "rig.config", "rig.judge.wave_checks", "rig.observe.endpoint_watch", "rig.observe.metrics",
         "rig.observe.observations", "rig.observe.stall", "rig.report.build", "rig.run.lifecycle",

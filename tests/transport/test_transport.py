@@ -131,3 +131,13 @@ def test_chat_and_several_prompts_through_both_hops_against_fakes(client):
         assert len(dh.choices) == 3 and compare_hops(dh, ref, 4, 4).status == "equal"
         assert dh.usage["prompt_tokens"] == 9 and dh.usage["completion_tokens"] == 12
         assert dh.choices[0] != dh.choices[1]  # each prompt its own answer
+
+
+def test_a_hop_failure_is_its_kind_not_its_words():
+    # the outcome comes from the kind the transport recorded, whatever the message says
+    from rig.transport.records import HopFailure, classify
+
+    assert classify(Hop("d").fail(HopFailure.TIMEOUT, "the deadline passed")) == "timeout"
+    assert classify(Hop("d", status=200).fail(HopFailure.CONNECTION_ERROR, "answer is not JSON")) == "connection_error"
+    assert classify(Hop("d", status=503).fail(HopFailure.HTTP_ERROR, "timeout: vLLM's own words")) == "http_error"
+    assert classify(Hop("d", error="timeout: built by hand, no kind")) == "connection_error"

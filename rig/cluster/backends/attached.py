@@ -18,10 +18,10 @@ import time
 import httpx
 
 from rig.cluster.backends.base import Probe, Running, probe_ready, waiting_watch
-from rig.cluster.errors import ClusterError
 from rig.cluster.logs import LogSource
 from rig.cluster.startup import StartupWatch
 from rig.config.deployment import ATTACH_CONNECT_S
+from rig.errors import ClusterError
 from rig.plan.spec import ProcessSpec
 
 

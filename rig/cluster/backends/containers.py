@@ -25,9 +25,9 @@ import httpx
 
 from rig.cluster.backends.base import Probe, Running, probe_ready, waiting_watch
 from rig.cluster.containers import ComposeContainers, ContainerError
-from rig.cluster.errors import ClusterError
 from rig.cluster.logs import LogSource
 from rig.cluster.startup import StartupWatch
+from rig.errors import ClusterError
 from rig.plan.spec import ProcessSpec
 
 

@@ -23,13 +23,13 @@ import httpx
 import psutil
 
 from rig.cluster.backends.base import Probe, Running, probe_ready
-from rig.cluster.errors import ClusterError
 from rig.cluster.logs import FileLog, LogSource, start_marker, stop_marker
 from rig.cluster.probes import busy_ports
 from rig.cluster.reaper import Reaper, kill_groups
 from rig.cluster.scheduling import lower_engine_priority, lower_group_priority, pin_cpus, unavailable_cpus
 from rig.cluster.startup import StartupWatch, group_cpu_s
 from rig.connectors.mooncake import MASTER_ROLE
+from rig.errors import ClusterError
 from rig.plan.spec import Plan, ProcessSpec
 
 RUN_MARKER = "PDRIG_RUN_DIR"
