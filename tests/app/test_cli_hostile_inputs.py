@@ -24,8 +24,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from hypothesis.configuration import set_hypothesis_home_dir
 
-from conftest import ROOT, fake_config
 from rig.cli import main
+from tests.helpers.fake_rig import ROOT, fake_config
 
 # Bounded for `make test`: a few hundred examples over the tests below, reproducible (derandomize),
 # no example database (database=None) and Hypothesis's own cache kept out of the repository.

@@ -9,7 +9,6 @@ import time
 
 import pytest
 
-from conftest import fake_config, write_config
 from rig.cluster.builds import load_builds
 from rig.config import ConfigError, load_config
 from rig.config.endpoints_file import read_endpoints
@@ -25,6 +24,7 @@ from rig.config.files import (
     parse_yaml,
 )
 from rig.errors import InputFileError, PdrigError
+from tests.helpers.fake_rig import fake_config, write_config
 
 
 def one_line(e: pytest.ExceptionInfo) -> str:
