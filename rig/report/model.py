@@ -101,7 +101,9 @@ class HopReport(ReportModel):
     kv_transfer_params: dict[str, Any] | None = None
     """P's ``kv_transfer_params`` as answered, or those D was sent."""
     error: str | None = None
-    """Why the hop failed (timeout, HTTP error, connection error)."""
+    """Why the hop failed, in words (vLLM's message or the HTTP library's)."""
+    failure: Literal["timeout", "http_error", "connection_error"] | str | None = None
+    """The failure kind the transport set (rig.transport.records.HopFailure's value); None = answered."""
     choices: list[list[int]] | None = None
     """Token IDs per choice index (``n`` > 1, several prompts in one request)."""
     stream_problem: str = ""
