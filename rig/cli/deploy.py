@@ -21,7 +21,7 @@ from rig.cluster.processes import Cluster, ClusterError
 from rig.config import ConfigError, RigConfig, load_config
 from rig.config.schema import schemas
 from rig.connectors.mooncake import MASTER_ROLE
-from rig.plan.processes import build_plan
+from rig.plan.processes import LAYOUT_WORDS, build_plan
 from rig.report.model import Report
 from rig.transport import aio
 
@@ -36,6 +36,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(asdict(plan), indent=1))
         return 0
+    other = "production" if plan.layout == "fast" else "fast"
+    print(f"# launch.layout: {plan.layout}: {LAYOUT_WORDS[plan.layout]}; --set launch.layout={other} for the other\n")
     for p in plan.processes:
         print(f"# {p.name} ({p.role}) http://{p.host}:{p.port}  log {p.log_path}")
         if p.applied_after_spawn():

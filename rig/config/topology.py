@@ -99,6 +99,11 @@ class RigConfig(StrictModel):
         ``connector``, else the config's top-level ``connector``."""
         return inst.connector or self.connector
 
+    def layout(self) -> str:
+        """The process layout the servers start in: ``launch.layout``, else ``fast`` on device cpu
+        and ``production`` (vLLM's own) on cuda (rig/plan/processes.py LAYOUT_ENV)."""
+        return self.launch.layout or ("fast" if self.device == "cpu" else "production")
+
     def max_model_len_of(self, inst: InstanceConfig | str) -> int:
         """The ``--max-model-len`` of ``inst`` (an instance or its name) in tokens: its own
         ``max_model_len``, else the top-level one. Raises KeyError for an unknown name."""

@@ -41,6 +41,21 @@ CPU_ENV = {
     # before; 1200 s is vLLM's own wait for a server's start-up.
     "VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS": "1200",
 }
+# What each process layout (launch.layout, RigConfig.layout) adds to a server's environment. vLLM's
+# OpenAI server always runs its engine in a child process (vllm/v1/engine/async_llm.py builds an
+# AsyncMPClient whatever the flag says); on CPU, vllm/platforms/cpu.py turns the single-rank "uni"
+# executor into the multiprocessing one unless VLLM_ENABLE_V1_MULTIPROCESSING is 0, so the default
+# CPU server is three processes (API server, EngineCore, worker) and "fast" is two: the model runs
+# inside EngineCore (vllm/v1/executor/uniproc_executor.py), one torch + vLLM import fewer.
+# "production" adds nothing: each server starts exactly as vLLM starts it by default.
+LAYOUT_ENV: dict[str, dict[str, str]] = {
+    "fast": {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"},
+    "production": {},
+}
+LAYOUT_WORDS = {  # pdrig plan's header
+    "fast": "the model runs inside each server's EngineCore process, VLLM_ENABLE_V1_MULTIPROCESSING=0",
+    "production": "each server starts as vLLM starts it by default",
+}
 COMMON_ENV = {
     "HF_HUB_OFFLINE": "1",  # the CPU machines reach no model hub; GPU profiles may override
     "PYTHONUNBUFFERED": "1",  # log lines reach the log file when written
@@ -112,12 +127,14 @@ def vllm_argv(cfg: RigConfig, role: str, inst: InstanceConfig, model_path: str, 
 
 
 def instance_env(cfg: RigConfig, inst: InstanceConfig) -> dict[str, str]:
-    """Environment the rig adds for ``inst`` (device defaults < launch.env < instance env)."""
+    """Environment the rig adds for ``inst`` (device defaults < the layout's (LAYOUT_ENV) <
+    launch.env < instance env)."""
     env = dict(COMMON_ENV)
     if cfg.device == "cpu":
         env.update(CPU_ENV)
     else:
         env["CUDA_VISIBLE_DEVICES"] = ",".join(str(g) for g in inst.gpu_ids)
+    env.update(LAYOUT_ENV[cfg.layout()])
     env["VLLM_NIXL_SIDE_CHANNEL_HOST"] = cfg.nixl.side_channel_host
     env["VLLM_NIXL_SIDE_CHANNEL_PORT"] = str(cfg.side_channel_port(inst))
     if cfg.nixl.ucx_tls:
@@ -167,7 +184,8 @@ def build_plan(cfg: RigConfig, run_dir: str | Path, model_path: str, python: str
             files=files,
             dirs=tuple(d for d in (env.get("VLLM_RPC_BASE_PATH"),) if d),
         ))
-    return Plan(name=cfg.name, run_dir=run_dir, model_path=model_path, processes=tuple(procs))
+    return Plan(name=cfg.name, run_dir=run_dir, model_path=model_path, processes=tuple(procs),
+                layout=cfg.layout())
 
 
 def with_endpoints(plan: Plan, endpoints: dict[str, str]) -> Plan:

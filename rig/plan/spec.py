@@ -77,6 +77,8 @@ class Plan:
     run_dir: str
     model_path: str
     processes: tuple[ProcessSpec, ...]
+    # launch.layout as resolved (RigConfig.layout): "fast" or "production" (rig/plan/processes.py LAYOUT_ENV)
+    layout: str = "production"
 
     def by_name(self, name: str) -> ProcessSpec:
         """The process called ``name``; raises KeyError if there is none."""

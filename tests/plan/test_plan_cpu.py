@@ -112,7 +112,7 @@ def test_env(name):
     assert plan_of().by_name(name).env == {
         "HF_HUB_OFFLINE": "1", "PYTHONUNBUFFERED": "1",
         "VLLM_TARGET_DEVICE": "cpu", "VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_CPU_OMP_THREADS_BIND": "nobind",
-        "VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS": "1200",
+        "VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS": "1200", "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
         "VLLM_NIXL_SIDE_CHANNEL_HOST": "127.0.0.1", "VLLM_NIXL_SIDE_CHANNEL_PORT": str(side),
         "UCX_TLS": "tcp,self", "UCX_NET_DEVICES": "lo"}
 
