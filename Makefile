@@ -38,11 +38,11 @@ MODULES ?=
 mutation: check-venv  ## mutation testing of rig/judge, rig/observe (mutmut 3, fast tests; MODULES=judge.verdict,observe.stall): score per module, exit 1 on a survivor not in the baseline
 	PYTHONPATH=$(CURDIR) nice -n 10 $(PY) scripts/mutation.py $(if $(MODULES),--modules $(MODULES)) $(ARGS)
 
-lint: check-venv  ## ruff (rig, tests, scripts), mypy (rig), the import-layers contract (lint-imports + tests/repo/test_layers.py)
+lint: check-venv  ## ruff (rig, tests, scripts), mypy (rig), the import-layers contract (lint-imports + tests/repo/test_layers.py), module and function sizes (tests/repo/test_sizes.py)
 	$(VENV)/bin/ruff check rig tests scripts
 	$(VENV)/bin/mypy
 	PYTHONPATH=$(CURDIR) $(VENV)/bin/lint-imports --no-cache
-	PYTHONPATH=$(CURDIR) $(PY) -m pytest -q -p no:cacheprovider tests/repo/test_layers.py
+	PYTHONPATH=$(CURDIR) $(PY) -m pytest -q -p no:cacheprovider tests/repo/test_layers.py tests/repo/test_sizes.py
 
 test-fast: check-venv  ## unit and fake-server tests only (no live vLLM)
 	$(PY) -m pytest -m "not e2e" $(ARGS)

@@ -15,6 +15,7 @@ from rig.cluster.preflight import preflight
 from rig.config import ConfigError, RigConfig, load_config
 from rig.config.endpoints_file import read_endpoints
 from rig.config.help import REPO_CONFIGS, did_you_mean, unknown_scenarios_message
+from rig.run.phases import select_scenarios
 
 # Bounds of the explore flags: a larger number is a typo, not a plan (an action takes seconds on a
 # CPU pair, so 100,000 actions are days of exploring).
@@ -44,7 +45,7 @@ def fresh_prompt_seeds(cfg: RigConfig, salt: str) -> RigConfig:
 
 def cmd_e2e(args: argparse.Namespace) -> int:
     """Run the config's suite (or ``--scenario`` ones); exit 0 only if all are PASS/XFAIL."""
-    from rig.run.runner import SuiteRunner, new_run_dir, select_scenarios
+    from rig.run.runner import SuiteRunner, new_run_dir
 
     if args.docker and (args.attach or args.instances):
         raise ConfigError("--docker starts its own containers: drop --attach / --instances "

@@ -35,7 +35,8 @@ from rig.config import RigConfig, ScenarioConfig
 from rig.connectors.mooncake import MASTER_ROLE
 from rig.plan import compose
 from rig.report.build import write_report
-from rig.run.runner import RunResult, SuiteRunner, phases_of, resolve_model
+from rig.run.phases import phases_of
+from rig.run.runner import RunResult, SuiteRunner, resolve_model
 
 
 def project_name(run_dir: Path) -> str:

@@ -56,7 +56,8 @@ from rig.run.explore_matrix import (
     render_findings_md,
     write_suites,
 )
-from rig.run.runner import SuiteRunner, select_scenarios
+from rig.run.phases import select_scenarios
+from rig.run.runner import SuiteRunner
 
 FINISHED = ("passed", "failed", "error")
 

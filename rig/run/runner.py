@@ -24,7 +24,7 @@ import shutil
 import sys
 import time
 import traceback
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from datetime import datetime
 from pathlib import Path
 
@@ -63,6 +63,7 @@ from rig.run.lifecycle import (
     died_verdict,
     run_scenario,
 )
+from rig.run.phases import Phase, phases_of
 from rig.transport import aio
 from rig.transport.client import AiohttpTransport, Transport
 from rig.transport.endpoint import Endpoint
@@ -99,39 +100,6 @@ def resolve_model(cfg: RigConfig, build: bool = True) -> str:
                               "directory or use model.source: hub on a machine with hub access")
         return str(p.resolve())
     return str(cfg.model.path)
-
-
-@dataclass(frozen=True)
-class Phase:
-    """Scenarios that share one (prefill, decode) pair."""
-
-    prefill: str
-    decode: str
-    scenarios: tuple[ScenarioConfig, ...]
-
-
-def phases_of(cfg: RigConfig, scenarios: list[ScenarioConfig]) -> list[Phase]:
-    """Group ``scenarios`` by their (prefill, decode) pair, keeping first-appearance order."""
-    order: list[tuple[str, str]] = []
-    groups: dict[tuple[str, str], list[ScenarioConfig]] = {}
-    for sc in scenarios:
-        key = (sc.prefill or cfg.prefill[0].name, sc.decode or cfg.decode[0].name)
-        if key not in groups:
-            order.append(key)
-            groups[key] = []
-        groups[key].append(sc)
-    return [Phase(p, d, tuple(groups[(p, d)])) for p, d in order]
-
-
-def select_scenarios(cfg: RigConfig, names: list[str] | None) -> list[ScenarioConfig]:
-    """The scenarios to run: all, or those named (raises ConfigError for an unknown name)."""
-    if not names:
-        return list(cfg.scenarios)
-    known = {s.name: s for s in cfg.scenarios}
-    unknown = [n for n in names if n not in known]
-    if unknown:
-        raise ConfigError(f"--scenario: unknown {unknown}; this config has {sorted(known)}")
-    return [known[n] for n in names]
 
 
 class SuiteRunner:
@@ -217,45 +185,54 @@ class SuiteRunner:
             self._rig_exception(self._in_flight[0].name if self._in_flight else "-", "running the suite", e)
             self._keep_partial(f"the rig failed mid-scenario: {type(e).__name__}: {e}")
         finally:
-            # Before teardown, which forgets the processes it stopped.
-            launched = cluster is not None and any(r.popen is not None for r in cluster.procs.values())
-            if cluster is not None:
-                t_stop = time.monotonic()
-                while True:  # a Ctrl-C during teardown must not skip the rest of it, nor the report
-                    try:
-                        cluster.stop_all()  # idempotent: a second call stops what the first did not
-                        break
-                    except KeyboardInterrupt as e:
-                        interrupted = interrupted or e
-                        self.result.status = "interrupted"
-                        self.result.error = self.result.error or "interrupted during teardown (SIGINT)"
-                self.result.timings["teardown"] = time.monotonic() - t_stop
-            if ports is not None:
-                ports.release()  # after the servers are gone (a dying rig releases them anyway)
-            self.result.timings["total"] = time.monotonic() - t0
-            judged = {v.scenario for v in self.result.verdicts}
-            if self.result.status in ("interrupted", "error"):
-                self.result.not_run = [sc.name for sc in self.scenarios if sc.name not in judged]
-            if cluster is not None:
-                self.result.startup = {n: w.figures() for n, w in cluster.startups.items()}
-            if self.unavailable and self.result.status == "running" and self._unrun \
-                    and self._unrun == {v.scenario for v in self.result.verdicts}:
-                # nothing ran at all: the run is an error (exit 3), named by what did not start
-                self.result.status = "error"
-                self.result.error = "no scenario could run: " + "; ".join(
-                    e.summary for e, _ in self.unavailable.values())
-            self.result.finish_status()
-            if self.result.status == "error" and not self.result.verdicts and not launched and not self.attach:
-                # Refused before any server started: nothing to keep, the error says it all.
-                self.refused = True
-                shutil.rmtree(self.run_dir, ignore_errors=True)
-            else:
-                write_report(self.result)
-                if not self.quiet:
-                    print_summary(self.result)
+            interrupted = self._finish(cluster, ports, t0, interrupted)
         if interrupted is not None:
             raise interrupted
         return self.result
+
+    def _finish(self, cluster: Cluster | None, ports: PortReservation | None, t0: float,
+                interrupted: BaseException | None) -> BaseException | None:
+        """Every exit path of :meth:`run`: teardown (a Ctrl-C meanwhile does not skip the rest of it),
+        the ports released, the run's status and timings, the report written (or the run directory
+        removed when the run was refused before any server started). Returns the interrupt to
+        re-raise, ``interrupted`` or one that came during teardown."""
+        # Before teardown, which forgets the processes it stopped.
+        launched = cluster is not None and any(r.popen is not None for r in cluster.procs.values())
+        if cluster is not None:
+            t_stop = time.monotonic()
+            while True:  # a Ctrl-C during teardown must not skip the rest of it, nor the report
+                try:
+                    cluster.stop_all()  # idempotent: a second call stops what the first did not
+                    break
+                except KeyboardInterrupt as e:
+                    interrupted = interrupted or e
+                    self.result.status = "interrupted"
+                    self.result.error = self.result.error or "interrupted during teardown (SIGINT)"
+            self.result.timings["teardown"] = time.monotonic() - t_stop
+        if ports is not None:
+            ports.release()  # after the servers are gone (a dying rig releases them anyway)
+        self.result.timings["total"] = time.monotonic() - t0
+        judged = {v.scenario for v in self.result.verdicts}
+        if self.result.status in ("interrupted", "error"):
+            self.result.not_run = [sc.name for sc in self.scenarios if sc.name not in judged]
+        if cluster is not None:
+            self.result.startup = {n: w.figures() for n, w in cluster.startups.items()}
+        if self.unavailable and self.result.status == "running" and self._unrun \
+                and self._unrun == {v.scenario for v in self.result.verdicts}:
+            # nothing ran at all: the run is an error (exit 3), named by what did not start
+            self.result.status = "error"
+            self.result.error = "no scenario could run: " + "; ".join(
+                e.summary for e, _ in self.unavailable.values())
+        self.result.finish_status()
+        if self.result.status == "error" and not self.result.verdicts and not launched and not self.attach:
+            # Refused before any server started: nothing to keep, the error says it all.
+            self.refused = True
+            shutil.rmtree(self.run_dir, ignore_errors=True)
+        else:
+            write_report(self.result)
+            if not self.quiet:
+                print_summary(self.result)
+        return interrupted
 
     def run_in(self, cluster: Cluster, cfg: RigConfig, scenarios: list[ScenarioConfig],
                keep: int | None = None) -> ScenarioOutcome:

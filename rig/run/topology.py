@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from rig.config import WAVE_KINDS, ConfigError, RigConfig, ScenarioConfig
 from rig.config.help import did_you_mean
-from rig.run.runner import phases_of
+from rig.run.phases import phases_of
 
 
 def default_instances(cfg: RigConfig) -> tuple[list[str], str]:

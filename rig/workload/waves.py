@@ -172,56 +172,27 @@ async def run_wave(sc: ScenarioConfig, model: str, prefills: list[Endpoint], dec
     w = sc.wave or WaveConfig()
     seed = sc.seed if sc.seed is not None else (seed if seed is not None else seed_of(sc.name))
     endpoints = [*prefills, *decodes]
-    roles = {e.name: "prefill" for e in prefills} | {e.name: "decode" for e in decodes}
-    params = {"requests": None, "concurrency": w.concurrency, "cancel_fraction": w.cancel_fraction,
-              "cancel_points": list(w.cancel_points), "prompt_tokens": sc.prompt_tokens,
-              "max_tokens": sc.max_tokens, "stream": w.stream,
-              "parity_fraction": w.parity_fraction if sc.parity else 0.0,
-              "deadline_s": deadline_s, "seed": seed}
-    if sc.kind == "prefix-wave":
-        params.update(groups=w.groups, per_group=w.per_group, prefix_tokens=w.prefix_tokens)
-    client = w.client
-    res = WaveResult(sc.name, sc.kind, client, params, roles, usable_blocks=dict(usable_blocks or {}),
-                     block_size=block_size, max_model_len=max_model_len, kv_lease_s=kv_lease_s)
+    res = _new_result(sc, seed, prefills, decodes, deadline_s, usable_blocks, block_size, max_model_len, kv_lease_s)
     out = Path(out_dir) if out_dir is not None else None
     try:
         requests = wave_requests(sc, seed)
     except ValueError as e:
         res.error = str(e)
         return res
-    params["requests"] = len(requests)
+    res.params["requests"] = len(requests)
     try:
         before = dict(zip([e.name for e in endpoints],
                           await asyncio.gather(*(m.scrape(http, e.url, e.name) for e in endpoints)), strict=True))
     except (httpx.HTTPError, ValueError) as e:
         res.error = f"metrics unavailable before the wave: {type(e).__name__}: {e}"
         return res
-    for name, snap in before.items():
-        res.baseline_kv[name] = snap.value(m.KV_USAGE)
-        info = cache_info(snap)
-        if res.usable_blocks.get(name) is None and info.get("num_gpu_blocks"):
-            res.usable_blocks[name] = usable_in_pool(info["num_gpu_blocks"])
-        if res.block_size is None and info.get("block_size"):
-            res.block_size = info["block_size"]
-        if store is not None:
-            store.save(f"{sc.name}-wave-start", snap)
-    if sc.kind == "prefix-wave":
-        bs = res.block_size
-        if bs:
-            res.expected_prefix_hits = expected_prefix_hits(w.groups, w.per_group, w.prefix_tokens, bs)
-            res.prefix_fits, res.prefix_note = prefix_fits(
-                w.groups, w.per_group, w.concurrency, w.prefix_tokens, sc.prompt_tokens, bs,
-                res.usable_blocks.get(prefills[0].name))
-        else:
-            res.prefix_fits, res.prefix_note = False, "block size unknown: no expectation"
-
-    transport = make_transport(client, model, deadline_s, max(2 * w.concurrency, 8))
+    _baseline(sc, res, before, store, prefills[0].name)
+    transport = make_transport(w.client, model, deadline_s, max(2 * w.concurrency, 8))
     engine = WaveEngine(transport, prefills, decodes, w.concurrency, deadline_s, w.cancel_prefill_after_s)
     episodes = StallWatcher(stall_window_s, transfer_window_s, inconclusive_s=stall_inconclusive_s, probe=probe)
     sampler = TimelineSampler(http, endpoints, store, sc.name, w.sample_interval_s, stalls=episodes)
     title = sc.name if sc.name == sc.kind else f"{sc.kind} {sc.name}"
     prog = WaveProgress(title, len(requests), engine.counts, sampler.latest, mode=progress)
-    after: dict[str, m.MetricSnapshot] = {}
     t_wave = 0.0
     try:
         sampler.start()
@@ -240,45 +211,107 @@ async def run_wave(sc: ScenarioConfig, model: str, prefills: list[Endpoint], dec
             res.wall_s, res.client_cpu_s = t_wave, time.process_time() - cpu0
             await sampler.stop()
             await prog.stop()
-        try:
-            after = dict(zip([e.name for e in endpoints],
-                             await asyncio.gather(*(m.scrape(http, e.url, e.name) for e in endpoints)), strict=True))
-        except (httpx.HTTPError, ValueError) as e:
-            res.error = f"metrics unavailable after the wave: {type(e).__name__}: {e}"
-        for name, snap in after.items():
-            res.deltas[name] = {k: m.delta(before[name], snap, metric) for k, metric in COUNTER_DELTAS.items()}
-            if store is not None:
-                store.save(f"{sc.name}-wave-end", snap)
+        await _counter_deltas(res, http, endpoints, before, store)
         if any(r.token_ids is not None for r in res.records):
             res.parity = await engine.parity(res.records, requests)
     finally:
         await transport.aclose()
+    _sampled(res, sampler, episodes, engine.t0 or 0.0, explain)
+    if out is not None:
+        _write_files(res, out, sampler.rows, f"{title}: {len(requests)} requests, C={w.concurrency}", t_wave)
+    for rec in res.records:  # the sample's tokens were only needed for parity
+        rec.token_ids = None
+    return res
+
+
+async def _counter_deltas(res: WaveResult, http: httpx.AsyncClient, endpoints: list[Endpoint],
+                         before: dict[str, m.MetricSnapshot], store: SnapshotStore | None) -> None:
+    """Scrape every instance after the wave: its counter deltas (:data:`COUNTER_DELTAS`) into
+    ``res.deltas``; an instance that does not answer is ``res.error`` (no deltas at all)."""
+    try:
+        after = dict(zip([e.name for e in endpoints],
+                         await asyncio.gather(*(m.scrape(http, e.url, e.name) for e in endpoints)), strict=True))
+    except (httpx.HTTPError, ValueError) as e:
+        res.error = f"metrics unavailable after the wave: {type(e).__name__}: {e}"
+        return
+    for name, snap in after.items():
+        res.deltas[name] = {k: m.delta(before[name], snap, metric) for k, metric in COUNTER_DELTAS.items()}
+        if store is not None:
+            store.save(f"{res.scenario}-wave-end", snap)
+
+
+def _sampled(res: WaveResult, sampler: TimelineSampler, episodes: StallWatcher, t0: float,
+             explain: ExplainStall | None) -> None:
+    """What the sampler saw (peaks, scrape errors, samples per instance) and the stall episodes,
+    their start in seconds after the wave's start ``t0`` (monotonic), each explained by ``explain``."""
     res.peaks = sampler.peaks
     res.scrape_errors = sampler.scrape_errors
     res.samples = dict(sampler.samples)
-    t0 = engine.t0 or 0.0
     for ep in episodes.episodes:
         st = {"instance": ep.instance, "start_s": round(ep.since - t0, 1), "duration_s": round(ep.duration_s, 1),
               "diagnosis": ep.diagnosis, "inconclusive": ep.inconclusive}
         if explain is not None:
             st["explained"] = explain(st, res)
         res.stalls.append(st)
-    if out is not None:
-        out.mkdir(parents=True, exist_ok=True)
-        rp = out / f"{sc.name}-records.jsonl"
-        _write_records(rp, res.records)
-        res.records_path = str(rp)
-        try:
-            png = plot_timeline(sampler.rows, out / f"{sc.name}-timeline.png",
-                                f"{title}: {len(requests)} requests, C={w.concurrency}",
-                                {"wave end": t_wave})
-            res.timeline_png = str(png) if png else None
-        except Exception as e:  # a plot must never cost the run its verdict
-            res.timeline_png = None
-            res.plot_error = f"{type(e).__name__}: {e}"
-    for rec in res.records:  # the sample's tokens were only needed for parity
-        rec.token_ids = None
-    return res
+
+
+def _new_result(sc: ScenarioConfig, seed: int, prefills: list[Endpoint], decodes: list[Endpoint], deadline_s: float,
+                usable_blocks: dict[str, int | None] | None, block_size: int | None, max_model_len: int | None,
+                kv_lease_s: float) -> WaveResult:
+    """The wave's result before any request: its parameters (``requests`` set once the requests
+    are made), each instance's role and what the caller knows of the blocks (tokens, blocks)."""
+    w = sc.wave or WaveConfig()
+    roles = {e.name: "prefill" for e in prefills} | {e.name: "decode" for e in decodes}
+    params = {"requests": None, "concurrency": w.concurrency, "cancel_fraction": w.cancel_fraction,
+              "cancel_points": list(w.cancel_points), "prompt_tokens": sc.prompt_tokens,
+              "max_tokens": sc.max_tokens, "stream": w.stream,
+              "parity_fraction": w.parity_fraction if sc.parity else 0.0,
+              "deadline_s": deadline_s, "seed": seed}
+    if sc.kind == "prefix-wave":
+        params.update(groups=w.groups, per_group=w.per_group, prefix_tokens=w.prefix_tokens)
+    return WaveResult(sc.name, sc.kind, w.client, params, roles, usable_blocks=dict(usable_blocks or {}),
+                      block_size=block_size, max_model_len=max_model_len, kv_lease_s=kv_lease_s)
+
+
+def _baseline(sc: ScenarioConfig, res: WaveResult, before: dict[str, m.MetricSnapshot],
+              store: SnapshotStore | None, prefill: str) -> None:
+    """What the scrapes before the wave say: each instance's KV usage, its usable blocks and the
+    block size where the caller did not know them (``vllm:cache_config_info``), and a prefix wave's
+    expected hits on ``prefill`` (tokens) when its working set fits (:func:`prefix_fits`)."""
+    w = sc.wave or WaveConfig()
+    for name, snap in before.items():
+        res.baseline_kv[name] = snap.value(m.KV_USAGE)
+        info = cache_info(snap)
+        if res.usable_blocks.get(name) is None and info.get("num_gpu_blocks"):
+            res.usable_blocks[name] = usable_in_pool(info["num_gpu_blocks"])
+        if res.block_size is None and info.get("block_size"):
+            res.block_size = info["block_size"]
+        if store is not None:
+            store.save(f"{sc.name}-wave-start", snap)
+    if sc.kind == "prefix-wave":
+        bs = res.block_size
+        if bs:
+            res.expected_prefix_hits = expected_prefix_hits(w.groups, w.per_group, w.prefix_tokens, bs)
+            res.prefix_fits, res.prefix_note = prefix_fits(
+                w.groups, w.per_group, w.concurrency, w.prefix_tokens, sc.prompt_tokens, bs,
+                res.usable_blocks.get(prefill))
+        else:
+            res.prefix_fits, res.prefix_note = False, "block size unknown: no expectation"
+
+
+def _write_files(res: WaveResult, out: Path, rows: list[dict[str, Any]], title: str, t_wave: float) -> None:
+    """``<out>/<scenario>-records.jsonl`` and the timeline PNG of the sampler's ``rows`` (the wave's
+    end marked at ``t_wave`` seconds); a plot that fails is ``res.plot_error``, never the verdict's."""
+    out.mkdir(parents=True, exist_ok=True)
+    rp = out / f"{res.scenario}-records.jsonl"
+    _write_records(rp, res.records)
+    res.records_path = str(rp)
+    try:
+        png = plot_timeline(rows, out / f"{res.scenario}-timeline.png", title, {"wave end": t_wave})
+        res.timeline_png = str(png) if png else None
+    except Exception as e:  # a plot must never cost the run its verdict
+        res.timeline_png = None
+        res.plot_error = f"{type(e).__name__}: {e}"
 
 
 def _write_records(path: Path, records: list[WaveRecord]) -> None:
