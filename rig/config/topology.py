@@ -14,9 +14,9 @@ from pydantic import Field, model_validator
 
 from rig.config.base import NAME_PATTERN, ConnectorMode, StrictModel
 from rig.config.deployment import AttachConfig, KubernetesConfig, PortsConfig
-from rig.config.expectations import StaleKvSignature
 from rig.config.instances import InstanceConfig, LaunchConfig, MooncakeConfig, NixlConfig
 from rig.config.model import ModelConfig
+from rig.config.scenario_rules import check_scenario_lengths, check_scenario_refs, check_stale_kv
 from rig.config.scenarios import STORE_KINDS, ScenarioConfig, find_source
 from rig.config.sequence import Step
 from rig.config.timeouts import TimeoutsConfig
@@ -364,9 +364,9 @@ class RigConfig(StrictModel):
         self._check_device()
         names = [i.name for _, i in self.instances()]
         for i, sc in enumerate(self.scenarios):
-            self._check_scenario_refs(i, sc, names)
-            self._check_scenario_lengths(i, sc)
-            self._check_stale_kv(i, sc)
+            check_scenario_refs(self, i, sc, names)
+            check_scenario_lengths(self, i, sc)
+            check_stale_kv(self, i, sc)
         snames = [s.name for s in self.scenarios]
         if len(set(snames)) != len(snames):
             raise ValueError("scenario names must be unique")
@@ -414,90 +414,3 @@ class RigConfig(StrictModel):
                         f"GPU {g} is used by {owners[g]} and {inst.name}; set "
                         "gpu_memory_utilization on both to split it, or use other GPU ids")
                 owners.setdefault(g, inst.name)
-
-    def _check_scenario_refs(self, i: int, sc: ScenarioConfig, names: list[str]) -> None:
-        """Scenario ``i`` names instances of the right role: its pair, fault targets, counter rules."""
-        for role, ref, pool in (("prefill", sc.prefill, self.prefill), ("decode", sc.decode, self.decode)):
-            if ref is not None and ref not in {x.name for x in pool}:
-                raise ValueError(
-                    f"scenarios[{i}] ({sc.name}).{role} names {ref!r}, which is not a {role} "
-                    f"instance; choose one of {[x.name for x in pool]}")
-        for f in (sc.fault.faults if sc.fault else []):
-            if f.target not in ("prefill", "decode", "request", *names):
-                raise ValueError(f"scenarios[{i}] ({sc.name}).fault target {f.target!r}: give prefill, decode, "
-                                 f"request or an instance name ({names})")
-        for rule in [r for o in (sc.expect, *sc.expect.by_version) for r in o.counters]:
-            # Only the scenario's own pair is sampled over it (rig.judge.counter_rules.rule_state):
-            # another instance's rule could never be judged, so the run would end ERROR.
-            pair = (sc.prefill or self.prefill[0].name, sc.decode or self.decode[0].name)
-            if rule.instance not in ("prefill", "decode", *pair):
-                raise ValueError(f"scenarios[{i}] ({sc.name}).expect.counters instance {rule.instance!r}: "
-                                 f"give prefill, decode or this scenario's pair {list(pair)} (only they are "
-                                 "sampled over the scenario)")
-
-    def _check_scenario_lengths(self, i: int, sc: ScenarioConfig) -> None:
-        """Scenario ``i``'s prompts and completions fit the max_model_len of its prefill and decode (tokens)."""
-        p_mml = self.max_model_len_of(sc.prefill or self.prefill[0].name)
-        d_mml = self.max_model_len_of(sc.decode or self.decode[0].name)
-        if sc.prompt_tokens >= p_mml:
-            raise ValueError(
-                f"scenarios[{i}] ({sc.name}).prompt_tokens {sc.prompt_tokens} must be below "
-                f"max_model_len {p_mml} (prefill's; vLLM rejects it otherwise)")
-        if sc.prompt_tokens >= d_mml and sc.expect.http_status is None and sc.sequence is None:
-            # (a sequence's steps are checked one by one below, with their expect_status)
-            raise ValueError(
-                f"scenarios[{i}] ({sc.name}).prompt_tokens {sc.prompt_tokens} is not below decode's "
-                f"max_model_len {d_mml}: decode refuses the decode hop with HTTP 400; if that is the point, "
-                "set expect.http_status: 400, else shorten the prompt")
-        room = d_mml - sc.prompt_tokens
-        if (sc.sequence is None and sc.parity and sc.expect.http_status is None and d_mml < p_mml
-                and 0 < room < sc.max_tokens):
-            # vLLM (0.32.0, entrypoints/serve/utils/api_utils.py get_max_tokens) clamps max_tokens to
-            # the room D has left, while the reference on prefill, with its larger max_model_len, is
-            # not clamped: the answers differ in length and parity would fail a correct decode.
-            raise ValueError(
-                f"scenarios[{i}] ({sc.name}): prompt_tokens {sc.prompt_tokens} + max_tokens {sc.max_tokens} "
-                f"exceeds decode's max_model_len {d_mml} (prefill's is {p_mml}): decode clamps the "
-                f"completion to {room} tokens and the reference does not; lower max_tokens to {room}, or "
-                f"test the clamp with parity: false and expect.completion_tokens: {room}")
-        mml = min(p_mml, d_mml)
-        for j, st in enumerate(sc.sequence.steps if sc.sequence else []):  # kind sequence (bug record R02, R06)
-            plus = 1 if st.appends else 0  # D's prompt carries P's first token (transform)
-            # A step that expects a refusal (expect_status) may exceed D's max_model_len on purpose
-            # (D refuses with 400); P's must still hold it.
-            if st.expect_status is not None and st.prompt_tokens >= p_mml:
-                raise ValueError(
-                    f"scenarios[{i}] ({sc.name}).sequence.steps[{j}] ({st.id}): prompt_tokens {st.prompt_tokens} "
-                    f"must be below prefill's max_model_len {p_mml} (P computes it before D refuses it)")
-            if st.expect_status is None and st.prompt_tokens + plus + st.max_tokens > mml:
-                what = " + P's appended token" if plus else ""
-                raise ValueError(
-                    f"scenarios[{i}] ({sc.name}).sequence.steps[{j}] ({st.id}): prompt_tokens {st.prompt_tokens}"
-                    f"{what} + max_tokens {st.max_tokens} = {st.prompt_tokens + plus + st.max_tokens} exceeds "
-                    f"max_model_len {mml}; shorten the prompt or lower max_tokens")
-
-    def _check_stale_kv(self, i: int, sc: ScenarioConfig) -> None:
-        """A stale-kv known issue of scenario ``i`` can happen: shared-params needs several prompts in
-        one request; lease-expired needs a hold (a fault or hold_between_s) longer than the NIXL lease."""
-        lease = self.lease_s_of(sc.prefill or self.prefill[0].name)
-        symptom = sc.known_issue.symptom if sc.known_issue else None
-        if isinstance(symptom, StaleKvSignature) and symptom.cause == "shared-params":
-            # The second read of one prompt's blocks, not a lease expiry: no hold needed, but
-            # the request must carry several prompts for one prompt's params to be shared.
-            if sc.request is None or sc.request.prompts < 2:
-                raise ValueError(
-                    f"scenarios[{i}] ({sc.name}).known_issue.symptom.cause shared-params needs several "
-                    f"prompts in one request; set request.prompts to 2 or more, or use cause "
-                    "lease-expired")
-        elif sc.known_issue and sc.known_issue.symptom.kind == "stale-kv" and sc.fault is not None:
-            held = max((f.stop_s or f.delay_s or 0 for f in sc.fault.faults), default=0)
-            if held <= lease:
-                raise ValueError(
-                    f"scenarios[{i}] ({sc.name}): a stale-kv known issue needs a fault that holds the exchange "
-                    f"(sigstop stop_s or delay-decode delay_s) longer than nixl.kv_lease_duration {lease:g}; "
-                    f"the longest is {held:g} s")
-        elif sc.known_issue and sc.known_issue.symptom.kind == "stale-kv" and (sc.hold_between_s or 0) <= lease:
-            raise ValueError(
-                f"scenarios[{i}] ({sc.name}).hold_between_s {sc.hold_between_s} must exceed "
-                f"nixl.kv_lease_duration {lease:g} for the lease to expire; lower the lease, e.g. "
-                "--set nixl.kv_lease_duration=5, or hold longer")
