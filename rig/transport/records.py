@@ -14,7 +14,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, fields
 from enum import StrEnum
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, PlainSerializer
 
 # The outcome of a request, one word (``RequestRecord.outcome``):
 #   pending           not finished yet (never left in a finished run's records)
@@ -331,15 +333,65 @@ class WaveRecord(RequestRecord):
         return (self.p_status is not None or self.p_latency_s is not None) + \
             (self.d_status is not None or self.d_latency_s is not None)
 
-    def to_json(self) -> dict[str, Any]:
-        """A compact JSON-able dict (one line of records.jsonl)."""
-        d = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "token_ids"}
-        d["hops"] = [h for h in (
-            {"instance": self.p_instance, "status": self.p_status, "latency_s": self.p_latency_s}
-            if self.p_instance and self.hops >= 1 else None,
-            {"instance": self.d_instance, "status": self.d_status, "latency_s": self.d_latency_s}
-            if self.d_instance else None) if h]
-        for k in ("p_latency_s", "d_latency_s", "ttft_s", "latency_s", "t_start", "t_end"):
-            if d[k] is not None:
-                d[k] = round(d[k], 5)
-        return d
+
+def _rounded(v: float | None) -> float | None:
+    """Seconds to 10 µs: enough for a request's timings, and short lines for thousands of requests."""
+    return None if v is None else round(v, 5)
+
+
+Seconds = Annotated[float | None, PlainSerializer(_rounded)]
+
+
+class WaveHopLine(BaseModel):
+    """One hop of a wave request as ``records.jsonl`` writes it."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    instance: str
+    status: int | None
+    latency_s: Seconds
+
+
+class WaveRecordLine(BaseModel):
+    """One line of ``waves/<scenario>-records.jsonl``: a :class:`WaveRecord` without its token IDs
+    (kept only for the parity sample) and with its ``hops`` listed (P's when it was sent, D's when
+    it was); times in seconds, rounded to 10 µs. Written by rig.workload.waves,
+    ``model_validate_json`` reads a line back."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    request_id: str
+    prompt_len: int
+    max_tokens: int
+    outcome: Outcome
+    diagnosis: str
+    index: int
+    stream: bool
+    planned_cancel: str | None
+    group: int | None
+    cancel_point: str | None
+    p_instance: str | None
+    d_instance: str | None
+    p_status: int | None
+    p_latency_s: Seconds
+    d_status: int | None
+    d_latency_s: Seconds
+    ttft_s: Seconds
+    latency_s: Seconds
+    tokens: int | None
+    usage_tokens: int | None
+    t_start: Seconds
+    t_end: Seconds
+    parity: str | None
+    remote_request_id: str | None
+    hops: list[WaveHopLine]
+
+    @classmethod
+    def of(cls, r: WaveRecord) -> WaveRecordLine:
+        """The line of record ``r``."""
+        hops = []
+        if r.p_instance and r.hops >= 1:
+            hops.append(WaveHopLine(instance=r.p_instance, status=r.p_status, latency_s=r.p_latency_s))
+        if r.d_instance:
+            hops.append(WaveHopLine(instance=r.d_instance, status=r.d_status, latency_s=r.d_latency_s))
+        return cls(**{f.name: getattr(r, f.name) for f in fields(r) if f.name != "token_ids"}, hops=hops)

@@ -29,7 +29,6 @@ Files (under ``<run_dir>/waves/``): ``<scenario>-records.jsonl`` (one line per r
 from __future__ import annotations
 
 import asyncio
-import json
 import random
 import time
 from collections.abc import Callable
@@ -50,7 +49,7 @@ from rig.observe.stall import StallWatcher, cache_info
 from rig.observe.timeline import TimelineSampler, plot_timeline
 from rig.transport.client import make_transport
 from rig.transport.endpoint import Endpoint
-from rig.transport.records import WaveRecord
+from rig.transport.records import WaveRecord, WaveRecordLine
 from rig.workload.engine import WaveEngine, WaveRequest, plan_cancels
 from rig.workload.prompts import make_prompt, prefix_group_prompts, seed_of
 from rig.workload.wave_result import WaveResult
@@ -315,11 +314,11 @@ def _write_files(res: WaveResult, out: Path, rows: list[dict[str, Any]], title: 
 
 
 def _write_records(path: Path, records: list[WaveRecord]) -> None:
-    """One JSON line per request (:meth:`WaveRecord.to_json`) into ``path`` (parents created)."""
+    """One JSON line per request (:class:`WaveRecordLine`) into ``path`` (parents created)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     with open(path, "w") as f:
         for r in records:
-            f.write(json.dumps(r.to_json(), separators=(",", ":")) + "\n")
+            f.write(WaveRecordLine.of(r).model_dump_json() + "\n")
 
 
 def usable_blocks_of(cfg: RigConfig, names: list[str]) -> dict[str, int | None]:

@@ -5,6 +5,7 @@ for the chat endpoint and several prompts in one request."""
 from __future__ import annotations
 
 import asyncio
+import json
 
 import pytest
 
@@ -13,7 +14,7 @@ from rig.observe.parity import compare_hops
 from rig.transport.answers import StreamReader, fill_from_answer
 from rig.transport.bodies import PREFILL_PARAMS, chat_body, decode_body, prefill_body, request_body
 from rig.transport.client import CLIENTS, make_transport
-from rig.transport.records import OUTCOMES, Hop, PDRecord, WaveRecord, classify
+from rig.transport.records import OUTCOMES, Hop, PDRecord, WaveRecord, WaveRecordLine, classify
 from tests.helpers.fake_pd import MODEL, fake_pd
 
 
@@ -93,7 +94,22 @@ def test_one_outcome_vocabulary_for_both_records():
     w = WaveRecord(request_id="w", prompt_len=4, max_tokens=2, index=0, stream=False, p_instance="prefill")
     p = PDRecord("p", 4, 2)
     assert w.outcome == p.outcome == "pending" and w.diagnosis == p.diagnosis == ""
-    assert w.to_json()["outcome"] == "pending" and "status" not in w.to_json()
+    line = WaveRecordLine.of(w).model_dump()
+    assert line["outcome"] == "pending" and "status" not in line and line["hops"] == []
+
+
+def test_a_wave_record_line_lists_its_hops_rounds_its_seconds_and_reads_back():
+    w = WaveRecord(request_id="w", prompt_len=4, max_tokens=2, index=3, stream=True, outcome="ok",
+                   p_instance="prefill", p_status=200, p_latency_s=0.0123456789, d_instance="decode",
+                   d_status=200, d_latency_s=1.5, latency_s=1.512345678, token_ids=[1, 2])
+    text = WaveRecordLine.of(w).model_dump_json()
+    line = json.loads(text)
+    assert "token_ids" not in line and line["latency_s"] == 1.51235 and line["p_latency_s"] == 0.01235
+    assert line["hops"] == [{"instance": "prefill", "status": 200, "latency_s": 0.01235},
+                            {"instance": "decode", "status": 200, "latency_s": 1.5}]
+    assert WaveRecordLine.model_validate_json(text).index == 3
+    with pytest.raises(ValueError, match="token_ids"):
+        WaveRecordLine.model_validate({**line, "token_ids": [1]})
 
 
 def test_several_prompts_usage_names_a_wrong_count():

@@ -12,6 +12,7 @@ import pytest
 from rig.observe import metrics as m
 from rig.transport.client import CLIENTS, make_transport
 from rig.transport.endpoint import Endpoint
+from rig.transport.records import WaveRecordLine
 from rig.workload.engine import CANCEL_POINTS, WaveEngine, WaveRequest, plan_cancels
 from rig.workload.prompts import make_prompt
 from tests.helpers.fake_pd import MODEL, fake_pd, free_port
@@ -80,7 +81,7 @@ def test_all_clients_complete_with_exact_tokens_and_parity(healthy, client, stre
         assert r.parity == "equal"
     assert par == {"compared": 24, "equal": 24, "diverged": 0, "refused": 0, "failed": 0}
     assert eng.counts["ok"] == 24 and eng.counts["in_flight"] == 0
-    line = recs[0].to_json()
+    line = WaveRecordLine.of(recs[0]).model_dump()
     assert [h["instance"] for h in line["hops"]] == ["prefill", "decode"] and "token_ids" not in line
 
 
