@@ -157,10 +157,13 @@ def observation_report(obs: ScenarioObservation) -> ObservationReport:
         drains=[DrainReport.model_validate(dataclasses.asdict(d)) for d in obs.drains])
 
 
-def wave_report(wave: Any) -> WaveReport:
+def wave_report(wave: Any, obs: ScenarioObservation | None = None) -> WaveReport:
     """A rig.workload.wave_result.WaveResult as the report holds it (its records stay in
-    ``records_path``)."""
-    return from_fields(WaveReport, wave, summary=wave.summary())
+    ``records_path``); its ``drains`` are the scenario's (``obs.drains``, the lifecycle's, in a
+    suite and in ``pdrig wave`` alike) when the wave has none of its own."""
+    drains = wave.drains or (obs.drains if obs is not None else [])
+    return from_fields(WaveReport, wave, summary=wave.summary(),
+                       drains=[DrainReport.model_validate(dataclasses.asdict(d)) for d in drains])
 
 
 def store_report(so: Any, obs: ScenarioObservation | None) -> StoreReport:
@@ -175,7 +178,7 @@ def _kind_part(kind: str, result: object, obs: ScenarioObservation | None) -> di
     if result is None:
         return {}
     if kind in ("prefix-wave", "pressure-wave"):
-        return {"wave": wave_report(result)}
+        return {"wave": wave_report(result, obs)}
     if kind in ("store-roundtrip", "prefix-wave-store", "long-generation"):
         return {"store": store_report(result, obs)}
     if kind == "retrieval":

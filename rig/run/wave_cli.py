@@ -294,8 +294,6 @@ async def _run(args: argparse.Namespace, cfg: RigConfig | None, sc: Any, ps: lis
         result.add(sc.kind, out.observation, out.verdict, wave)
         result.timings = {"wave": getattr(wave, "wall_s", 0.0), "total": time.monotonic() - t0}
         result.finish_status()
-        if wave is not None:  # waves/<name>.json (written with the report) carries the drains
-            wave.drains = out.observation.drains  # type: ignore[attr-defined]
         write_report(result)
         if not args.quiet:
             print_summary(result)

@@ -386,6 +386,9 @@ def test_suite_runner_runs_the_waves_suite_on_fakes(tmp_path):
     assert "## prefix-wave-ci: PASS" in summary and "## pressure-wave-ci: PASS" in summary
     assert (run_dir / "waves" / "pressure-wave-ci-timeline.png").is_file()
     assert (run_dir / "metrics" / "timeline.jsonl").stat().st_size > 0
+    # the lifecycle's drains, D first, in the wave's file as `pdrig wave` writes them
+    drains = json.loads((run_dir / "waves" / "pressure-wave-ci.json").read_text())["drains"]
+    assert [dr["instance"] for dr in drains] == ["decode-6blk", "prefill"] and all(dr["idle"] for dr in drains)
     # D has 5 usable blocks; the CI pressure wave keeps 3 one-block requests in flight (no queue)
     pressure = runner.kind_results["pressure-wave-ci"]
     assert pressure.usable_blocks == {"prefill": 63, "decode-6blk": 5}
