@@ -1,9 +1,10 @@
 #!/usr/bin/env python3
-"""The README's figures, measured on this machine: prints a dated Markdown section for docs/.
+"""The README's figures, measured on this machine: prints them, and ``--record`` saves them as a measurement.
 
     .venv/bin/python scripts/readme_figures.py                 # both measurements
     .venv/bin/python scripts/readme_figures.py --only wave     # only the manual wave
-    .venv/bin/python scripts/readme_figures.py --append docs/measurements.md
+    .venv/bin/python scripts/readme_figures.py --record   # + docs/bench/measurements/<stamp>-readme-figures.yaml
+                                                          # (then scripts/measurements.py renders the page)
 
 1. ``e2e``: what ``make e2e`` runs (``pdrig e2e --config configs/cpu-tiny.yaml``), timed from the
    outside, with start-up and warm-up per phase and the verdicts from its report.json.
@@ -32,6 +33,8 @@ import sys
 import time
 from datetime import UTC, datetime
 from pathlib import Path
+
+import yaml
 
 ROOT = Path(__file__).resolve().parent.parent
 PY = sys.executable
@@ -177,13 +180,15 @@ def measure_wave(config: str, requests: int, concurrency: int) -> list[str]:
 
 
 def main() -> int:
-    """Measure, print the Markdown section, and append it to ``--append`` if given."""
+    """Measure and print the figures; with ``--record`` also write them as a measurement (date,
+    machine, load, commands, figures) under docs/bench/measurements/ for scripts/measurements.py."""
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--only", choices=["e2e", "wave"], help="one measurement only")
     ap.add_argument("--config", default="configs/cpu-tiny.yaml")
     ap.add_argument("--requests", type=int, default=500, help="manual wave: requests (default 500)")
     ap.add_argument("--concurrency", type=int, default=16, help="manual wave: concurrency (default 16)")
-    ap.add_argument("--append", type=Path, help="also append the section to this file (e.g. docs/measurements.md)")
+    ap.add_argument("--record", action="store_true",
+                    help="also write the figures as docs/bench/measurements/<stamp>-readme-figures.yaml")
     args = ap.parse_args()
     stamp = datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")
     lines = [f"## {stamp}: `scripts/readme_figures.py`{' --only ' + args.only if args.only else ''}", "",
@@ -195,9 +200,19 @@ def main() -> int:
         lines += with_load(load_text(), measure_wave(args.config, args.requests, args.concurrency))
     text = "\n".join(lines) + "\n"
     print(text)
-    if args.append:
-        with open(args.append, "a") as f:
-            f.write("\n" + text)
+    if args.record:
+        folder = Path(__file__).resolve().parent.parent / "docs" / "bench" / "measurements"
+        order = 1 + max((int((yaml.safe_load(f.read_text()) or {}).get("order", 0)) for f in folder.glob("*.yaml")),
+                        default=0)
+        figures = "\n".join(lines[2:]).strip() + "\n"
+        entry = {"order": order, "title": lines[0].removeprefix("## "), "date": stamp, "machine": machine(),
+                 "load": f"{lines[2].rsplit('host ', 1)[-1].split(' (')[0]} (1/5/15 min) at the start",
+                 "command": ["scripts/readme_figures.py" + (f" --only {args.only}" if args.only else "")],
+                 "summary": "The README's figures measured on this machine (make e2e, pdrig up and a manual wave).",
+                 "figures": figures}
+        out = folder / f"{datetime.now(UTC).strftime('%Y%m%d-%H%M')}-readme-figures.yaml"
+        out.write_text(yaml.safe_dump(entry, sort_keys=False, allow_unicode=True, width=120))
+        print(f"recorded {out}; render the page: .venv/bin/python scripts/measurements.py", file=sys.stderr)
     return 0
 
 
