@@ -26,6 +26,7 @@ import re
 import sys
 import time
 from datetime import UTC, datetime
+from functools import partial
 from pathlib import Path
 
 from rig.cluster.builds import (
@@ -212,7 +213,7 @@ class Matrix:
                     build_error = f"build {name} could not be created: {e}"
                 else:
                     try:  # an overlay serves one completion before any suite (rig.cluster.compat)
-                        self.builder.checked(name, lambda: Path(resolve_model(cfg)), self.out / name / "smoke.log")
+                        self.builder.checked(name, partial(_model_dir, cfg), self.out / name / "smoke.log")
                     except BuildError as e:
                         build_error = str(e)
             if build_error:
@@ -299,6 +300,11 @@ class Matrix:
     def _log(self, msg: str) -> None:
         if not self.quiet:
             print(f"[pdrig matrix {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+
+
+def _model_dir(cfg: RigConfig) -> Path:
+    """The model directory of ``cfg`` (built when it is the tiny model): what an overlay's smoke server serves."""
+    return Path(resolve_model(cfg))
 
 
 def _overlay_source(spec: BuildSpec, manifest: dict) -> str:
