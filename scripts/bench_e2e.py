@@ -115,6 +115,39 @@ def summarise(bare: dict[str, Any] | None, repeats: list[dict[str, Any]]) -> dic
     return out
 
 
+def summarise_layouts(samples: list[dict[str, Any]]) -> dict[str, Any]:
+    """Bare P+D start-ups per process layout (``samples``: ``{layout, pair_ready_s, load_before,
+    load_after, cpu_s}`` each, in run order): per layout the spread of the pair's seconds to ready
+    and of the 1-minute load before each start, and ``ratio_medians``: each layout's median over
+    the last layout's (``production`` last: fast / production)."""
+    by: dict[str, list[dict[str, Any]]] = {}
+    for sm in samples:
+        by.setdefault(sm["layout"], []).append(sm)
+    out: dict[str, Any] = {lay: {"pair_ready_s": spread([x["pair_ready_s"] for x in xs]),
+                                 "load_before": spread([x["load_before"] for x in xs]),
+                                 "cpu_s": spread([sum(x["cpu_s"].values()) for x in xs])} for lay, xs in by.items()}
+    if len(by) > 1:
+        base = out[list(by)[-1]]["pair_ready_s"]["median"]
+        out["ratio_medians"] = {lay: out[lay]["pair_ready_s"]["median"] / base for lay in by}
+    return out
+
+
+def layout_startups(config: str, overrides: list[str], work: Path, layouts: list[str], n: int) -> list[dict[str, Any]]:
+    """``n`` bare P+D start-ups per layout of ``layouts`` (``launch.layout``), alternated (round i
+    runs the layouts in order when i is even, reversed when odd, so neither always starts on the
+    quieter box); each sample with the 1-minute load before and after it."""
+    samples = []
+    for i in range(n):
+        for lay in (layouts if i % 2 == 0 else layouts[::-1]):
+            before = os.getloadavg()[0]
+            b = bare_startup(config, [*overrides, f"launch.layout={lay}"], work, label=f"bare-{lay}-{i + 1}")
+            samples.append({"layout": lay, "round": i + 1, "pair_ready_s": b["pair_ready_s"], "ready_s": b["ready_s"],
+                            "cpu_s": b["cpu_s"], "load_before": before, "load_after": os.getloadavg()[0]})
+            print(f"bare P+D, launch.layout={lay} (round {i + 1}): {b['pair_ready_s']:.1f} s, CPU-s {b['cpu_s']}, "
+                  f"load {before:.2f} -> {samples[-1]['load_after']:.2f}", flush=True)
+    return samples
+
+
 def floor_of(bare: dict[str, Any], n_prefill: int, n_decode: int, cpus: int) -> dict[str, float]:
     """The start-up floor of a suite starting ``n_prefill`` P and ``n_decode`` D instances like
     the measured ones on ``cpus`` CPUs, perfectly parallel (CPU-bound: CPU-s / CPUs), in seconds
@@ -260,6 +293,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--alternate", metavar="PATH=VALUE",
                     help="odd repeats (1st, 3rd, ...) with this extra override: a before/after within one "
                          "run, summarised per variant (e.g. launch.start_all_at_once=false)")
+    ap.add_argument("--layouts", metavar="A,B",
+                    help="bare P+D start-up per launch.layout (e.g. fast,production), --repeats each, alternated, "
+                         "then the suite repeats alternate the layouts too (summarised per layout)")
     ap.add_argument("--budget-min", type=float, default=9.0,
                     help="start no repeat that would end past this many minutes (the live lock is shared)")
     ap.add_argument("--combine", nargs="+", metavar="JSON", help="merge the JSONs of earlier batches, run nothing")
@@ -278,6 +314,11 @@ def main(argv: list[str] | None = None) -> int:
                               "config": args.config, "overrides": args.overrides, "cpus": os.cpu_count(),
                               "loadavg_before": os.getloadavg()}
     bare = None
+    layouts = [x.strip() for x in args.layouts.split(",") if x.strip()] if args.layouts else []
+    if layouts:
+        result["layout_startups"] = layout_startups(args.config, args.overrides, work, layouts, args.repeats)
+        result["layout_summary"] = summarise_layouts(result["layout_startups"])
+        args.skip_bare = True  # the ratios are per layout (below)
     if not args.skip_bare:
         bare = bare_startup(args.config, args.overrides, work)
         print(f"bare P+D start-up: {bare['pair_ready_s']:.1f} s (P {bare['ready_s']['prefill']:.1f}, "
@@ -303,6 +344,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"stopping after {i} repeats: another would end past --budget-min {args.budget_min:g}", flush=True)
             break
         variant = [args.alternate] if args.alternate and i % 2 == 0 else []
+        if layouts:
+            variant = [f"launch.layout={layouts[i % len(layouts)]}"]
         r = run_suite(args.config, args.overrides + variant, args.scenario, work / f"repeat-{i + 1}")
         r["variant"] = variant[0] if variant else "as configured"
         if bare:
@@ -313,7 +356,7 @@ def main(argv: list[str] | None = None) -> int:
               f"ttv {r['ttv']} ({r['decided']}); false stalls {r['false_stalls'] or 0}", flush=True)
     result["repeats"] = repeats
     result["summary"] = summarise(bare, repeats)
-    if args.alternate:
+    if args.alternate or layouts:
         result["summary_by_variant"] = {v: summarise(bare, [r for r in repeats if r["variant"] == v])
                                         for v in dict.fromkeys(r["variant"] for r in repeats)}
     result["loadavg_after"] = os.getloadavg()
@@ -322,6 +365,13 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _print_summary(result: dict[str, Any]) -> None:
+    for lay, ls in result.get("layout_summary", {}).items():
+        if lay != "ratio_medians":
+            print(f"bare P+D launch.layout={lay}: {_fmt(ls['pair_ready_s'], ' s')}; load before "
+                  f"{_fmt(ls['load_before'])}; CPU-s {_fmt(ls['cpu_s'])}")
+    if "ratio_medians" in result.get("layout_summary", {}):
+        print("median start-up ratio: " + ", ".join(f"{k} {v:.2f}" for k, v in
+                                                     result["layout_summary"]["ratio_medians"].items()))
     for variant, vs in result.get("summary_by_variant", {}).items():
         ratio = _fmt(vs.get("ratio_wall_to_pair_startup"))
         print(f"\n{variant}: suite wall {_fmt(vs['suite_wall_s'], ' s')}; ratio {ratio}")

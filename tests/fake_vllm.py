@@ -67,6 +67,12 @@ Faults (FAKE_VLLM_FAULT):
                      (tok+1) % 1024 at every position; the ARG-th such request (default 2) kills
                      the server with "AssertionError: assert num_decode_blocks <= len(prefill_group)"
                      (vLLM 0.32.0 nixl/base_worker.py _apply_prefix_caching); with ARG 0 never
+  engine-killed      on the Nth completion (ARG, default 1) the engine dies of SIGKILL while the API
+                     server lives on, as vLLM's production layout (EngineCore in its own process): the
+                     EngineCore stand-in (FAKE_VLLM_ENGINE_CORE) is killed, the API server logs
+                     "Engine core proc EngineCore died unexpectedly" and EngineDeadError, answers that
+                     request HTTP 500, /health 503, and exits with code 0 a second later
+                     (vllm/entrypoints/launcher.py's shutdown)
   hang-in-startup    stop in start-up phase ARG (0-based index into STARTUP_LINES, default 3:
                      model load) after logging its line: no more output, no CPU use, never ready
   exit-in-startup    exit with code 3 in start-up phase ARG (default 2) after a traceback ending
@@ -110,7 +116,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, G
 
 FAULTS = ("exit-before-ready", "crash-mid-request", "stall", "http500", "diverge-at", "diverge-edge",
           "leak-kv", "empty-stream", "fatal-log", "teardown-traceback", "hang-in-startup", "exit-in-startup",
-          "append-mismatch", "leak-several", "abort-lost", "stale-after-cont")
+          "append-mismatch", "leak-several", "abort-lost", "stale-after-cont", "engine-killed")
 FAULT = os.environ.get("FAKE_VLLM_FAULT") or None
 FAULT_ARG = os.environ.get("FAKE_VLLM_FAULT_ARG") or ""
 VERSION = os.environ.get("FAKE_VLLM_VERSION", "0.32.0")
@@ -417,6 +423,21 @@ class Server:
         """200 once the startup delay has passed, 503 before."""
         return web.Response(status=200 if time.monotonic() >= self.ready_at else 503)
 
+    def _engine_killed(self) -> web.Response:
+        """The engine-killed fault: the engine gone by SIGKILL, the API server answering 500 and
+        503 until it exits (code 0) a second later."""
+        import multiprocessing
+
+        for child in multiprocessing.active_children():
+            os.kill(child.pid, signal.SIGKILL)
+        log("ERROR", "Engine core proc EngineCore died unexpectedly, shutting down client.", "core_client.py:1")
+        log("ERROR", "vllm.v1.engine.exceptions.EngineDeadError: EngineCore encountered an issue. See stack "
+                     "trace (above) for the root cause.", "async_llm.py:1")
+        self.ready_at = float("inf")  # /health: 503 from now on
+        asyncio.get_running_loop().call_later(1.0, os._exit, 0)
+        return error_response("EngineCore encountered an issue. See stack trace (above) for the root cause.",
+                              500, "InternalServerError")
+
     async def version(self, _request: web.Request) -> web.Response:
         """``{"version": ...}`` as vllm/entrypoints/serve/instrumentator/basic.py."""
         if VERSION == "none":
@@ -541,6 +562,8 @@ class Server:
     async def _complete(self, request: web.Request, body, chat: bool) -> web.StreamResponse:
         """One prompt's answer (completions or chat shapes)."""
         self.n_completions += 1
+        if FAULT == "engine-killed" and self.n_completions == int(float(FAULT_ARG or 1)):
+            return self._engine_killed()
         if FAULT == "http500":
             return error_response("EngineCore encountered an issue. See stack trace (above) for the "
                                   "root cause.", 500, "InternalServerError")

@@ -83,3 +83,30 @@ def test_batches_combine_with_each_ratio_to_its_own_bare_start_up(tmp_path, caps
     assert s["timings_s"]["startup all at once"]["n"] == 1 and s["timings_s"]["startup phase 1"]["n"] == 2
     assert s["beyond_startup_s"] == {"min": 29.5, "median": 64.75, "max": 100.0, "n": 2}
     assert "false stalls: 0 over 2 repeats" in capsys.readouterr().out
+
+
+# Bare P+D start-ups measured on the 2-core box (2026-12-02 10:09-10:12 UTC, load 3.3 -> 6, other runs
+# on it; scripts/bench_e2e.py's bare_startup once per layout), plus a second round invented around them.
+LAYOUT_SAMPLES = [
+    {"layout": "fast", "round": 1, "pair_ready_s": 75.43, "cpu_s": {"prefill": 30.57, "decode": 30.0},
+     "load_before": 3.30, "load_after": 5.92},
+    {"layout": "production", "round": 1, "pair_ready_s": 72.06, "cpu_s": {"prefill": 29.16, "decode": 27.21},
+     "load_before": 5.92, "load_after": 6.10},
+    {"layout": "production", "round": 2, "pair_ready_s": 80.0, "cpu_s": {"prefill": 30.0, "decode": 30.0},
+     "load_before": 6.10, "load_after": 4.0},
+    {"layout": "fast", "round": 2, "pair_ready_s": 40.0, "cpu_s": {"prefill": 20.0, "decode": 20.0},
+     "load_before": 4.0, "load_after": 3.0},
+]
+
+
+def test_layout_summary_gives_medians_loads_and_the_ratio_to_the_last_layout():
+    s = bench.summarise_layouts(LAYOUT_SAMPLES)
+    assert s["fast"]["pair_ready_s"] == {"min": 40.0, "median": pytest.approx(57.715), "max": 75.43, "n": 2}
+    assert s["production"]["pair_ready_s"]["median"] == pytest.approx(76.03)
+    assert s["fast"]["load_before"]["min"] == 3.30 and s["production"]["load_before"]["min"] == 5.92
+    assert s["production"]["cpu_s"]["min"] == pytest.approx(56.37)
+    assert s["ratio_medians"] == {"fast": pytest.approx(57.715 / 76.03), "production": 1.0}
+
+
+def test_one_layout_has_no_ratio():
+    assert "ratio_medians" not in bench.summarise_layouts(LAYOUT_SAMPLES[:1])
