@@ -46,6 +46,7 @@ from rig.explore.grammar import (
     Topology,
     check_fits,
 )
+from rig.explore.refusals import chat_fits, chat_room, clean_fields, problems
 from rig.explore.schemas import field_types
 
 # Fields the explorer never draws, with why (the rest of the request model's fields are drawn):
@@ -168,7 +169,7 @@ class Generator:
         if motif is not None:
             action = self._motif(rng, index, motif, why)
             action.sequence()
-            check_fits(action, self.topo)
+            self._checked(action)
             return action
         n_steps = (2 if hint.get("route") == "pd-abandon" else 1) if hint else rng.choices((1, 2, 3), (6, 3, 1))[0]
         steps: list[Step] = []
@@ -177,8 +178,16 @@ class Generator:
             steps.append(self._step(rng, f"s{i}", steps, hint if i == 0 else {}, answering, cut))
         action = Action(index=index, steps=steps, why=why)
         action.sequence()
-        check_fits(action, self.topo)
+        self._checked(action)
         return action
+
+    def _checked(self, action: Action) -> None:
+        """Raise ValueError when ``action`` does not fit the topology or carries a request the rig
+        itself makes invalid (rig.explore.refusals.problems): a grammar bug, never sent."""
+        check_fits(action, self.topo)
+        bad = problems(action, self.topo)
+        if bad:
+            raise ValueError(f"action {action.index} drew what the rig refuses itself: {'; '.join(bad)}")
 
     def _length(self, rng: random.Random, how: str | None) -> int:
         t = self.topo
@@ -206,6 +215,11 @@ class Generator:
         max_tokens = rng.choice([m for m in MAX_TOKENS_CHOICES if m <= room] or [1])
         count = hint.get("count") or rng.choices(range(1, MAX_COUNT + 1), (6, 2, 1))[0]
         endpoint = hint.get("endpoint") or rng.choices(list(ENDPOINT_WEIGHTS), list(ENDPOINT_WEIGHTS.values()))[0]
+        if endpoint == "chat":  # the template adds tokens: a chat prompt is shorter (rig.explore.refusals)
+            room = chat_room(self.topo, max_tokens)
+            if not chat_fits(self.topo, max_tokens) or (hint.get("length") and n > room):
+                endpoint = "completions"  # a goal's length wins over the endpoint
+            n = min(n, room) if endpoint == "chat" else n
         request: dict[str, Any] = {}
         if endpoint != "completions":
             request["endpoint"] = endpoint
@@ -215,14 +229,18 @@ class Generator:
         drawn = self.fields.get(endpoint, {})
         if drawn and (hint.get("field") or rng.random() < self.field_share):
             names = rng.sample(sorted(drawn), k=min(len(drawn), rng.choice((1, 1, 2))))
-            request["all"] = {k: draw_value(rng, k, drawn[k]) for k in names}
+            request["all"] = clean_fields({k: draw_value(rng, k, drawn[k]) for k in names}, route, max_tokens)
+            if not request["all"]:
+                del request["all"]
         if route in ("pd", "decode", "prefill") and (hint.get("stream") or rng.random() < 0.1) \
                 and endpoint != "generate" and prompts == 1:
             request["decode"] = {"stream": True}
         start = None
         if before and rng.random() < 0.7:
             ref = rng.choice(before)
-            start = StartRule(after=ref.id, event=rng.choice(ROUTE_EVENTS[ref.route]),
+            event = rng.choice(ROUTE_EVENTS[ref.route])
+            # a cancelled step may end before any later event: only 'sent' surely happens
+            start = StartRule(after=ref.id, event="sent" if ref.cancel_after_ms else event,
                               after_ms=rng.choice(START_DELAYS_MS))
         cancel = None
         # a coverage hint asks for a cut only while cuts are on: --cancel-share 0 turns them off
@@ -246,7 +264,7 @@ class Generator:
         step = Step(id="s0", route=rng.choice(RESOURCE_ROUTES), prompt_tokens=n, max_tokens=m,
                     **({"same_as": "@r0"} if whole else {"head_of": "@r0"}))
         action = Action(index=index, steps=[step], resources=[r], why="prompt resource")
-        check_fits(action, t)
+        self._checked(action)
         return action
 
     def nemesis(self, index: int, kinds: list[str] | None = None) -> Action:
@@ -278,7 +296,7 @@ class Generator:
         step = Step(id="s0", route="pd", prompt_tokens=n, max_tokens=rng.choice((2, 4, 8)))
         nem = Nemesis(name=name, faults=[Fault.model_validate(fault)], requests=requests)
         action = Action(index=index, steps=[step], why="nemesis", nemesis=nem)
-        check_fits(action, self.topo)
+        self._checked(action)
         return action
 
     def _motif(self, rng: random.Random, index: int, motif: str, why: str) -> Action:

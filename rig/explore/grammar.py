@@ -77,6 +77,7 @@ NEMESIS_WEIGHTS: dict[str, float] = {"sigstop-prefill": 2.0, "sigstop-decode": 2
 NEMESIS_STOP_S = (1.0, 2.0, 4.0)
 NEMESIS_REQUESTS = (1, 2, 3)
 NEMESIS_DELAY_FACTOR = 1.6
+DEFAULT_CHAT_OVERHEAD = 32  # tokens a chat template adds when the server cannot /tokenize (Qwen3's: ~10)
 NEMESIS_HEAL_S = 10.0  # the liveness bound after heal, beyond the lease (the fault kind's idle_margin_s)
 
 
@@ -87,7 +88,8 @@ class Topology:
     vLLM sized the pool itself), ``spec_tokens`` (its ``num_speculative_tokens``, 0 without spec
     decode), ``lease_s`` (P's ``kv_lease_duration``, s; vLLM's default 30); ``variant`` and
     ``sets``: a topology drawn from vLLM's knobs (rig.explore.topologies) and the ``--set``
-    strings that reproduce it."""
+    strings that reproduce it; ``chat_overhead``: tokens the chat template adds to a prompt
+    (measured with P's ``/tokenize``, rig.explore.probe; rig.explore.refusals bounds chat lengths)."""
 
     prefill: str
     decode: str
@@ -98,6 +100,7 @@ class Topology:
     lease_s: float = 30.0
     variant: str = ""  # a drawn topology's name (rig.explore.topologies), "" for the config as is
     sets: tuple[str, ...] = ()  # the --set strings that make the config that topology
+    chat_overhead: int = DEFAULT_CHAT_OVERHEAD  # tokens P's chat template adds (rig.explore.probe)
 
     def edge_lengths(self) -> list[int]:
         """Prompt lengths at the edges, sorted, each in ``[1, max_model_len - 1]``:

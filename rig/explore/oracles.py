@@ -49,12 +49,35 @@ def failed_hop(r: PDRecord) -> tuple[str, int | None]:
 
 def refused_first(r: PDRecord) -> bool:
     """True when ``r`` was refused with a 4xx on its first hop (P's prefill hop, or the one hop of
-    a one-hop route): the non-disaggregated reference is that same request served by P (or by an
-    engine with the same settings), so it gets the same refusal. A 4xx from D after P accepted the
-    prompt is not that (P/D refuses what the reference serves)."""
+    a one-hop route)."""
     hop, status = failed_hop(r)
     return (r.outcome == "http_error" and status is not None and 400 <= status < 500
             and (hop == "prefill" or r.prefill is None))
+
+
+def _refused(r: PDRecord) -> bool:
+    _, status = failed_hop(r)
+    return r.outcome == "http_error" and status is not None and 400 <= status < 500
+
+
+def reference_serves(r: PDRecord) -> bool:
+    """True for a refusal (a 4xx on a hop) whose non-disaggregated reference, sent the same request
+    (rig.observe.parity.record_parity), was answered: P/D refuses what the reference serves."""
+    ref = r.reference
+    return _refused(r) and ref is not None and ref.status is not None and 200 <= ref.status < 300
+
+
+def refusal_excused(r: PDRecord) -> bool:
+    """True for a refusal that is not a finding: the reference, sent the same request, refused it
+    too; or no reference was sent (parity off) and it was the first hop's (the reference is that
+    same request served by P, so it gets the same refusal). A 4xx from D after P accepted the
+    prompt, without a reference, is not excused."""
+    if not _refused(r):
+        return False
+    ref = r.reference
+    if ref is None:
+        return refused_first(r)
+    return ref.status is not None and 400 <= ref.status < 500
 
 
 def never_sent(r: PDRecord) -> bool:
@@ -71,10 +94,10 @@ def cut_on_purpose(r: PDRecord) -> bool:
 
 
 def consistent_refusal(obs: ScenarioObservation) -> bool:
-    """True when every request that did not answer was :func:`refused_first` or
+    """True when every request that did not answer was :func:`refusal_excused` or
     :func:`never_sent` (behind such a refusal), and at least one was refused."""
     bad = [r for r in obs.records if r.outcome != "ok"]
-    return any(refused_first(r) for r in bad) and all(refused_first(r) or never_sent(r) for r in bad)
+    return any(refusal_excused(r) for r in bad) and all(refusal_excused(r) or never_sent(r) for r in bad)
 
 
 def crossed_answers(obs: ScenarioObservation) -> list[str]:
@@ -124,11 +147,12 @@ def signature_of(verdict: ScenarioVerdict, obs: ScenarioObservation, roles: dict
     blamed = {rid for c in verdict.checks if c.ok is False and c.name not in restates for rid in c.requests}
     symptoms: set[str] = set()
     for r in obs.records:
-        if r.outcome == "ok" or (blamed and r.request_id not in blamed) or refused_first(r) or never_sent(r) \
+        if r.outcome == "ok" or (blamed and r.request_id not in blamed) or refusal_excused(r) or never_sent(r) \
                 or cut_on_purpose(r):
             continue
         hop, status = failed_hop(r)
-        symptoms.add(f"{r.outcome}:{hop}:{status}" if r.outcome == "http_error" else r.outcome)
+        kind = "refused-reference-serves" if reference_serves(r) else r.outcome
+        symptoms.add(f"{kind}:{hop}:{status}" if r.outcome == "http_error" else r.outcome)
     symptoms |= {f"died:{roles.get(n, n)}" for n in obs.dead}
     if crossed_answers(obs):
         symptoms.add("answer-of-another-prompt")

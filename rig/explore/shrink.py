@@ -23,6 +23,7 @@ from pydantic import ValidationError
 from rig.config.faults import Fault, Trigger
 from rig.config.sequence import Step
 from rig.explore.grammar import Action, Topology
+from rig.explore.refusals import problems
 
 T = TypeVar("T")
 
@@ -66,19 +67,24 @@ def ddmin(items: Sequence[T], test: Callable[[list[T]], bool], budget: Budget) -
     return cur
 
 
-def with_steps(action: Action, steps: list[Step]) -> Action | None:
+def with_steps(action: Action, steps: list[Step], topo: Topology | None = None) -> Action | None:
     """``action`` with only ``steps``; a start rule naming a dropped step is dropped too (that
-    step then starts at the beginning). None when the result does not validate."""
+    step then starts at the beginning). None when the result does not validate, or (given
+    ``topo``) carries a request the rig itself makes invalid (rig.explore.refusals.problems)."""
     ids = {s.id for s in steps}
     fixed = [s if s.start is None or s.start.after in ids else s.model_copy(update={"start": None}) for s in steps]
-    return _valid(action.model_copy(update={"steps": fixed}))
+    return _valid(action.model_copy(update={"steps": fixed}), topo)
 
 
-def _valid(action: Action) -> Action | None:
+def _valid(action: Action, topo: Topology | None = None) -> Action | None:
+    """``action`` when it validates and (given ``topo``) has no rig-made problem, else None: e.g.
+    a candidate that drops ``seed`` but keeps ``temperature`` is never run."""
     try:
         Action.model_validate(action.model_dump())
         action.sequence()
     except (ValidationError, ValueError):
+        return None
+    if topo is not None and problems(action, topo):
         return None
     return action
 
@@ -129,7 +135,7 @@ def step_variants(step: Step, topo: Topology) -> list[Step]:
     return unique
 
 
-def action_variants(action: Action) -> list[Action]:
+def action_variants(action: Action, topo: Topology | None = None) -> list[Action]:
     """Simpler versions of ``action`` as a whole, simplest first: without its prompt resources
     (the steps send fresh prompts of the same lengths: the earlier send was not needed); for a
     nemesis, the step without the nemesis (a plain P/D request: the fault was not needed), then
@@ -138,17 +144,17 @@ def action_variants(action: Action) -> list[Action]:
     out: list[Action | None] = []
     if action.resources:
         fresh = [s.model_copy(update={"same_as": None, "head_of": None}) for s in action.steps]
-        out.append(_valid(action.model_copy(update={"resources": [], "steps": fresh})))
+        out.append(_valid(action.model_copy(update={"resources": [], "steps": fresh}), topo))
     nem = action.nemesis
     if nem is None:
         return [a for a in out if a is not None]
-    out.append(_valid(action.model_copy(update={"nemesis": None, "why": ""})))
+    out.append(_valid(action.model_copy(update={"nemesis": None, "why": ""}), topo))
     for n in range(1, nem.requests):
         faults = [f if f.trigger.k is None or f.trigger.k < n else f.model_copy(update={"trigger": _own_event(f)})
                   for f in nem.faults]
         with contextlib.suppress(ValidationError):
             out.append(_valid(action.model_copy(update={"nemesis": nem.model_validate(
-                {**nem.model_dump(), "requests": n, "faults": [f.model_dump() for f in faults]})})))
+                {**nem.model_dump(), "requests": n, "faults": [f.model_dump() for f in faults]})}), topo))
     return [a for a in out if a is not None]
 
 
@@ -172,11 +178,11 @@ def shrink(action: Action, test: Callable[[Action], bool], topo: Topology, budge
     b = Budget(budget)
 
     def test_steps(steps: list[Step]) -> bool:
-        cand = with_steps(action, steps)
+        cand = with_steps(action, steps, topo)
         return cand is not None and test(cand)
 
-    best: Action = with_steps(action, ddmin(action.steps, test_steps, b)) or action
-    for alt in action_variants(best):  # the shrinker may drop the nemesis, or send fewer requests under it
+    best: Action = with_steps(action, ddmin(action.steps, test_steps, b), topo) or action
+    for alt in action_variants(best, topo):  # the shrinker may drop the nemesis, or send fewer requests under it
         if b.spent():
             break
         b.used += 1
@@ -190,7 +196,7 @@ def shrink(action: Action, test: Callable[[Action], bool], topo: Topology, budge
             for v in step_variants(step, topo):
                 if b.spent():
                     break
-                cand = with_steps(best, [*best.steps[:i], v, *best.steps[i + 1:]])
+                cand = with_steps(best, [*best.steps[:i], v, *best.steps[i + 1:]], topo)
                 if cand is None:
                     continue
                 b.used += 1

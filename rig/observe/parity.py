@@ -310,7 +310,9 @@ async def record_parity(records: Sequence[PDRecord], reference: Callable[[PDReco
     """:func:`run_parity` over the answered records (``outcome`` ok with a decode hop), one
     reference at a time, floats within ``tolerance``: one result per record (None = not
     compared). Each record keeps its reference answer (``PDRecord.reference``, in report.json);
-    a failed reference is written into the record's ``diagnosis`` (``parity reference failed: ...``)."""
+    a failed reference is written into the record's ``diagnosis`` (``parity reference failed: ...``).
+    A request refused with a 4xx (:func:`refused`) gets its reference sent as well, not compared:
+    what the non-disaggregated server does with the same request."""
     def case(rec: PDRecord) -> ParityCase | None:
         if rec.outcome != "ok" or rec.decode is None:
             return None
@@ -322,4 +324,21 @@ async def record_parity(records: Sequence[PDRecord], reference: Callable[[PDReco
             rec.reference = o.hop
         if o is not None and o.result is None:
             rec.diagnosis = f"parity reference failed: {o.failure}"
+    for rec in records:  # a refusal is judged by what the reference does with the same request
+        if refused(rec) and rec.reference is None:
+            try:
+                async with asyncio.timeout(REFUSAL_REFERENCE_S):
+                    rec.reference = await reference(rec)
+            except TimeoutError:
+                rec.diagnosis += f"; the refusal's reference did not answer within {REFUSAL_REFERENCE_S:g} s"
     return [o.result if o is not None else None for o in outcomes]
+
+
+REFUSAL_REFERENCE_S = 60.0  # a refused request's reference: a refusal answers at once, an answer within this
+
+
+def refused(rec: PDRecord) -> bool:
+    """True for a request that ended with a 4xx on one of its hops (a refusal): its reference is
+    sent too (``PDRecord.reference``), so a refusal counts only when the reference accepts."""
+    hops = [h for h in (rec.prefill, rec.decode) if h is not None]
+    return rec.outcome == "http_error" and any(h.status is not None and 400 <= h.status < 500 for h in hops)

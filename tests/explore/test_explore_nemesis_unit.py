@@ -208,8 +208,10 @@ def test_a_request_cut_on_purpose_is_the_action_not_a_symptom():
 
 def test_cancels_and_resources_draw_from_streams_of_their_own():
     # the rest of action i is what it was without them: a seed's documented actions keep their shapes
+    # (but a step after a cancelled one starts on its 'sent': the later events may never come)
     def shape(a: Action) -> list[dict]:
-        return [{k: v for k, v in s.model_dump().items() if k != "cancel_after_ms"} for s in a.steps]
+        return [{k: ({**v, "event": "?"} if k == "start" and v else v) for k, v in s.model_dump().items()
+                 if k != "cancel_after_ms"} for s in a.steps]
 
     none, all_cut = Generator(1, TOPO, cancel_share=0), Generator(1, TOPO, cancel_share=1)
     pairs = [(none.action(i), all_cut.action(i)) for i in range(60)]
