@@ -16,10 +16,10 @@ from rig.report.junit import Case, Suite, render_junit
 class ExploreReport:
     """What an exploration produced. ``actions``: actions run while exploring; ``runs``: every
     live scenario run (actions, replays, shrink candidates, emitted checks); ``startup_s``: seconds
-    spent starting each topology's pair before its first action; ``action_s``: wall
+    spent starting each topology's pair before its first action (``startups`` of them); ``action_s``: wall
     seconds spent in exploring actions; ``first_failure_s``: seconds from the start (deployment
     start-up included) to the first violation, ``first_failure_actions`` the actions run by then;
-    ``nemeses``: one row per nemesis phase (rig.explore.explorer.nemesis_row); ``topologies``: the
+    ``nemeses``: one row per nemesis phase (rig.explore.findings.nemesis_row); ``topologies``: the
     topologies drawn from vLLM's knobs (name, decode, knobs, the ``--set`` strings), [] when the
     config's decode instances were explored."""
 
@@ -31,6 +31,7 @@ class ExploreReport:
     vllm_version: str = ""
     actions: int = 0
     runs: int = 0
+    startups: int = 0
     startup_s: float = 0.0
     action_s: float = 0.0
     wall_s: float = 0.0
@@ -54,17 +55,21 @@ def render_md(r: ExploreReport) -> str:
     out = [f"# pdrig explore: {r.config}, seed {r.seed}", "",
            f"status {r.status}{': ' + r.error if r.error else ''}; vLLM {r.vllm_version or 'unknown'}; "
            f"{r.actions} actions ({r.actions_per_min:.1f}/min on the deployment), {r.runs} live runs in all, "
-           f"{r.wall_s:.0f} s wall of which {r.startup_s:.0f} s start-up; first failure after {ff}", "",
+           f"{r.wall_s:.0f} s wall of which {r.startup_s:.0f} s in {r.startups} start-up(s); "
+           f"first failure after {ff}", "",
            "## Coverage (sometimes goals)", "", "| goal | reached | count | what | note |", "|---|---|---|---|---|"]
     out += [f"| {c['goal']} | {'yes' if c['reached'] else 'no'} | {c['count']} | {c['description']} | {c['note']} |"
             for c in r.coverage]
     if r.nemeses:
         out += ["", "## Nemesis phases (inject, requests under the fault, heal, liveness)", "",
-                "| action | nemesis | fault | requests | verdict | liveness after heal |", "|---|---|---|---|---|---|"]
+                "| action | nemesis | fault | requests | took effect | verdict | liveness after heal | excused |",
+                "|---|---|---|---|---|---|---|---|"]
         for n in r.nemeses:
             live = "; ".join(f"{k} {c['state']}: {c['detail']}"[:160] for k, c in n["liveness"].items())
-            out.append(f"| {n['index']} | {n['nemesis']} | {', '.join(n['faults'])} | {n['requests']} | "
-                       f"{n['verdict']} | {live} |")
+            effect = "yes" if n.get("took_effect") else f"**no**: {n.get('effect', '')[:160]}"
+            excused = "; ".join(n.get("excused") or []) or "-"
+            out.append(f"| {n['index']} | {n['nemesis']} | {', '.join(n['faults'])} | {n['requests']} | {effect} | "
+                       f"{n['verdict']} | {live} | {excused} |")
     if r.topologies:
         out += ["", "## Topologies drawn from vLLM's knobs", "", "| topology | decode | knobs | --set |",
                 "|---|---|---|---|"]
@@ -73,19 +78,22 @@ def render_md(r: ExploreReport) -> str:
     out += ["", "## Failures", ""]
     if not r.findings:
         out.append("none found")
-    out += ["| # | topology | signature | seen | stability | minimal requests | known issue | emitted YAML gave "
-            "| YAML |",
-            "|---|---|---|---|---|---|---|---|---|"] if r.findings else []
+    out += ["| # | topology | mechanism | signature | seen | stability | minimal requests | shrink | known issue "
+            "| why | emitted YAML gave | YAML |",
+            "|---|---|---|---|---|---|---|---|---|---|---|---|"] if r.findings else []
     for i, f in enumerate(r.findings, 1):
         topo = f["topology"]
         where = f"{topo.get('variant') or ''} {topo['prefill']}+{topo['decode']}".strip()
-        out.append(f"| {i} | {where} | `{f['signature']}` | {f['seen']} | {f['stability']} | "
-                   f"{f['minimal_requests'] or '-'} | {f['known_issue']} | {f['emitted_verdict'] or '-'} | "
-                   f"{f['yaml'] or '-'} |")
+        out.append(f"| {i} | {where} | `{f['mechanism']['key']}` | `{f['signature']}` | {f['seen']} | "
+                   f"{f['stability']} | {f['minimal_requests'] or '-'} | "
+                   f"{f['shrink_runs']} runs, {f['shrink_s']:.0f} s | {f['known_issue']} | {f['known_why'] or '-'} | "
+                   f"{f['emitted_verdict'] or '-'} | {f['yaml'] or '-'} |")
     for i, f in enumerate(r.findings, 1):
+        ev = "; ".join(f"{k}: {v}" for k, v in f["mechanism"]["evidence"].items())
+        out += ["", f"### Finding {i}: `{f['mechanism']['key']}` ({f['known_issue']})", "", f["reason"][:400], "",
+                f"Mechanism evidence: {ev[:1200]}"]
         if f["yaml"] and Path(f["yaml"]).is_file():
-            out += ["", f"### Finding {i}: `{f['signature']}`", "", f["reason"][:400], "", "```yaml",
-                    Path(f["yaml"]).read_text().rstrip(), "```"]
+            out += ["", "```yaml", Path(f["yaml"]).read_text().rstrip(), "```"]
     if r.fields:
         out += ["", "## Request fields drawn (from vLLM's request models)", ""]
         out += [f"- {ep}: {', '.join(names)}" for ep, names in r.fields.items()]
@@ -95,9 +103,11 @@ def render_md(r: ExploreReport) -> str:
 def junit_suite(r: ExploreReport) -> Suite:
     """explore-junit.xml's cases: one per finding (a known issue's: skipped; a new one: failure)."""
     return Suite("pdrig-explore", [
-        Case(f"explore.{r.config}", f"finding-{i}: {f['signature']}", "skipped", f"known issue {f['known_issue']}")
+        Case(f"explore.{r.config}", f"finding-{i}: {f['mechanism']['key']}", "skipped",
+             f"known issue {f['known_issue']}: {f['known_why']}"[:2000])
         if f["known_issue"] != "new" else
-        Case(f"explore.{r.config}", f"finding-{i}: {f['signature']}", "failure", f["stability"], f["reason"][:2000])
+        Case(f"explore.{r.config}", f"finding-{i}: {f['mechanism']['key']}", "failure", f["stability"],
+             f"{f['signature']}: {f['reason']}"[:2000])
         for i, f in enumerate(r.findings, 1)])
 
 

@@ -259,6 +259,7 @@ class SuiteRunner:
         the rig's own) propagate after the scenario in flight is kept as ERROR."""
         self.scenarios = list(scenarios)
         first = len(self.result.verdicts)
+        self.result.plan = asdict(cluster.plan)  # the report names the plan the scenarios ran on
         try:
             aio.run(self._run_phases(cluster, cluster.plan))
         except BaseException as e:

@@ -1,0 +1,89 @@
+"""A distinct finding of an exploration, and the report rows the explorer keeps.
+
+A finding is identified by its mechanism (rig.explore.mechanism: what vLLM did), not by the list
+of failed checks; it keeps the check-based signature too (what the verdict engine said), the
+replays (stable / flaky), the minimal action, the emitted YAML and the known issue matched on the
+mechanism with the reason (rig.explore.known), or "new".
+"""
+
+from __future__ import annotations
+
+import shlex
+from dataclasses import dataclass, field
+from typing import Any
+
+from rig.config import RigConfig
+from rig.explore.excuses import Excuse, took_effect
+from rig.explore.grammar import Action, Topology
+from rig.explore.mechanism import Mechanism
+from rig.judge.verdict import ScenarioVerdict
+
+
+@dataclass
+class Finding:
+    """One distinct violation: its ``mechanism`` (the identity), ``signature`` (the failed checks
+    and symptoms), the action that first showed it, how often the exploration saw it, its replays
+    (mechanism keys seen), the minimal action and the shrink runs and seconds it took, the emitted
+    YAML and the known issue it matches (id, or "new") with ``known_why``."""
+
+    mechanism: Mechanism
+    signature: str
+    topology: Topology
+    action: Action
+    reason: str
+    seen: int = 1
+    replays: list[str | None] = field(default_factory=list)
+    minimal: Action | None = None
+    shrink_runs: int = 0
+    shrink_s: float = 0.0
+    yaml_path: str = ""
+    emitted_verdict: str = ""
+    known_issue: str = "new"
+    known_why: str = ""
+
+    @property
+    def stability(self) -> str:
+        """'stable' (every replay showed it), 'flaky k/n', or 'not replayed'."""
+        if not self.replays:
+            return "not replayed"
+        hits = sum(s == self.mechanism.key for s in self.replays)
+        return "stable" if hits == len(self.replays) else f"flaky {hits}/{len(self.replays)}"
+
+    def to_json(self) -> dict[str, Any]:
+        """JSON-able dict for explore.json."""
+        return {"mechanism": self.mechanism.to_json(), "signature": self.signature,
+                "topology": self.topology.__dict__, "first_action": self.action.index,
+                "action": self.action.model_dump(mode="json"), "reason": self.reason, "seen": self.seen,
+                "replays": self.replays, "stability": self.stability,
+                "minimal": self.minimal.model_dump(mode="json") if self.minimal else None,
+                "minimal_requests": self.minimal.requests() if self.minimal else None,
+                "shrink_runs": self.shrink_runs, "shrink_s": round(self.shrink_s, 1), "yaml": self.yaml_path,
+                "emitted_verdict": self.emitted_verdict, "known_issue": self.known_issue,
+                "known_why": self.known_why}
+
+
+def nemesis_row(action: Action, v: ScenarioVerdict, excused: list[Excuse] | None = None) -> dict[str, Any]:
+    """The report's row of one nemesis phase: action index, the fault, requests under it, the
+    verdict (after the excuses), whether the fault took effect (rig.explore.excuses.took_effect),
+    the liveness oracle's checks (recovery-serves, idle-after within the named bound, alive) with
+    their details, and what was excused as "caused by the nemesis (kind, window)"."""
+    assert action.nemesis is not None
+    live = {c.name: {"state": c.state, "detail": c.detail} for c in v.checks
+            if c.name in ("fault-fired", "recovery-serves", "idle-after", "alive")}
+    fired, how = took_effect(v)
+    return {"index": action.index, "nemesis": action.nemesis.name,
+            "faults": [f.describe() for f in action.nemesis.faults], "requests": action.nemesis.requests,
+            "heal_s": action.nemesis.heal_s, "verdict": v.verdict, "liveness": live,
+            "took_effect": fired, "effect": how if fired else f"fault NOT verified to have taken effect: {how}",
+            "excused": [e.describe() for e in excused or []]}
+
+
+def sets_of(cfg: RigConfig, topo: Topology) -> str:
+    """The ``--set`` arguments (shell-quoted) that reproduce a finding on ``topo``: a drawn
+    topology's own, and the lease the exploration ran with unless that set it (a finding whose
+    decode hop was held past the lease reproduces only with the same lease)."""
+    sets = list(topo.sets)
+    lease = cfg.nixl.kv_lease_duration
+    if lease is not None and not any(s.startswith("nixl.kv_lease_duration=") for s in sets):
+        sets.append(f"nixl.kv_lease_duration={lease}")
+    return "".join(f" --set {shlex.quote(s)}" for s in sets)

@@ -1,0 +1,129 @@
+"""Triage by mechanism, without servers (rig.explore.mechanism, rig.explore.known): a death is its
+exception and first fatal frame, a stall its scheduler state, a divergence its hop, position and KV
+source; the known issues of the shipped suites match on that (the livelock behind a D prefix hit or
+after an appended token, the two-prompts issue whatever the other fields, the decode assert), say
+why, and anything else is new."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from rig.config import ConfigError, RigConfig
+from rig.explore.grammar import Topology
+from rig.explore.known import load_known, match_known
+from rig.explore.mechanism import death_site, mechanism_of
+from rig.judge.checks import Check
+from rig.judge.verdict import ScenarioVerdict
+from rig.observe.observations import ScenarioObservation, TransferEvidence
+from rig.observe.parity import ParityResult
+from rig.transport.records import Hop, PDRecord, StallFacts
+from tests.helpers.fake_rig import fake_config
+
+ROOT = Path(__file__).parents[2]
+DATA = ROOT / "tests" / "data"
+TOPO = Topology(prefill="prefill", decode="decode", block_size=32, max_model_len=128, usable_blocks=4, spec_tokens=1)
+ROLES = {"prefill": "prefill", "decode": "decode"}
+SUITES = [str(ROOT / "configs" / "suites" / f) for f in ("edge.yaml", "regressions.yaml", "faults.yaml")]
+
+
+@pytest.fixture(scope="module")
+def known(tmp_path_factory):
+    cfg = RigConfig.model_validate(fake_config(tmp_path_factory.mktemp("known")))
+    return load_known(cfg, SUITES)
+
+
+def test_a_death_is_its_exception_and_first_fatal_frame():
+    assert death_site((DATA / "vllm-0.30.0-decode-ngram-crash.log").read_text()) == \
+        ("TypeError", "vllm/model_executor/warmup/jit_warmup_triton_helper.py:_kernel_arg_names")
+    assert death_site((DATA / "vllm-0.32.0-decode-recompute-p-killed.log").read_text()) == \
+        ("nixlRemoteDisconnectError", "nixl_cu12/_api.py:check_xfer_state")
+
+
+def stalled(prompt: int, decode_prompt: int | None = None, running: float = 0, reason: str = "capacity",
+            cached: float = 0) -> tuple[ScenarioVerdict, ScenarioObservation]:
+    r = PDRecord(request_id="x1-s1-0", prompt_len=prompt, max_tokens=1, prompt=list(range(prompt)))
+    r.outcome = "stalled"
+    if decode_prompt is not None:
+        r.decode_prompt = list(range(decode_prompt))
+    r.stall = StallFacts(instance="decode", waiting=1, running=running, kv_usage=0.0,
+                         waiting_reasons={reason: 1}, kv_fetch_stages={"waiting_to_start": 1}, duration_s=4)
+    obs = ScenarioObservation(scenario="x1", decode="decode", prefill="prefill", records=[r],
+                              evidence=TransferEvidence(cached_prompt_tokens=cached))
+    return ScenarioVerdict("x1", "FAIL", "pass", "stalled", [Check("no-stall", False, "stalled", ("x1-s1-0",))]), obs
+
+
+@pytest.mark.parametrize("shape", ["plain 97", "after a D prefix hit", "after the router appended P's token"])
+def test_the_livelock_is_the_livelock_whatever_led_to_it(shape, known):
+    v, obs = {"plain 97": stalled(97), "after a D prefix hit": stalled(96, cached=32),
+              "after the router appended P's token": stalled(96, decode_prompt=97)}[shape]
+    m = mechanism_of(v, obs, TOPO, ROLES, "FAIL - [stalled]")
+    assert m.key == "stall:decode:waiting=capacity:fetch=waiting_to_start:running=0:fits-but-waits"
+    hit = match_known(m, known, "0.32.0")
+    assert hit is not None and hit.id == "spec-admission-livelock" and hit.in_range
+    assert "waiting_reason capacity" in hit.why and "admission fits-but-waits" in hit.why
+    assert match_known(m, known, "0.27.1").label() == "spec-admission-livelock (outside affects)"
+
+
+def test_another_stall_is_another_mechanism_and_new(known):
+    v, obs = stalled(40, running=1, reason="deferred")
+    m = mechanism_of(v, obs, TOPO, ROLES, "FAIL - [stalled]")
+    assert m.key == "stall:decode:waiting=deferred:fetch=waiting_to_start:running=1:fits"
+    assert match_known(m, known, "0.32.0") is None
+
+
+def diverged(prompts: int, choice: int | None, appended: bool = False) -> tuple[ScenarioVerdict, ScenarioObservation]:
+    prompt = [list(range(96))] * prompts if prompts > 1 else list(range(96))
+    r = PDRecord(request_id="x1-0", prompt_len=96, max_tokens=2, prompt=prompt)
+    r.prefill, r.decode = Hop(instance="prefill", status=200), Hop(instance="decode", status=200, token_ids=[1, 2])
+    if appended:
+        r.decode_prompt = list(range(97))
+    obs = ScenarioObservation(scenario="x1", decode="decode", prefill="prefill", records=[r],
+                              parity=[ParityResult("diverged", position=0, pd_token=1, ref_token=5, choice=choice)],
+                              evidence=TransferEvidence(external_prompt_tokens=96))
+    return ScenarioVerdict("x1", "FAIL", "pass", "diverged", [Check("parity", False, "diverged", ("x1-0",))]), obs
+
+
+def test_two_prompts_diverging_on_a_later_choice_is_the_known_issue_whatever_the_fields(known):
+    v, obs = diverged(2, choice=1)
+    m = mechanism_of(v, obs, TOPO, ROLES, "FAIL parity []")
+    assert m.key == "divergence:decode:pos=0:choice=1:kv=pulled"
+    hit = match_known(m, known, "0.32.0")
+    assert hit is not None and hit.id == "completions-prompts-share-first-params"
+    assert "choice 1 of a 2-prompt request" in hit.why
+
+
+def test_a_divergence_of_one_prompt_is_new_unless_appended(known):
+    v, obs = diverged(1, choice=None)
+    assert match_known(mechanism_of(v, obs, TOPO, ROLES, "FAIL parity []"), known, "0.32.0") is None
+    v, obs = diverged(1, choice=None, appended=True)
+    m = mechanism_of(v, obs, TOPO, ROLES, "FAIL parity []")
+    assert m.key.endswith(":appended")
+    assert match_known(m, known, "0.32.0").id == "router-appended-first-token"
+
+
+def test_the_decode_assert_is_a_death_matched_by_its_fatal_line(known):
+    line = ("(EngineCore pid=1) ERROR 12-01 10:00:00 [core.py:1512] EngineCore encountered a fatal error. -> "
+            "AssertionError: assert num_decode_blocks <= len(prefill_group)")
+    obs = ScenarioObservation(scenario="x1", decode="decode", prefill="prefill", dead={"decode": 1},
+                              death_lines={"decode": line})
+    v = ScenarioVerdict("x1", "FAIL", "pass", "died", [Check("alive", False, "decode died")])
+    m = mechanism_of(v, obs, TOPO, ROLES, "FAIL - [died:decode]")
+    assert m.kind == "death" and m.key.startswith("death:decode:AssertionError@")
+    hit = match_known(m, known, "0.32.0")
+    assert hit is not None and hit.id == "router-appended-first-token" and "fatal line matching" in hit.why
+
+
+def test_known_suites_are_read_with_the_one_loader(tmp_path):
+    cfg = RigConfig.model_validate(fake_config(tmp_path))
+    dup = tmp_path / "dup.yaml"
+    dup.write_text("- name: a\n  name: b\n")
+    with pytest.raises(ConfigError, match="appears twice"):
+        load_known(cfg, [str(dup)])
+    with pytest.raises(ConfigError, match="--known"):
+        load_known(cfg, [str(tmp_path / "missing.yaml")])
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("- name: a\n  known_issue: {id: x, title: t, affects: '>=1', symptom: {kind: nope}}\n")
+    with pytest.raises(ConfigError, match="known_issue does not validate"):
+        load_known(cfg, [str(bad)])
