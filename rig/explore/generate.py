@@ -233,8 +233,8 @@ class Generator:
             if not request["all"]:
                 del request["all"]
         if route in ("pd", "decode", "prefill") and (hint.get("stream") or rng.random() < 0.1) \
-                and endpoint != "generate" and prompts == 1:
-            request["decode"] = {"stream": True}
+                and endpoint != "generate" and prompts == 1 and not request.get("all", {}).get("prompt_logprobs"):
+            request["decode"] = {"stream": True}  # vLLM refuses prompt logprobs on a stream (rig.explore.refusals)
         start = None
         if before and rng.random() < 0.7:
             ref = rng.choice(before)

@@ -19,6 +19,8 @@ The rules, each with where it comes from:
 - **Sampling needs a seed**: ``temperature > 0`` without ``seed`` on a hop is not reproducible,
   neither against the reference nor in a replay; ``n > 1`` needs ``temperature > 0`` (vLLM 0.32.0
   refuses several greedy choices, protocol.py ``to_sampling_params``).
+- **Streamed hops carry no prompt logprobs**: vLLM refuses ``prompt_logprobs`` with ``stream``
+  (completion/protocol.py ``check_logprobs``), so a streamed decode hop is not drawn beside them.
 - **Chat templates add tokens**: a chat request carries the prompt's IDs as decimal words
   (rig.transport.bodies.chat_text: IDs below 1000, at most 4 bytes each with the space) inside the
   chat template; a byte-level tokenizer makes at most one token per byte, so the chat prompt is at
@@ -69,6 +71,9 @@ def _field_problems(fields: dict[str, Any], max_tokens: int) -> list[str]:
         out.append(f"temperature {temp} without a seed: not reproducible")
     if (fields.get("n") or 1) > 1 and not temp:
         out.append(f"n {fields['n']} with greedy sampling: vLLM refuses several greedy choices")
+    pl = fields.get("prompt_logprobs")
+    if fields.get("stream") and isinstance(pl, int) and (pl > 0 or pl == -1):
+        out.append("prompt_logprobs on a streamed hop: vLLM refuses it (completion/protocol.py)")
     return out
 
 
