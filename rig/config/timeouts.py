@@ -34,6 +34,11 @@ class TimeoutsConfig(StrictModel):
                     "compiling) is watched this much longer past the window before it is reported as "
                     "inconclusive (ERROR); capped by stall_inconclusive_wait")
     metrics_interval_s: float = Field(1.0, gt=0, description="sampling period while requests run")
+    sample_gap_s: float = Field(
+        0.05, ge=0,
+        description="besides the period, an instance is sampled at the rig's request events (sent, first byte, "
+                    "answered, cancelled) and scenario boundaries, at most once per this many seconds per "
+                    "sampling loop: a request shorter than the period is still seen")
     drain_s: float = Field(30, gt=0, description="time to return to idle after a scenario")
     shutdown_grace_s: float = Field(10, gt=0, description="SIGTERM -> SIGKILL delay")
 

@@ -34,17 +34,28 @@ PREFIX_HIT_METRICS = (m.PREFIX_HITS,)
 @dataclass(frozen=True)
 class Check:
     """One named check: ``ok`` (tri-state, see the module docstring), a short human ``detail``
-    and the request ids it failed on (empty = run-level, or not failed)."""
+    and the request ids it failed on (empty = run-level, or not failed). ``samples``: how many
+    ``/metrics`` samples a check of sampled state judged from (None: not built on samples); such a
+    check that saw none is "not checked", never ok (:func:`sampled`)."""
 
     name: str
     ok: bool | None
     detail: str
     requests: tuple[str, ...] = ()
+    samples: int | None = None
 
     @property
     def state(self) -> str:
         """'ok' | 'failed' | 'not checked'."""
         return {True: "ok", False: "failed", None: "not checked"}[self.ok]
+
+
+def sampled(check: Check, samples: int, what: str) -> Check:
+    """``check`` with its sample count; "not checked" when ``samples`` is 0 (``what``: what was
+    never sampled, e.g. "D was never sampled with a request outstanding at it"), whatever it said."""
+    if samples <= 0 and check.ok is not None:
+        return Check(check.name, None, f"not checked: {what}", check.requests, 0)
+    return Check(check.name, check.ok, check.detail, check.requests, samples)
 
 
 def missing(obs: ScenarioObservation, instance: str, names: tuple[str, ...]) -> list[str]:

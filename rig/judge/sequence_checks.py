@@ -57,6 +57,7 @@ from rig.judge.checks import (
     inconclusive_stall,
     kv_integrity_check,
     parity_check,
+    sampled,
     stream_check,
 )
 from rig.judge.verdict import ScenarioVerdict, _kv_pulled, judge, required_checks  # one kv-pulled rule
@@ -200,13 +201,15 @@ def no_stall_check(result: SequenceResult, records: list[PDRecord] | None = None
     checked (None) when the freeze's evidence in ``records`` is inconclusive (the engine starved
     by a loaded host, or compiling: rig.observe.stall), or when the watcher read no sample of D
     at all (``result.stall_unwatched``: it cannot say nothing froze)."""
+    n = result.stall_samples
     if result.stall_unwatched and not result.stall:
-        return Check("no-stall", None, f"not checked: {result.stall_unwatched}")
+        return Check("no-stall", None, f"not checked: {result.stall_unwatched}", samples=n)
     if result.stall:
         if records and any(inconclusive_stall(r) for r in records):
-            return Check("no-stall", None, f"not checked: D froze, inconclusively: {result.stall}")
-        return Check("no-stall", False, result.stall)
-    return Check("no-stall", True, "D never froze with requests waiting while requests were outstanding")
+            return Check("no-stall", None, f"not checked: D froze, inconclusively: {result.stall}", samples=n)
+        return Check("no-stall", False, result.stall, samples=n)
+    return sampled(Check("no-stall", True, f"D never froze with requests waiting while requests were outstanding "
+                                           f"({n} samples)"), n, "D was never sampled while requests were outstanding")
 
 
 def gauges_account_check(result: SequenceResult) -> Check:
@@ -217,13 +220,15 @@ def gauges_account_check(result: SequenceResult) -> Check:
     when D was never sampled with a request outstanding at it."""
     g, window = result.gauges, result.gauge_window_s
     if g.samples == 0:
-        return Check("gauges-account", None, "not checked: D was never sampled with a request outstanding at it")
+        return Check("gauges-account", None, "not checked: D was never sampled with a request outstanding at it",
+                     samples=0)
     if g.longest_s < window:
         return Check("gauges-account", True, f"D's gauges counted every outstanding request in {g.samples} samples "
-                                             f"(longest shortfall {g.longest_s:g} s, bound {window:g} s)")
+                                             f"(longest shortfall {g.longest_s:g} s, bound {window:g} s)",
+                     samples=g.samples)
     return Check("gauges-account", False, f"D's gauges showed {g.visible:g} of {g.outstanding} outstanding requests "
                                           f"for {g.longest_s:g} s (until {g.at_ms:g} ms): requests D holds but "
-                                          "counts in no gauge (running, waiting, kv_fetch)")
+                                          "counts in no gauge (running, waiting, kv_fetch)", samples=g.samples)
 
 
 def lease_reaped_check(result: SequenceResult, lease_s: float, margin_s: float,
@@ -240,10 +245,12 @@ def lease_reaped_check(result: SequenceResult, lease_s: float, margin_s: float,
         return Check("lease-reaped", None, "not checked: P has no vllm:nixl_num_kv_expired_reqs_total")
     if reap.last_abandoned_ms is None:
         return Check("lease-reaped", None, "not checked: no abandoned request was answered by P")
+    unseen = "P's expired-lease counter was never sampled"
     if reap.reaped_ms is None:
-        return Check("lease-reaped", False, f"P's nixl_num_kv_expired_reqs_total rose by {reap.rose:g} of "
-                                            f"{reap.want} within kv_lease_duration + idle_margin_s = {bound:g} s "
-                                            "of the last abandoned prefill answer: expired leases not reaped")
+        return sampled(Check("lease-reaped", False, f"P's nixl_num_kv_expired_reqs_total rose by {reap.rose:g} of "
+                                                    f"{reap.want} within kv_lease_duration + idle_margin_s = "
+                                                    f"{bound:g} s of the last abandoned prefill answer: expired "
+                                                    "leases not reaped"), reap.samples, unseen)
     after = (reap.reaped_ms - reap.last_abandoned_ms) / 1000
     then = ", ".join(reap.outstanding_then) or "no request"
     text = (f"P's expired counter rose by {reap.rose:g} (>= {reap.want} abandoned) {after:.1f} s after the last "
@@ -253,7 +260,7 @@ def lease_reaped_check(result: SequenceResult, lease_s: float, margin_s: float,
         return Check("lease-reaped", None, f"not checked: step {reap_while!r} had ended before P reaped the "
                                            f"abandoned leases, so no live entry stood in front of them ({text}); "
                                            "keep that step outstanding longer (e.g. saturate D longer)")
-    return Check("lease-reaped", after <= bound, text)
+    return Check("lease-reaped", after <= bound, text, samples=reap.samples)  # reaped_ms: seen in a sample
 
 
 def sequence_checks(sc: ScenarioConfig, obs: ScenarioObservation, result: SequenceResult | None) -> list[Check]:

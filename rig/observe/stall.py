@@ -57,6 +57,7 @@ import httpx
 from rig.cluster import proctree
 from rig.cluster.proctree import ProcSample
 from rig.observe import metrics as m
+from rig.observe.events import SampleTrigger
 from rig.transport.records import StallEvidence, StallFacts
 
 # Everything whose change means the engine is doing something.
@@ -365,13 +366,15 @@ class StallWatcher:
 async def watch(watcher: StallWatcher, scrape: Callable[[], Awaitable[m.MetricSnapshot]],
                 done: Callable[[], bool], interval_s: float, *, wake: asyncio.Event | None = None,
                 on_sample: Callable[[m.MetricSnapshot], None] | None = None,
-                engine_cpu: Callable[[], float | ProcSample | None] | None = None) -> Stall | None:
+                engine_cpu: Callable[[], float | ProcSample | None] | None = None,
+                trigger: SampleTrigger | None = None) -> Stall | None:
     """The sampling loop every workload watches an instance with: until ``done()`` is true,
     ``scrape()`` a snapshot (an httpx.HTTPError or ValueError = no sample this round), hand it to
     ``on_sample`` (e.g. the snapshot store) and feed it to ``watcher`` (with ``engine_cpu()``,
     the instance's process sample or engine CPU seconds read right after it), then wait
-    ``interval_s`` seconds (less when ``wake`` is set). Returns the first :class:`Stall` (the
-    caller cancels what it froze), or None once ``done()``: then
+    ``interval_s`` seconds (less when ``wake`` is set, or when ``trigger`` fires: a request event
+    of the instance, rig.observe.events, so a request shorter than the period is still seen).
+    Returns the first :class:`Stall` (the caller cancels what it froze), or None once ``done()``: then
     :meth:`StallWatcher.unwatched` says whether it could look at all (every scrape failed: the
     no-stall check is "not checked", never ok)."""
     while not done():
@@ -387,7 +390,9 @@ async def watch(watcher: StallWatcher, scrape: Callable[[], Awaitable[m.MetricSn
             stall = watcher.feed(snap, engine_cpu() if engine_cpu is not None else None)
             if stall:
                 return stall
-        if wake is None:
+        if trigger is not None:
+            await trigger.wait(interval_s, wake)
+        elif wake is None:
             await asyncio.sleep(interval_s)
         else:
             with contextlib.suppress(TimeoutError):

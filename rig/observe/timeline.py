@@ -23,6 +23,7 @@ from typing import Any
 import httpx
 
 from rig.observe import metrics as m
+from rig.observe.events import SampleTrigger
 from rig.observe.observations import SnapshotStore
 from rig.observe.stall import StallWatcher
 from rig.transport.endpoint import Endpoint
@@ -49,12 +50,15 @@ class TimelineSampler:
     ``rows`` holds every sample, ``latest`` the last row per instance, ``peaks`` the maxima of
     running / waiting / KV usage per instance, ``scrape_errors`` the failed scrapes, ``samples``
     the snapshots read per instance (0 for one never read: its no-stall cannot be judged); ``stalls``
-    (optional, :class:`rig.observe.stall.StallWatcher`) is fed every snapshot.
+    (optional, :class:`rig.observe.stall.StallWatcher`) is fed every snapshot. ``trigger`` (optional,
+    rig.observe.events) wakes the sampler early at a request event of one of its instances.
     """
 
     def __init__(self, http: httpx.AsyncClient, endpoints: list[Endpoint], store: SnapshotStore | None,
-                 scenario: str, interval_s: float = 1.0, stalls: StallWatcher | None = None):
+                 scenario: str, interval_s: float = 1.0, stalls: StallWatcher | None = None,
+                 trigger: SampleTrigger | None = None):
         self.http, self.endpoints, self.store = http, endpoints, store
+        self.trigger = trigger
         self.stalls = stalls  # fed every snapshot: stall episodes of every instance
         self.scenario, self.interval_s = scenario, interval_s
         self.rows: list[dict[str, Any]] = []
@@ -94,8 +98,12 @@ class TimelineSampler:
         while not self._stop.is_set():
             t = time.monotonic()
             await self.sample_once()
+            left = max(0.0, self.interval_s - (time.monotonic() - t))
+            if self.trigger is not None:
+                await self.trigger.wait(left, self._stop)
+                continue
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._stop.wait(), max(0.0, self.interval_s - (time.monotonic() - t)))
+                await asyncio.wait_for(self._stop.wait(), left)
 
     def start(self) -> None:
         """Start sampling in the background (the first sample is taken at once)."""

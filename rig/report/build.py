@@ -127,9 +127,10 @@ def from_fields(model: type[M], obj: Any, **values: Any) -> M:
 
 
 def check_report(c: Check) -> CheckReport:
-    """A check as the report holds it (``samples`` when the check carries it)."""
+    """A check as the report holds it (``samples``: the ``/metrics`` samples it judged from, None
+    for a check not built on samples)."""
     return CheckReport(name=c.name, ok=c.ok, state=c.state, detail=c.detail, requests=list(c.requests),
-                       samples=getattr(c, "samples", None))
+                       samples=c.samples)
 
 
 def verdict_report(v: ScenarioVerdict) -> VerdictReport:

@@ -105,16 +105,22 @@ def check_counts(v: VerdictReport) -> str:
 
 
 def checks_md(report: Report) -> list[str]:
-    """summary.md lines: every check that failed or was not checked, per scenario, with why."""
-    lines = []
+    """summary.md lines: every check that failed or was not checked, per scenario, with why; then
+    every check judged from ``/metrics`` samples with how many (a verdict built on few samples is
+    worth knowing: rig.observe.events)."""
+    lines, sampled = [], []
     for v in report.verdicts():
         for c in v.checks:
             if c.ok is not True:
                 on = f" (on {', '.join(c.requests)})" if c.requests else ""
                 lines.append(f"| {v.scenario} | {c.name} | {c.state} | "
                              + f"{c.detail}{on}".replace("|", "\\|").replace("\n", " ") + " |")
-    return (["", "### Checks not ok", "", "| scenario | check | state | detail |", "|---|---|---|---|", *lines]
-            if lines else [])
+            if c.samples is not None:
+                sampled.append(f"| {v.scenario} | {c.name} | {c.state} | {c.samples} |")
+    out = (["", "### Checks not ok", "", "| scenario | check | state | detail |", "|---|---|---|---|", *lines]
+           if lines else [])
+    return out + (["", "### Checks judged from /metrics samples", "", "| scenario | check | state | samples |",
+                   "|---|---|---|---|", *sampled] if sampled else [])
 
 
 VERDICT_LEGEND = (

@@ -31,6 +31,7 @@ from rig.judge.store_checks import judge_store
 from rig.judge.verdict import ScenarioVerdict, judge
 from rig.judge.wave_checks import explain_stall, judge_wave
 from rig.observe import metrics as m
+from rig.observe.events import SampleEvents
 from rig.observe.observations import ScenarioObservation, SnapshotStore
 from rig.observe.stall import cache_info
 from rig.transport.client import Transport
@@ -59,6 +60,7 @@ class ScenarioContext:
     run_dir: Path
     quiet: bool
     router_url: str | None = None  # pdrig proxy the runner started for a scenario's router steps
+    events: SampleEvents | None = None  # request events that wake the sampling loops (rig.observe.events)
 
 
 @dataclass(frozen=True)
@@ -107,7 +109,7 @@ async def _run_edge(sc: ScenarioConfig, ctx: ScenarioContext, obs: ScenarioObser
                    t.stall_window_s, t.metrics_interval_s, ctx.store, obs, transfer_window_s=t.kv_transfer_s,
                    between=between, early=early, engine_cpu=lambda: ctx.cluster.proc_sample(name),
                    inconclusive_s=t.stall_inconclusive_wait(sc.deadline_s), router=router,
-                   scenarios=ctx.cfg.scenarios)
+                   scenarios=ctx.cfg.scenarios, events=ctx.events)
     return blocks
 
 
@@ -134,12 +136,13 @@ def _judge_edge(sc: ScenarioConfig, obs: ScenarioObservation, result: Any) -> Sc
 
 async def _run_wave(sc: ScenarioConfig, ctx: ScenarioContext, obs: ScenarioObservation) -> Any:
     return await run_wave_scenario(sc, ctx.cfg, ctx.prefill, ctx.decode, ctx.http, ctx.store, ctx.run_dir, ctx.quiet,
-                                   explain=explain_stall, probe=ctx.cluster.proc_sample)
+                                   explain=explain_stall, probe=ctx.cluster.proc_sample, events=ctx.events)
 
 
 async def _run_store(sc: ScenarioConfig, ctx: ScenarioContext, obs: ScenarioObservation) -> Any:
-    return await run_store_scenario(sc, StoreContext.of(ctx.cfg, ctx.cluster, ctx.prefill, ctx.decode, ctx.client,
-                                                        ctx.http, ctx.store, ctx.run_dir), obs)
+    sctx = StoreContext.of(ctx.cfg, ctx.cluster, ctx.prefill, ctx.decode, ctx.client, ctx.http, ctx.store, ctx.run_dir)
+    sctx.events = ctx.events
+    return await run_store_scenario(sc, sctx, obs)
 
 
 async def _run_retrieval(sc: ScenarioConfig, ctx: ScenarioContext, obs: ScenarioObservation) -> Any:

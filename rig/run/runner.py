@@ -42,6 +42,7 @@ from rig.cluster.tiny_model import ensure_tiny_model, tiny_model_dir
 from rig.config import ConfigError, RigConfig, ScenarioConfig
 from rig.connectors.mooncake import MASTER_ROLE
 from rig.judge.verdict import ScenarioVerdict, decide, expectation_of
+from rig.observe.events import SampleEvents
 from rig.observe.evidence import (
     UNKNOWN_VERSION,
     LogScanner,
@@ -135,6 +136,7 @@ class SuiteRunner:
         # started again; the scenarios that need them get their verdict without running.
         self.unavailable: dict[str, tuple[ClusterError, str]] = {}
         self._unrun: set[str] = set()  # scenarios judged without running (_not_started)
+        self.events = SampleEvents(cfg.timeouts.sample_gap_s)  # request events -> extra /metrics samples
 
     def log(self, msg: str) -> None:
         """Progress line on stderr (the report is the real output)."""
@@ -295,6 +297,7 @@ class SuiteRunner:
         timeouts = self.cfg.timeouts
         store = SnapshotStore(self.run_dir)
         client = AiohttpTransport(self.cfg.model.served_name, timeout_s=max(timeouts.request_s, 5.0))
+        client.listeners.append(self.events)
         # A fresh connection per scrape: on a keep-alive connection, D's /metrics answered up to
         # 4.6 s late during the 0.32.0 livelock on a 2-core host, against < 1 s for new ones.
         http = httpx.AsyncClient(timeout=10.0, limits=httpx.Limits(max_keepalive_connections=0))
@@ -478,5 +481,6 @@ class SuiteRunner:
                 router_url = proxy.url
                 stack.callback(self._save_proxy_metrics, proxy, sc.name)
             ctx = ScenarioContext(self.cfg, deployment.cluster, p, d, client, http, store, self.run_dir, self.quiet,
-                                  router_url)
+                                  router_url, self.events)
+            self.events.phase(sc.name)  # a boundary: every sampling loop wakes (rig.observe.events)
             return await KINDS[sc.kind].run(sc, ctx, obs)

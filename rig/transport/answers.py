@@ -122,10 +122,12 @@ class StreamReader:
     """
 
     __slots__ = ("hop", "t0", "stop_after", "per_choice", "finished", "problems", "done", "count", "text",
-                 "fields", "top")
+                 "fields", "top", "on_first")
 
-    def __init__(self, hop: Hop, t0: float, stop_after: int | None = None):
+    def __init__(self, hop: Hop, t0: float, stop_after: int | None = None,
+                 on_first: Callable[[], None] | None = None):
         self.hop, self.t0, self.stop_after = hop, t0, stop_after
+        self.on_first = on_first  # called once, at the first payload (the hop's "first-byte" event)
         self.per_choice: dict[int, list[int]] = {}
         self.finished: dict[int, str] = {}
         self.problems: list[str] = []
@@ -137,6 +139,9 @@ class StreamReader:
     def feed(self, payload: bytes | str) -> bool:
         """One SSE ``data:`` payload (JSON or ``[DONE]``); True = stop reading. Raises
         ValueError for a payload that is not JSON."""
+        if self.on_first is not None:
+            first, self.on_first = self.on_first, None
+            first()
         if payload[:1] == "[" or payload[:1] == b"[":  # [DONE]
             self.done = True
             return False

@@ -37,7 +37,7 @@ from rig.transport.answers import StreamReader, consume_sse, encode, hop_error
 from rig.transport.bodies import Prompt
 from rig.transport.endpoint import Endpoint
 from rig.transport.fast import FastTransport
-from rig.transport.hops import HopsBase, fill_whole
+from rig.transport.hops import HopListener, HopsBase, fill_whole
 from rig.transport.records import Hop
 
 _JSON_HEADERS = {"Content-Type": "application/json"}
@@ -52,6 +52,7 @@ class Transport(Protocol):
 
     name: str
     timeout_s: float  # seconds a hop may wait for its next bytes
+    listeners: list[HopListener]  # told of every hop's events (rig.transport.hops.HOP_EVENTS)
 
     async def prefill(self, ep: Endpoint, prompt: Prompt, *, fields: dict[str, Any] | None = None,
                       endpoint: str = "completions") -> Hop:

@@ -1,14 +1,21 @@
 """The hops' bodies and their dispatch, once for every HTTP implementation of
 :class:`rig.transport.client.Transport` (aiohttp, httpx, rig.transport.fast): which body each hop
 sends (rig.transport.bodies), to which route, streamed or not, and how a whole answer's bytes
-become a :class:`~rig.transport.records.Hop` (rig.transport.answers)."""
+become a :class:`~rig.transport.records.Hop` (rig.transport.answers).
+
+Every hop tells the transport's ``listeners`` (:class:`HopListener`) where it is: ``sent`` before
+its request goes out, ``first-byte`` at a stream's first payload, ``answered`` when it returned
+(with or without an error) and ``cancelled`` when it was cancelled in flight. The observer samples
+the instance concerned at these moments (rig.observe.events), so what a check judges follows the
+work, not the clock: a request that takes milliseconds is still seen."""
 
 from __future__ import annotations
 
+import asyncio
 import time
-from collections.abc import Sequence
+from collections.abc import Awaitable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from rig.config.routes import Transform
 from rig.transport.answers import StreamReader, decode, error_text, fill_from_answer
@@ -17,6 +24,17 @@ from rig.transport.endpoint import Endpoint
 from rig.transport.records import Hop, HopFailure
 
 STREAM_OPTIONS = {"stream_options": {"include_usage": True}}
+# The events a hop reports to its transport's listeners, in the order they happen.
+HOP_EVENTS = ("sent", "first-byte", "answered", "cancelled")
+
+
+class HopListener(Protocol):
+    """Told of every hop's events (:data:`HOP_EVENTS`) with the instance it goes to
+    (``Endpoint.name``); called synchronously from the hop's task, so it must not block
+    (rig.observe.events.SampleEvents only wakes the samplers of that instance)."""
+
+    def hop_event(self, instance: str, event: str) -> None:
+        """Hop to ``instance`` reached ``event`` (one of :data:`HOP_EVENTS`)."""
 
 
 class HopsBase:
@@ -29,12 +47,29 @@ class HopsBase:
 
     def __init__(self, model: str, timeout_s: float):
         self.model, self.timeout_s = model, timeout_s
+        self.listeners: list[HopListener] = []  # told of every hop's events (module docstring)
+
+    def notify(self, instance: str, event: str) -> None:
+        """Tell every listener that a hop to ``instance`` reached ``event`` (:data:`HOP_EVENTS`)."""
+        for listener in self.listeners:
+            listener.hop_event(instance, event)
+
+    async def _watched(self, instance: str, hop: Awaitable[Hop]) -> Hop:
+        """Await ``hop`` between its ``sent`` and its ``answered`` (or ``cancelled``) event."""
+        self.notify(instance, "sent")
+        try:
+            done = await hop
+        except asyncio.CancelledError:
+            self.notify(instance, "cancelled")
+            raise
+        self.notify(instance, "answered")
+        return done
 
     async def prefill(self, ep: Endpoint, prompt: Prompt, *, fields: dict[str, Any] | None = None,
                       endpoint: str = "completions") -> Hop:
         """The prefill hop (``max_tokens: 1``, ``do_remote_decode``); P answers with ``kv_transfer_params``."""
         body = prefill_body(request_body(endpoint, self.model, prompt, 1, **(fields or {})))
-        return await self._post(Hop(instance=ep.name), ep.url + ROUTE[endpoint], body)
+        return await self._watched(ep.name, self._post(Hop(instance=ep.name), ep.url + ROUTE[endpoint], body))
 
     async def decode(self, ep: Endpoint, prompt: Prompt, max_tokens: int, ktp: dict[str, Any],
                      stream: bool = False, stop_after_tokens: int | None = None, *,
@@ -44,14 +79,15 @@ class HopsBase:
         ``fields`` has ``stream: true``), closed after ``stop_after_tokens`` streamed tokens (an
         intentional cancellation during D's stream). ``strip``: top-level fields removed from the
         finished body (a router transform, :func:`derive_decode`)."""
-        return await self._send(ep, prompt, max_tokens, fields, endpoint, ktp,
-                                stream or stop_after_tokens is not None, stop_after_tokens, strip)
+        return await self._watched(ep.name, self._send(ep, prompt, max_tokens, fields, endpoint, ktp,
+                                                       stream or stop_after_tokens is not None, stop_after_tokens,
+                                                       strip))
 
     async def direct(self, ep: Endpoint, prompt: Prompt, max_tokens: int, *,
                      fields: dict[str, Any] | None = None, endpoint: str = "completions") -> Hop:
         """A non-disaggregated request (no ``kv_transfer_params``): the parity reference;
         streamed when ``fields`` has ``stream: true``."""
-        return await self._send(ep, prompt, max_tokens, fields, endpoint, None, False, None)
+        return await self._watched(ep.name, self._send(ep, prompt, max_tokens, fields, endpoint, None, False, None))
 
     async def _send(self, ep: Endpoint, prompt: Prompt, max_tokens: int, fields: dict[str, Any] | None,
                     endpoint: str, ktp: dict[str, Any] | None, stream: bool, stop_after: int | None,
@@ -63,7 +99,7 @@ class HopsBase:
             body = request_body(endpoint, self.model, prompt, max_tokens, **extra)
             body = _without(decode_body(body, ktp) if ktp is not None else body, strip)
             t0 = time.monotonic()
-            reader = StreamReader(hop, t0, stop_after)
+            reader = StreamReader(hop, t0, stop_after, on_first=lambda: self.notify(ep.name, "first-byte"))
             await self._stream(hop, url, body, reader)
             hop.latency_s = time.monotonic() - t0
             return reader.finish()

@@ -21,6 +21,7 @@ from rig.cluster.proctree import ProcSample
 from rig.config import ScenarioConfig
 from rig.config.request_fields import RequestFields
 from rig.observe import metrics as m
+from rig.observe.events import SampleEvents, trigger_of
 from rig.observe.observations import ScenarioObservation, SnapshotStore
 from rig.observe.parity import record_parity
 from rig.observe.stall import EarlyRule, Stall, StallWatcher, watch
@@ -108,22 +109,24 @@ async def _watch(http: httpx.AsyncClient, d: Endpoint, window_s: float, interval
                  records: list[PDRecord], decode_tasks: dict[str, asyncio.Task],
                  store: SnapshotStore | None, scenario: str, transfer_window_s: float | None = None,
                  early: EarlyRule | None = None, engine_cpu: Callable[[], float | ProcSample | None] | None = None,
-                 inconclusive_s: float = 0.0) -> str:
+                 inconclusive_s: float = 0.0, events: SampleEvents | None = None) -> str:
     """Sample D until all requests are done (:func:`rig.observe.stall.watch`); on a stall cancel
     the outstanding decode hops and return the diagnosis ('' without a stall).
 
     ``window_s`` / ``transfer_window_s`` / ``early`` / ``inconclusive_s``: see
     :class:`rig.observe.stall.StallDetector`; ``engine_cpu`` reads D's process tree (or just its
     EngineCore CPU seconds) after each sample: the early rule's evidence of scheduler iterations
-    (rig.judge.early_verdict) and every stall's evidence."""
+    (rig.judge.early_verdict) and every stall's evidence. ``events``: D is also sampled at its
+    hops' events (rig.observe.events)."""
     # Fed D alone, whose pool holds only its own requests' blocks: a full pool with nothing
     # running is a stall even with nothing waiting (bug record R01, rig.observe.stall.is_blocked).
     watcher = StallWatcher(window_s, transfer_window_s=transfer_window_s, early=early, full_pool=True,
                            inconclusive_s=inconclusive_s)
-    stall = await watch(watcher, lambda: m.scrape(http, d.url, d.name),
-                        lambda: not any(r.outcome == "pending" for r in records), interval_s,
-                        on_sample=(lambda snap: store.sample(scenario, snap)) if store else None,
-                        engine_cpu=engine_cpu)
+    with trigger_of(events, d.name) as trigger:
+        stall = await watch(watcher, lambda: m.scrape(http, d.url, d.name),
+                            lambda: not any(r.outcome == "pending" for r in records), interval_s,
+                            on_sample=(lambda snap: store.sample(scenario, snap)) if store else None,
+                            engine_cpu=engine_cpu, trigger=trigger)
     if stall is None:
         return ""
     await cancel_stalled(records, decode_tasks, stall)
@@ -136,7 +139,7 @@ async def run_edge(sc: ScenarioConfig, client: Transport, http: httpx.AsyncClien
                    transfer_window_s: float | None = None, between: BetweenHops | None = None,
                    early: EarlyRule | None = None, engine_cpu: Callable[[], float | ProcSample | None] | None = None,
                    inconclusive_s: float = 0.0, router: Endpoint | None = None,
-                   scenarios: Sequence[ScenarioConfig] = ()) -> None:
+                   scenarios: Sequence[ScenarioConfig] = (), events: SampleEvents | None = None) -> None:
     """Run one edge scenario, filling ``obs.records``, ``obs.parity`` and ``obs.stall_diagnosis``.
     With ``router`` every request is one request to that router (which drives both hops) instead
     of the rig's prefill and decode hops; the router's answer is kept as the decode hop.
@@ -149,7 +152,8 @@ async def run_edge(sc: ScenarioConfig, client: Transport, http: httpx.AsyncClien
     stall: the outstanding decode hops are cancelled and marked ``stalled``. ``early`` (with
     ``engine_cpu``, rig.judge.early_verdict) may decide such a stall sooner, by reasoning; a stall whose
     evidence is inconclusive is watched ``inconclusive_s`` longer (rig.observe.stall). ``between``
-    (if given) is awaited after P's answer and before the decode hop of each request.
+    (if given) is awaited after P's answer and before the decode hop of each request. ``events``:
+    D is also sampled at its hops' events (rig.observe.events), not only every ``interval_s``.
     """
     seed = sc.seed if sc.seed is not None else seed_of(sc.name)
     fields = sc.request or RequestFields()
@@ -172,7 +176,7 @@ async def run_edge(sc: ScenarioConfig, client: Transport, http: httpx.AsyncClien
                 rec.verdict_after_s = time.monotonic() - rec.decode_sent_at
 
     watcher = asyncio.create_task(_watch(http, d, window_s, interval_s, obs.records, decode_tasks, store, sc.name,
-                                         transfer_window_s, early, engine_cpu, inconclusive_s))
+                                         transfer_window_s, early, engine_cpu, inconclusive_s, events))
     try:
         await asyncio.gather(*(bounded(r) for r in obs.records))
     finally:

@@ -38,6 +38,7 @@ from rig.config import RigConfig, ScenarioConfig
 from rig.config.faults import Fault
 from rig.config.request_fields import RequestFields
 from rig.observe import metrics as m
+from rig.observe.events import trigger_of
 from rig.observe.observations import DrainResult, ScenarioObservation, SnapshotStore, wait_idle
 from rig.observe.parity import record_parity
 from rig.observe.stall import StallWatcher, watch
@@ -299,11 +300,12 @@ class _Exchange:
         the hop is cancelled and the record carries the diagnosis and the frozen facts."""
         t = self.ctx.cfg.timeouts
         d, http = self.ctx.decode, self.ctx.http
-        stall = await watch(StallWatcher(t.stall_window_s, transfer_window_s=t.kv_transfer_s,
-                                         inconclusive_s=t.stall_inconclusive_wait(self.sc.deadline_s),
-                                         probe=self.ctx.cluster.proc_sample),
-                            lambda: m.scrape(http, d.url, d.name), task.done, t.metrics_interval_s,
-                            on_sample=lambda snap: self.ctx.store.sample(self.sc.name, snap))
+        with trigger_of(getattr(self.ctx, "events", None), d.name) as trigger:
+            stall = await watch(StallWatcher(t.stall_window_s, transfer_window_s=t.kv_transfer_s,
+                                             inconclusive_s=t.stall_inconclusive_wait(self.sc.deadline_s),
+                                             probe=self.ctx.cluster.proc_sample),
+                                lambda: m.scrape(http, d.url, d.name), task.done, t.metrics_interval_s,
+                                on_sample=lambda snap: self.ctx.store.sample(self.sc.name, snap), trigger=trigger)
         if stall is not None:
             rec.stall = stall.facts
             cancelled_by.append(stall.diagnosis)

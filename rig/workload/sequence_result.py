@@ -61,7 +61,8 @@ class GaugeGap:
     straight-to-D request, sent and not ended). ``visible`` per sample = ``num_requests_running`` +
     the larger of ``num_requests_waiting`` and the sum of ``num_requests_kv_fetch_by_stage`` (a
     request in WAITING_FOR_REMOTE_KVS that a build counts in neither is invisible: vLLM PR #56640).
-    ``samples``: scrapes taken with a request outstanding at D; ``longest_s`` the longest run of
+    ``samples``: scrapes taken with a request outstanding at D for the whole scrape (the executor
+    samples D at its hops' events too, rig.observe.events, so a short request is seen); ``longest_s`` the longest run of
     consecutive such scrapes in which ``visible`` stayed below the outstanding count, seconds from
     its first to its last scrape; ``outstanding`` / ``visible`` / ``at_ms`` at that run's last scrape."""
 
@@ -110,6 +111,7 @@ class SequenceResult:
     entries: list[SequenceEntry] = field(default_factory=list)
     stall: str = ""
     stall_unwatched: str = ""  # why the stall watcher could not look (StallWatcher.unwatched), '' when it did
+    stall_samples: int = 0  # snapshots of D the stall watcher judged (StallWatcher.fed)
     stalled_steps: list[str] = field(default_factory=list)
     reap: LeaseReap | None = None
     drains: list[DrainResult] = field(default_factory=list)

@@ -18,6 +18,7 @@ from rig.cluster.proctree import ProcSample
 from rig.config import RigConfig, ScenarioConfig
 from rig.connectors.mooncake import MASTER_ROLE
 from rig.observe import metrics as m
+from rig.observe.events import SampleEvents, trigger_of
 from rig.observe.observations import ScenarioObservation, SnapshotStore
 from rig.observe.parity import record_parity
 from rig.observe.stall import StallWatcher, watch
@@ -57,6 +58,7 @@ class StoreContext:
     run_dir: Path
     quiet: bool = True
     probe: Callable[[str], ProcSample | None] | None = None  # an instance's process tree (stall evidence)
+    events: SampleEvents | None = None  # D is also sampled at its hops' events (rig.observe.events)
 
     @classmethod
     def of(cls, cfg: RigConfig, cluster: Cluster, p: Endpoint, d: Endpoint, client: Transport,
@@ -156,10 +158,11 @@ async def watch_decode(ctx: StoreContext, sc: ScenarioConfig, records: list[PDRe
             so.peak_waiting = max(so.peak_waiting, snap.value(m.WAITING))
         prev[:] = [snap]
 
-    stall = await watch(StallWatcher(t.stall_window_s, transfer_window_s=t.kv_transfer_s,
-                                     inconclusive_s=t.stall_inconclusive_wait(sc.deadline_s), probe=ctx.probe),
-                        lambda: scrape(ctx, ctx.d), done.is_set, t.metrics_interval_s, wake=done,
-                        on_sample=on_sample)
+    with trigger_of(ctx.events, ctx.d.name) as trigger:
+        stall = await watch(StallWatcher(t.stall_window_s, transfer_window_s=t.kv_transfer_s,
+                                         inconclusive_s=t.stall_inconclusive_wait(sc.deadline_s), probe=ctx.probe),
+                            lambda: scrape(ctx, ctx.d), done.is_set, t.metrics_interval_s, wake=done,
+                            on_sample=on_sample, trigger=trigger)
     if stall is None:
         return ""
     await cancel_stalled(records, tasks, stall)

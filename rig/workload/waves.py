@@ -41,6 +41,7 @@ from rig.cluster.proctree import ProcSample
 from rig.config import RigConfig, ScenarioConfig, WaveConfig
 from rig.config.blocks import blocks_for, usable_in_pool
 from rig.observe import metrics as m
+from rig.observe.events import SampleEvents
 from rig.observe.observations import (
     SnapshotStore,
 )
@@ -153,7 +154,8 @@ async def run_wave(sc: ScenarioConfig, model: str, prefills: list[Endpoint], dec
                    stall_window_s: float = 8.0, transfer_window_s: float | None = 30.0,
                    kv_lease_s: float = 30.0, explain: ExplainStall | None = None,
                    stall_inconclusive_s: float = 0.0,
-                   probe: Callable[[str], ProcSample | None] | None = None) -> WaveResult:
+                   probe: Callable[[str], ProcSample | None] | None = None,
+                   events: SampleEvents | None = None) -> WaveResult:
     """Run one wave scenario against running servers; no drain check (see :func:`check_drains`).
 
     Every instance's samples go through the stall watcher (``stall_window_s``, and
@@ -166,7 +168,8 @@ async def run_wave(sc: ScenarioConfig, model: str, prefills: list[Endpoint], dec
     requests, scrapes again (counter deltas), then runs the parity sample and writes the records,
     and the timeline PNG into ``out_dir`` (the wave's JSON, ``<name>.json`` beside them, is the report's:
     rig.report.render writes it from the report model). Problems reaching the servers end up in
-    ``WaveResult.error``; this function does not raise for them.
+    ``WaveResult.error``; this function does not raise for them. ``events``: the wave's hops are
+    reported to it and wake the timeline at most every fifth of its period (rig.observe.events).
     """
     w = sc.wave or WaveConfig()
     seed = sc.seed if sc.seed is not None else (seed if seed is not None else seed_of(sc.name))
@@ -189,7 +192,10 @@ async def run_wave(sc: ScenarioConfig, model: str, prefills: list[Endpoint], dec
     transport = make_transport(w.client, model, deadline_s, max(2 * w.concurrency, 8))
     engine = WaveEngine(transport, prefills, decodes, w.concurrency, deadline_s, w.cancel_prefill_after_s)
     episodes = StallWatcher(stall_window_s, transfer_window_s, inconclusive_s=stall_inconclusive_s, probe=probe)
-    sampler = TimelineSampler(http, endpoints, store, sc.name, w.sample_interval_s, stalls=episodes)
+    if events is not None:
+        transport.listeners.append(events)
+    trigger = events.trigger(*(e.name for e in endpoints), min_gap_s=w.sample_interval_s / 5) if events else None
+    sampler = TimelineSampler(http, endpoints, store, sc.name, w.sample_interval_s, stalls=episodes, trigger=trigger)
     title = sc.name if sc.name == sc.kind else f"{sc.kind} {sc.name}"
     prog = WaveProgress(title, len(requests), engine.counts, sampler.latest, mode=progress)
     t_wave = 0.0
@@ -215,6 +221,8 @@ async def run_wave(sc: ScenarioConfig, model: str, prefills: list[Endpoint], dec
             res.parity = await engine.parity(res.records, requests)
     finally:
         await transport.aclose()
+        if events is not None and trigger is not None:
+            events.release(trigger)
     _sampled(res, sampler, episodes, engine.t0 or 0.0, explain)
     if out is not None:
         _write_files(res, out, sampler.rows, f"{title}: {len(requests)} requests, C={w.concurrency}", t_wave)
@@ -336,7 +344,8 @@ def usable_blocks_of(cfg: RigConfig, names: list[str]) -> dict[str, int | None]:
 async def run_wave_scenario(sc: ScenarioConfig, cfg: RigConfig, p: Endpoint, d: Endpoint,
                             http: httpx.AsyncClient, store: SnapshotStore | None, run_dir: str | Path,
                             quiet: bool = False, explain: ExplainStall | None = None,
-                            probe: Callable[[str], ProcSample | None] | None = None) -> WaveResult:
+                            probe: Callable[[str], ProcSample | None] | None = None,
+                            events: SampleEvents | None = None) -> WaveResult:
     """The suite runner's entry (rig/run/runner.py): one wave on the phase's P and D with the
     config's model, block size, deadlines and block counts; ``probe`` reads an instance's process
     tree for the stall evidence (``Cluster.proc_sample``). The runner checks the drains."""
@@ -344,7 +353,7 @@ async def run_wave_scenario(sc: ScenarioConfig, cfg: RigConfig, p: Endpoint, d: 
                           deadline_s=sc.deadline_s or cfg.timeouts.request_s,
                           usable_blocks=usable_blocks_of(cfg, [p.name, d.name]),
                           block_size=cfg.block_size, max_model_len=cfg.max_model_len_of(d.name),
-                          progress="off" if quiet else "auto", explain=explain, probe=probe,
+                          progress="off" if quiet else "auto", explain=explain, probe=probe, events=events,
                           **stall_settings(cfg, sc.deadline_s))
 
 

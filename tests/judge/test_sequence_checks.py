@@ -195,10 +195,14 @@ def test_every_sequence_check_carries_its_name_in_every_state():
     from rig.workload.sequence import LeaseReap
     assert [c.name for c in (no_stall_check(SequenceResult()), no_stall_check(SequenceResult(stall="x")))] == [
         "no-stall", "no-stall"]
-    c = no_stall_check(SequenceResult())
-    assert c.detail == "D never froze with requests waiting while requests were outstanding"
+    c = no_stall_check(SequenceResult(stall_samples=3))
+    assert (c.detail, c.samples) == ("D never froze with requests waiting while requests were outstanding "
+                                     "(3 samples)", 3)
+    c = no_stall_check(SequenceResult())  # never sampled: it cannot say nothing froze
+    assert (c.ok, c.detail, c.samples) == (None, "not checked: D was never sampled while requests were outstanding",
+                                           0)
     states = [LeaseReap(expired_before=None), LeaseReap(expired_before=1), LeaseReap(expired_before=1,
-              last_abandoned_ms=0), LeaseReap(expired_before=1, last_abandoned_ms=0, reaped_ms=100)]
+              last_abandoned_ms=0, samples=3), LeaseReap(expired_before=1, last_abandoned_ms=0, reaped_ms=100)]
     got = [lease_reaped_check(SequenceResult(reap=r), 5, 5, reap_while="x") for r in states]
     got.append(lease_reaped_check(SequenceResult(), 5, 5))
     assert {c.name for c in got} == {"lease-reaped"}
@@ -207,6 +211,10 @@ def test_every_sequence_check_carries_its_name_in_every_state():
     assert got[4].detail == "not checked: no step abandons its decode hop"
     assert got[2].detail == ("P's nixl_num_kv_expired_reqs_total rose by 0 of 0 within kv_lease_duration + "
                              "idle_margin_s = 10 s of the last abandoned prefill answer: expired leases not reaped")
+    assert got[2].samples == 3
+    # not reaped, but P was never sampled: nothing was looked at, so not a failure
+    unseen = lease_reaped_check(SequenceResult(reap=LeaseReap(expired_before=1, last_abandoned_ms=0)), 5, 5)
+    assert (unseen.ok, unseen.detail) == (None, "not checked: P's expired-lease counter was never sampled")
     obs, res = run([], {})
     c = completed_check(obs, res)
     assert (c.name, c.detail) == ("completed", "not checked: no request was sent")
@@ -585,7 +593,7 @@ def _observed(records: list[PDRecord]) -> tuple[ScenarioObservation, SequenceRes
                               kv_integrity_lines={"prefill": []})
     drains = [DrainResult(n, True, 0.2, 0.0, {}) for n in ("prefill", "decode")]
     res = SequenceResult(entries=[SequenceEntry(r.request_id, "cut", "pd") for r in records], drains=drains,
-                         idle_bound_s=15.0, lease_s=5.0)
+                         idle_bound_s=15.0, lease_s=5.0, stall_samples=4)
     return obs, res
 
 

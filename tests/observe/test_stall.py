@@ -291,7 +291,8 @@ def test_no_stall_is_not_checked_when_d_was_never_sampled_and_a_stall_still_fail
     assert (c.name, c.ok, c.detail) == ("no-stall", None, f"not checked: {why}")
     c = no_stall_check(SequenceResult(stall="stall on decode: waiting=1", stall_unwatched=why))
     assert (c.ok, c.detail) == (False, "stall on decode: waiting=1")
-    assert no_stall_check(SequenceResult()).ok is True
+    assert no_stall_check(SequenceResult(stall_samples=1)).ok is True
+    assert no_stall_check(SequenceResult()).ok is None  # never sampled, no failure either: not checked
 
 
 # ------------------------------------------------------------------------- the watcher's episodes
