@@ -67,6 +67,7 @@ from rig.workload.sequence_result import (
     RefusalProbe,
     SequenceEntry,
     SequenceResult,
+    at_d,
     step_of,
 )
 
@@ -322,12 +323,6 @@ class _Sequence:
                 out.append(f"{sid} ({len(busy)} of {st.step.count}, route {st.step.route})")
         return out
 
-    def _at_d(self) -> set[str]:
-        """Requests outstanding at D: a decode hop sent (``pd``) or a straight-to-D request sent, not ended.
-        A router step's requests are not counted: when its router sends the decode hop is not seen."""
-        return {e.request_id for e in self.entries.values() if e.ended_ms is None and (
-            (e.route == "pd" and "decode-sent" in e.events_ms) or (e.route == "decode" and "sent" in e.events_ms))}
-
     # -- watchers -------------------------------------------------------------------------
 
     async def _watch_d(self, done: asyncio.Event) -> None:
@@ -337,27 +332,22 @@ class _Sequence:
         d, http = self.ctx.decode, self.ctx.http
         self.result.gauge_window_s = t.stall_window_s
 
-        # D's gauges are judged against the requests outstanding at D for the whole scrape (sent
-        # before it began, not ended when it returned): one that ended meanwhile may be gone from
-        # the gauges already, one sent meanwhile may not be in them yet.
-        before: set[str] = set()
-
-        async def scrape() -> m.MetricSnapshot:
-            before.clear()
-            before.update(self._at_d())
+        async def scrape() -> m.MetricSnapshot:  # D's gauges: judged against requests outstanding all along it
+            self.result.gauges.begin(at_d(self.entries.values()))
             return await m.scrape(http, d.url, d.name)
 
         def sampled(snap: m.MetricSnapshot) -> None:  # every snapshot the stall watcher is fed
             self.ctx.store.sample(self.sc.name, snap)
             self.result.stall_samples += 1  # counted here: the watcher task is cancelled at the end
-            self.result.gauges.feed(snap, len(before & self._at_d()), time.monotonic(), self.ms())
+            g = self.result.gauges
+            g.feed(snap, g.held(at_d(self.entries.values())), time.monotonic(), self.ms())
 
         watcher = StallWatcher(t.stall_window_s, transfer_window_s=t.kv_transfer_s,
                                inconclusive_s=t.stall_inconclusive_wait(self.sc.deadline_s),
                                probe=self.ctx.cluster.proc_sample)
         with trigger_of(getattr(self.ctx, "events", None), d.name) as trigger:
-            stall = await watch(watcher, scrape, done.is_set, t.metrics_interval_s,
-                                on_sample=sampled, trigger=trigger, wake=done)
+            stall = await watch(watcher, scrape, done.is_set, t.metrics_interval_s, on_sample=sampled, trigger=trigger,
+                                wake=done)
         if stall is None:
             self.result.stall_unwatched = watcher.unwatched()
             return

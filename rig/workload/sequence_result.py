@@ -8,6 +8,7 @@ waves: the judge and the report read the result, never run a sequence.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from rig.config.sequence import SequenceConfig, Step
@@ -72,6 +73,17 @@ class GaugeGap:
     visible: float = 0.0
     at_ms: float | None = None
     _since: float | None = None
+    _began: list[str] = field(default_factory=list)  # outstanding at D when the current scrape began
+
+    def begin(self, outstanding: set[str]) -> None:
+        """A scrape of D begins with the requests ``outstanding`` at D (ids)."""
+        self._began = sorted(outstanding)
+
+    def held(self, outstanding: set[str]) -> int:
+        """How many requests were outstanding at D for the whole scrape: when it began (:meth:`begin`)
+        and still now (``outstanding``). One that ended meanwhile may be gone from the gauges already,
+        one sent meanwhile may not be in them yet."""
+        return len(outstanding.intersection(self._began))
 
     def feed(self, snap: m.MetricSnapshot, outstanding: int, now_s: float, now_ms: float) -> None:
         """Account one scrape of D taken at monotonic ``now_s`` with ``outstanding`` requests at D."""
@@ -122,6 +134,13 @@ class SequenceResult:
     router_url: str = ""  # where route router steps went ('' = no router step)
     refusals: list[RefusalProbe] = field(default_factory=list)
 
+
+
+def at_d(entries: Iterable[SequenceEntry]) -> set[str]:
+    """Ids of the requests outstanding at D: a decode hop sent (``pd``) or a straight-to-D request sent,
+    not ended. A router step's requests are not counted: when its router sends the decode hop is not seen."""
+    return {e.request_id for e in entries if e.ended_ms is None and (
+        (e.route == "pd" and "decode-sent" in e.events_ms) or (e.route == "decode" and "sent" in e.events_ms))}
 
 
 def step_of(spec: SequenceConfig, request_id: str, scenario: str) -> Step | None:

@@ -41,14 +41,14 @@ from rig.cluster.proctree import ProcSample
 from rig.config import RigConfig, ScenarioConfig, WaveConfig
 from rig.config.blocks import blocks_for, usable_in_pool
 from rig.observe import metrics as m
-from rig.observe.events import SampleEvents
+from rig.observe.events import SampleEvents, SampleTrigger
 from rig.observe.observations import (
     SnapshotStore,
 )
 from rig.observe.progress import WaveProgress
 from rig.observe.stall import StallWatcher, cache_info
 from rig.observe.timeline import TimelineSampler, plot_timeline
-from rig.transport.client import make_transport
+from rig.transport.client import Transport, make_transport
 from rig.transport.endpoint import Endpoint
 from rig.transport.records import WaveRecord, WaveRecordLine
 from rig.workload.engine import WaveEngine, WaveRequest, plan_cancels
@@ -168,8 +168,7 @@ async def run_wave(sc: ScenarioConfig, model: str, prefills: list[Endpoint], dec
     requests, scrapes again (counter deltas), then runs the parity sample and writes the records,
     and the timeline PNG into ``out_dir`` (the wave's JSON, ``<name>.json`` beside them, is the report's:
     rig.report.render writes it from the report model). Problems reaching the servers end up in
-    ``WaveResult.error``; this function does not raise for them. ``events``: the wave's hops are
-    reported to it and wake the timeline at most every fifth of its period (rig.observe.events).
+    ``WaveResult.error``; this function does not raise for them. ``events``: see :func:`_listen`.
     """
     w = sc.wave or WaveConfig()
     seed = sc.seed if sc.seed is not None else (seed if seed is not None else seed_of(sc.name))
@@ -192,9 +191,7 @@ async def run_wave(sc: ScenarioConfig, model: str, prefills: list[Endpoint], dec
     transport = make_transport(w.client, model, deadline_s, max(2 * w.concurrency, 8))
     engine = WaveEngine(transport, prefills, decodes, w.concurrency, deadline_s, w.cancel_prefill_after_s)
     episodes = StallWatcher(stall_window_s, transfer_window_s, inconclusive_s=stall_inconclusive_s, probe=probe)
-    if events is not None:
-        transport.listeners.append(events)
-    trigger = events.trigger(*(e.name for e in endpoints), min_gap_s=w.sample_interval_s / 5) if events else None
+    trigger = _listen(transport, events, endpoints, w.sample_interval_s)
     sampler = TimelineSampler(http, endpoints, store, sc.name, w.sample_interval_s, stalls=episodes, trigger=trigger)
     title = sc.name if sc.name == sc.kind else f"{sc.kind} {sc.name}"
     prog = WaveProgress(title, len(requests), engine.counts, sampler.latest, mode=progress)
@@ -229,6 +226,16 @@ async def run_wave(sc: ScenarioConfig, model: str, prefills: list[Endpoint], dec
     for rec in res.records:  # the sample's tokens were only needed for parity
         rec.token_ids = None
     return res
+
+
+def _listen(transport: Transport, events: SampleEvents | None, endpoints: list[Endpoint],
+            interval_s: float) -> SampleTrigger | None:
+    """The wave's hops reported to ``events``, and the timeline's trigger: woken by them at most
+    every fifth of its period ``interval_s`` (it scrapes every instance per round); None without events."""
+    if events is None:
+        return None
+    transport.listeners.append(events)
+    return events.trigger(*(e.name for e in endpoints), min_gap_s=interval_s / 5)
 
 
 async def _counter_deltas(res: WaveResult, http: httpx.AsyncClient, endpoints: list[Endpoint],
