@@ -40,6 +40,7 @@ line on stderr (``pdrig: ...``), also with ``--quiet``.
 from __future__ import annotations
 
 import argparse
+import importlib
 import os
 import sys
 import traceback
@@ -56,7 +57,6 @@ from rig.cli.run import (
     fresh_prompt_seeds,
     up_endpoint_flags,
 )
-from rig.cluster.processes import install_signal_handlers
 from rig.errors import ClusterError, ConfigError, PdrigError, RigError
 
 # What callers and tests import from rig.cli (the handlers live in the group modules).
@@ -74,22 +74,31 @@ def exit_code(error: BaseException) -> int:
     return next((code for cls, code in EXIT_CODES if isinstance(error, cls)), BUG_EXIT_CODE)
 
 
-def build_parser() -> argparse.ArgumentParser:
+# Subcommands whose parser lives in the module doing the work (name -> module, its add_ function).
+# Those modules import the runner, the report and the builds machinery, a few hundred ms: they are
+# imported only when their subcommand (or the full help) is asked for, so refusing a bad flag or
+# file of another command stays cheap.
+ELSEWHERE = {"wave": ("rig.run.wave_cli", "add_wave_parser"),  # `pdrig wave prefix|pressure`
+             "build": ("rig.cluster.builds", "add_build_parser"),  # `pdrig build NAME`
+             "matrix": ("rig.run.matrix", "add_matrix_parser")}  # `pdrig matrix --builds a,b`
+
+
+def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
     """The argparse parser of ``pdrig`` (subcommands as in the module docstring; a usage error is
-    one line and exit code 2, :class:`rig.cli.args.OneLineParser`)."""
+    one line and exit code 2, :class:`rig.cli.args.OneLineParser`). With ``argv`` whose first word
+    names a subcommand, the parsers of :data:`ELSEWHERE` other than that one are bare names (their
+    modules not imported); without ``argv``, every parser is complete (``--help``, the reference)."""
     ap = OneLineParser(prog="pdrig", description="End-to-end test rig for vLLM P/D serving")
     sub = ap.add_subparsers(dest="cmd", required=True)
     for add in (add_e2e, add_explore, add_plan, add_config, add_build_model, add_up, add_ps, add_clean, add_proxy,
                 add_schema, add_compose, add_k8s):
         add(sub)
-    from rig.run.wave_cli import add_wave_parser  # `pdrig wave prefix|pressure` (rig/run/wave_cli.py)
-
-    add_wave_parser(sub)
-    from rig.cluster.builds import add_build_parser  # `pdrig build NAME`
-    from rig.run.matrix import add_matrix_parser  # `pdrig matrix --builds a,b`
-
-    add_build_parser(sub)
-    add_matrix_parser(sub)
+    chosen = argv[0] if argv and not argv[0].startswith("-") else None
+    for name, (module, add_name) in ELSEWHERE.items():
+        if chosen is None or chosen == name:
+            getattr(importlib.import_module(module), add_name)(sub)
+        else:
+            sub.add_parser(name)  # only its name: `pdrig NAME` builds the real one
     return ap
 
 
@@ -105,9 +114,12 @@ def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``pdrig`` console script; returns the exit code (module docstring).
     ``PDRIG_TRACEBACK=1`` also prints the traceback of a rig bug."""
     try:
-        args = build_parser().parse_args(argv)
+        argv = sys.argv[1:] if argv is None else argv
+        args = build_parser(argv).parse_args(argv)
     except SystemExit as e:  # a usage error (one line already printed, code 2) or --help (0)
         return e.code if isinstance(e.code, int) else 2
+    from rig.cluster.processes import install_signal_handlers
+
     install_signal_handlers()
     try:
         return args.func(args)

@@ -15,11 +15,14 @@ import re
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import NoReturn
+from typing import TYPE_CHECKING, NoReturn
 
-from rig.config import ConfigError, RigConfig
 from rig.config.files import folder_problem
 from rig.config.help import DEFAULT_CONFIG, config_path
+from rig.errors import ConfigError
+
+if TYPE_CHECKING:
+    from rig.config import RigConfig
 
 PORT_RANGE = (1, 65535)  # TCP ports; 0 would mean "any port" to bind(), which a flag never asks for
 
@@ -94,6 +97,23 @@ def output_file(path: str, flag: str) -> Path:
     return p
 
 
+def write_output(path: str | Path, text: str, flag: str, config: str | None = None) -> None:
+    """Write ``text`` to ``path`` (given by ``flag``); raises ConfigError naming ``flag`` when
+    ``path`` is the ``config`` file the command read (it would be overwritten by its own output) or
+    the write fails (``/dev/full``, a read-only file of /proc, a full disk)."""
+    p = Path(path)
+    try:
+        same = config is not None and p.exists() and p.samefile(config)
+    except OSError:
+        same = False
+    if same:
+        raise ConfigError(f"{flag} {path}: that is the config this command reads; give another file name")
+    try:
+        p.write_text(text)
+    except OSError as e:
+        raise ConfigError(f"{flag} {path}: cannot write it ({e.strerror or e}); give another path") from None
+
+
 def output_dir(path: str | Path, flag: str) -> Path:
     """``path`` as a folder the command may create or write into; raises ConfigError naming
     ``flag`` when it is a file or cannot be created or written (rig.config.files.folder_problem).
@@ -139,10 +159,11 @@ def on_build(cfg: RigConfig, args: argparse.Namespace) -> RigConfig:
 
 
 def check_folders(cfg: RigConfig) -> RigConfig:
-    """``cfg`` when its ``run_root`` and ``cache_dir`` are (or can become) writable folders; raises
-    ConfigError naming the field otherwise, before any command creates a run directory, builds a
-    model or takes a port (rig.config.files.folder_problem). Returns ``cfg``."""
-    for field, path in (("run_root", cfg.run_root), ("cache_dir", cfg.cache_dir)):
+    """``cfg`` when its ``run_root``, ``cache_dir`` and ``ports.lock_dir`` are (or can become)
+    writable folders; raises ConfigError naming the field otherwise, before any command creates a
+    run directory, builds a model or takes a port (rig.config.files.folder_problem). Returns ``cfg``."""
+    for field, path in (("run_root", cfg.run_root), ("cache_dir", cfg.cache_dir),
+                        ("ports.lock_dir", cfg.ports.lock_dir)):
         problem = folder_problem(path)
         if problem:
             raise ConfigError(f"{field}: {path}: {problem}; set it to a writable folder (--set {field}=DIR)")

@@ -11,23 +11,25 @@ import time
 from dataclasses import asdict
 from datetime import UTC
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from rig.cli.args import check_folders, config_args, output_dir, output_file, port
-from rig.cluster import mooncake
-from rig.cluster.builds import BuildsFile, launch_vllm_version
-from rig.cluster.preflight import cpu_problem, preflight
-from rig.cluster.probes import bindable, busy_ports
-from rig.cluster.processes import Cluster, ClusterError
-from rig.config import ConfigError, RigConfig, load_config
-from rig.config.schema import schemas
-from rig.connectors.mooncake import MASTER_ROLE
-from rig.plan.processes import LAYOUT_WORDS, build_plan
-from rig.report.model import Report
-from rig.transport import aio
+from rig.cli.args import check_folders, config_args, output_dir, output_file, port, write_output
+from rig.config import RigConfig, load_config
+from rig.errors import ClusterError, ConfigError
+
+if TYPE_CHECKING:
+    from rig.cluster.processes import Cluster
+
+# The commands' heavy imports (the cluster, the plan, the report model, httpx) are inside them:
+# refusing a bad flag or file costs only the config's import (rig/cli/__init__.py, ELSEWHERE).
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
     """Print the plan (no process is started, no model built)."""
+    from rig.cluster import mooncake
+    from rig.cluster.preflight import cpu_problem
+    from rig.cluster.probes import busy_ports
+    from rig.plan.processes import LAYOUT_WORDS, build_plan
     from rig.run.runner import resolve_model
 
     cfg = load_config(args.config, args.overrides)
@@ -95,9 +97,17 @@ def cmd_up(args: argparse.Namespace) -> int:
     """Start instances (default: :func:`rig.run.topology.default_instances`, the pair a manual wave
     needs), warm every P->D pair up as `e2e` does, write ``endpoints.json``, and keep them up
     until Ctrl-C or a death (exit 1). The config's ports stay reserved meanwhile (rig/cluster/ports.py)."""
+    from rig.cluster import mooncake
+    from rig.cluster.builds import launch_vllm_version
     from rig.cluster.ports import reserve
+    from rig.cluster.preflight import preflight
+    from rig.cluster.probes import bindable
+    from rig.cluster.processes import Cluster
+    from rig.connectors.mooncake import MASTER_ROLE
+    from rig.plan.processes import build_plan
     from rig.run.runner import new_run_dir, resolve_model
     from rig.run.topology import default_instances, parse_instances
+    from rig.transport import aio
 
     cfg = check_folders(load_config(args.config, args.overrides))
     preflight(cfg)
@@ -214,7 +224,7 @@ def cmd_compose(args: argparse.Namespace) -> int:
         print(text)
         return 0
     out = Path(args.output) if args.output else run_dir / "docker-compose.yml"
-    out.write_text(text)
+    write_output(out, text, "-o" if args.output else "--run-dir", args.config)
     print(f"wrote {out}: {', '.join(p.name for p in plan.processes)} ({why}); image {image} "
           f"(build it first: docker/README.md); logs and files under {run_dir}")
     return 0
@@ -234,7 +244,7 @@ def cmd_k8s(args: argparse.Namespace) -> int:
     if args.output == "-":
         sys.stdout.write(text)
     else:
-        Path(args.output).write_text(text)
+        write_output(args.output, text, "-o", args.config)
         print(f"wrote {args.output} (run id {run_id}, namespace {args.namespace}); "
               f"kubectl apply -f {args.output} && kubectl logs -f job/pdrig-{run_id}-suite", file=sys.stderr)
     return 0
@@ -244,6 +254,10 @@ def all_schemas() -> dict[str, dict]:
     """File name -> JSON Schema of every YAML the rig reads: profiles and suites
     (rig/config/schema.py) and the builds file (``rig.cluster.builds.BuildsFile``); and of the
     report.json every run writes (``rig.report.model.Report``)."""
+    from rig.cluster.builds import BuildsFile
+    from rig.config.schema import schemas
+    from rig.report.model import Report
+
     builds = BuildsFile.model_json_schema()
     spec = builds.get("$defs", {}).get("BuildSpec", {})
     # A build's name is its key in the file (BuildsFile fills it in), never written in the entry.

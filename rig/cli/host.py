@@ -7,8 +7,8 @@ import sys
 from pathlib import Path
 
 from rig.cli.args import config_args, finite, port
-from rig.config import ConfigError, load_config
-from rig.transport import aio
+from rig.config import load_config
+from rig.errors import ConfigError
 
 
 def cmd_ps(args: argparse.Namespace) -> int:
@@ -53,6 +53,7 @@ def cmd_clean(args: argparse.Namespace) -> int:
 def cmd_proxy(args: argparse.Namespace) -> int:
     """Serve the OpenAI-compatible P/D proxy (rig/proxy.py) until Ctrl-C."""
     from rig.proxy import PDProxy, endpoints_from_file, serve
+    from rig.transport import aio
 
     try:
         if args.endpoints:

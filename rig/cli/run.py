@@ -8,14 +8,17 @@ import dataclasses
 import json
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rig.cli.args import build_args, check_folders, config_args, finite, on_build
-from rig.cluster.preflight import preflight
-from rig.config import ConfigError, RigConfig, load_config
+from rig.config import load_config
 from rig.config.endpoints_file import read_endpoints
 from rig.config.help import REPO_CONFIGS, did_you_mean, unknown_scenarios_message
+from rig.errors import ConfigError
 from rig.run.phases import select_scenarios
+
+if TYPE_CHECKING:
+    from rig.config import RigConfig
 
 # Bounds of the explore flags: a larger number is a typo, not a plan (an action takes seconds on a
 # CPU pair, so 100,000 actions are days of exploring).
@@ -45,8 +48,6 @@ def fresh_prompt_seeds(cfg: RigConfig, salt: str) -> RigConfig:
 
 def cmd_e2e(args: argparse.Namespace) -> int:
     """Run the config's suite (or ``--scenario`` ones); exit 0 only if all are PASS/XFAIL."""
-    from rig.run.runner import SuiteRunner, new_run_dir
-
     if args.docker and (args.attach or args.instances):
         raise ConfigError("--docker starts its own containers: drop --attach / --instances "
                           "(--scenario selects what runs)")
@@ -67,6 +68,9 @@ def cmd_e2e(args: argparse.Namespace) -> int:
     if args.build and (args.attach or args.docker):
         raise ConfigError("--build starts the servers with that build's interpreter: drop --attach / --docker")
     cfg = on_build(cfg, args)
+    from rig.cluster.preflight import preflight
+    from rig.run.runner import SuiteRunner, new_run_dir
+
     known = [s.name for s in cfg.scenarios]
     unknown = [n for n in args.scenario or [] if n not in known]
     if unknown:
@@ -199,9 +203,6 @@ def _check_history(path: Path, cfg: RigConfig) -> None:
 def cmd_explore(args: argparse.Namespace) -> int:
     """Explore one long-lived deployment per topology (rig/explore); exit 0 when no failure was
     found or every one matches a declared known issue, 1 when a new one was found, 3 on error."""
-    from rig.explore.explorer import Explorer, ExploreSettings
-    from rig.run.runner import new_run_dir
-
     # Every flag is checked before --build may create a build's env (gigabytes, minutes) and
     # before any server starts.
     cfg = check_folders(load_config(args.config, args.overrides))
@@ -224,6 +225,10 @@ def cmd_explore(args: argparse.Namespace) -> int:
         from rig.explore.topologies import draw_variants
         draw_variants(cfg, args.seed, phases["draw_topologies"], decodes[0] if decodes else None,
                       tuple(phases["knobs"]) if phases["knobs"] else None)
+    from rig.cluster.preflight import preflight
+    from rig.explore.explorer import Explorer, ExploreSettings
+    from rig.run.runner import new_run_dir
+
     preflight(cfg)
     run_dir = new_run_dir(cfg, f"{cfg.name}-explore")
     print(f"[pdrig] run directory: {run_dir}", file=sys.stderr, flush=True)

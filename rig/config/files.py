@@ -46,13 +46,15 @@ _MERGE_TAG = "tag:yaml.org,2002:merge"
 
 class _DuplicateKey(yaml.YAMLError):
     def __init__(self, key: Any, first: int, second: int):
-        super().__init__(f"key {key!r} appears twice, on line {first} and line {second}")
+        where = f"on line {first}" if first == second else f"on line {first} and line {second}"
+        super().__init__(f"key {short(key)} appears twice, {where}")
         self.line = second
 
 
 class RigYamlLoader(_YamlBase):
     """PyYAML's safe loader (libyaml's when installed) that refuses a duplicate key in a mapping,
-    naming both lines (``<<`` merge keys may still be overridden by explicit keys, as YAML says)."""
+    naming both lines (``<<`` merge keys may still be overridden by explicit keys, as YAML says),
+    also two keys on one line (a flow mapping such as ``env: {A: 1, A: 2}``)."""
 
     def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
         seen: dict[Any, int] = {}
@@ -62,11 +64,11 @@ class RigYamlLoader(_YamlBase):
             key = self.construct_object(key_node, deep=True)
             line = key_node.start_mark.line + 1
             try:
-                first = seen.setdefault(key, line)
+                if key in seen:
+                    raise _DuplicateKey(key, seen[key], line)
+                seen[key] = line
             except TypeError:  # an unhashable key: the base class names it
                 continue
-            if first != line:
-                raise _DuplicateKey(key, first, line)
         return super().construct_mapping(node, deep)
 
 
@@ -74,29 +76,36 @@ def _where(source: str, line: int | None) -> str:
     return f"{source}:{line}" if line else source
 
 
+def cut(text: str, limit: int = 120) -> str:
+    """``text`` cut to ``limit`` characters with ``...`` (a path or value quoted in an error line,
+    never kilobytes of it)."""
+    return text if len(text) <= limit else text[:limit - 3] + "..."
+
+
 def read_text(path: str | Path, what: str, limit: int, fix: str) -> str:
     """The UTF-8 text of ``path``. ``what`` names where the path came from (``config file``,
     ``--replay``, ``suite``), ``fix`` what to give instead. Raises InputFileError for a missing
     path, a directory, a file over ``limit`` bytes, an unreadable one or bytes that are not UTF-8."""
     p = Path(path)
+    what = f"{what} {cut(str(p))}"
     try:
         st = p.stat()
     except OSError as e:
-        raise InputFileError(f"{what} {p}: cannot read it ({e.strerror or e}); {fix}", str(p)) from None
+        raise InputFileError(f"{what}: cannot read it ({e.strerror or e}); {fix}", str(p)) from None
     if not p.is_file():
-        raise InputFileError(f"{what} {p}: not a file; {fix}", str(p))
+        raise InputFileError(f"{what}: not a file; {fix}", str(p))
     if st.st_size > limit:
-        raise InputFileError(f"{what} {p}: {st.st_size:,} bytes, more than the {limit:,} the rig reads; {fix}",
+        raise InputFileError(f"{what}: {st.st_size:,} bytes, more than the {limit:,} the rig reads; {fix}",
                              str(p))
     try:
         data = p.read_bytes()
     except OSError as e:
-        raise InputFileError(f"{what} {p}: cannot read it ({e.strerror or e}); {fix}", str(p)) from None
+        raise InputFileError(f"{what}: cannot read it ({e.strerror or e}); {fix}", str(p)) from None
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as e:
         line = data.count(b"\n", 0, e.start) + 1
-        raise InputFileError(f"{what} {p}:{line}: not UTF-8 text (byte 0x{data[e.start]:02x} at offset {e.start}); "
+        raise InputFileError(f"{what}:{line}: not UTF-8 text (byte 0x{data[e.start]:02x} at offset {e.start}); "
                              f"save it as UTF-8; {fix}", str(p), line) from None
 
 
@@ -154,7 +163,11 @@ def parse_yaml(text: str, source: str, lines: bool = True) -> Any:
     in errors (a file, ``--set k=v``; ``lines=False``: no line number, for a one-line value).
     Raises InputFileError for invalid YAML, a duplicate key, an alias bomb or nesting past the
     bounds (module docstring)."""
-    loader = RigYamlLoader(text)
+    try:
+        loader = RigYamlLoader(text)
+    except UnicodeEncodeError as e:  # a surrogate: bytes of the command line that are not UTF-8
+        raise InputFileError(f"{source}: not UTF-8 text (character {e.start + 1}); give UTF-8 text", source) \
+            from None
     try:
         node = loader.get_single_node()
         if node is None:
@@ -173,6 +186,11 @@ def parse_yaml(text: str, source: str, lines: bool = True) -> Any:
         raise InputFileError(f"{_where(source, line)}: not valid YAML ({text_})", source, line) from None
     except RecursionError:  # the pure-Python parser on deep nesting (libyaml stops at 1,000 levels)
         raise InputFileError(f"{source}: nested too deep to read; no rig field is nested that deep", source) from None
+    except InputFileError:
+        raise
+    except ValueError as e:  # a scalar no type takes: an integer of more than 4,300 digits
+        raise InputFileError(f"{source}: a value the rig cannot read ({str(e).split(';')[0]}); "
+                             "no rig field takes it", source) from None
     finally:
         loader.dispose()
 

@@ -15,7 +15,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from rig.config.base import ConfigError
-from rig.config.files import InputFileError, load_yaml, parse_yaml, short
+from rig.config.files import MAX_DEPTH, InputFileError, cut, load_yaml, parse_yaml, short
 from rig.config.help import did_you_mean, model_at, suite_candidates
 from rig.config.topology import RigConfig
 
@@ -59,11 +59,14 @@ def apply_overrides(data: dict, overrides: list[str]) -> dict:
         if "=" not in ov:
             raise ConfigError(f"--set {ov!r}: expected dotted.path=value, e.g. timeouts.stall_window_s=5")
         path, raw = ov.split("=", 1)
+        if path.count(".") >= MAX_DEPTH:
+            raise ConfigError(f"--set {short(path)}=...: more than {MAX_DEPTH} levels deep; no rig field is nested "
+                              "that deep (pdrig config --explain lists the fields)")
         if not all(part.strip() for part in path.split(".")):
             raise ConfigError(f"--set {ov!r}: {path.strip()!r} is not a dotted field path; "
                               "e.g. --set timeouts.stall_window_s=5")
         try:
-            value = parse_yaml(raw, f"--set {ov}", lines=False)
+            value = parse_yaml(raw, f"--set {cut(ov)}", lines=False)
         except InputFileError as e:
             raise ConfigError(f"{e}; the value is YAML: quote it to give a string, "
                               "e.g. --set 'name=\"a: b\"'") from None
@@ -123,8 +126,12 @@ def read_yaml_mapping(p: Path, missing: str, what: str = "config file",
     """The YAML mapping in file ``p`` (configs, builds files), read by
     :func:`rig.config.files.load_yaml`; raises ConfigError with ``missing`` when there is no such
     path, and InputFileError naming the file (``what``) and ``fix`` when it cannot be used."""
-    if not p.exists():
-        raise ConfigError(missing)
+    try:
+        p.stat()
+    except FileNotFoundError:
+        raise ConfigError(missing) from None
+    except OSError:
+        pass  # a name too long, a symlink loop, no permission: load_yaml names the reason
     return load_yaml(p, what, fix, dict)
 
 

@@ -165,6 +165,12 @@ HOSTILE_SET = st.one_of(
     WORD.filter(lambda w: w not in ("name", "device", "model", "dtype", "connector", "suite", "launch"))
     .map(lambda w: f"{w}.x=1"),
     st.sampled_from(["noequals", "=1", "a..b=1", ".=2"]),
+    # a flow mapping with one key twice (on one line), an integer no field takes, bytes that are not UTF-8
+    # (a surrogate, as Python gives them from argv), a path deeper than any field
+    WORD.map(lambda w: f"launch.env={{{w}: a, {w}: b}}"),
+    st.integers(4301, 6000).map(lambda n: "scenarios.0.concurrent=" + "9" * n),
+    WORD.map(lambda w: f"name={w}\udce9"),
+    st.integers(65, 3000).map(lambda n: ".".join(["a"] * n) + "=1"),
 )
 
 

@@ -1,0 +1,62 @@
+"""Each class of hostile input a new user tried, one named example each (docs/reference/errors.md
+lists them with their messages): the rig answers exit code 2 with one line on stderr naming the
+file, field or flag, no traceback, and creates nothing in the working directory nor at ``/``.
+
+The generated variants of these classes are in tests/app/test_cli_hostile_inputs.py; this module
+pins the examples the hand trial found, so each row of the errors table has the test that shows it.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.app.test_cli_hostile_inputs import base_config, in_fresh_dir, refused
+
+
+def _config(d: Path, **fields) -> str:
+    data = {**base_config(d), **fields}
+    (d / "c.yaml").write_text(yaml.safe_dump(data, sort_keys=False))
+    return "c.yaml"
+
+
+def _fifo(d: Path) -> None:
+    os.mkfifo(d / "fifo")
+
+
+# (class, argv after the config, what must be in the line, setup of the working directory)
+Setup = Callable[[Path], object] | None
+CASES: list[tuple[str, list[str], str, Setup]] = [
+    ("a --set value of bytes that are not UTF-8", ["config", "--set", "name=caf\udce9"], "not UTF-8", None),
+    ("a duplicate key on one line (flow mapping)", ["config", "--set", "launch.env={A: 1, A: 2}"],
+     "appears twice", None),
+    ("an integer of 5,000 digits", ["config", "--set", "scenarios.0.concurrent=" + "9" * 5000],
+     "scenarios.0.concurrent", None),
+    ("a --set path 10,000 levels deep", ["config", "--set", ".".join(["a"] * 10_000) + "=1"], "levels deep", None),
+    ("-o /dev/full", ["k8s", "-o", "/dev/full"], "-o /dev/full: cannot write it", None),
+    ("-o the config itself", ["k8s", "-o", "c.yaml"], "the config this command reads", None),
+    ("ports.lock_dir that is a file", ["e2e", "--set", "ports.lock_dir=c.yaml"], "ports.lock_dir", None),
+]
+
+
+@pytest.mark.parametrize(("what", "argv", "says", "setup"), CASES, ids=[c[0] for c in CASES])
+def test_a_hostile_input_is_refused_in_one_line(what, argv, says, setup):
+    with in_fresh_dir() as d:
+        config = _config(d)
+        given = {config}
+        if setup is not None:
+            setup(d)
+            given |= {p.name for p in d.iterdir()}
+        line = refused([*argv, "--config", config], d, given)
+        assert says in line, (what, line)
+        assert len(line) < 600, line  # quotes of what was given are cut, never kilobytes
+
+
+def test_a_config_path_too_long_for_the_filesystem_is_refused_naming_it():
+    with in_fresh_dir() as d:
+        line = refused(["config", "--config", "a" * 5000], d, set())
+        assert "too long" in line and len(line) < 400
