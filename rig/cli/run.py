@@ -12,7 +12,9 @@ from typing import TYPE_CHECKING, Any
 
 from rig.cli.args import build_args, check_folders, config_args, finite, on_build
 from rig.config import load_config
+from rig.config.base import MAX_SENT_TOGETHER
 from rig.config.endpoints_file import read_endpoints
+from rig.config.files import load_yaml
 from rig.config.help import REPO_CONFIGS, did_you_mean, unknown_scenarios_message
 from rig.errors import ConfigError
 from rig.run.phases import select_scenarios
@@ -65,6 +67,8 @@ def cmd_e2e(args: argparse.Namespace) -> int:
         names = [i.name for _, i in load_config(args.config, args.overrides).instances()]
         logs = [f"{n}=compose:{args.logs_from_compose}:{n}" for n in names if n not in named] + logs
     cfg = check_folders(load_config(args.config, args.overrides + attach_overrides(args.endpoint, logs)))
+    if args.attach:
+        _check_attach_logs(cfg)
     if args.build and (args.attach or args.docker):
         raise ConfigError("--build starts the servers with that build's interpreter: drop --attach / --docker")
     cfg = on_build(cfg, args)
@@ -118,6 +122,22 @@ def cmd_e2e(args: argparse.Namespace) -> int:
         print(f"pdrig: the run broke: {(result.error or 'see the report').splitlines()[0]} "
               f"(report: {run_dir / 'summary.md'})", file=sys.stderr)
     return {"passed": 0, "failed": 1}.get(result.status, 3)
+
+
+def _check_attach_logs(cfg: RigConfig) -> None:
+    """Raise ConfigError, before anything starts, for an ``attach.logs`` file that exists but is
+    not a regular file (a FIFO or a device would block the log checks' read forever) or a compose
+    file that exists but is not a readable YAML file (``docker compose -f`` would read it; a missing
+    one leaves those log checks "not checked", as docker cannot read it)."""
+    for name, spec in cfg.attach.logs.items():
+        if spec.file is not None:
+            p = Path(spec.file)
+            if p.exists() and not p.is_file():
+                raise ConfigError(f"attach.logs.{name}.file {spec.file}: not a regular file (a FIFO or device "
+                                  "would block the log checks); give the instance's log file (--log NAME=file:PATH)")
+        if spec.compose is not None and spec.compose.file and Path(spec.compose.file).exists():
+            load_yaml(spec.compose.file, f"attach.logs.{name}.compose.file",
+                      "give the docker-compose.yml of the deployment (--logs-from-compose FILE)", dict)
 
 
 def _explore_phases(args: argparse.Namespace) -> dict[str, Any]:
@@ -175,7 +195,7 @@ def _check_history(path: Path, cfg: RigConfig) -> None:
     for n, entry in enumerate(entries, 1):
         where = f"--replay {path}: action {n}"
         try:
-            action_of(entry)
+            action = action_of(entry)
         except ValidationError as e:
             first = e.errors()[0]
             loc = ".".join(str(x) for x in first["loc"]) or "action"
@@ -198,6 +218,27 @@ def _check_history(path: Path, cfg: RigConfig) -> None:
             raise ConfigError(f"{where}: its topology's instances {topo['prefill']!r}/{topo['decode']!r} are not in "
                               f"this config (prefill: {', '.join(sorted(prefills))}; decode: "
                               f"{', '.join(sorted(decodes))}); replay it with the config it was explored with")
+        _check_replayable(where, action, topo, fix)
+
+
+def _check_replayable(where: str, action: Any, topo: dict[str, Any], fix: str) -> None:
+    """Raise ConfigError when ``action`` (a rig.explore.grammar.Action) could not have been drawn on
+    ``topo`` (its history line's topology): a block size or max_model_len below 1, more requests
+    fired together than the client sends at once, or a step whose prompt or completion does not
+    fit max_model_len (the grammar draws prompts of 1..max_model_len-1, rig.explore.grammar.Topology)."""
+    bs, mml = topo["block_size"], topo["max_model_len"]
+    if bs < 1 or mml < 2:
+        raise ConfigError(f"{where}: its topology's block_size {bs} / max_model_len {mml} are not a deployment's "
+                          f"(give block_size >= 1, max_model_len >= 2); {fix}")
+    together = sum(s.count for s in action.steps)
+    if together > MAX_SENT_TOGETHER:
+        raise ConfigError(f"{where}: {together} requests fired together, more than the {MAX_SENT_TOGETHER} the "
+                          f"rig sends at once; {fix}")
+    for s in action.steps:
+        if s.prompt_tokens >= mml or s.max_tokens > mml:
+            raise ConfigError(f"{where}: step {s.id}: prompt_tokens {s.prompt_tokens} / max_tokens {s.max_tokens} "
+                              f"do not fit its topology's max_model_len {mml} (the explorer draws prompts below "
+                              f"it); {fix}")
 
 
 def cmd_explore(args: argparse.Namespace) -> int:
@@ -226,9 +267,10 @@ def cmd_explore(args: argparse.Namespace) -> int:
         draw_variants(cfg, args.seed, phases["draw_topologies"], decodes[0] if decodes else None,
                       tuple(phases["knobs"]) if phases["knobs"] else None)
     from rig.cluster.preflight import preflight
-    from rig.explore.explorer import Explorer, ExploreSettings
+    from rig.explore.explorer import Explorer, ExploreSettings, known_issues
     from rig.run.runner import new_run_dir
 
+    known_issues(cfg, args.known)  # a --known file that cannot be read: refused before the run directory
     preflight(cfg)
     run_dir = new_run_dir(cfg, f"{cfg.name}-explore")
     print(f"[pdrig] run directory: {run_dir}", file=sys.stderr, flush=True)

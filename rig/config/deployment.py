@@ -107,7 +107,10 @@ class AttachConfig(StrictModel):
     @classmethod
     def _urls(cls, v: dict[str, str]) -> dict[str, str]:
         for name, url in v.items():
-            if not re.fullmatch(r"http://[^/:\s]+:\d{1,5}/?", url):
+            m = re.fullmatch(r"http://[^/:\s]+:(\d{1,5})/?", url)
+            if not m:
                 raise ValueError(f"endpoints.{name}: {url!r} is not http://HOST:PORT "
                                  "(e.g. http://10.0.0.5:8200)")
+            if not 1 <= int(m.group(1)) <= 65535:
+                raise ValueError(f"endpoints.{name}: {url!r}: port {int(m.group(1))} is not a TCP port; give 1-65535")
         return v

@@ -63,6 +63,10 @@ def check_scenario_lengths(cfg: Instances, i: int, sc: ScenarioConfig) -> None:
             f"scenarios[{i}] ({sc.name}).prompt_tokens {sc.prompt_tokens} is not below decode's "
             f"max_model_len {d_mml}: decode refuses the decode hop with HTTP 400; if that is the point, "
             "set expect.http_status: 400, else shorten the prompt")
+    if sc.max_tokens > max(p_mml, d_mml):
+        raise ValueError(
+            f"scenarios[{i}] ({sc.name}).max_tokens {sc.max_tokens} exceeds max_model_len "
+            f"{max(p_mml, d_mml)}: no completion can be longer than the context; lower max_tokens")
     room = d_mml - sc.prompt_tokens
     if (sc.sequence is None and sc.parity and sc.expect.http_status is None and d_mml < p_mml
             and 0 < room < sc.max_tokens):

@@ -8,6 +8,7 @@ pins the examples the hand trial found, so each row of the errors table has the 
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Callable
 from pathlib import Path
@@ -15,7 +16,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.app.test_cli_hostile_inputs import base_config, in_fresh_dir, refused
+from tests.helpers.hostile import base_config, in_fresh_dir, refused
 
 
 def _config(d: Path, **fields) -> str:
@@ -26,6 +27,13 @@ def _config(d: Path, **fields) -> str:
 
 def _fifo(d: Path) -> None:
     os.mkfifo(d / "fifo")
+
+
+def _history(d: Path, steps: list[dict], **topology) -> None:
+    topo = {"prefill": "prefill", "decode": "decode", "block_size": 32, "max_model_len": 128, "usable_blocks": 4,
+            **topology}
+    line = {"phase": "explore", "action": {"index": 1, "steps": steps}, "topology": topo}
+    (d / "h.jsonl").write_text(json.dumps(line) + "\n")
 
 
 # (class, argv after the config, what must be in the line, setup of the working directory)
@@ -40,6 +48,23 @@ CASES: list[tuple[str, list[str], str, Setup]] = [
     ("-o /dev/full", ["k8s", "-o", "/dev/full"], "-o /dev/full: cannot write it", None),
     ("-o the config itself", ["k8s", "-o", "c.yaml"], "the config this command reads", None),
     ("ports.lock_dir that is a file", ["e2e", "--set", "ports.lock_dir=c.yaml"], "ports.lock_dir", None),
+    ("an attach endpoint at port 99999", ["e2e", "--attach", "--endpoint", "decode=http://127.0.0.1:99999"],
+     "port 99999", None),
+    ("max_tokens longer than the context", ["e2e", "--set", "scenarios.0.max_tokens=10000000000000"],
+     "max_tokens", None),
+    ("an explore --known file that is not UTF-8", ["explore", "--known", "k.yaml"], "not UTF-8",
+     lambda d: (d / "k.yaml").write_bytes(b"- name: \xff\n")),
+    ("an explore --known FIFO (never opened)", ["explore", "--known", "fifo"], "not a file", _fifo),
+    ("an attach log that is a FIFO (never opened)", ["e2e", "--attach", "--log", "decode=file:fifo"],
+     "not a regular file", _fifo),
+    ("a compose file of the attach logs that is a FIFO", ["e2e", "--attach", "--logs-from-compose", "fifo"],
+     "not a file", _fifo),
+    ("a replayed step longer than its topology's context", ["explore", "--replay", "h.jsonl"], "do not fit",
+     lambda d: _history(d, [{"id": "s0", "prompt_tokens": 100_000_000, "max_tokens": 2}])),
+    ("a replayed action of 1,000 steps", ["explore", "--replay", "h.jsonl"], "fired together",
+     lambda d: _history(d, [{"id": f"s{i}", "prompt_tokens": 8, "max_tokens": 2} for i in range(1_000)])),
+    ("a replayed topology of block size 0", ["explore", "--replay", "h.jsonl"], "block_size 0",
+     lambda d: _history(d, [{"id": "s0", "prompt_tokens": 8, "max_tokens": 2}], block_size=0)),
 ]
 
 

@@ -10,13 +10,10 @@ not UTF-8, an alias bomb, ...), so no example can start a server.
 
 from __future__ import annotations
 
-import contextlib
-import io
 import os
 import subprocess
 import sys
 import tempfile
-from collections.abc import Iterator
 from pathlib import Path
 
 import yaml
@@ -24,8 +21,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from hypothesis.configuration import set_hypothesis_home_dir
 
-from rig.cli import main
-from tests.helpers.fake_rig import ROOT, fake_config
+from tests.helpers.fake_rig import ROOT
+from tests.helpers.hostile import base_config, in_fresh_dir, refused
 
 # Bounded for `make test`: a few hundred examples over the tests below, reproducible (derandomize),
 # no example database (database=None) and Hypothesis's own cache kept out of the repository.
@@ -43,41 +40,6 @@ WORD = st.text(alphabet="abcdefghijklmnopqrstuvwxyz", min_size=1, max_size=12)
 BROKEN_YAML = st.one_of(WORD.map(lambda w: f"[{w}"), WORD.map(lambda w: f"{{{w}"), WORD.map(lambda w: f"'{w}"),
                         WORD.map(lambda w: f'"{w}'), WORD.map(lambda w: f"{w}: x: y"), WORD.map(lambda w: f"*{w}"),
                         WORD.map(lambda w: f"&{w} [*{w}]"))
-
-
-@contextlib.contextmanager
-def in_fresh_dir() -> Iterator[Path]:
-    """A new empty working directory for one example (the previous one restored after)."""
-    old = os.getcwd()
-    with tempfile.TemporaryDirectory(prefix="pdrig-hostile-") as d:
-        os.chdir(d)
-        try:
-            yield Path(d)
-        finally:
-            os.chdir(old)
-
-
-def refused(argv: list[str], cwd: Path, given: set[str]) -> str:
-    """Run ``pdrig ARGV`` in-process in ``cwd``; assert exit code 2, one stderr line, no traceback,
-    no file in ``cwd`` but ``given`` and nothing new at ``/``. Returns the line."""
-    root = set(os.listdir("/"))
-    err = io.StringIO()
-    with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
-        code = main(argv)
-    text = err.getvalue()
-    lines = [line for line in text.splitlines() if line.strip()]
-    assert code == 2, (argv, text)
-    assert len(lines) == 1 and lines[0].startswith("pdrig"), (argv, text)
-    assert "Traceback" not in text, text
-    made = {str(p.relative_to(cwd)) for p in cwd.rglob("*")} - given
-    assert not made, (argv, made)
-    assert set(os.listdir("/")) == root, (argv, set(os.listdir("/")) - root)
-    return lines[0]
-
-
-def base_config(d: Path) -> dict:
-    """A valid config of (never started) fake servers, with one edge scenario."""
-    return fake_config(d, scenarios=[{"name": "s", "decode": "decode", "prompt_tokens": 8, "max_tokens": 1}])
 
 
 def write(d: Path, name: str, data: bytes | str) -> str:

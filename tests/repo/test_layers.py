@@ -107,14 +107,18 @@ _PLUGIN = ("the pytest plugin is loaded by every pytest session of an environmen
 
 # (importing module, imported module) -> why it is imported inside a function.
 LAZY: dict[tuple[str, str], str] = {
-    **{("rig.cli", m): _CLI for m in ("rig.cluster.builds", "rig.run.matrix", "rig.run.wave_cli")},
+    ("rig.cli", "rig.cluster.processes"): _CLI + " (a refusal of a bad flag or file does not load httpx)",
     **{("rig.cli.args", m): _CLI for m in ("rig.cluster.builds", "rig.run.matrix")},
     **{("rig.cli.deploy", m): _CLI for m in (
+        "rig.cluster.builds", "rig.cluster.mooncake", "rig.cluster.preflight", "rig.cluster.probes",
+        "rig.cluster.processes", "rig.config.schema", "rig.connectors.mooncake", "rig.plan.processes",
+        "rig.report.model", "rig.transport.aio",
         "rig.cluster.ports", "rig.config.help", "rig.plan.compose", "rig.plan.k8s", "rig.proxy", "rig.run.runner",
         "rig.run.topology", "rig.transport.client", "rig.transport.endpoint", "rig.workload.warmup")},
-    **{("rig.cli.host", m): _CLI for m in ("rig.proxy", "rig.run.hostruns")},
+    **{("rig.cli.host", m): _CLI for m in ("rig.proxy", "rig.run.hostruns", "rig.transport.aio")},
     **{("rig.cli.run", m): _CLI for m in (
-        "rig.cluster.logs", "rig.explore.explorer", "rig.explore.grammar", "rig.explore.history",
+        "rig.cluster.logs", "rig.cluster.preflight", "rig.explore.explorer", "rig.explore.grammar",
+        "rig.explore.history",
         "rig.explore.topologies", "rig.run.docker_run", "rig.run.request_check", "rig.run.runner",
         "rig.run.topology", "rig.workload.prompts")},
     **{("rig.run.wave_cli", m): _WAVE_CLI for m in (
