@@ -267,10 +267,11 @@ def cmd_explore(args: argparse.Namespace) -> int:
         draw_variants(cfg, args.seed, phases["draw_topologies"], decodes[0] if decodes else None,
                       tuple(phases["knobs"]) if phases["knobs"] else None)
     from rig.cluster.preflight import preflight
-    from rig.explore.explorer import Explorer, ExploreSettings, known_issues
+    from rig.explore.explorer import Explorer, ExploreSettings
+    from rig.explore.known import load_known
     from rig.run.runner import new_run_dir
 
-    known_issues(cfg, args.known)  # a --known file that cannot be read: refused before the run directory
+    load_known(cfg, args.known)  # a --known file that cannot be read: refused before the run directory
     preflight(cfg)
     run_dir = new_run_dir(cfg, f"{cfg.name}-explore")
     print(f"[pdrig] run directory: {run_dir}", file=sys.stderr, flush=True)

@@ -128,15 +128,19 @@ def test_token_counts_are_per_step():
 
 
 def test_no_stall_and_lease_reaped_are_tri_state():
-    assert no_stall_check(SequenceResult()).ok is True
+    # no sample of D judged: not checked, never ok; with samples and no freeze: ok, the count shown
+    unseen = no_stall_check(SequenceResult())
+    assert unseen.ok is None and unseen.samples == 0
+    seen = no_stall_check(SequenceResult(stall_samples=4))
+    assert seen.ok is True and seen.samples == 4
     bad = no_stall_check(SequenceResult(stall="stall on decode: waiting=1; outstanding: head (1 of 1, route decode)"))
     assert bad.ok is False and "outstanding: head" in bad.detail
     res = SequenceResult(reap=LeaseReap(expired_before=None, want=3))
     assert lease_reaped_check(res, 5, 5).ok is None  # P lacks the counter: not checked, never ok
-    res.reap = LeaseReap(expired_before=2, want=3, last_abandoned_ms=500, rose=1)
+    res.reap = LeaseReap(expired_before=2, want=3, last_abandoned_ms=500, rose=1, samples=6)
     c = lease_reaped_check(res, 5, 5)
     assert c.ok is False and "rose by 1 of 3" in c.detail
-    res.reap = LeaseReap(expired_before=2, want=3, last_abandoned_ms=500, reaped_ms=5800, rose=3,
+    res.reap = LeaseReap(expired_before=2, want=3, last_abandoned_ms=500, reaped_ms=5800, rose=3, samples=6,
                          outstanding_then=["head (1 of 1, route pd)"])
     c = lease_reaped_check(res, 5, 5)
     assert c.ok is True and "5.3 s after" in c.detail and "outstanding: head" in c.detail

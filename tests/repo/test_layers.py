@@ -117,7 +117,7 @@ LAZY: dict[tuple[str, str], str] = {
         "rig.run.topology", "rig.transport.client", "rig.transport.endpoint", "rig.workload.warmup")},
     **{("rig.cli.host", m): _CLI for m in ("rig.proxy", "rig.run.hostruns", "rig.transport.aio")},
     **{("rig.cli.run", m): _CLI for m in (
-        "rig.cluster.logs", "rig.cluster.preflight", "rig.explore.explorer", "rig.explore.grammar",
+        "rig.cluster.logs", "rig.cluster.preflight", "rig.explore.explorer", "rig.explore.known", "rig.explore.grammar",
         "rig.explore.history",
         "rig.explore.topologies", "rig.run.docker_run", "rig.run.request_check", "rig.run.runner",
         "rig.run.topology", "rig.workload.prompts")},
