@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from rig.cli.args import build_args, check_folders, config_args, finite, on_build
+from rig.cli.attach_check import attached_urls, check_answering
 from rig.config import load_config
 from rig.config.base import MAX_SENT_TOGETHER
 from rig.config.endpoints_file import read_endpoints
@@ -93,6 +94,10 @@ def cmd_e2e(args: argparse.Namespace) -> int:
     if not scenarios:
         raise ConfigError(f"--instances {args.instances}: no selected scenario runs on only these instances"
                           if args.instances else f"{args.config}: no scenarios to run (add a suite: or scenarios:)")
+    if args.attach:  # an instance left out, or a closed port: refused before the run directory
+        urls = attached_urls(cfg, scenarios, explicit=bool(args.endpoint or args.endpoints))
+        if cfg.attach.connect_s is not None:  # null: pods that start with the run (the Kubernetes Job) are waited for
+            check_answering(urls)
     run_dir = new_run_dir(cfg)
     if args.attach:
         # New prompts for this run (a long-lived deployment's prefix cache remembers older runs');
