@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import math
 import shutil
 import sys
 import time
@@ -327,8 +328,36 @@ class WatchedEndpoints:
         await self.watch.observe(http, obs)
 
 
+def _check_numbers(args: argparse.Namespace) -> None:
+    """Raise ConfigError naming the first of ``--block-size`` / ``--prefill-blocks`` /
+    ``--decode-blocks`` (whole numbers >= 1), ``--drain`` (finite seconds >= 0) or ``--seed``
+    (>= 0) that is out of range, before any folder or request."""
+    for flag, value in (("--block-size", args.block_size), ("--prefill-blocks", args.prefill_blocks),
+                        ("--decode-blocks", args.decode_blocks)):
+        if value is not None and value < 1:
+            raise ConfigError(f"{flag} {value}: give a whole number >= 1 (or leave it out: /metrics, else the config)")
+    if args.drain is not None and not (math.isfinite(args.drain) and args.drain >= 0):
+        raise ConfigError(f"--drain {args.drain}: give finite seconds >= 0 (or leave it out: timeouts.drain_s)")
+    if args.seed is not None and args.seed < 0:
+        raise ConfigError(f"--seed {args.seed}: give a whole number >= 0")
+
+
+def _check_urls(urls: list[str], flag: str) -> None:
+    """Raise ConfigError for a URL of ``urls`` whose port is not 1-65535."""
+    for u in urls or []:
+        try:
+            port = urlsplit(u).port
+        except ValueError:
+            raise ConfigError(f"{flag} {u[:120]!r}: its port is not 1-65535; give http://HOST:PORT") from None
+        if port == 0:
+            raise ConfigError(f"{flag} {u[:120]!r}: port 0 is not a TCP port; give 1-65535")
+
+
 def cmd_wave(args: argparse.Namespace) -> int:
     """Run the wave; exit 0 on PASS, 1 on FAIL/ERROR (ConfigError -> 2 via pdrig's main)."""
+    _check_numbers(args)
+    _check_urls(args.prefill, "--prefill")
+    _check_urls(args.decode, "--decode")
     cfg = _load_config(args)
     ps, ds, known = _endpoints(args, cfg)
     sc = build_scenario(args, cfg)
