@@ -95,9 +95,9 @@ def cmd_e2e(args: argparse.Namespace) -> int:
         raise ConfigError(f"--instances {args.instances}: no selected scenario runs on only these instances"
                           if args.instances else f"{args.config}: no scenarios to run (add a suite: or scenarios:)")
     if args.attach:  # an instance left out, or a closed port: refused before the run directory
-        urls = attached_urls(cfg, scenarios, explicit=bool(args.endpoint or args.endpoints))
+        attached = attached_urls(cfg, scenarios, explicit=bool(args.endpoint or args.endpoints))
         if cfg.attach.connect_s is not None:  # null: pods that start with the run (the Kubernetes Job) are waited for
-            check_answering(urls)
+            check_answering(attached)
     run_dir = new_run_dir(cfg)
     if args.attach:
         # New prompts for this run (a long-lived deployment's prefix cache remembers older runs');
