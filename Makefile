@@ -7,10 +7,10 @@ PDRIG := $(VENV)/bin/pdrig
 ARGS ?=
 COMPOSE_DIR ?= runs/compose
 BUILD ?= 0.32.0-spec-fix
-BUILDS ?= 0.27.1,0.28.0,0.29.0,0.30.0,0.31.0,0.32.0,0.32.0-spec-fix
+BUILDS ?= 0.27.1,0.28.0,0.29.0,0.30.0,0.31.0,0.32.0,0.32.0-spec-fix,0.33.0,0.33.0-spec-fix
 SUITES ?= edge,lease
 MATRIX_OUT ?= runs/matrix
-REGRESS_BUILDS ?= 0.27.1,0.28.0,0.29.0,0.30.0,0.31.0,0.32.0
+REGRESS_BUILDS ?= 0.27.1,0.28.0,0.29.0,0.30.0,0.31.0,0.32.0,0.33.0
 INSTANCES ?=
 
 help:  ## list the targets with what they do (this text)
