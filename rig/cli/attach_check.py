@@ -15,6 +15,7 @@ from urllib.parse import urlsplit
 from rig.config import RigConfig
 from rig.config.scenarios import ScenarioConfig
 from rig.errors import ConfigError
+from rig.plan.spec import probe_host
 from rig.run.phases import phases_of
 
 CONNECT_S = 2.0  # a TCP connect on a LAN answers in milliseconds; a refused port at once
@@ -32,7 +33,7 @@ def attached_urls(cfg: RigConfig, scenarios: list[ScenarioConfig], explicit: boo
         raise ConfigError(f"--attach: no endpoint for {', '.join(missing)} (the selected scenarios use them; "
                           f"endpoints given: {', '.join(sorted(given)) or 'none'}): add --endpoint NAME=URL, "
                           f"or pick scenarios on the given instances with --scenario / --instances")
-    return {n: given.get(n) or f"http://{cfg.launch.host}:{cfg.instance(n).port}" for n in names}
+    return {n: given.get(n) or f"http://{probe_host(cfg.launch.host)}:{cfg.instance(n).port}" for n in names}
 
 
 def check_answering(urls: dict[str, str], connect_s: float = CONNECT_S) -> None:
