@@ -21,6 +21,9 @@ from pathlib import Path
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from docpage import check_or_write  # noqa: E402  (scripts/docpage.py, beside this file)
+
 ROOT = Path(__file__).resolve().parent.parent
 DATA = ROOT / "docs" / "bench" / "measurements"
 PAGE = ROOT / "docs" / "measurements.md"
@@ -102,14 +105,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--check", action="store_true", help="exit 1 if docs/measurements.md is stale")
     args = ap.parse_args(argv)
-    page = render(load())
-    if args.check:
-        if PAGE.read_text() != page:
-            print("docs/measurements.md is stale: run scripts/measurements.py", file=sys.stderr)
-            return 1
-        return 0
-    PAGE.write_text(page)
-    return 0
+    return check_or_write(PAGE, render(load()), args.check, "scripts/measurements.py")
 
 
 if __name__ == "__main__":
