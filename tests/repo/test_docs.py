@@ -46,3 +46,26 @@ def test_no_reference_to_files_a_clone_lacks():
     offenders = [f for f in files if (ROOT / f).is_file() and f != "tests/repo/test_docs.py"
                  and re.search(r"FIELD_NOTES|\.\./shared/", (ROOT / f).read_text(errors="replace"))]
     assert offenders == []
+
+
+def test_the_how_to_one_line_builds_are_builds_the_builds_file_accepts():
+    """The one line a user adds for the next release or a PR branch (docs/howto/builds-and-matrix.md)
+    is a valid entry of configs/builds.yaml as the model reads it, and the matrix command after it
+    names builds that then exist."""
+    import yaml
+
+    from rig.cluster.builds import BuildsFile
+
+    text = (ROOT / "docs" / "howto" / "builds-and-matrix.md").read_text()
+    lines = re.findall(r'`("[^"`]+": \{[^`]+\})`', text)
+    assert len(lines) >= 2, "the how-to lost its one-line builds"
+    data = yaml.safe_load((ROOT / "configs" / "builds.yaml").read_text())
+    added = {}
+    for line in lines:
+        added.update(yaml.safe_load("{" + line + "}"))
+    builds = BuildsFile.model_validate({**data, "builds": {**data["builds"], **added}})
+    kinds = {("wheel" if builds.builds[n].overlay.wheel else "source") for n in added}
+    assert kinds == {"wheel", "source"}, kinds
+    commands = [names.split(",") for names in re.findall(r"pdrig matrix --builds ([\w.,-]+)", text)]
+    after = [names for names in commands if set(names) & set(added)]
+    assert after and all(n in builds.builds for names in after for n in names), after
