@@ -146,7 +146,7 @@ def _record(args: argparse.Namespace, data: dict[str, Any]) -> int:
     run = args.matrix.resolve().parent
     run_text = run.relative_to(ROOT).as_posix() if run.is_relative_to(ROOT) else run.as_posix()
     rows = rows_from_matrix(matrix, declared_ranges(), day=args.date, command=args.command, load=args.load,
-                            run=run_text, wall_s=args.wall_s)
+                            run=run_text, wall_s=args.wall_s, note=args.note)
     have = {(r.issue, r.build, r.run, r.date) for r in load_runs()}
     new = [r for r in rows if (r.issue, r.build, r.run, r.date) not in have]
     append_rows(new)
@@ -156,7 +156,7 @@ def _record(args: argparse.Namespace, data: dict[str, Any]) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     """CLI: render, ``--check``, or ``--matrix FILE --command TEXT [--load L] [--wall-s S] [--date D]
-    [--recorded TEXT]``; see the module docstring. Returns 2 for ``--matrix`` without ``--command``."""
+    [--note TEXT] [--recorded TEXT]``; see the module docstring. Returns 2 for ``--matrix`` without ``--command``."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--check", action="store_true", help="exit 1 when docs/bug-record.md differs from its data")
     ap.add_argument("--matrix", type=Path, help="matrix.json of a `pdrig matrix` run to record")
@@ -165,6 +165,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--load", default="not stated", help="with --matrix: the 1-min load at its start and end")
     ap.add_argument("--wall-s", type=float, help="with --matrix: its wall time, seconds")
     ap.add_argument("--date", default=datetime.now(UTC).date().isoformat(), help="with --matrix: its date (UTC)")
+    ap.add_argument("--note", default="", help="with --matrix: a note on every row it adds")
     args = ap.parse_args(argv)
     data = load()
     if args.matrix and (rc := _record(args, data)):

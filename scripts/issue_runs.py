@@ -184,11 +184,13 @@ def range_conflicts(declared: list[Declared], rows: list[IssueRun]) -> list[str]
 
 
 def rows_from_matrix(matrix: dict[str, Any], declared: list[Declared], *, day: str, command: str,
-                     load: str, run: str, wall_s: float | None) -> list[IssueRun]:
+                     load: str, run: str, wall_s: float | None, note: str = "") -> list[IssueRun]:
     """The rows of one matrix run: per known issue of ``matrix["known_issues"]`` (a ``matrix.json``
     of ``pdrig matrix``, rig/report/grid.py) and per build its finding names (seen / not seen /
     could not tell, and the builds declaring it fixed), with the cells of that issue's scenarios on
-    that build. Builds whose cells of the issue are all NOT RUN give no row (nothing measured)."""
+    that build; ``day``, ``command``, ``load``, ``run`` (the matrix's ``--out``; a row's run is
+    ``run/<build>``), ``wall_s`` and ``note`` go on every row. Builds whose cells of the issue are
+    all NOT RUN give no row (nothing measured)."""
     versions = {b["name"]: str(b.get("vllm_version") or "") for b in matrix.get("builds", [])}
     owner = {d.scenario: d.issue for d in declared}
     cells: dict[tuple[str, str], dict[str, str]] = {}
@@ -209,7 +211,7 @@ def rows_from_matrix(matrix: dict[str, Any], declared: list[Declared], *, day: s
             vllm = versions.get(b, "")
             out.append(IssueRun(issue=f["id"], build=b, vllm="" if vllm == b else vllm, fixed=fixed, date=day,
                                 verdict=verdict, cells=mine, command=command, run=f"{run}/{b}", load=load,
-                                wall_s=wall_s))
+                                wall_s=wall_s, note=note))
     return out
 
 

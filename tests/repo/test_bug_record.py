@@ -173,3 +173,11 @@ def test_the_page_shows_each_issue_per_build_and_every_row():
     assert "| known issue | 0.27.1 | 0.33.0 | 0.33.0-fix |" in text
     assert "| `k` | not seen | seen x2 | not seen (fix) |" in text
     assert text.count("| `k` | ") == 1 + len(rows)
+
+
+def test_recording_a_matrix_without_its_command_is_refused_before_any_write(tmp_path: Path, capsys):
+    mod = _script()
+    before = [(ROOT / "docs" / "data" / n).read_text() for n in ("bug-record.yaml", "known-issue-runs.yaml")]
+    assert mod.main(["--matrix", str(tmp_path / "matrix.json")]) == 2
+    assert "--matrix needs --command" in capsys.readouterr().err
+    assert [(ROOT / "docs" / "data" / n).read_text() for n in ("bug-record.yaml", "known-issue-runs.yaml")] == before
