@@ -46,7 +46,6 @@ groups, its reaper) at the end of the session, whatever way it ends.
 from __future__ import annotations
 
 import re
-from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -123,10 +122,7 @@ class PDRigSession:
     def cluster(self):
         """The session's :class:`rig.cluster.processes.Cluster` (built on first use; starts nothing)."""
         if self._cluster is None:
-            import json
             import sys
-
-            import yaml
 
             from rig.cluster.builds import launch_vllm_version
             from rig.cluster.mooncake import master_binary
@@ -139,13 +135,9 @@ class PDRigSession:
             # refuses at once, or with ports.free moves past these ports, instead of colliding
             # minutes later when one of the servers binds.
             self.cfg, self._ports = reserve(self.cfg, str(self.run_dir.resolve()))
-            self.runner.cfg = self.cfg
-            self.runner.result.config = self.cfg.model_dump(mode="json")
             plan = build_plan(self.cfg, self.run_dir, resolve_model(self.cfg), sys.executable,
                               master_binary(self.cfg), launch_vllm_version(self.cfg.launch.command))
-            self.runner.result.plan = asdict(plan)
-            (self.run_dir / "plan.json").write_text(json.dumps(asdict(plan), indent=1))
-            (self.run_dir / "config.yaml").write_text(yaml.safe_dump(self.runner.result.config, sort_keys=False))
+            self.runner.record_plan(self.cfg, plan)  # the reserved ports' config, plan.json, config.yaml
             self._cluster = Cluster(plan, self.cfg.timeouts.startup_s, self.cfg.timeouts.shutdown_grace_s,
                                     startup_stall_s=self.cfg.timeouts.startup_stall_s)
         return self._cluster
@@ -159,7 +151,8 @@ class PDRigSession:
             cfg = RigConfig.model_validate({**self.cfg.model_dump(mode="json"), "scenarios": [fields]})
         except ValueError as e:
             raise ConfigError(f"pdrig.scenario({fields.get('name')!r}): {e}") from None
-        return self.runner.run_on(self.cluster, list(cfg.scenarios))[0]
+        cluster = self.cluster  # first: the session's config then holds the ports it reserved
+        return self.runner.run_on(cluster, list(cfg.scenarios), self.cfg)[0]
 
     def pair(self, prefill: str | None, decode: str | None) -> tuple[str, str]:
         """Make sure ``prefill`` and ``decode`` (default: the config's first) run, stopping other

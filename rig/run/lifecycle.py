@@ -51,14 +51,17 @@ class Deployment(Protocol):
 
 @dataclass
 class ScenarioSteps:
-    """What a caller gives :func:`run_scenario` beside the deployment (the context):
+    """What a caller gives :func:`run_scenario` beside the scenario and the deployment (the context):
 
-    ``run(obs)`` sends the kind's requests, fills ``obs`` and returns the kind's result;
-    ``judge(obs, result)`` returns the verdict; ``http`` (no keep-alive, for ``/metrics``) and the
-    metrics archive ``store``; ``drain_s`` seconds for each instance to return to idle;
-    ``rig_exception(scenario, doing, e)`` records a rig bug and returns the ERROR reason;
-    ``missing_error`` an ERROR reason known before running (metrics the checks read are absent)."""
+    ``observation``, the scenario's as the caller opened it (names, versions, block geometry; filled
+    as the scenario runs); ``run(obs)`` sends the kind's requests, fills ``obs`` and returns the
+    kind's result; ``judge(obs, result)`` returns the verdict; ``http`` (no keep-alive, for
+    ``/metrics``) and the metrics archive ``store``; ``drain_s`` seconds for each instance to return
+    to idle; ``rig_exception(scenario, doing, e)`` records a rig bug and returns the ERROR reason
+    (rig.run.ledger.RunLedger.rig_exception); ``missing_error`` an ERROR reason known before running
+    (metrics the checks read are absent)."""
 
+    observation: ScenarioObservation
     run: Callable[[ScenarioObservation], Awaitable[object]]
     judge: Callable[[ScenarioObservation, object], ScenarioVerdict]
     http: httpx.AsyncClient
@@ -77,10 +80,9 @@ class ScenarioOutcome:
     kind_result: object = None
 
 
-async def run_scenario(sc: ScenarioConfig, deployment: Deployment, steps: ScenarioSteps,
-                       obs: ScenarioObservation) -> ScenarioOutcome:
-    """Run scenario ``sc`` on ``deployment`` and judge it (see the module docstring); ``obs`` is
-    its observation as the caller opened it (names, versions, block geometry).
+async def run_scenario(sc: ScenarioConfig, deployment: Deployment, steps: ScenarioSteps) -> ScenarioOutcome:
+    """Run scenario ``sc`` on ``deployment`` and judge it (see the module docstring); ``steps`` is
+    the context: the observation the caller opened, the kind's run and judge, the clients.
 
     Not run when an instance it needs is dead (its verdict: FAIL "died", :func:`died_verdict`) or
     ``steps.missing_error`` is set (ERROR). An instance that stops answering ``/metrics`` is an
@@ -88,6 +90,7 @@ async def run_scenario(sc: ScenarioConfig, deployment: Deployment, steps: Scenar
     exception while running or judging is that scenario's ERROR (``steps.rig_exception``).
     Never raises for the system under test; KeyboardInterrupt and cancellation propagate."""
     t0 = time.monotonic()
+    obs = steps.observation
     result: object = None
     if not await deployment.deaths(steps.http):
         if steps.missing_error:

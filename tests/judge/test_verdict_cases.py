@@ -1,7 +1,7 @@
 """Verdicts that say exactly what happened: the cases a new user met where the verdict said
 something else (a matched value judged inconclusive, a wave cancelled on purpose failed for
-having no answer, a wave against `pdrig up` printing FAIL on checks that could not look, an
-instance stopped by its owner reported as a death)."""
+having no answer, an instance stopped by its owner reported as a death; a wave against `pdrig up`
+printing FAIL on checks that could not look: tests/app/test_wave_cli.py)."""
 
 from __future__ import annotations
 
@@ -83,57 +83,7 @@ def test_a_verdict_where_no_check_could_look_is_error():
     assert v.verdict == "ERROR" and v.reason.startswith("inconclusive: no check could look")
 
 
-# ------------------------------------------------------------ a wave against servers it did not start
-
-def _wave_cli(argv: list[str]) -> int:
-    from rig.cli import main as pdrig_main
-
-    return pdrig_main(["wave", *argv])
-
-
-def test_a_wave_at_bare_urls_says_not_checked_and_not_required_everywhere(healthy, tmp_path, capsys):
-    import json
-    import xml.etree.ElementTree as ET
-
-    p, d = healthy
-    rc = _wave_cli(["pressure", "--prefill", p.url, "--decode", d.url, "--requests", "8", "--concurrency", "4",
-                    "--run-dir", str(tmp_path), "--drain", "5", "--progress", "off", "--seed", "3",
-                    "--block-size", "16"])
-    err = capsys.readouterr().err
-    assert rc == 0, err
-    # the terminal never says FAIL on a check that could not look, and says why it is not required
-    assert "FAIL" not in err
-    assert "  alive: not checked: not required: the rig did not start these processes" in err
-    v = json.loads((tmp_path / "report.json").read_text())["scenarios"][0]["verdict"]
-    assert v["verdict"] == "PASS"
-    assert "alive, no-fatal-log, kv-integrity not checked, not required: the rig did not start" in v["reason"]
-    assert "not required: the rig did not start these processes" in (tmp_path / "summary.md").read_text()
-    props = {p.get("name"): p.get("value") for p in ET.parse(tmp_path / "junit.xml").iter("property")}
-    assert props["check.no-fatal-log"].startswith("not checked: not required: the rig did not start")
-
-
-def test_a_wave_with_pdrig_up_endpoints_scans_the_logs(tmp_path, capsys):
-    import json
-
-    from tests.helpers.fake_pd import fake_pd
-
-    logs = tmp_path / "logs"
-    logs.mkdir()
-    with fake_pd(d_env={"FAKE_VLLM_FAULT": "fatal-log"}, log_dir=logs) as (p, d):
-        ep = tmp_path / "endpoints.json"  # as `pdrig up` writes it: url, role, log (pid: see the watch test)
-        ep.write_text(json.dumps({e.name: {"url": e.url, "role": e.name, "log": str(logs / f"{e.name}.log")}
-                                  for e in (p, d)}))
-        rc = _wave_cli(["pressure", "--endpoints", str(ep), "--requests", "8", "--concurrency", "4",
-                        "--cancel-fraction", "0", "--run-dir", str(tmp_path / "out"), "--drain", "5",
-                        "--progress", "off", "--seed", "4", "--block-size", "16"])
-    err = capsys.readouterr().err
-    assert rc == 1, err
-    v = json.loads((tmp_path / "out" / "report.json").read_text())["scenarios"][0]["verdict"]
-    checks = {c["name"]: c for c in v["checks"]}
-    assert v["verdict"] == "FAIL" and "no-fatal-log" in v["reason"]
-    assert checks["no-fatal-log"]["ok"] is False and "Cannot get 3 free blocks" in checks["no-fatal-log"]["detail"]
-    assert checks["alive"]["ok"] is True and checks["kv-integrity"]["ok"] is True
-    assert "  no-fatal-log: FAILED: decode:" in err
+# ------------------------------------------------------------ an owner's stop is no death
 
 
 def test_the_watch_tells_an_instance_its_owner_stopped_from_one_that_died(tmp_path):

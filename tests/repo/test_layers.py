@@ -121,10 +121,7 @@ LAZY: dict[tuple[str, str], str] = {
         "rig.explore.history",
         "rig.explore.topologies", "rig.run.docker_run", "rig.run.request_check", "rig.run.runner",
         "rig.run.topology", "rig.workload.prompts")},
-    **{("rig.run.wave_cli", m): _WAVE_CLI for m in (
-        "rig.config", "rig.judge.wave_checks", "rig.observe.endpoint_watch", "rig.observe.metrics",
-        "rig.observe.observations", "rig.observe.stall", "rig.report.build", "rig.run.lifecycle",
-        "rig.transport.endpoint", "rig.workload.waves")},
+    **{("rig.run.wave_cli", m): _WAVE_CLI for m in ("rig.config", "rig.run.wave_run", "rig.transport.endpoint")},
     **{("rig.pytest_plugin", m): _PLUGIN for m in (
         "rig.cluster.builds", "rig.cluster.mooncake", "rig.cluster.ports", "rig.cluster.preflight",
         "rig.cluster.processes", "rig.config",

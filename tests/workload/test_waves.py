@@ -1,7 +1,7 @@
 """Prefix and pressure waves against the fake vLLM: prompts, prefix-cache expectations, the
 pressure wave's verdict, drain checks (recorded samples and live against ``leak-kv``), the
-timeline/summary outputs, the ``pdrig wave`` CLI, the suite runner's dispatch and the suite
-files."""
+timeline/summary outputs, the suite runner's dispatch and the suite files (``pdrig wave``'s
+command line: tests/app/test_wave_cli.py)."""
 
 from __future__ import annotations
 
@@ -29,13 +29,6 @@ from tests.helpers.waves import (
 )
 
 ROOT = Path(__file__).resolve().parents[2]
-
-
-def main(argv: list[str]) -> int:
-    """`pdrig wave ARGV...` in this process."""
-    from rig.cli import main as pdrig_main
-
-    return pdrig_main(["wave", *argv])
 
 
 # ------------------------------------------------------------------------------------ prompts
@@ -266,64 +259,6 @@ def test_timeline_plot_from_rows(tmp_path):
     assert plot_timeline([], tmp_path / "none.png") is None
 
 
-# ------------------------------------------------------------------------------------ CLI
-
-
-def test_cli_pressure_wave_with_urls(healthy, tmp_path, capsys):
-
-    p, d = healthy
-    rc = main(["pressure", "--prefill", p.url, "--decode", d.url, "--requests", "60", "--concurrency", "8",
-               "--cancel-fraction", "0.1", "--run-dir", str(tmp_path), "--drain", "5", "--progress", "lines",
-               "--sample-interval", "0.2", "--seed", "7", "--config", str(tmp_path / "missing.yaml")])
-    err = capsys.readouterr().err
-    assert rc == 2 and "not found" in err  # an explicit config must exist
-    rc = main(["pressure", "--prefill", p.url, "--decode", d.url, "--requests", "60", "--concurrency", "8",
-               "--cancel-fraction", "0.1", "--run-dir", str(tmp_path), "--drain", "5", "--progress", "lines",
-               "--sample-interval", "0.2", "--seed", "7", "--block-size", "16"])
-    err = capsys.readouterr().err
-    assert rc == 0, err
-    assert "pressure-wave: 0/60" in err and "pressure-wave: 60/60 (100%)" in err
-    report = json.loads((tmp_path / "report.json").read_text())
-    assert report["status"] == "passed"
-    assert report["scenarios"][0]["verdict"]["verdict"] == "PASS"
-    summary = (tmp_path / "summary.md").read_text()
-    assert "## pressure-wave: PASS" in summary
-    assert "![pressure-wave timeline](waves/pressure-wave-timeline.png)" in summary
-    assert (tmp_path / "waves" / "pressure-wave-timeline.png").is_file()
-    assert (tmp_path / "junit.xml").is_file()
-    wave = json.loads((tmp_path / "waves" / "pressure-wave.json").read_text())
-    assert all(dr["idle"] for dr in wave["drains"])
-    # bare URLs on ports no config instance has: cpu-tiny's block counts are not borrowed by name
-    assert wave["usable_blocks"].get("prefill") is None and wave["instances"] == {"prefill": "prefill",
-                                                                                   "decode": "decode"}
-
-
-def test_cli_prefix_wave_with_endpoints_file(healthy, tmp_path, capsys):
-
-    p, d = healthy
-    ep = tmp_path / "endpoints.json"
-    ep.write_text(json.dumps({"prefill": {"url": p.url, "role": "prefill"},
-                              "decode": {"url": d.url, "role": "decode"},
-                              "mooncake-master": {"url": "http://127.0.0.1:1", "role": "mooncake-master"}}))
-    rc = main(["prefix", "--endpoints", str(ep), "--groups", "3", "--per-group", "4", "--prefix-tokens", "32",
-               "--prompt-tokens", "40", "--run-dir", str(tmp_path / "out"), "--quiet", "--block-size", "16",
-               "--drain", "5"])
-    assert rc == 0, capsys.readouterr().err
-    wave = json.loads((tmp_path / "out" / "waves" / "prefix-wave.json").read_text())
-    assert wave["expected_prefix_hits"] == 3 * 3 * 32 and wave["deltas"]["prefill"]["prefix_hits"] == 3 * 3 * 32
-
-
-def test_cli_refusals(capsys, tmp_path):
-
-    assert main(["pressure"]) == 2
-    assert "at least one prefill and one decode" in capsys.readouterr().err
-    dead = f"http://127.0.0.1:{free_port()}"
-    assert main(["pressure", "--prefill", dead, "--decode", dead, "--run-dir", str(tmp_path), "--quiet"]) == 2
-    assert f"cannot reach {dead} (ConnectError" in capsys.readouterr().err
-    assert main(["prefix", "--prefill", dead, "--decode", dead, "--prefix-tokens", "60", "--prompt-tokens", "50"]) == 2
-    assert "prefix_tokens 60 must be below prompt_tokens 50" in capsys.readouterr().err
-
-
 # ------------------------------------------------------------------------------------ suites
 
 
@@ -390,7 +325,7 @@ def test_suite_runner_runs_the_waves_suite_on_fakes(tmp_path):
     drains = json.loads((run_dir / "waves" / "pressure-wave-ci.json").read_text())["drains"]
     assert [dr["instance"] for dr in drains] == ["decode-6blk", "prefill"] and all(dr["idle"] for dr in drains)
     # D has 5 usable blocks; the CI pressure wave keeps 3 one-block requests in flight (no queue)
-    pressure = runner.kind_results["pressure-wave-ci"]
+    pressure = runner.result.kind_results["pressure-wave-ci"]
     assert pressure.usable_blocks == {"prefill": 63, "decode-6blk": 5}
     assert pressure.peaks["decode-6blk"]["running"] >= 1
 
