@@ -118,7 +118,7 @@ def main(argv: list[str] | None = None) -> int:
         args = build_parser(argv).parse_args(argv)
     except SystemExit as e:  # a usage error (one line already printed, code 2) or --help (0)
         return e.code if isinstance(e.code, int) else 2
-    from rig.cluster.processes import install_signal_handlers
+    from rig.cluster.signals import install_signal_handlers
 
     install_signal_handlers()
     try:

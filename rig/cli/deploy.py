@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import shutil
 import sys
 import time
@@ -15,6 +16,8 @@ from typing import TYPE_CHECKING
 
 from rig.cli.args import check_folders, config_args, output_dir, output_file, port, write_output
 from rig.config import RigConfig, load_config
+from rig.config.deployment import DNS_LABEL, IMAGE_REF, LABEL_WORDS, k8s_name_problem
+from rig.config.files import cut
 from rig.errors import ClusterError, ConfigError
 
 if TYPE_CHECKING:
@@ -230,16 +233,43 @@ def cmd_compose(args: argparse.Namespace) -> int:
     return 0
 
 
+def _check_k8s_names(namespace: str, image: str | None) -> None:
+    """Raise ConfigError naming the flag when ``-n`` is not a Kubernetes namespace name (a DNS-1123
+    label) or ``--image`` is not an image reference; checked before the config is read."""
+    for flag, value, pattern, words in (("-n/--namespace", namespace, DNS_LABEL, f"a namespace: {LABEL_WORDS}"),
+                                        ("--image", image, IMAGE_REF, "an image reference (letters, digits and "
+                                                                      "._/:@+-, e.g. registry/pdrig:cpu)")):
+        problem = None if value is None else k8s_name_problem(value, pattern, words)
+        if problem:
+            raise ConfigError(f"{flag} {cut(problem, 200)}")
+
+
+def _check_rendered_names(docs: list[dict]) -> None:
+    """Raise ConfigError naming the object when a rendered object's name is not a DNS-1123 label of
+    at most 63 characters (Services, Jobs and pods' host names must be; ``pdrig-<run id>-<instance>``
+    can outgrow it with a long instance name)."""
+    for doc in docs:
+        name = doc.get("metadata", {}).get("name", "")
+        if not re.fullmatch(DNS_LABEL, name):
+            raise ConfigError(f"k8s: the {doc.get('kind')} name {cut(name, 100)!r} would be longer than the 63 "
+                              "characters Kubernetes allows (pdrig-<run id>-<instance>): shorten the instance names "
+                              "or --run-id")
+
+
 def cmd_k8s(args: argparse.Namespace) -> int:
-    """Render the config's plan as Kubernetes manifests (rig/plan/k8s.py) to stdout or ``-o FILE``."""
+    """Render the config's plan as Kubernetes manifests (rig/plan/k8s.py) to stdout or ``-o FILE``.
+    Every name is checked against Kubernetes' rules first (namespace, image, run id, the rendered
+    objects' names), so nothing is written that ``kubectl apply`` would refuse."""
     from datetime import datetime
 
     from rig.plan import k8s
 
+    _check_k8s_names(args.namespace, args.image)
     if args.output != "-":
         output_file(args.output, "-o")
     cfg = load_config(args.config, args.overrides)
     run_id = args.run_id or datetime.now(UTC).strftime("r%m%d-%H%M%S")
+    _check_rendered_names(k8s.render_k8s(cfg, run_id, args.namespace, args.image))
     text = k8s.k8s_yaml(cfg, run_id, args.namespace, args.image)
     if args.output == "-":
         sys.stdout.write(text)

@@ -10,12 +10,15 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from pydantic import ValidationError
+
 from rig.cli.args import build_args, check_folders, config_args, finite, on_build
 from rig.cli.attach_check import attached_urls, check_answering
 from rig.config import load_config
 from rig.config.base import MAX_SENT_TOGETHER
 from rig.config.endpoints_file import read_endpoints
-from rig.config.files import load_yaml
+from rig.config.expectations import KnownIssue
+from rig.config.files import cut, load_yaml
 from rig.config.help import REPO_CONFIGS, did_you_mean, unknown_scenarios_message
 from rig.errors import ConfigError
 from rig.run.phases import select_scenarios
@@ -97,7 +100,7 @@ def cmd_e2e(args: argparse.Namespace) -> int:
     if args.attach:  # an instance left out, or a closed port: refused before the run directory
         attached = attached_urls(cfg, scenarios, explicit=bool(args.endpoint or args.endpoints))
         if cfg.attach.connect_s is not None:  # null: pods that start with the run (the Kubernetes Job) are waited for
-            check_answering(attached)
+            check_answering(attached, served=cfg.model.served_name)
     run_dir = new_run_dir(cfg)
     if args.attach:
         # New prompts for this run (a long-lived deployment's prefix cache remembers older runs');
@@ -184,8 +187,6 @@ def _check_history(path: Path, cfg: RigConfig) -> None:
     """Refuse a ``--replay`` file before any server starts: ConfigError when it is missing, is not
     a history.jsonl (rig.explore.history.read_history), holds no action, or holds an action or a
     topology the explorer could not replay on ``cfg`` (checked here, not after start-up)."""
-    from pydantic import ValidationError
-
     from rig.explore.grammar import Topology
     from rig.explore.history import action_of, read_history
 
@@ -246,12 +247,40 @@ def _check_replayable(where: str, action: Any, topo: dict[str, Any], fix: str) -
                               f"it); {fix}")
 
 
+def _check_known(paths: list[str]) -> None:
+    """Refuse an ``explore --known`` suite before anything else is checked, built or started:
+    ConfigError (one line naming the file, the scenario and the field) when it cannot be read as a
+    YAML list (rig.config.files.load_yaml), or a scenario's ``known_issue`` is not a mapping with an
+    ``id`` or does not validate as a :class:`rig.config.expectations.KnownIssue` (what the
+    explorer's rig.explore.known.load_known validates after the deployment is up)."""
+    for path in paths:
+        data = load_yaml(Path(path), "--known", "give a suite YAML file (a list of scenarios)", top=list)
+        for i, sc in enumerate(data):
+            ki = sc.get("known_issue") if isinstance(sc, dict) else None
+            if ki is None:
+                continue
+            name = sc.get("name") if isinstance(sc.get("name"), str) else f"scenario {i}"
+            where = f"--known {cut(path)}: {cut(name, 60)}: known_issue"
+            if not isinstance(ki, dict) or not ki.get("id"):
+                raise ConfigError(f"{where} is not a mapping with an id; give id, title, affects and symptom "
+                                  "(as configs/suites/regressions.yaml)")
+            try:
+                KnownIssue.model_validate(ki)
+            except ValidationError as e:
+                first = e.errors()[0]
+                loc = ".".join(str(x) for x in first["loc"]) or "known_issue"
+                more = f" (and {len(e.errors()) - 1} more)" if len(e.errors()) > 1 else ""
+                raise ConfigError(f"{where}.{loc}: {first['msg']}{more}; `pdrig config --explain known_issue` "
+                                  "lists the fields") from None
+
+
 def cmd_explore(args: argparse.Namespace) -> int:
     """Explore one long-lived deployment per topology (rig/explore); exit 0 when no failure was
     found or every one matches a declared known issue, 1 when a new one was found, 3 on error."""
     # Every flag is checked before --build may create a build's env (gigabytes, minutes) and
     # before any server starts.
     cfg = check_folders(load_config(args.config, args.overrides))
+    _check_known(args.known)
     decodes = [d.strip() for d in (args.topologies or "").split(",") if d.strip()]
     names = [d.name for d in cfg.decode]
     bad = [d for d in decodes if d not in names]
@@ -276,7 +305,7 @@ def cmd_explore(args: argparse.Namespace) -> int:
     from rig.explore.known import load_known
     from rig.run.runner import new_run_dir
 
-    load_known(cfg, args.known)  # a --known file that cannot be read: refused before the run directory
+    load_known(cfg, args.known)  # as the explorer reads them (checked by _check_known above)
     preflight(cfg)
     run_dir = new_run_dir(cfg, f"{cfg.name}-explore")
     print(f"[pdrig] run directory: {run_dir}", file=sys.stderr, flush=True)

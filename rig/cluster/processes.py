@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import atexit
 import signal
-import threading
 import time
 from collections.abc import Collection, Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
@@ -35,6 +34,7 @@ from rig.cluster.backends.local import Local, processes_of_run
 from rig.cluster.containers import ComposeContainers
 from rig.cluster.logs import LogSource
 from rig.cluster.proctree import ProcSample, sample_tree
+from rig.cluster.signals import INTERRUPTED, install_signal_handlers
 from rig.cluster.startup import READY, StartupDisplay, StartupWatch, load_text
 from rig.cluster.startup_profile import StartupProfile
 from rig.config.deployment import ATTACH_CONNECT_S
@@ -45,8 +45,6 @@ from rig.plan.spec import Plan, ProcessSpec
 __all__ = ["INTERRUPTED", "Cluster", "ClusterError", "Running", "backend_for", "install_signal_handlers",
            "processes_of_run", "startup_affinity"]
 
-# Set by the CLI's signal handlers (install_signal_handlers): stop waiting for servers to start.
-INTERRUPTED = threading.Event()
 
 
 def backend_for(plan: Plan, grace_s: float, attach: bool = False, containers: ComposeContainers | None = None,
@@ -415,17 +413,3 @@ def startup_affinity(cpus_of: Mapping[str, tuple[int, ...]], allowed: Iterable[i
             load[c] += 1
         out[name] = tuple(sorted(pick))
     return out
-
-
-def install_signal_handlers() -> None:
-    """Turn SIGINT, SIGTERM and SIGHUP into KeyboardInterrupt so ``finally``/``with`` teardown runs."""
-    def _raise(signum, _frame):
-        INTERRUPTED.set()  # ends start-up waits in worker threads (Cluster._wait_ready)
-        raise KeyboardInterrupt(f"signal {signal.Signals(signum).name}")
-
-    INTERRUPTED.clear()
-
-    # SIGINT too: a job started in the background by a non-interactive shell inherits SIGINT
-    # as ignored, and Python then installs no KeyboardInterrupt handler of its own.
-    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
-        signal.signal(sig, _raise)

@@ -11,7 +11,16 @@ from pydantic import BaseModel, ConfigDict
 
 from rig.errors import ConfigError as ConfigError  # defined in the one exception tree; the config layer's name for it
 
-NAME_PATTERN = r"^[a-z0-9][a-z0-9-]*$"
+# Names of instances, scenarios, steps and the config: an RFC 1123 DNS label (1-63 lowercase letters,
+# digits and '-', a letter or digit at both ends), because each becomes a file name (logs/<name>.log,
+# waves/<name>.json, the run directory), a Compose service, a Kubernetes label value and part of a
+# Service name (rig/plan/k8s.py), and a vLLM argument. Kubernetes' own rule for those is this label.
+NAME_PATTERN = r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$"
+NAME_RULE = ("a name is 1-63 lowercase letters, digits and '-', with a letter or digit at both ends "
+             "(an RFC 1123 DNS label: it becomes a file name and a Kubernetes and Compose name)")
+# model.served_name: vLLM's --served-model-name and the OpenAI "model" field; also written into the
+# Compose and Kubernetes health checks, so no whitespace, quote, '$' or shell character.
+SERVED_NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._/:@+-]{0,199}$"
 
 # Bounds on counts, from what the rig can send: a larger number is a typo (``concurrent: 100000000``
 # would build that many prompts before the first request), refused with the bound in the message.

@@ -25,8 +25,32 @@ class PortsConfig(StrictModel):
                                                           "shared by every run on the host")
 
 
+# Kubernetes' own name rules (k8s.io/apimachinery/pkg/util/validation): a DNS-1123 label (namespaces,
+# Services, label values' shape), a DNS-1123 subdomain (claims), a label key (optional DNS prefix and
+# '/', then a name of 1-63), a resource quantity. Checked here so `pdrig k8s` never renders an object
+# `kubectl apply` refuses, nor a string that was meant as something else (`-n '../x; rm -rf /'`).
+DNS_LABEL = r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?"
+DNS_SUBDOMAIN = rf"(?=.{{1,253}}$){DNS_LABEL}(\.{DNS_LABEL})*"
+LABEL_NAME = r"[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?"
+LABEL_KEY = rf"({DNS_SUBDOMAIN}/)?{LABEL_NAME}"
+QUANTITY = r"\d+(\.\d+)?([KMGTPE]i|[kMGTPE]|m)?"
+# A container image reference (registry/name:tag@digest): no whitespace, quote or shell character.
+IMAGE_REF = r"[A-Za-z0-9][A-Za-z0-9._/:@+-]{0,254}"
+
+
+def k8s_name_problem(value: str, pattern: str, what: str) -> str | None:
+    """Why ``value`` does not fully match Kubernetes name rule ``pattern`` (one of the patterns
+    above), worded for ``what`` (e.g. "a namespace is a DNS label: 1-63 ..."), or None."""
+    return None if isinstance(value, str) and re.fullmatch(pattern, value) else f"{value!r} is not {what}"
+
+
+LABEL_WORDS = "a DNS-1123 label (1-63 lowercase letters, digits and '-', a letter or digit at both ends)"
+SUBDOMAIN_WORDS = "a DNS-1123 subdomain (labels of lowercase letters, digits and '-' joined by '.', at most 253)"
+
+
 class KubernetesConfig(StrictModel):
-    """How ``pdrig k8s`` renders the plan (rig/plan/k8s.py); ignored everywhere else."""
+    """How ``pdrig k8s`` renders the plan (rig/plan/k8s.py); ignored everywhere else. Every name
+    follows Kubernetes' rule for it (:data:`DNS_LABEL` and the patterns beside it)."""
 
     placement: Literal["same-node", "spread"] = Field(
         "same-node", description="same-node: decode pods on the node of this run's prefill pod "
@@ -47,6 +71,29 @@ class KubernetesConfig(StrictModel):
     resources: dict[str, str] = Field(
         default_factory=dict, description="extra resource limits of every engine pod, e.g. "
                                           "{rdma/rdma_shared_device_a: '1'} for RDMA NICs")
+
+    @model_validator(mode="after")
+    def _kubernetes_names(self) -> KubernetesConfig:
+        checks: list[tuple[str, str | None, str, str]] = [
+            ("image", self.image, IMAGE_REF, "an image reference (letters, digits and ._/:@+-)"),
+            ("model_cache_claim", self.model_cache_claim, DNS_SUBDOMAIN, SUBDOMAIN_WORDS),
+            ("run_dir_claim", self.run_dir_claim, DNS_SUBDOMAIN, SUBDOMAIN_WORDS),
+            ("run_dir_storage", self.run_dir_storage, QUANTITY, "a Kubernetes quantity (e.g. 1Gi, 500Mi)")]
+        checks += [(f"node_selector key {k!r}", k, LABEL_KEY, "a label key ([prefix/]name)")
+                   for k in self.node_selector]
+        checks += [(f"node_selector.{k}", v, f"({LABEL_NAME})?", "a label value (at most 63 letters, digits, "
+                    "-_.)") for k, v in self.node_selector.items()]
+        checks += [(f"resources key {k!r}", k, LABEL_KEY, "a resource name ([prefix/]name)") for k in self.resources]
+        checks += [(f"resources.{k}", v, QUANTITY, "a Kubernetes quantity (e.g. 1, 2Gi)")
+                   for k, v in self.resources.items()]
+        for field, value, pattern, words in checks:
+            problem = None if value is None else k8s_name_problem(value, pattern, words)
+            if problem:
+                raise ValueError(f"{field}: {problem}")
+        if not self.model_cache_host_path.startswith("/") or "\0" in self.model_cache_host_path:
+            raise ValueError(f"model_cache_host_path: {self.model_cache_host_path!r} is not an absolute path "
+                             "of the node")
+        return self
 
 
 class ComposeLogConfig(StrictModel):

@@ -14,7 +14,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from rig.config.base import ConfigError
+from rig.config.base import NAME_PATTERN, NAME_RULE, SERVED_NAME_PATTERN, ConfigError
 from rig.config.files import MAX_DEPTH, InputFileError, cut, load_yaml, parse_yaml, short
 from rig.config.help import did_you_mean, model_at, suite_candidates
 from rig.config.topology import RigConfig
@@ -85,7 +85,8 @@ def _format_validation_error(source: str, err: ValidationError, data: dict,
         for loc in e["loc"]:
             if isinstance(loc, int) and isinstance(node, list) and loc < len(node):
                 item = node[loc]
-                label = f"[{loc}]" + (f"({item['name']})" if isinstance(item, dict) and "name" in item else "")
+                label = f"[{loc}]" + (f"({cut(str(item['name']), 40)})" if isinstance(item, dict) and "name" in item
+                                      else "")
                 parts.append(label)
                 node = item
             else:
@@ -104,6 +105,9 @@ def _format_validation_error(source: str, err: ValidationError, data: dict,
                    f"`pdrig config --explain{' ' + section if section else ''}` describes them)")
         elif e["type"] == "missing":
             msg = "required field is missing"
+        elif e["type"] == "string_pattern_mismatch":  # the rule in words, not the regular expression
+            msg = {NAME_PATTERN: NAME_RULE, SERVED_NAME_PATTERN: "a served model name is 1-200 letters, digits and "
+                   "._/:@+- starting with a letter or digit"}.get(str((e.get("ctx") or {}).get("pattern")), msg)
         if isinstance(value, (str, int, float, bool)) and e["type"] not in ("extra_forbidden", "missing"):
             msg += f" (got {short(value)})"
         if e["type"] in ("list_type", "tuple_type") and isinstance(value, (str, int, float)):
@@ -113,7 +117,7 @@ def _format_validation_error(source: str, err: ValidationError, data: dict,
         origin = next((ov for ov in overrides or [] if ov.split("=", 1)[0].strip().split(".")[-1] == field_name), None)
         if origin is not None:
             advice = "fix the path (the part before =)" if unknown_key else "fix the value or drop that --set"
-            lines.append(f"--set {origin} ({where}): {msg}; {advice}")
+            lines.append(f"--set {cut(origin)} ({where}): {msg}; {advice}")
         else:
             lines.append(f"{where}: {msg}")
     if len(lines) == 1:

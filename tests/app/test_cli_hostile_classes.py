@@ -65,6 +65,26 @@ CASES: list[tuple[str, list[str], str, Setup]] = [
      lambda d: _history(d, [{"id": f"s{i}", "prompt_tokens": 8, "max_tokens": 2} for i in range(1_000)])),
     ("a replayed topology of block size 0", ["explore", "--replay", "h.jsonl"], "block_size 0",
      lambda d: _history(d, [{"id": "s0", "prompt_tokens": 8, "max_tokens": 2}], block_size=0)),
+    # names that become paths, argv and Kubernetes names
+    ("a Kubernetes namespace that is a shell line", ["k8s", "-n", "../x; rm -rf /"], "is not a namespace", None),
+    ("a Kubernetes image with a space", ["k8s", "--image", "pdrig:cpu; rm"], "is not an image reference", None),
+    ("an instance name too long for a Service name", ["k8s", "--set", "decode.0.name=" + "d" * 50,
+                                                        "--set", "scenarios.0.decode=" + "d" * 50],
+     "longer than the 63 characters", None),
+    ("a run id with a path in it", ["k8s", "--run-id", "../r1"], "--run-id", None),
+    ("a claim that is not a Kubernetes name", ["k8s", "--set", "kubernetes.run_dir_claim=../claim"],
+     "run_dir_claim", None),
+    ("an instance name of 300 characters", ["config", "--set", "decode.0.name=" + "d" * 300], "1-63 lowercase", None),
+    ("an instance name with a slash", ["plan", "--set", "decode.0.name=../../x"], "RFC 1123", None),
+    ("a served model name with a quote", ["config", "--set", "model.served_name=a'b"], "served model name", None),
+    ("a tiny model of terabytes", ["build-model", "--set", "model.tiny.hidden_size=8192",
+                                   "--set", "model.tiny.num_hidden_layers=64"], "more than the 200,000,000", None),
+    # an explore --known entry that does not validate: before the --build lookup, the run directory, any server
+    ("an explore --known entry of an unknown symptom", ["explore", "--build", "nosuch", "--known", "k.yaml"],
+     "known_issue.symptom", lambda d: (d / "k.yaml").write_text(
+         "- name: a\n  known_issue: {id: x, title: t, affects: '>=0.1', symptom: {kind: nosuch}}\n")),
+    ("an explore --known entry without an id", ["explore", "--known", "k.yaml"], "not a mapping with an id",
+     lambda d: (d / "k.yaml").write_text("- name: a\n  known_issue: just-words\n")),
 ]
 
 

@@ -215,7 +215,7 @@ def test_logs_from_compose_names_every_instance_and_log_overrides_one(tmp_path, 
             raise SystemExit(0)
 
     monkeypatch.setattr("rig.run.runner.SuiteRunner", Capture)
-    monkeypatch.setattr("rig.cli.run.check_answering", lambda urls: None)  # no deployment: only the log sources
+    monkeypatch.setattr("rig.cli.run.check_answering", lambda urls, **_: None)  # no deployment: only the log sources
     monkeypatch.chdir(tmp_path)
     config = str(Path(__file__).resolve().parents[2] / "configs" / "cpu-tiny.yaml")
     with pytest.raises(SystemExit):
@@ -403,7 +403,7 @@ def test_e2e_attach_to_endpoints_that_do_not_answer_ends_in_seconds_not_at_the_c
     urls = {n: f"http://127.0.0.1:{_closed_port()}" for n in ("prefill", "decode")}
     # endpoints that stop answering after the CLI's connect check (which alone would refuse them):
     # the attached backend's own bound ends the wait
-    monkeypatch.setattr("rig.cli.run.check_answering", lambda urls: None)
+    monkeypatch.setattr("rig.cli.run.check_answering", lambda urls, **_: None)
     rc = cli.main(["e2e", "-c", str(config), "--attach",
                    *[a for n, u in urls.items() for a in ("--endpoint", f"{n}={u}")]])
     err = capsys.readouterr().err

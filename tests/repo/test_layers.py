@@ -107,7 +107,7 @@ _PLUGIN = ("the pytest plugin is loaded by every pytest session of an environmen
 
 # (importing module, imported module) -> why it is imported inside a function.
 LAZY: dict[tuple[str, str], str] = {
-    ("rig.cli", "rig.cluster.processes"): _CLI + " (a refusal of a bad flag or file does not load httpx)",
+    ("rig.cli", "rig.cluster.signals"): _CLI + " (a refusal of a bad flag or file does not load httpx)",
     **{("rig.cli.args", m): _CLI for m in ("rig.cluster.builds", "rig.run.matrix")},
     **{("rig.cli.deploy", m): _CLI for m in (
         "rig.cluster.builds", "rig.cluster.mooncake", "rig.cluster.preflight", "rig.cluster.probes",
