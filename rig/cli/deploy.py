@@ -29,13 +29,13 @@ if TYPE_CHECKING:
 
 def cmd_plan(args: argparse.Namespace) -> int:
     """Print the plan (no process is started, no model built)."""
+    cfg = load_config(args.config, args.overrides)  # first: a refusal imports no cluster machinery
     from rig.cluster import mooncake
     from rig.cluster.preflight import cpu_problem
     from rig.cluster.probes import busy_ports
     from rig.plan.processes import LAYOUT_WORDS, build_plan
     from rig.run.runner import resolve_model
 
-    cfg = load_config(args.config, args.overrides)
     plan = build_plan(cfg, Path(cfg.run_root) / "<timestamp>-" f"{cfg.name}", resolve_model(cfg, build=False),
                       sys.executable, mooncake.master_binary(cfg))
     if args.json:
@@ -89,9 +89,9 @@ def cmd_config(args: argparse.Namespace) -> int:
 
 def cmd_build_model(args: argparse.Namespace) -> int:
     """Build the tiny model if the config uses it and print its directory."""
+    cfg = check_folders(load_config(args.config, args.overrides))
     from rig.run.runner import resolve_model
 
-    cfg = check_folders(load_config(args.config, args.overrides))
     print(resolve_model(cfg))
     return 0
 
@@ -100,6 +100,7 @@ def cmd_up(args: argparse.Namespace) -> int:
     """Start instances (default: :func:`rig.run.topology.default_instances`, the pair a manual wave
     needs), warm every P->D pair up as `e2e` does, write ``endpoints.json``, and keep them up
     until Ctrl-C or a death (exit 1). The config's ports stay reserved meanwhile (rig/cluster/ports.py)."""
+    cfg = check_folders(load_config(args.config, args.overrides))  # first: a refusal imports no cluster machinery
     from rig.cluster import mooncake
     from rig.cluster.builds import launch_vllm_version
     from rig.cluster.ports import reserve
@@ -112,7 +113,6 @@ def cmd_up(args: argparse.Namespace) -> int:
     from rig.run.topology import default_instances, parse_instances
     from rig.transport import aio
 
-    cfg = check_folders(load_config(args.config, args.overrides))
     preflight(cfg)
     engines, why = (parse_instances(cfg, args.instances), "as given by --instances") if args.instances \
         else default_instances(cfg)
@@ -203,11 +203,11 @@ def cmd_compose(args: argparse.Namespace) -> int:
     and connector files and receives ``docker-compose.yml`` (``-o`` to put it elsewhere) and
     ``instances`` (the rendered names, for ``pdrig e2e --attach --instances``).
     """
+    cfg = check_folders(load_config(args.config, args.overrides))  # first: a refusal imports no plan machinery
     from rig.plan import compose
     from rig.run.runner import resolve_model
     from rig.run.topology import default_instances, parse_instances
 
-    cfg = check_folders(load_config(args.config, args.overrides))
     engines, why = (parse_instances(cfg, args.instances), "as given by --instances") if args.instances \
         else default_instances(cfg)
     plan = compose.container_plan(cfg, engines)
@@ -302,9 +302,13 @@ def cmd_schema(args: argparse.Namespace) -> int:
     (rig/config/schema.py: made from the pydantic models). The shipped YAML files name these files
     in their ``# yaml-language-server: $schema=...`` line. Returns 0."""
     out = output_dir(args.out, "--out")
-    out.mkdir(parents=True, exist_ok=True)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as e:  # /proc, a read-only mount: folder_problem cannot see every refusal ahead
+        raise ConfigError(f"--out {cut(str(args.out))}: cannot create it ({e.strerror or e}); give a writable folder") \
+            from None
     for name, schema in all_schemas().items():
-        (out / name).write_text(json.dumps(schema, indent=2, sort_keys=True) + "\n")
+        write_output(out / name, json.dumps(schema, indent=2, sort_keys=True) + "\n", "--out")
         print(out / name)
     return 0
 

@@ -76,9 +76,6 @@ def cmd_e2e(args: argparse.Namespace) -> int:
     if args.build and (args.attach or args.docker):
         raise ConfigError("--build starts the servers with that build's interpreter: drop --attach / --docker")
     cfg = on_build(cfg, args)
-    from rig.cluster.preflight import preflight
-    from rig.run.runner import SuiteRunner, new_run_dir
-
     known = [s.name for s in cfg.scenarios]
     unknown = [n for n in args.scenario or [] if n not in known]
     if unknown:
@@ -86,6 +83,8 @@ def cmd_e2e(args: argparse.Namespace) -> int:
         raise ConfigError(unknown_scenarios_message(unknown, known, sorted(suite_dirs)))
     scenarios = select_scenarios(cfg, args.scenario)
     if not args.attach and not args.docker:
+        from rig.cluster.preflight import preflight
+
         preflight(cfg)
         from rig.run.request_check import check_request_fields
 
@@ -101,6 +100,8 @@ def cmd_e2e(args: argparse.Namespace) -> int:
         attached = attached_urls(cfg, scenarios, explicit=bool(args.endpoint or args.endpoints))
         if cfg.attach.connect_s is not None:  # null: pods that start with the run (the Kubernetes Job) are waited for
             check_answering(attached, served=cfg.model.served_name)
+    from rig.run.runner import SuiteRunner, new_run_dir
+
     run_dir = new_run_dir(cfg)
     if args.attach:
         # New prompts for this run (a long-lived deployment's prefix cache remembers older runs');

@@ -105,3 +105,9 @@ def test_a_config_path_too_long_for_the_filesystem_is_refused_naming_it():
     with in_fresh_dir() as d:
         line = refused(["config", "--config", "a" * 5000], d, set())
         assert "too long" in line and len(line) < 400
+
+
+def test_schema_out_where_no_folder_can_be_made_is_refused_in_one_line():
+    with in_fresh_dir() as d:
+        line = refused(["schema", "--out", "/proc/pdrig-no-such-folder"], d, set())
+        assert "--out /proc/pdrig-no-such-folder: cannot create it" in line
