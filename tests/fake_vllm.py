@@ -33,7 +33,8 @@ Environment:
                                1 spins while a request waits (vLLM's busy loop), idle never uses
                                CPU, compile starts a cc1plus child when a request first waits
   FAKE_VLLM_PULL_S             seconds a decode-side request spends pulling its KV (kv fetch stage
-                               in_progress; default: FAKE_VLLM_TOKEN_LATENCY)
+                               in_progress; default: FAKE_VLLM_TOKEN_LATENCY); the pull then also waits
+                               for P's side channel to answer (pull_from_p): a SIGSTOPped P holds it
 
 Faults (FAKE_VLLM_FAULT):
   exit-before-ready  traceback ending "RuntimeError: fake engine failed to start", exit 1
@@ -631,6 +632,7 @@ class Server:
             await req.admitted
             if self._count_prompt(req, ktp):  # D pulls the prompt's KV: waiting, stage in_progress
                 await asyncio.sleep(PULL_S)
+                await pull_from_p(ktp)
             req.state = "running"
             if stream:
                 resp = web.StreamResponse(headers={"Content-Type": "text/event-stream; charset=utf-8"})
@@ -746,6 +748,24 @@ class Server:
                 "remote_host": self.side_host, "remote_port": self.side_port, "tp_size": 1,
                 "dcp_size": 1, "pp_size": 1, "remote_num_tokens": n,
                 "remote_blocks_expiry_time": None, "transfer_mode": "pull"}
+
+
+async def pull_from_p(ktp: dict, limit_s: float = 60.0) -> None:
+    """The end of D's KV pull: connect to P's NIXL side channel (``remote_host``/``remote_port`` of
+    ``kv_transfer_params``) and wait until P's stand-in closes it. A SIGSTOPped P accepts nothing
+    (the kernel queues the connection), so the pull stays in progress until SIGCONT, as a NIXL read
+    from a stopped P does; a P that is gone (connection refused) or a side channel that is absent ends
+    it at once (the fake's pull then succeeds, as before). ``limit_s`` bounds the wait."""
+    host, port = ktp.get("remote_host"), ktp.get("remote_port")
+    if not host or not port or not os.environ.get("VLLM_NIXL_SIDE_CHANNEL_PORT"):
+        return
+    try:
+        async with asyncio.timeout(limit_s):
+            reader, writer = await asyncio.open_connection(host, int(port))
+            await reader.read(1)
+            writer.close()
+    except (OSError, TimeoutError):
+        pass
 
 
 def omit_families(text: bytes, families: set[str]) -> bytes:

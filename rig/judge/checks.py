@@ -320,7 +320,9 @@ def kv_integrity_check(obs: ScenarioObservation, answered: dict[str, str] | None
 def idle_check(obs: ScenarioObservation, drains=None, describe=None) -> Check:
     """``idle-after``: every instance drained back to idle. Not checked without a drain
     observation or when an instance lacks a gauge it is judged on (``obs.missing_metrics``).
-    ``drains`` defaults to ``obs.drains``; ``describe(drain)`` to ``DrainResult.describe``."""
+    ``drains`` defaults to ``obs.drains``; ``describe(drain)`` to ``DrainResult.describe``. The
+    check carries the ``/metrics`` samples the drains were judged from (``DrainResult.samples``
+    summed); idle is only ever read from a sample, so an ok check has at least one per instance."""
     drains = obs.drains if drains is None else drains
     describe = describe or (lambda d: d.describe())
     gap = not_checked_for_metrics("idle-after", obs, [d.instance for d in drains], IDLE_METRICS)
@@ -329,7 +331,8 @@ def idle_check(obs: ScenarioObservation, drains=None, describe=None) -> Check:
     if not drains:
         return Check("idle-after", None, "not checked: no drain was observed")
     not_idle = [d for d in drains if not d.idle]
-    return Check("idle-after", not not_idle, "; ".join(describe(d) for d in (not_idle or drains)))
+    return Check("idle-after", not not_idle, "; ".join(describe(d) for d in (not_idle or drains)),
+                 samples=sum(d.samples for d in drains))
 
 
 def stream_check(records: list[PDRecord]) -> Check | None:

@@ -52,23 +52,25 @@ def decreases(rows: list[dict[str, Any]]) -> tuple[list[str], list[str]]:
 
 def counters_monotonic_check(rows: list[dict[str, Any]]) -> Check:
     """The ``counters-monotonic`` check over one scenario's timeline ``rows`` (see the module
-    docstring). Run-level: a counter belongs to an instance, not to one request."""
+    docstring). Run-level: a counter belongs to an instance, not to one request. Carries the
+    number of rows with counters it judged (``samples``)."""
     sampled = [r for r in rows if r.get("counters")]
+    n = len(sampled)
     if not sampled:
-        return Check(NAME, None, "not checked: no metrics timeline with counters was sampled")
+        return Check(NAME, None, "not checked: no metrics timeline with counters was sampled", samples=0)
     lives: dict[tuple[Any, Any], int] = {}
     for r in sampled:
         key = (r.get("instance"), r.get("life"))
         lives[key] = lives.get(key, 0) + 1
     if max(lives.values()) < 2:
-        return Check(NAME, None, f"not checked: no process life sampled twice ({len(sampled)} sample(s))")
+        return Check(NAME, None, f"not checked: no process life sampled twice ({n} sample(s))", samples=n)
     found, blind = decreases(sampled)
     if found:
         return Check(NAME, False, f"{len(found)} counter decrease(s) within one process life: "
-                     + "; ".join(found[:3]) + ("; ..." if len(found) > 3 else ""))
+                     + "; ".join(found[:3]) + ("; ..." if len(found) > 3 else ""), samples=n)
     if blind:
         return Check(NAME, None, f"not checked: {', '.join(blind)} showed a counter drop but exposes no "
-                     "process_start_time_seconds, so a restart cannot be told from a decrease")
+                     "process_start_time_seconds, so a restart cannot be told from a decrease", samples=n)
     series = {k for r in sampled for k in r["counters"]}
-    return Check(NAME, True, f"{len(series)} counter series never decreased over {len(sampled)} samples "
-                             f"in {len(lives)} process life(s)")
+    return Check(NAME, True, f"{len(series)} counter series never decreased over {n} samples "
+                             f"in {len(lives)} process life(s)", samples=n)

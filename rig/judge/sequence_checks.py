@@ -61,6 +61,7 @@ from rig.judge.checks import (
     stream_check,
 )
 from rig.judge.verdict import ScenarioVerdict, _kv_pulled, judge, required_checks  # one kv-pulled rule
+from rig.judge.windows import shortfall_bound
 from rig.observe.observations import ScenarioObservation
 from rig.transport.records import PDRecord
 from rig.workload.sequence import ABANDONED, CANCELLED, SequenceResult
@@ -212,23 +213,27 @@ def no_stall_check(result: SequenceResult, records: list[PDRecord] | None = None
                                            f"({n} samples)"), n, "D was never sampled while requests were outstanding")
 
 
-def gauges_account_check(result: SequenceResult) -> Check:
+def gauges_account_check(result: SequenceResult, baseline_s: float | None = None) -> Check:
     """``gauges-account`` (``require: [gauges-account]``; vLLM PR #56640: a request parked in
     WAITING_FOR_REMOTE_KVS that D reports in no gauge): D's running + waiting / kv-fetch gauges
-    counted every request outstanding at D, but for gaps shorter than ``timeouts.stall_window_s``
-    (a request between D's HTTP server and its engine, an answer on its way back). Not checked
-    when D was never sampled with a request outstanding at it."""
-    g, window = result.gauges, result.gauge_window_s
+    counted every request outstanding at D, but for shortfalls shorter than the bound
+    :func:`rig.judge.windows.shortfall_bound` derives from the deployment's measured per-request
+    time ``baseline_s`` (a request between D's HTTP server and its engine, an answer on its way
+    back), at most ``timeouts.stall_window_s``. Not checked when D was never sampled with a request
+    outstanding at it."""
+    g = result.gauges
+    bound = shortfall_bound(baseline_s, result.sample_gap_s, result.gauge_window_s)
     if g.samples == 0:
         return Check("gauges-account", None, "not checked: D was never sampled with a request outstanding at it",
                      samples=0)
-    if g.longest_s < window:
+    if g.longest_s < bound.seconds:
         return Check("gauges-account", True, f"D's gauges counted every outstanding request in {g.samples} samples "
-                                             f"(longest shortfall {g.longest_s:g} s, bound {window:g} s)",
+                                             f"(longest shortfall {g.longest_s:g} s, bound {bound.text()})",
                      samples=g.samples)
     return Check("gauges-account", False, f"D's gauges showed {g.visible:g} of {g.outstanding} outstanding requests "
-                                          f"for {g.longest_s:g} s (until {g.at_ms:g} ms): requests D holds but "
-                                          "counts in no gauge (running, waiting, kv_fetch)", samples=g.samples)
+                                          f"for {g.longest_s:g} s (until {g.at_ms:g} ms; bound {bound.text()}): "
+                                          "requests D holds but counts in no gauge (running, waiting, kv_fetch)",
+                 samples=g.samples)
 
 
 def lease_reaped_check(result: SequenceResult, lease_s: float, margin_s: float,
@@ -289,7 +294,7 @@ def sequence_checks(sc: ScenarioConfig, obs: ScenarioObservation, result: Sequen
         out.append(refusal_relayed_check(result))
     out.append(no_stall_check(result, obs.records))
     if "gauges-account" in sc.require:
-        out.append(gauges_account_check(result))
+        out.append(gauges_account_check(result, obs.baseline_request_s))
     if spec.abandons:
         out.append(lease_reaped_check(result, result.lease_s, spec.idle_margin_s, spec.reap_while))
     bound = f"within {result.idle_bound_s:g} s" + (" = kv_lease_duration + idle_margin_s"

@@ -72,14 +72,16 @@ def _stall_check(wave: WaveResult) -> Check:
     freeze whose evidence is conclusive; "not checked" when every unexplained freeze was
     inconclusive (a starved or compiling engine), or when an instance's /metrics was never read
     during the wave (``WaveResult.samples`` 0) and nothing failed: a watcher that saw nothing
-    cannot say nothing froze."""
-    blind = sorted(n for n, k in wave.samples.items() if k == 0)
+    cannot say nothing froze. The check carries the snapshots the watcher was fed (every
+    instance's, summed)."""
+    n = sum(wave.samples.values())
+    blind = sorted(name for name, k in wave.samples.items() if k == 0)
     unseen = (f"not checked: {', '.join(blind)} never sampled during the wave ({wave.scrape_errors} "
               "/metrics scrape(s) failed)")
     if not wave.stalls:
         if blind:
-            return Check("no-stall", None, unseen)
-        return Check("no-stall", True, "no instance froze with requests waiting")
+            return Check("no-stall", None, unseen, samples=n)
+        return Check("no-stall", True, f"no instance froze with requests waiting ({n} samples)", samples=n)
     parts = [f"{st['instance']} at {st['start_s']:g} s for {st['duration_s']:g} s: "
              + (f"explained: {st['explained']}" if st["explained"] else f"UNEXPLAINED: {st['diagnosis']}")
              for st in wave.stalls]
@@ -87,10 +89,10 @@ def _stall_check(wave: WaveResult) -> Check:
     unexplained = [st for st in wave.stalls if not st["explained"]]
     if unexplained and all(st.get("inconclusive") for st in unexplained):
         # the engine starved by a loaded host, or compiling (rig.observe.stall): nothing shown about vLLM
-        return Check("no-stall", None, f"not checked: every unexplained freeze was inconclusive: {text}")
+        return Check("no-stall", None, f"not checked: every unexplained freeze was inconclusive: {text}", samples=n)
     if not unexplained and blind:
-        return Check("no-stall", None, f"{unseen}; {text}")
-    return Check("no-stall", not unexplained, text)
+        return Check("no-stall", None, f"{unseen}; {text}", samples=n)
+    return Check("no-stall", not unexplained, text, samples=n)
 
 
 def _first_error(recs: list[WaveRecord]) -> str:

@@ -25,10 +25,11 @@ def drain_from_samples(instance: str, samples: Sequence[m.MetricSnapshot | dict[
     KV usage <= baseline) at a sample taken within ``drain_s`` after ``t_end``?
 
     ``samples`` are snapshots or timeline rows (keys as in timeline.jsonl, ``t`` monotonic).
-    The verdict is drawn from the first idle sample, else from the last sample in the window.
+    The verdict is drawn from the first idle sample, else from the last sample in the window; the
+    result's ``samples`` counts the samples of ``instance`` in the window up to that one.
     """
     last: dict[str, float | None] = {}
-    seen = False
+    seen = 0  # samples of ``instance`` in the window
     for s in sorted(samples, key=lambda s: s.t if isinstance(s, m.MetricSnapshot) else s["t"]):
         if isinstance(s, m.MetricSnapshot):
             if s.instance != instance:
@@ -42,14 +43,14 @@ def drain_from_samples(instance: str, samples: Sequence[m.MetricSnapshot | dict[
                      "kv_usage": s.get("kv_cache_usage_perc")}
         if t < t_end or t > t_end + drain_s:
             continue
-        seen, last = True, state
+        seen, last = seen + 1, state
         idle = idle_verdict(state, baseline_kv)
         if idle is None:  # an absent gauge is never idle
-            return DrainResult(instance, None, t - t_end, baseline_kv, state, absent_gauges(state))
+            return DrainResult(instance, None, t - t_end, baseline_kv, state, absent_gauges(state), seen)
         if idle:
-            return DrainResult(instance, True, t - t_end, baseline_kv, state)
+            return DrainResult(instance, True, t - t_end, baseline_kv, state, samples=seen)
     return DrainResult(instance, False, drain_s, baseline_kv, last,
-                       "" if seen else f"no sample within {drain_s:g} s after the wave")
+                       "" if seen else f"no sample within {drain_s:g} s after the wave", seen)
 
 
 def describe_drain(d: DrainResult, usable_blocks: int | None) -> str:

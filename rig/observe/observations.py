@@ -28,7 +28,8 @@ class DrainResult:
     within ``timeout_s``; ``final`` holds the last gauges seen, ``after_s`` the time it took.
 
     ``idle`` is tri-state like :class:`rig.judge.verdict.Check`: None when it could not be told (a
-    gauge the instance does not expose; ``error`` names it), which is never idle."""
+    gauge the instance does not expose; ``error`` names it), which is never idle. ``samples``: the
+    ``/metrics`` snapshots of the instance it was judged from (0: none answered)."""
 
     instance: str
     idle: bool | None
@@ -36,6 +37,7 @@ class DrainResult:
     baseline_kv: float
     final: dict[str, float | None]
     error: str = ""
+    samples: int = 0
 
     def describe(self) -> str:
         """'idle after 0.4 s' or a leak statement naming the gauge."""
@@ -85,19 +87,20 @@ async def wait_idle(http: httpx.AsyncClient, instance: str, url: str, baseline_k
     t0 = time.monotonic()
     final: dict[str, float | None] = {}
     err: str  # set by every poll: "" after a sample, the error after a failed scrape
+    n = 0  # snapshots read
     while True:
         try:
             snap = await m.scrape(http, url, instance)
-            final, err = m.idle_state(snap), ""
+            final, err, n = m.idle_state(snap), "", n + 1
             idle = idle_verdict(final, baseline_kv)
             if idle is None:  # the gauge will not appear by waiting: not checked, at once
-                return DrainResult(instance, None, time.monotonic() - t0, baseline_kv, final, absent_gauges(final))
+                return DrainResult(instance, None, time.monotonic() - t0, baseline_kv, final, absent_gauges(final), n)
             if idle:
-                return DrainResult(instance, True, time.monotonic() - t0, baseline_kv, final)
+                return DrainResult(instance, True, time.monotonic() - t0, baseline_kv, final, samples=n)
         except (httpx.HTTPError, ValueError) as e:
             err = f"{type(e).__name__}: {e}"
         if time.monotonic() - t0 >= timeout_s:
-            return DrainResult(instance, False, time.monotonic() - t0, baseline_kv, final, err)
+            return DrainResult(instance, False, time.monotonic() - t0, baseline_kv, final, err, n)
         await asyncio.sleep(interval_s)
 
 
@@ -163,6 +166,10 @@ class ScenarioObservation:
     # its block size in tokens: what makes kv-pulled's NIXL bytes exact.
     kv_bytes_per_block: int | None = None
     block_size: int | None = None
+    # The deployment's measured per-request time in seconds (None: not measured; the runner does not
+    # measure it yet): the judging windows that follow the deployment's speed derive from it
+    # (rig.judge.windows), and fall back to their absolute caps without it.
+    baseline_request_s: float | None = None
 
 
 class SnapshotStore:

@@ -210,6 +210,8 @@ class DrainReport(ReportModel):
     final: dict[str, float | None]
     """The last gauges seen (waiting, running, kv_usage)."""
     error: str = ""
+    samples: int = 0
+    """The ``/metrics`` snapshots of the instance it was judged from."""
 
 
 class ObservationReport(ReportModel):
@@ -243,6 +245,9 @@ class ObservationReport(ReportModel):
     """Instance -> vLLM version from its ``/version``."""
     stopped: dict[str, str] = {}
     """Instances their owner stopped (not deaths) -> the owner's stop line."""
+    baseline_request_s: float | None = None
+    """The deployment's measured per-request time in seconds, which the speed-following judging
+    windows derive from; None: not measured (they then use their absolute caps)."""
 
 
 class WaveReport(ReportModel):

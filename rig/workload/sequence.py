@@ -330,7 +330,7 @@ class _Sequence:
         outstanding request with the diagnosis naming the steps they belong to."""
         t = self.ctx.cfg.timeouts
         d, http = self.ctx.decode, self.ctx.http
-        self.result.gauge_window_s = t.stall_window_s
+        self.result.gauge_window_s, self.result.sample_gap_s = t.stall_window_s, t.sample_gap_s
 
         async def scrape() -> m.MetricSnapshot:  # D's gauges: judged against requests outstanding all along it
             self.result.gauges.begin(at_d(self.entries.values()))

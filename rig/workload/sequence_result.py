@@ -130,7 +130,8 @@ class SequenceResult:
     idle_bound_s: float = 0.0
     lease_s: float = 0.0  # nixl.kv_lease_duration of the run (the lease-reaped bound)
     gauges: GaugeGap = field(default_factory=GaugeGap)
-    gauge_window_s: float = 0.0  # timeouts.stall_window_s: a gap this long fails gauges-account
+    gauge_window_s: float = 0.0  # timeouts.stall_window_s: the longest gauges-account's bound may be
+    sample_gap_s: float = 0.0  # timeouts.sample_gap_s: the shortest (rig.judge.windows.shortfall_bound)
     router_url: str = ""  # where route router steps went ('' = no router step)
     refusals: list[RefusalProbe] = field(default_factory=list)
 

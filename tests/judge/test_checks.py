@@ -313,17 +313,19 @@ def test_kv_integrity_takes_the_callers_id_maps():
 # ------------------------------------------------------------------------------ idle-after
 
 def test_idle_after_needs_a_drain_and_every_gauge():
-    d = [DrainResult("decode", True, 0.3, 0.0, {}), DrainResult("prefill", True, 0.1, 0.0, {})]
-    assert idle_check(obs(drains=d)) == Check("idle-after", True, "decode idle after 0.3 s; prefill idle after 0.1 s")
+    d = [DrainResult("decode", True, 0.3, 0.0, {}, samples=2), DrainResult("prefill", True, 0.1, 0.0, {}, samples=1)]
+    assert idle_check(obs(drains=d)) == Check("idle-after", True, "decode idle after 0.3 s; prefill idle after 0.1 s",
+                                              samples=3)
     assert idle_check(obs()) == Check("idle-after", None, "not checked: no drain was observed")
     gap = obs(drains=d, missing_metrics={"prefill": ["vllm:kv_cache_usage_perc"]})
     assert idle_check(gap) == Check("idle-after", None, "not checked: prefill lacks vllm:kv_cache_usage_perc")
 
 
 def test_idle_after_fails_naming_only_the_instances_that_did_not_drain():
-    d = [DrainResult("decode", False, 5.0, 0.0, {"kv_usage": 0.5}), DrainResult("prefill", True, 0.1, 0.0, {})]
+    d = [DrainResult("decode", False, 5.0, 0.0, {"kv_usage": 0.5}, samples=4),
+         DrainResult("prefill", True, 0.1, 0.0, {}, samples=1)]
     out = idle_check(obs(), drains=d, describe=lambda x: f"<{x.instance}>")
-    assert out == Check("idle-after", False, "<decode>")
+    assert out == Check("idle-after", False, "<decode>", samples=5)
     undecided = [DrainResult("decode", None, 5.0, 0.0, {}, error="no gauge")]
     assert idle_check(obs(), drains=undecided).ok is False  # never idle when it could not be told
 

@@ -31,7 +31,7 @@ def test_a_row_without_time_or_instance_reads_zero_and_question_mark():
 def test_at_most_three_decreases_are_listed_then_an_ellipsis():
     first = {A: 9.0, B: 9.0, C: 9.0, D: 9.0}
     c = counters_monotonic_check([row("decode", 0.0, first), row("decode", 1.0, dict.fromkeys(first, 8.0))])
-    assert (c.name, c.ok) == (NAME, False)
+    assert (c.name, c.ok, c.samples) == (NAME, False, 2)
     assert c.detail == (f"4 counter decrease(s) within one process life: decode: {A} 9 -> 8 at +1.0 s; "
                         f"decode: {B} 9 -> 8 at +1.0 s; decode: {C} 9 -> 8 at +1.0 s; ...")
     three = {A: 9.0, B: 9.0, C: 9.0}
@@ -46,7 +46,7 @@ def test_an_instance_without_life_is_named_once_and_a_real_decrease_still_fails(
             row("prefill", 1.0, {A: 4.0}, life=None)]
     assert decreases(rows) == ([], ["decode", "prefill"])
     c = counters_monotonic_check(rows)
-    assert (c.name, c.ok) == (NAME, None)
+    assert (c.name, c.ok, c.samples) == (NAME, None, 5)
     assert c.detail == ("not checked: decode, prefill showed a counter drop but exposes no "
                         "process_start_time_seconds, so a restart cannot be told from a decrease")
     c = counters_monotonic_check(rows + [row("decode", 3.0, {SRC: 2.0}), row("decode", 4.0, {SRC: 1.0})])
@@ -58,15 +58,17 @@ def test_the_holding_detail_counts_series_samples_and_lives():
     rows = [row("decode", 0.0, {A: 1.0}), row("decode", 1.0, {A: 1.0, B: 2.0}), row("prefill", 0.0, {A: 0.0}),
             row("prefill", 1.0, {C: 3.0}, life=2.0), {"instance": "decode", "t": 2.0, "counters": {}, "life": 1.0}]
     c = counters_monotonic_check(rows)
-    assert (c.name, c.ok) == (NAME, True)
+    assert (c.name, c.ok, c.samples) == (NAME, True, 4)  # the row without counters is not one
     assert c.detail == "3 counter series never decreased over 4 samples in 3 process life(s)"
 
 
 def test_not_checked_details_name_what_was_missing():
     c = counters_monotonic_check([{"instance": "decode", "t": 0.0, "counters": {}}])
-    assert (c.name, c.ok, c.detail) == (NAME, None, "not checked: no metrics timeline with counters was sampled")
+    assert (c.name, c.ok, c.detail, c.samples) == (NAME, None, "not checked: no metrics timeline with counters was "
+                                                              "sampled", 0)
     c = counters_monotonic_check([row("decode", 0.0, {A: 1.0}), row("decode", 1.0, {A: 1.0}, life=2.0)])
-    assert (c.name, c.ok, c.detail) == (NAME, None, "not checked: no process life sampled twice (2 sample(s))")
+    assert (c.name, c.ok, c.detail, c.samples) == (NAME, None, "not checked: no process life sampled twice "
+                                                              "(2 sample(s))", 2)
 
 
 def test_a_series_that_appears_later_starts_its_own_comparison():

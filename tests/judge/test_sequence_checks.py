@@ -396,13 +396,31 @@ def test_gauges_account_states():
                                         "not checked: D was never sampled with a request outstanding at it")
     res = SequenceResult(gauges=GaugeGap(samples=4, longest_s=1.9, outstanding=2, visible=1.0), gauge_window_s=2.0)
     c = gauges_account_check(res)
-    assert c.ok is True and c.name == "gauges-account"
-    assert c.detail == "D's gauges counted every outstanding request in 4 samples (longest shortfall 1.9 s, bound 2 s)"
+    assert (c.ok, c.name, c.samples) == (True, "gauges-account", 4)
+    assert c.detail == ("D's gauges counted every outstanding request in 4 samples (longest shortfall 1.9 s, bound "
+                        "2 s (timeouts.stall_window_s: no per-request baseline measured))")
     res.gauges.longest_s, res.gauges.at_ms = 2.0, 1500.0  # at the bound: a gap as long as the stall window fails
     c = gauges_account_check(res)
-    assert c.ok is False and c.name == "gauges-account"
-    assert c.detail == ("D's gauges showed 1 of 2 outstanding requests for 2 s (until 1500 ms): requests D holds but "
+    assert (c.ok, c.name, c.samples) == (False, "gauges-account", 4)
+    assert c.detail == ("D's gauges showed 1 of 2 outstanding requests for 2 s (until 1500 ms; bound 2 s "
+                        "(timeouts.stall_window_s: no per-request baseline measured)): requests D holds but "
                         "counts in no gauge (running, waiting, kv_fetch)")
+
+
+def test_gauges_account_bound_follows_the_measured_request():
+    """At GPU speed (a request in 5 ms) a shortfall of 0.5 s is a hundred requests long: it fails
+    there, while on a slow CPU (0.3 s per request) it is within four request times."""
+    from rig.judge.sequence_checks import gauges_account_check
+    from rig.workload.sequence import GaugeGap
+    res = SequenceResult(gauges=GaugeGap(samples=6, longest_s=0.5, outstanding=2, visible=1.0, at_ms=900.0),
+                         gauge_window_s=8.0, sample_gap_s=0.05)
+    fast = gauges_account_check(res, baseline_s=0.005)
+    assert fast.ok is False and "bound 0.2 s (4 x timeouts.sample_gap_s, at least; 4 x the measured request " \
+                                "0.005 s)" in fast.detail
+    slow = gauges_account_check(res, baseline_s=0.3)
+    assert slow.ok is True and slow.detail.endswith("bound 1.2 s (4 x the measured request 0.3 s))")
+    loaded = gauges_account_check(res, baseline_s=5.0)
+    assert loaded.ok is True and "bound 8 s (timeouts.stall_window_s, at most" in loaded.detail
 
 
 def test_lease_reaped_with_reap_while_at_the_bound_and_its_wording():

@@ -333,8 +333,11 @@ def test_prefix_hits_detail_names_every_count_and_its_name_in_every_state():
 
 
 def test_stall_check_details_the_first_four_and_counts_the_rest():
-    c = _stall_check(wave())
-    assert (c.name, c.ok, c.detail) == ("no-stall", True, "no instance froze with requests waiting")
+    c = _stall_check(wave(samples={"prefill": 3, "decode": 2}))
+    assert (c.name, c.ok, c.detail, c.samples) == ("no-stall", True, "no instance froze with requests waiting "
+                                                   "(5 samples)", 5)
+    c = _stall_check(wave(samples={"prefill": 3, "decode": 0}))  # D never read: not checked, with the count
+    assert (c.ok, c.samples) == (None, 3) and c.detail.startswith("not checked: decode never sampled")
     five = [{**stall(start=float(i)), "explained": ""} for i in range(5)]
     c = _stall_check(wave(stalls=five))
     assert c.name == "no-stall" and c.ok is False

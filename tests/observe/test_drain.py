@@ -30,14 +30,18 @@ vllm:kv_cache_usage_perc {kv}
 
 def test_each_drain_result_carries_instance_time_baseline_and_state():
     idle = drain_from_samples("decode", [row(7.5, kv=0.2)], 0.25, t_end=5.0, drain_s=10.0)
-    assert idle == DrainResult("decode", True, 2.5, 0.25, {"waiting": 0.0, "running": 0.0, "kv_usage": 0.2})
+    assert idle == DrainResult("decode", True, 2.5, 0.25, {"waiting": 0.0, "running": 0.0, "kv_usage": 0.2},
+                               samples=1)
     r = row(6.0)
     r["kv_cache_usage_perc"] = None
     absent = drain_from_samples("decode", [r], 0.25, t_end=5.0, drain_s=10.0)
     assert absent == DrainResult("decode", None, 1.0, 0.25, {"waiting": 0.0, "running": 0.0, "kv_usage": None},
-                                 "vllm:kv_cache_usage_perc absent from /metrics")
-    busy = drain_from_samples("decode", [row(6.0, running=1), row(9.0, waiting=2)], 0.25, t_end=5.0, drain_s=10.0)
-    assert busy == DrainResult("decode", False, 10.0, 0.25, {"waiting": 2.0, "running": 0.0, "kv_usage": 0.0})
+                                 "vllm:kv_cache_usage_perc absent from /metrics", 1)
+    # samples before the end of the wave, after the window, or of another instance are not counted
+    rows = [row(4.0), row(6.0, running=1), row(9.0, waiting=2), row(16.0), {**row(7.0), "instance": "prefill"}]
+    busy = drain_from_samples("decode", rows, 0.25, t_end=5.0, drain_s=10.0)
+    assert busy == DrainResult("decode", False, 10.0, 0.25, {"waiting": 2.0, "running": 0.0, "kv_usage": 0.0},
+                               samples=2)
     none = drain_from_samples("decode", [], 0.25, t_end=5.0, drain_s=10.0)
     assert none == DrainResult("decode", False, 10.0, 0.25, {}, "no sample within 10 s after the wave")
     assert none.describe() == "decode not observed idle: no sample within 10 s after the wave"
@@ -94,6 +98,7 @@ def test_check_drains_gives_each_endpoint_its_baseline_and_polls_until_idle(monk
     assert [(d.instance, d.idle) for d in out] == [("decode", True), ("prefill", False)]  # prefill: KV above 0
     assert out[0].baseline_kv == 0.5 and out[1].baseline_kv == 0.0  # prefill: no baseline given -> 0
     assert calls["d"] == 3  # polled until idle, within drain_s (not given up after one interval)
+    assert (out[0].samples, out[1].samples) == (3, calls["p"])  # every snapshot read is counted
     assert set(slept) == {0.5}  # the default poll interval
     slept.clear()
     calls.clear()

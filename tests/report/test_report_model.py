@@ -138,7 +138,7 @@ def test_report_json_keeps_every_observed_fact():
         "edge", "decode", "prefill", records=[rec], parity=[ParityResult("equal"), None],
         evidence=TransferEvidence(nixl_bytes=5.0), prefill_evidence=TransferEvidence(preemptions=1.0),
         fatal_lines={"decode": ["boom"]}, kv_integrity_lines={"prefill": ["expired"]}, dead={"decode": -9},
-        drains=[DrainResult("decode", False, 1.0, 0.1, {"running": 1.0}, "e")], stall_diagnosis="stall",
+        drains=[DrainResult("decode", False, 1.0, 0.1, {"running": 1.0}, "e", 3)], stall_diagnosis="stall",
         vllm_version="0.32.0", wall_s=3.5, error="rig error", unscanned_logs={"prefill": "no log"},
         missing_metrics={"decode": [m.KV_USAGE]}, death_lines={"decode": "Killed"},
         stopped={"prefill": "stopped by owner"}, versions={"decode": "0.32.0"})
@@ -152,11 +152,11 @@ def test_report_json_keeps_every_observed_fact():
         "prefill_evidence": TransferEvidence(preemptions=1.0).__dict__,
         "fatal_lines": {"decode": ["boom"]}, "kv_integrity_lines": {"prefill": ["expired"]}, "dead": {"decode": -9},
         "drains": [{"instance": "decode", "idle": False, "after_s": 1.0, "baseline_kv": 0.1, "final": {"running": 1.0},
-                    "error": "e"}],
+                    "error": "e", "samples": 3}],
         "stall_diagnosis": "stall", "vllm_version": "0.32.0", "wall_s": 3.5, "error": "rig error",
         "unscanned_logs": {"prefill": "no log"}, "missing_metrics": {"decode": [m.KV_USAGE]},
         "death_lines": {"decode": "Killed"}, "versions": {"decode": "0.32.0"},
-        "stopped": {"prefill": "stopped by owner"}}
+        "stopped": {"prefill": "stopped by owner"}, "baseline_request_s": None}
     json.dumps(j)
     empty = observation_report(ScenarioObservation("s", "d", "p"))
     assert (empty.evidence, empty.prefill_evidence, empty.parity, empty.drains) == (None, None, [], [])
