@@ -107,7 +107,8 @@ def _hostile_config_file(d: Path, case: tuple) -> str:
 
 
 @EXAMPLES
-@given(case=HOSTILE_CONFIG, command=st.sampled_from(["config", "plan"]))
+@given(case=HOSTILE_CONFIG, command=st.sampled_from(["config", "plan", "e2e", "explore", "up", "build-model",
+                                                    "compose", "k8s", "ps", "clean"]))
 def test_a_hostile_config_file_is_refused_in_one_line(case, command):
     with in_fresh_dir() as d:
         path = _hostile_config_file(d, case)
@@ -181,6 +182,11 @@ HOSTILE_ARGS = st.one_of(
                      ["matrix", "--builds", "0.32.0", "--report-only", "--out", "/pdrig-no-such-matrix"],
                      ["e2e", "--endpoints", "c.yaml"], ["e2e", "--attach", "--endpoints", "c.yaml"],
                      ["explore", "--replay", "nowhere.jsonl"], ["e2e", "--frobnicate"], ["nosuchcommand"]]),
+    # names that become Kubernetes names, paths or argv: anything with a character no DNS label has
+    st.text(alphabet="./;$ '`&|A_", min_size=1, max_size=8).map(lambda t: ["k8s", "-n", f"x{t}"]),
+    st.text(alphabet=" ;$'`&|", min_size=1, max_size=8).map(lambda t: ["k8s", "--image", f"pdrig{t}cpu"]),
+    st.text(alphabet="./;$ '`A_", min_size=1, max_size=8).map(lambda t: ["plan", "--set", f"decode.0.name=d{t}"]),
+    st.integers(64, 400).map(lambda n: ["config", "--set", "name=" + "a" * n]),
 )
 
 
@@ -189,7 +195,7 @@ HOSTILE_ARGS = st.one_of(
 def test_hostile_arguments_are_refused_in_one_line(argv):
     with in_fresh_dir() as d:
         cfg = write(d, "c.yaml", yaml.safe_dump(base_config(d), sort_keys=False))
-        needs_config = argv[0] in ("explore", "up", "clean", "k8s", "compose", "e2e", "matrix")
+        needs_config = argv[0] in ("explore", "up", "clean", "k8s", "compose", "e2e", "matrix", "plan", "config")
         refused([*argv, *(["--config", cfg] if needs_config else [])], d, {"c.yaml"})
 
 
