@@ -172,3 +172,36 @@ def test_every_hop_reports_sent_first_byte_answered_and_cancelled():
         ("decode", "sent"), ("decode", "first-byte"), ("decode", "answered"),
         ("decode", "sent"), ("decode", "answered"),
         ("decode", "sent"), ("decode", "cancelled")]
+
+
+def test_counts_and_gaps_are_kept_exactly():
+    """Every event counts (twice is 2), a loop's own gap is never below the default (the longer wins),
+    and a trigger keeps the events' clock (make mutation survivors on rig/observe/events.py)."""
+    assert SampleEvents().min_gap_s == 0.05  # timeouts.sample_gap_s's default
+    ticks = iter(range(100))
+    events = SampleEvents(min_gap_s=0.05, clock=lambda: float(next(ticks)))
+    t = events.trigger("decode")
+    assert t.clock is events.clock and t.min_gap_s == 0.05
+    assert events.trigger("decode", min_gap_s=0.5).min_gap_s == 0.5
+    assert events.trigger("decode", min_gap_s=0.01).min_gap_s == 0.05
+    for _ in range(2):
+        events.hop_event("decode", "sent")
+        events.phase("s1")
+    assert events.counts[("decode", "sent")] == 2 and events.counts[("*", "phase:s1")] == 2
+    assert t.fired == 4  # two hop events and two phase events
+
+
+def test_a_period_already_over_waits_for_nothing(monkeypatch):
+    """``wait`` with a period left of 0 or less asks asyncio for no wait at all (never a default one)."""
+    from rig.observe import events as ev
+    seen: list[float] = []
+    real = asyncio.wait
+
+    async def wait(aws, timeout=None, return_when=None):
+        seen.append(timeout)
+        return await real(aws, timeout=0, return_when=return_when)
+
+    monkeypatch.setattr(ev.asyncio, "wait", wait)
+    t = SampleTrigger(frozenset({"d"}), 0.0)
+    assert asyncio.run(t.wait(-2.0)) is False and asyncio.run(t.wait(0.3)) is False
+    assert seen == [0.0, 0.3]
