@@ -141,8 +141,9 @@ def _record(args: argparse.Namespace, data: dict[str, Any]) -> int:
     updated = record_matrix(data, matrix)
     if args.recorded:
         data["recorded"] = args.recorded
-    DATA.write_text(DATA.read_text().split("\nbuilds:", 1)[0] + "\n"
-                    + yaml.safe_dump(data, sort_keys=False, allow_unicode=True, width=110))
+    if updated or args.recorded:  # the data file is re-dumped only when a regression cell changed
+        DATA.write_text(DATA.read_text().split("\nbuilds:", 1)[0] + "\n"
+                        + yaml.safe_dump(data, sort_keys=False, allow_unicode=True, width=110))
     run = args.matrix.resolve().parent
     run_text = run.relative_to(ROOT).as_posix() if run.is_relative_to(ROOT) else run.as_posix()
     rows = rows_from_matrix(matrix, declared_ranges(), day=args.date, command=args.command, load=args.load,
