@@ -9,7 +9,9 @@ prompts, streaming or not, NIXL-style P/D ``kv_transfer_params``) and /v1/chat/c
 messages' contents joined, as one string prompt; answers in the chat shapes) and
 /inference/v1/generate (vLLM's token-in generate endpoint: token_ids + sampling_params in, a
 GenerateTokensResponse out, not streamed). Deterministic "model": token
-i = blake2b(prompt + earlier outputs) % 1024, so P, D and a direct request agree. Capacity:
+i = blake2b(prompt + earlier outputs) % 1024, so P, D and a direct request agree; sampled
+(``temperature > 0``) with ``seed``: the hash is salted with the seed (choice k of ``n`` with
+seed + k, as vLLM's parallel sampling), without a seed with a random salt. Capacity:
 ``--num-gpu-blocks-override - 1`` blocks of ``--block-size`` tokens, ``--max-num-seqs`` seqs; a
 request takes cdiv(prompt + completion, block_size) blocks up front, waiting FIFO until free.
 
@@ -86,6 +88,14 @@ Faults (FAKE_VLLM_FAULT):
                      marked stale (kv_transfer_params "fake_stale": true), and any fake D that pulls
                      such KV answers (tok+1) % 1024 at position 0 (a planted bug for pdrig explore:
                      wrong output only after P was SIGSTOPped and resumed)
+  p-cap-stale        P (a producer) started with --max-num-seqs at most ARG (default 4, a P-side cap)
+                     exports its KV marked stale, and a fake D that pulls it answers (tok+1) % 1024 at
+                     position 0 (a planted bug for pdrig explore: wrong output only with a P-side cap)
+  seeded-skew        a decode-side request sampled with a seed (temperature > 0) draws with seed + 1
+                     (a planted bug for pdrig explore: wrong output only with a sampled seed)
+  overcap-diverge    a decode-side request that waited behind D's --max-num-seqs cap while other
+                     requests held every slot answers (tok+1) % 1024 at position 0 (a planted bug for
+                     pdrig explore: wrong output only under load past a scheduler cap)
   teardown-traceback on SIGTERM logs what a real vLLM 0.32.0 decode logs when stopped: an
                      "EngineDeadError" traceback (then exits 0)
 """
@@ -117,7 +127,8 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, G
 
 FAULTS = ("exit-before-ready", "crash-mid-request", "stall", "http500", "diverge-at", "diverge-edge",
           "leak-kv", "empty-stream", "fatal-log", "teardown-traceback", "hang-in-startup", "exit-in-startup",
-          "append-mismatch", "leak-several", "abort-lost", "stale-after-cont", "engine-killed")
+          "append-mismatch", "leak-several", "abort-lost", "stale-after-cont", "engine-killed", "p-cap-stale",
+          "seeded-skew", "overcap-diverge")
 FAULT = os.environ.get("FAKE_VLLM_FAULT") or None
 FAULT_ARG = os.environ.get("FAKE_VLLM_FAULT_ARG") or ""
 VERSION = os.environ.get("FAKE_VLLM_VERSION", "0.32.0")
@@ -196,14 +207,27 @@ def detokenize(tokens: list[int]) -> str:
     return "".join(chr(0x3400 + t % 6000) for t in tokens)
 
 
-def generate(prompt: list[int], n: int, diverge: int = -1) -> Iterator[int]:
+def generate(prompt: list[int], n: int, diverge: int = -1, salt: bytes = b"") -> Iterator[int]:
     """The deterministic "model": next token = blake2b(all tokens so far) % VOCAB (+1 at ``diverge``;
-    at every position with ``diverge`` -2)."""
-    h = hashlib.blake2b(tok_bytes(prompt), digest_size=8)
+    at every position with ``diverge`` -2); ``salt`` (a sampled request's seed) changes every token."""
+    h = hashlib.blake2b(salt + tok_bytes(prompt), digest_size=8)
     for i in range(n):
         tok = (int.from_bytes(h.copy().digest(), "little") + (i == diverge or diverge == -2)) % VOCAB
         h.update(tok_bytes([tok]))
         yield tok
+
+
+def sampling_salt(body: dict, skew: bool = False):
+    """``k -> salt`` of choice k: b"" for greedy decoding (``temperature`` 0 or absent); with a
+    ``seed`` the seed + k (+ 1 under the seeded-skew fault), as vLLM's parallel sampling seeds each
+    child (vllm/v1/engine/parallel_sampling.py); without one a random salt."""
+    temp, seed = body.get("temperature") or 0, body.get("seed")
+    if not (isinstance(temp, (int, float)) and temp > 0):
+        return lambda k: b""
+    if not isinstance(seed, int):
+        rand = os.urandom(8)
+        return lambda k: rand + bytes([k])
+    return lambda k: f"seed:{seed + k + (1 if skew else 0)}".encode()
 
 
 def logprob_of(context: list[int], tok: int, salt: int = 0) -> float:
@@ -313,6 +337,7 @@ class Req:
         self.admitted = asyncio.get_running_loop().create_future()
         self.blocks: list[int] = []
         self.state = "queued"  # queued -> transfer (D pulling KV) -> running -> done
+        self.capped = False  # waited while max_num_seqs requests held every slot (overcap-diverge)
 
 
 class Engine:
@@ -332,12 +357,15 @@ class Engine:
         """Queue a request and admit whatever fits (releasing first the aborts that were lost)."""
         while self.lost:
             self.release(self.lost.pop())
+        req.capped = len(self.active) >= self.args.max_num_seqs
         self.queue.append(req)
         self._admit()
 
     def _admit(self) -> None:
         while self.queue:
             r = self.queue[0]
+            if len(self.active) >= self.args.max_num_seqs:
+                r.capped = True
             if r.stalled or len(self.free) < r.need or len(self.active) >= self.args.max_num_seqs:
                 break
             self.queue.popleft()
@@ -614,6 +642,8 @@ class Server:
         stale = FAULT == "stale-after-cont" and is_p and self.resumed
         if stale:
             self.resumed = False
+        stale = stale or (FAULT == "p-cap-stale" and is_p and a.max_num_seqs <= int(float(FAULT_ARG or 4)))
+        salt_of = sampling_salt(body, skew=FAULT == "seeded-skew" and is_d)
         if FAULT == "append-mismatch" and is_d and len(prompt) > int(ktp.get("remote_num_tokens") or len(prompt)):
             self.n_mismatched += 1
             if self.n_mismatched == int(float(FAULT_ARG or 2)):
@@ -637,7 +667,9 @@ class Server:
             if stream:
                 resp = web.StreamResponse(headers={"Content-Type": "text/event-stream; charset=utf-8"})
                 await resp.prepare(request)
-            for i, tok in enumerate(generate(prompt, n_out, diverge)):
+            if FAULT == "overcap-diverge" and is_d and req.capped:
+                diverge = 0
+            for i, tok in enumerate(generate(prompt, n_out, diverge, salt_of(0))):
                 await asyncio.sleep(TOKEN_LATENCY)
                 if i == crash_at:
                     if FAULT_ONCE:
@@ -684,17 +716,13 @@ class Server:
             self.fatal_logged = True
             log("ERROR", "Cannot get 3 free blocks from the pool", "block_pool.py:679", "EngineCore")
         if not stream:  # n > 1: greedy choices are identical (the fake computes one, as vLLM's n copies)
-            text, lps = detokenize(toks), None
-            if lp_k is not None:
-                lps = (completion_logprobs([], prompt + toks, lp_k, 0, first_none=True) if echo
-                       else completion_logprobs(prompt, toks, lp_k, 0))
-            if echo:
-                text = detokenize(prompt) + text
+            outs = [toks] + [list(generate(prompt, len(toks), diverge, salt_of(k))) if salt_of(k) else toks
+                             for k in range(1, n_choices)]
             plps = prompt_logprobs_of(prompt, plp_k, salt=7 if fabricate else 0) if plp_k is not None else None
-            choices = [{"index": i, "text": text, "logprobs": lps, "finish_reason": "length",
-                        "stop_reason": None, "token_ids": toks if ret_ids else None, "prompt_logprobs": plps,
+            choices = [{"index": i, **self._choice_text(prompt, out, lp_k, echo), "finish_reason": "length",
+                        "stop_reason": None, "token_ids": out if ret_ids else None, "prompt_logprobs": plps,
                         "prompt_token_ids": prompt if ret_ids else None, "routed_experts": None}
-                       for i in range(n_choices)]
+                       for i, out in enumerate(outs)]
             if chat:
                 choices = [{"index": c["index"], "message": {"role": "assistant", "content": c["text"]},
                             "logprobs": None, "finish_reason": "length", "token_ids": c["token_ids"]}
@@ -715,6 +743,15 @@ class Server:
         except ConnectionResetError:
             pass
         return resp
+
+    @staticmethod
+    def _choice_text(prompt: list[int], toks: list[int], lp_k: int | None, echo: bool) -> dict:
+        """One choice's ``text`` (the prompt's first with ``echo``) and ``logprobs``."""
+        lps = None
+        if lp_k is not None:
+            lps = (completion_logprobs([], prompt + toks, lp_k, 0, first_none=True) if echo
+                   else completion_logprobs(prompt, toks, lp_k, 0))
+        return {"text": (detokenize(prompt) if echo else "") + detokenize(toks), "logprobs": lps}
 
     def _count_prompt(self, req: Req, ktp: dict) -> int:
         """Count prompt tokens by source at admission (as the scheduler); return pulled tokens."""

@@ -163,8 +163,10 @@ def _explore_phases(args: argparse.Namespace) -> dict[str, Any]:
                               f"give some of {', '.join(known)}")
         return got or None
 
-    if args.cancel_share is not None and not 0 <= args.cancel_share <= 1:
-        raise ConfigError(f"--cancel-share {args.cancel_share}: give a share between 0 and 1")
+    for flag, share in (("--cancel-share", args.cancel_share), ("--sample-share", args.sample_share),
+                        ("--background-share", args.background_share)):
+        if share is not None and not 0 <= share <= 1:
+            raise ConfigError(f"{flag} {share}: give a share between 0 and 1")
     for flag, value, top in (("--nemesis-every", args.nemesis_every, MAX_ACTIONS),
                              ("--draw-topologies", args.draw_topologies, MAX_TOPOLOGIES),
                              ("--replays", args.replays, MAX_REPLAYS), ("--shrink-runs", args.shrink_runs, MAX_REPLAYS),
@@ -181,7 +183,8 @@ def _explore_phases(args: argparse.Namespace) -> dict[str, Any]:
     if knobs and not args.draw_topologies:
         raise ConfigError(f"--knobs {args.knobs} chooses what drawn topologies vary: add --draw-topologies N")
     return {"nemesis_every": args.nemesis_every, "nemesis": nemesis, "cancel_share": args.cancel_share,
-            "draw_topologies": args.draw_topologies, "knobs": knobs}
+            "draw_topologies": args.draw_topologies, "knobs": knobs, "sample_share": args.sample_share,
+            "background_share": args.background_share}
 
 
 def _check_history(path: Path, cfg: RigConfig) -> None:
@@ -434,9 +437,15 @@ def add_explore(sub) -> None:
                                                       "delay-past-lease (default: all)")
     p.add_argument("--cancel-share", type=finite(), default=None, metavar="F",
                    help="share of P/D steps cancelled at a drawn time (default 0.2)")
+    p.add_argument("--sample-share", type=finite(), default=None, metavar="F",
+                   help="share of actions with a step sampled with a fixed seed, compared with the "
+                        "reference's same-seed answer (default 0.15)")
+    p.add_argument("--background-share", type=finite(), default=None, metavar="F",
+                   help="share of actions with background bursts past every scheduler cap (default 0.2)")
     p.add_argument("--draw-topologies", type=int, default=0, metavar="N",
                    help="explore N topologies drawn from vLLM's knobs on the first --topologies decode "
-                        "(pool, lease, spec, block size, prefix caching, scheduler caps, failure policy)")
+                        "(pool, lease, spec, block size, prefix caching, scheduler caps, failure policy; "
+                        "P's pool, caps and prefix caching; NIXL threads)")
     p.add_argument("--knobs", metavar="K1,K2", help="with --draw-topologies: the knobs drawn (default: all)")
     p.add_argument("--quiet", action="store_true", help="no progress lines")
     build_args(p)

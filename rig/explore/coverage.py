@@ -14,7 +14,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from rig.explore.background import is_background, over_caps
 from rig.explore.grammar import Action, Topology
+from rig.explore.sampling import choices_of, is_sampled
 from rig.observe.observations import ScenarioObservation
 
 
@@ -22,7 +24,8 @@ from rig.observe.observations import ScenarioObservation
 class Goal:
     """One "sometimes" goal: ``reached(action, obs, topo)`` says whether this action reached it;
     ``hint`` biases the generator (keys: route, length: edge|pool-exact|long, count, endpoint,
-    stream, prompts, field, cancel, motif: a rig.explore.grammar.MOTIF_WEIGHTS name)."""
+    stream, prompts, field, cancel, motif: a rig.explore.grammar.MOTIF_WEIGHTS name, sample: a
+    step sampled with a seed, background: background bursts)."""
 
     name: str
     description: str
@@ -42,6 +45,16 @@ def _pool_exact(a: Action, obs: ScenarioObservation, t: Topology) -> bool:
     exact = t.usable_blocks and any(
         s.route == "pd" and t.blocks_needed(s.prompt_tokens, s.max_tokens) == t.usable_blocks for s in a.steps)
     return bool(exact) and any(r.decode is not None for r in obs.records)
+
+
+def _ok(obs: ScenarioObservation) -> bool:
+    return any(r.outcome == "ok" for r in obs.records)
+
+
+def _peak(obs: ScenarioObservation, instance: str, key: str) -> float:
+    """The largest ``key`` (a timeline row key: vLLM's name without ``vllm:``) sampled on
+    ``instance`` during the scenario (0 when never sampled)."""
+    return max((float(r.get(key) or 0) for r in obs.timeline if r.get("instance") == instance), default=0.0)
 
 
 def _status(obs: ScenarioObservation, lo: int, hi: int) -> bool:
@@ -101,6 +114,18 @@ GOALS: tuple[Goal, ...] = (
          {}, "nemesis phases come every --nemesis-every actions, not from hints"),
     Goal("several-prompts", "one request carrying several prompts",
          lambda a, o, t: any(s.prompts > 1 for s in a.steps), {"motif": "prompts"}),
+    Goal("sampled-seed", "a request sampled with a fixed seed answered (parity against the same-seed reference)",
+         lambda a, o, t: any(is_sampled(s) for s in a.steps) and _ok(o), {"sample": True}),
+    Goal("sampled-choices", "several sampled choices answered in one request",
+         lambda a, o, t: any(is_sampled(s) and choices_of(s) > 1 for s in a.steps) and _ok(o), {"sample": True}),
+    Goal("background-over-caps", "a background burst past every scheduler cap beside the action's own steps",
+         lambda a, o, t: any(is_background(s) and over_caps(t, s) for s in a.steps)
+         and any(not is_background(s) for s in a.steps) and _ok(o), {"background": True}),
+    Goal("d-queued", "requests seen waiting on D while the action ran (a scrape of D during it)",
+         lambda a, o, t: _peak(o, o.decode, "num_requests_waiting") > 0, {"background": True}),
+    Goal("p-capped", "an action on a topology that caps P's scheduler (rig.explore.topologies p_ knobs)",
+         lambda a, o, t: any(k.startswith("prefill.") for k in t.caps), {},
+         "drawn topologies (--draw-topologies) with P's caps reach it, not hints"),
 )
 GOAL_NAMES = tuple(g.name for g in GOALS)
 

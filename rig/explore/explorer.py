@@ -42,7 +42,7 @@ from rig.explore.report import ExploreReport, write_explore_report
 from rig.explore.reproduce import Reproducer
 from rig.explore.schemas import request_schemas
 from rig.explore.settings import ExploreSettings
-from rig.explore.topologies import Variant, draw_variants
+from rig.explore.topologies import Variant, caps_of, draw_variants
 from rig.judge.verdict import ScenarioVerdict
 from rig.observe.observations import ScenarioObservation
 from rig.report.build import record_report
@@ -64,7 +64,9 @@ def topology_of(cfg: RigConfig, decode: str, variant: Variant | None = None) -> 
     return Topology(prefill=cfg.prefill[0].name, decode=decode, block_size=inst.block_size or cfg.block_size,
                     max_model_len=cfg.max_model_len, usable_blocks=cfg.instance(decode).usable_blocks,
                     spec_tokens=spec.num_speculative_tokens if spec else 0, lease_s=cfg.nixl.lease_s,
-                    variant=variant.name if variant else "", sets=variant.sets if variant else ())
+                    variant=variant.name if variant else "", sets=variant.sets if variant else (),
+                    caps={f"{side}.{k}": v for side, name in (("prefill", cfg.prefill[0].name), ("decode", decode))
+                          for k, v in caps_of(cfg, name).items()})
 
 
 def _held_past_lease(action: Action, topo: Topology) -> bool:
@@ -208,7 +210,9 @@ class Explorer:
             topo = replace(topo, chat_overhead=self.dep.chat_overhead(topo))
             gen = Generator(self.s.seed, topo, fields, routes=self.s.routes or None, motifs=self.s.motifs,
                             **{key: val for key, val in (("cancel_share", self.s.cancel_share),
-                                                         ("resource_share", self.s.resource_share))
+                                                         ("resource_share", self.s.resource_share),
+                                                         ("sample_share", self.s.sample_share),
+                                                         ("background_share", self.s.background_share))
                                if val is not None})
             self.resources.clear()  # another pair or a new deployment: no cache holds the earlier prompts
             share, mine, spent_before = (self.s.actions - done) // (len(pairs) - k), 0, self.report.action_s

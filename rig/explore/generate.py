@@ -21,6 +21,7 @@ from typing import Any
 from rig.config.faults import Fault
 from rig.config.request_fields import CHAT_FIELDS, COMPLETIONS_FIELDS
 from rig.config.sequence import ROUTE_EVENTS, StartRule, Step
+from rig.explore.background import BACKGROUND_SHARE, maybe_background
 from rig.explore.grammar import (
     CANCEL_POINTS_MS,
     CANCEL_SHARE,
@@ -47,6 +48,7 @@ from rig.explore.grammar import (
     check_fits,
 )
 from rig.explore.refusals import chat_fits, chat_room, clean_fields, problems
+from rig.explore.sampling import SAMPLE_SHARE, maybe_sample
 from rig.explore.schemas import field_types
 
 # Fields the explorer never draws, with why (the rest of the request model's fields are drawn):
@@ -119,13 +121,18 @@ class Generator:
     time (:data:`rig.explore.grammar.CANCEL_POINTS_MS`, the scenario language's ``cancel_after_ms``);
     ``resource_share`` (0..1): share of the actions that reuse a prompt resource when there is one.
     Every action has a step that is answered (an action of abandoned requests only has nothing to
-    compare with the reference). ValueError names an unknown route or motif."""
+    compare with the reference). ``sample_share`` (0..1): share of the actions with a step sampled
+    with a fixed seed (rig.explore.sampling); ``background_share`` (0..1): share of the actions with
+    background bursts beside their steps (rig.explore.background). ValueError names an unknown
+    route or motif."""
 
     def __init__(self, seed: int, topo: Topology, fields: dict[str, dict[str, dict]] | None = None,
                  field_share: float = 0.5, bias: float = 0.5, routes: list[str] | None = None,
                  motifs: list[str] | None = None, motif_share: float = MOTIF_SHARE,
-                 cancel_share: float = CANCEL_SHARE, resource_share: float = RESOURCE_SHARE):
+                 cancel_share: float = CANCEL_SHARE, resource_share: float = RESOURCE_SHARE,
+                 sample_share: float = SAMPLE_SHARE, background_share: float = BACKGROUND_SHARE):
         self.seed, self.topo, self.fields = seed, topo, fields or {}
+        self.sample_share, self.background_share = sample_share, background_share
         self.cancel_share, self.resource_share = cancel_share, resource_share
         self.field_share, self.bias, self.motif_share = field_share, bias, motif_share
         unknown = [r for r in routes or [] if r not in ROUTE_WEIGHTS]
@@ -176,10 +183,21 @@ class Generator:
         for i in range(min(n_steps, MAX_STEPS)):
             answering = i == n_steps - 1 and all(s.route == "pd-abandon" for s in steps)
             steps.append(self._step(rng, f"s{i}", steps, hint if i == 0 else {}, answering, cut))
-        action = Action(index=index, steps=steps, why=why)
+        action = self._widened(Action(index=index, steps=steps, why=why), hint)
         action.sequence()
         self._checked(action)
         return action
+
+    def _widened(self, action: Action, hint: dict[str, Any]) -> Action:
+        """``action`` with a step sampled (rig.explore.sampling) and background bursts
+        (rig.explore.background), each for its share of the actions (every action whose goal
+        ``hint`` asks for it, while that share is not 0) and from its own random stream (a motif
+        keeps its own shape: it is not widened)."""
+        sample = 1.0 if hint.get("sample") and self.sample_share > 0 else self.sample_share
+        back = 1.0 if hint.get("background") and self.background_share > 0 else self.background_share
+        steps = maybe_sample(self.seed, action.index, action.steps, sample)
+        steps = maybe_background(self.seed, action.index, self.topo, steps, back)
+        return action.model_copy(update={"steps": steps}) if steps is not action.steps else action
 
     def _checked(self, action: Action) -> None:
         """Raise ValueError when ``action`` does not fit the topology or carries a request the rig

@@ -16,7 +16,7 @@ that, with its completion, fills the usable blocks exactly.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from pydantic import Field, model_validator
@@ -89,7 +89,10 @@ class Topology:
     decode), ``lease_s`` (P's ``kv_lease_duration``, s; vLLM's default 30); ``variant`` and
     ``sets``: a topology drawn from vLLM's knobs (rig.explore.topologies) and the ``--set``
     strings that reproduce it; ``chat_overhead``: tokens the chat template adds to a prompt
-    (measured with P's ``/tokenize``, rig.explore.probe; rig.explore.refusals bounds chat lengths)."""
+    (measured with P's ``/tokenize``, rig.explore.probe; rig.explore.refusals bounds chat lengths);
+    ``caps``: the scheduler caps each side is started with, ``{"prefill.max_num_seqs": 2,
+    "decode.max_num_batched_tokens": 128, ...}`` (rig.explore.topologies.caps_of; a cap left to
+    vLLM's default is absent): the background bursts exceed every one (rig.explore.background)."""
 
     prefill: str
     decode: str
@@ -101,6 +104,7 @@ class Topology:
     variant: str = ""  # a drawn topology's name (rig.explore.topologies), "" for the config as is
     sets: tuple[str, ...] = ()  # the --set strings that make the config that topology
     chat_overhead: int = DEFAULT_CHAT_OVERHEAD  # tokens P's chat template adds (rig.explore.probe)
+    caps: dict[str, int] = field(default_factory=dict)  # "<side>.<cap>" -> value (rig.explore.topologies)
 
     def edge_lengths(self) -> list[int]:
         """Prompt lengths at the edges, sorted, each in ``[1, max_model_len - 1]``:

@@ -22,7 +22,10 @@ class ExploreSettings:
     (share of actions reusing an earlier action's prompt; None: rig.explore.grammar.RESOURCE_SHARE);
     ``draw_topologies`` (explore that many topologies drawn from vLLM's knobs on the first of
     ``decodes`` instead of the config's decode instances, rig.explore.topologies; 0: the config's);
-    ``knobs`` (the knobs drawn, None: all of rig.explore.topologies.KNOBS)."""
+    ``knobs`` (the knobs drawn, None: all of rig.explore.topologies.KNOBS); ``sample_share`` (share
+    of actions with a step sampled with a fixed seed; None: rig.explore.sampling.SAMPLE_SHARE);
+    ``background_share`` (share of actions with background bursts; None:
+    rig.explore.background.BACKGROUND_SHARE)."""
 
     seed: int = 0
     actions: int = 50
@@ -42,3 +45,5 @@ class ExploreSettings:
     resource_share: float | None = None
     draw_topologies: int = 0
     knobs: list[str] | None = None
+    sample_share: float | None = None
+    background_share: float | None = None

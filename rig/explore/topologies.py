@@ -13,7 +13,11 @@ knob a setting vLLM exposes that changes a P/D code path:
 - ``max_num_seqs`` / ``max_num_batched_tokens``: D's scheduler caps (``--max-num-seqs``,
   ``--max-num-batched-tokens``; vllm/config/scheduler.py: batched tokens must be >= seqs);
 - ``failure_policy``: D's ``kv_load_failure_policy`` (what D does when a KV read fails: recompute
-  or fail the request; the NIXL connector's option).
+  or fail the request; the NIXL connector's option);
+- the prefill side's own knobs (``p_``): P's pool (``p_pool``: blocks P holds for D until the lease
+  ends), its scheduler caps (``p_max_num_seqs``, ``p_max_num_batched_tokens``: a chunked prefill
+  when a prompt exceeds the batched tokens), its ``p_prefix_caching``; ``nixl_threads`` (the NIXL
+  connector's ``num_threads``, both sides).
 
 Each variant is drawn from ``random.Random(f"{seed}/topology/{j}")`` (the same seed gives the same
 variants), validated as a whole config (:class:`rig.config.RigConfig`, the same validators as a
@@ -46,7 +50,15 @@ KNOBS: dict[str, tuple[Any, ...]] = {
     "max_num_seqs": (1, 2, 4),
     "max_num_batched_tokens": (128, 256),
     "failure_policy": ("recompute", "fail"),
+    # P's side (appended: the knobs above keep their draws for a seed)
+    "p_pool": (8, 16, 64),
+    "p_max_num_seqs": (1, 2, 4),
+    "p_max_num_batched_tokens": (128, 256),
+    "p_prefix_caching": (True, False),
+    "nixl_threads": (1, 2),
 }
+# The scheduler caps a topology may carry (vllm/config/scheduler.py), as the argv flag of each.
+CAP_FLAGS = {"max_num_seqs": "--max-num-seqs", "max_num_batched_tokens": "--max-num-batched-tokens"}
 KNOB_SHARE = 0.5  # chance that a knob is set away from the config in a variant
 CPU_BLOCK_MULTIPLE = 32  # the CPU attention backend's block sizes (vllm/v1/attention/backends/cpu_attn.py)
 
@@ -89,11 +101,34 @@ def sets_of(knobs: dict[str, Any], decode: str, cfg: RigConfig) -> list[str]:
         put(f"{d}.enable_prefix_caching", knobs["prefix_caching"])
     if "failure_policy" in knobs:
         put(f"{d}.kv_load_failure_policy", knobs["failure_policy"])
-    caps = [*(["--max-num-seqs", str(knobs["max_num_seqs"])] if "max_num_seqs" in knobs else []),
-            *(["--max-num-batched-tokens", str(knobs["max_num_batched_tokens"])]
-              if "max_num_batched_tokens" in knobs else [])]
-    if caps:
-        put(f"{d}.extra_args", [*cfg.instance(decode).extra_args, *caps])
+    if "nixl_threads" in knobs:
+        put("nixl.num_threads", knobs["nixl_threads"])
+    for side, name, prefix in (("decode", decode, ""), ("prefill", cfg.prefill[0].name, "p_")):
+        path = f"{side}.{name}"
+        if side == "prefill":
+            if "p_pool" in knobs:
+                put(f"{path}.num_gpu_blocks_override", knobs["p_pool"])
+            if "p_prefix_caching" in knobs:
+                put(f"{path}.enable_prefix_caching", knobs["p_prefix_caching"])
+        caps = [x for cap, flag in CAP_FLAGS.items() if prefix + cap in knobs
+                for x in (flag, str(knobs[prefix + cap]))]
+        if caps:
+            put(f"{path}.extra_args", [*cfg.instance(name).extra_args, *caps])
+    return out
+
+
+def caps_of(cfg: RigConfig, instance: str) -> dict[str, int]:
+    """``{cap: value}`` of the scheduler caps (:data:`CAP_FLAGS`) ``instance`` is started with
+    (its ``extra_args`` over ``launch.extra_args``; the last occurrence wins, as argparse); a
+    cap left to vLLM's default is absent."""
+    args = [*cfg.launch.extra_args, *cfg.instance(instance).extra_args]
+    out: dict[str, int] = {}
+    for cap, flag in CAP_FLAGS.items():
+        for i, a in enumerate(args):
+            if a == flag and i + 1 < len(args) and args[i + 1].isdigit():
+                out[cap] = int(args[i + 1])
+            elif a.startswith(flag + "=") and a.split("=", 1)[1].isdigit():
+                out[cap] = int(a.split("=", 1)[1])
     return out
 
 
@@ -115,10 +150,17 @@ def check_variant(name: str, knobs: dict[str, Any], sets: list[str], cfg: RigCon
         raise ConfigError(f"{where}: decode pool {pool} blocks ({usable} usable) x block_size {bs} < max_model_len "
                           f"{cfg.max_model_len}: vLLM refuses to start; raise num_gpu_blocks_override to "
                           f"{blocks_for(cfg.max_model_len, bs) + NULL_BLOCKS}")
-    seqs, batched = knobs.get("max_num_seqs"), knobs.get("max_num_batched_tokens")
-    if seqs is not None and batched is not None and batched < seqs:
-        raise ConfigError(f"{where}: max_num_batched_tokens {batched} < max_num_seqs {seqs}: vLLM refuses it; "
-                          "raise max_num_batched_tokens")
+    p_pool = knobs.get("p_pool")
+    p_usable = usable_in_pool(p_pool)
+    if p_usable is not None and p_usable * bs < cfg.max_model_len:
+        raise ConfigError(f"{where}: prefill pool {p_pool} blocks ({p_usable} usable) x block_size {bs} < "
+                          f"max_model_len {cfg.max_model_len}: vLLM refuses to start; raise p_pool to "
+                          f"{blocks_for(cfg.max_model_len, bs) + NULL_BLOCKS}")
+    for prefix in ("", "p_"):
+        seqs, batched = knobs.get(prefix + "max_num_seqs"), knobs.get(prefix + "max_num_batched_tokens")
+        if seqs is not None and batched is not None and batched < seqs:
+            raise ConfigError(f"{where}: {prefix}max_num_batched_tokens {batched} < {prefix}max_num_seqs {seqs}: "
+                              "vLLM refuses it; raise max_num_batched_tokens")
 
 
 def build_variant(cfg: RigConfig, name: str, decode: str, knobs: dict[str, Any]) -> Variant:
