@@ -51,12 +51,6 @@ def _ok(obs: ScenarioObservation) -> bool:
     return any(r.outcome == "ok" for r in obs.records)
 
 
-def _peak(obs: ScenarioObservation, instance: str, key: str) -> float:
-    """The largest ``key`` (a timeline row key: vLLM's name without ``vllm:``) sampled on
-    ``instance`` during the scenario (0 when never sampled)."""
-    return max((float(r.get(key) or 0) for r in obs.timeline if r.get("instance") == instance), default=0.0)
-
-
 def _status(obs: ScenarioObservation, lo: int, hi: int) -> bool:
     return any(r.decode is not None and r.decode.status is not None and lo <= r.decode.status < hi
                for r in obs.records)
@@ -121,11 +115,6 @@ GOALS: tuple[Goal, ...] = (
     Goal("background-over-caps", "a background burst past every scheduler cap beside the action's own steps",
          lambda a, o, t: any(is_background(s) and over_caps(t, s) for s in a.steps)
          and any(not is_background(s) for s in a.steps) and _ok(o), {"background": True}),
-    Goal("d-queued", "requests seen waiting on D while the action ran (a scrape of D during it)",
-         lambda a, o, t: _peak(o, o.decode, "num_requests_waiting") > 0, {"background": True}),
-    Goal("p-capped", "an action on a topology that caps P's scheduler (rig.explore.topologies p_ knobs)",
-         lambda a, o, t: any(k.startswith("prefill.") for k in t.caps), {},
-         "drawn topologies (--draw-topologies) with P's caps reach it, not hints"),
 )
 GOAL_NAMES = tuple(g.name for g in GOALS)
 
