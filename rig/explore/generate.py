@@ -163,13 +163,18 @@ class Generator:
         hint: dict[str, Any] = {}
         why = ""
         if unreached and rng.random() < self.bias:
-            # goals a motif reaches weigh MOTIF_GOAL_WEIGHT: their code paths are out of reach of
-            # a step drawn part by part
-            why = rng.choices(unreached, [MOTIF_GOAL_WEIGHT if (hints or {}).get(g, {}).get("motif") else 1.0
-                                          for g in unreached])[0]
-            hint = (hints or {}).get(why, {})
-            if hint.get("route") not in (None, *self.routes) or hint.get("motif") not in (None, *self.motifs):
-                why, hint = "", {}  # a route or motif this generator does not draw
+            # only the goals this generator can steer toward are drawn: one with no hint, or asking
+            # for a route, motif or share it does not draw, would spend the goal-biased draw on a
+            # plain action (with six such goals unreached, a 6-action run drew none of its motifs)
+            goals = [g for g in unreached if self.steers((hints or {}).get(g, {}))]
+            if goals:
+                # goals a motif reaches weigh MOTIF_GOAL_WEIGHT: their code paths are out of reach
+                # of a step drawn part by part
+                why = rng.choices(goals, [MOTIF_GOAL_WEIGHT if (hints or {}).get(g, {}).get("motif") else 1.0
+                                          for g in goals])[0]
+                hint = (hints or {}).get(why, {})
+            else:
+                rng.random()  # the draw rng.choices makes: the rest of the action's stream stays put
         motif = hint.get("motif")
         if motif is None and not hint and self.motifs and rng.random() < self.motif_share:
             motif = rng.choices(list(self.motifs), list(self.motifs.values()))[0]
@@ -187,6 +192,20 @@ class Generator:
         action.sequence()
         self._checked(action)
         return action
+
+    def steers(self, hint: dict[str, Any]) -> bool:
+        """Whether a goal's ``hint`` (rig.explore.coverage.Goal.hint) can shape this generator's
+        actions: it names something to draw, its route and motif are among those drawn, and the
+        cancel, sampling or background it asks for has a share above 0 (a share of 0 turns that
+        dimension off, hints included), and a field hint has request fields to draw."""
+        if not hint:
+            return False
+        if hint.get("route") not in (None, *self.routes) or hint.get("motif") not in (None, *self.motifs):
+            return False
+        if hint.get("field") and not any(self.fields.values()):
+            return False  # no request field to draw (vLLM's request models could not be read)
+        shares = {"cancel": self.cancel_share, "sample": self.sample_share, "background": self.background_share}
+        return not any(hint.get(key) and share <= 0 for key, share in shares.items())
 
     def _widened(self, action: Action, hint: dict[str, Any]) -> Action:
         """``action`` with a step sampled (rig.explore.sampling) and background bursts

@@ -288,17 +288,39 @@ def test_motifs_follow_the_seed_and_the_generators_choice():
         Generator(1, LEASE_TOPO, motifs=["nemesis"])
 
 
-def test_a_default_budget_draws_every_motif():
-    """40 actions (make explore's EXPLORE_ACTIONS) with every goal unreached draw each motif."""
+def test_a_default_budget_draws_every_motif_on_most_seeds():
+    """40 actions (make explore's EXPLORE_ACTIONS) with every goal unreached draw each motif on
+    most seeds: a rate over 40 seeds, not one lucky seed (34 of 40 draw all five, 2026-12-03; a
+    motif that stopped being drawn, or goal hints that absorb the biased draws, falls far below)."""
     from rig.explore.coverage import GOALS
     hints = {g.name: g.hint for g in GOALS}
-    gen = Generator(1, LEASE_TOPO, FIELDS)
-    drawn = [gen.action(i, list(hints), hints) for i in range(40)]
-    assert any(a.hold_s > LEASE_TOPO.lease_s for a in drawn)
-    assert any(s.appends for a in drawn for s in a.steps)
-    assert any(s.fields_for("prefill").get("n") == 2 for a in drawn for s in a.steps)
-    assert any(s.prompts > 1 for a in drawn for s in a.steps)
-    assert any(s.repeat_of for a in drawn for s in a.steps)
+
+    def motifs_drawn(seed: int) -> list[bool]:
+        gen = Generator(seed, LEASE_TOPO, FIELDS)
+        drawn = [gen.action(i, list(hints), hints) for i in range(40)]
+        steps = [s for a in drawn for s in a.steps]
+        return [any(a.hold_s > LEASE_TOPO.lease_s for a in drawn), any(s.appends for s in steps),
+                any(s.fields_for("prefill").get("n") == 2 for s in steps), any(s.prompts > 1 for s in steps),
+                any(s.repeat_of for s in steps)]
+
+    rows = [motifs_drawn(seed) for seed in range(1, 41)]
+    per_motif = dict(zip(("lease-hold", "append-first-token", "n-prefill", "prompts", "reuse"),
+                         (sum(col) for col in zip(*rows, strict=True)), strict=True))
+    assert sum(all(r) for r in rows) >= 30, per_motif
+    assert min(per_motif.values()) >= 34, per_motif
+
+
+def test_a_goal_the_generator_cannot_steer_toward_is_not_drawn():
+    """A goal with no hint, or asking for a share set to 0, never becomes an action's ``why``."""
+    from rig.explore.coverage import GOALS
+    hints = {g.name: g.hint for g in GOALS}
+    gen = Generator(1, LEASE_TOPO, FIELDS, sample_share=0.0, background_share=0.0, cancel_share=0.0)
+    whys = {gen.action(i, list(hints), hints).why for i in range(200)}
+    off = {"server-error", "failed-transfer", "nemesis-healed", "sampled-seed", "sampled-choices",
+           "background-over-caps", "cancelled", "cancel-on-decode"}
+    assert not whys & off, whys & off
+    assert {"several-prompts", "append-first-token"} <= whys
+    assert not gen.steers({}) and not gen.steers({"sample": True}) and gen.steers({"route": "pd"})
 
 
 def test_hold_needs_one_pd_step_and_survives_shrinking():

@@ -45,7 +45,9 @@ def test_explore_motifs_find_three_known_failures_from_scratch():
     run_dir = new_run_dir(cfg, "explore-live-motifs")
     known = [str(ROOT / "configs" / "suites" / f) for f in ("regressions.yaml", "lease.yaml")]
     # cancels and prompt reuse off: they draw from streams of their own, and a cut at a drawn time
-    # hid the two-prompt request of this seed's third action (it answered nothing to compare)
+    # hid the two-prompt request of this seed's third action (it answered nothing to compare). The
+    # goal-biased draws go only to goals the generator can steer toward (Generator.steers): goals
+    # with no hint once absorbed them, and this seed drew neither the prompts nor the append motif.
     report = Explorer(cfg, run_dir, ExploreSettings(seed=1, actions=6, decodes=["decode-nospec"], replays=0,
                                                     shrink_runs=2, known=known, cancel_share=0.0,
                                                     resource_share=0.0), quiet=True).run()
