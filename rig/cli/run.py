@@ -149,6 +149,19 @@ def _check_attach_logs(cfg: RigConfig) -> None:
                       "give the docker-compose.yml of the deployment (--logs-from-compose FILE)", dict)
 
 
+def csv_names(flag: str, raw: str | None) -> list[str]:
+    """The names of a comma-separated flag value (``--routes pd,decode`` -> ["pd", "decode"]; [] when
+    the flag is not given). Raises ConfigError naming the flag for an empty name (``--routes pd,,decode``,
+    ``--topologies ,``): silently dropping it would run with the default the user did not ask for."""
+    if raw is None:
+        return []
+    got = [x.strip() for x in raw.split(",")]
+    if not all(got):
+        raise ConfigError(f"{flag} {raw!r}: an empty name; give names separated by single commas, such as "
+                          f"{flag} a,b (or leave the flag out for the default)")
+    return got
+
+
 def _explore_phases(args: argparse.Namespace) -> dict[str, Any]:
     """ExploreSettings' nemesis, cancel and drawn-topology fields from the explore flags; raises
     ConfigError naming the flag for an unknown nemesis or knob or a share outside 0..1."""
@@ -156,7 +169,7 @@ def _explore_phases(args: argparse.Namespace) -> dict[str, Any]:
     from rig.explore.topologies import KNOBS
 
     def names(flag: str, raw: str | None, known: dict[str, Any]) -> list[str] | None:
-        got = [x.strip() for x in (raw or "").split(",") if x.strip()]
+        got = csv_names(flag, raw)
         bad = [x for x in got if x not in known]
         if bad:
             raise ConfigError(f"{flag} {raw}: unknown {bad[0]!r}{did_you_mean(bad[0], list(known))}; "
@@ -285,7 +298,7 @@ def cmd_explore(args: argparse.Namespace) -> int:
     # before any server starts.
     cfg = check_folders(load_config(args.config, args.overrides))
     _check_known(args.known)
-    decodes = [d.strip() for d in (args.topologies or "").split(",") if d.strip()]
+    decodes = csv_names("--topologies", args.topologies)
     names = [d.name for d in cfg.decode]
     bad = [d for d in decodes if d not in names]
     if bad:
@@ -293,7 +306,7 @@ def cmd_explore(args: argparse.Namespace) -> int:
                           f"(decode instances: {', '.join(names)})")
     from rig.explore.grammar import ROUTE_WEIGHTS
 
-    routes = [r.strip() for r in (args.routes or "").split(",") if r.strip()]
+    routes = csv_names("--routes", args.routes)
     if [r for r in routes if r not in ROUTE_WEIGHTS]:
         raise ConfigError(f"--routes {args.routes}: give some of {', '.join(ROUTE_WEIGHTS)}")
     if args.replay:

@@ -37,7 +37,7 @@ from rig.explore.grammar import RESOURCE_ROUTES, Action, Resource, Topology
 from rig.explore.history import History, action_of, read_history
 from rig.explore.known import load_known
 from rig.explore.mechanism import Mechanism, mechanism_of
-from rig.explore.oracles import signature_of
+from rig.explore.oracles import could_not_judge, signature_of
 from rig.explore.report import ExploreReport, write_explore_report
 from rig.explore.reproduce import Reproducer
 from rig.explore.schemas import request_schemas
@@ -252,6 +252,9 @@ class Explorer:
             "dead": obs.dead, "goals": goals, "signature": sig, "mechanism": mech.to_json() if mech else None,
             "excused": [e.describe() for e in excused], "wall_s": obs.wall_s})
         if mech is None or sig is None:
+            return
+        if could_not_judge(v, obs):  # "not checked" is never a finding, and never ok
+            self.report.not_judged.append({"action": action.index, "reason": v.reason})
             return
         if mech.key in self.findings:
             self.findings[mech.key].seen += 1

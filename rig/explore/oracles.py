@@ -164,6 +164,13 @@ def signature_of(verdict: ScenarioVerdict, obs: ScenarioObservation, roles: dict
     return f"{verdict.verdict} {what} [{' '.join(sorted(symptoms))}]"
 
 
+def could_not_judge(verdict: ScenarioVerdict, obs: ScenarioObservation) -> bool:
+    """Whether a verdict is an ERROR with nothing failed and no instance dead: a required check
+    could not look (rig.judge.verdict, rule 4: "inconclusive"), or the rig could not run the action.
+    That is no vLLM failure and no finding; the explorer lists the action as not judged."""
+    return verdict.verdict == "ERROR" and not obs.dead and not any(c.ok is False for c in verdict.checks)
+
+
 def plausible(symptom_kind: str, signature: str) -> bool:
     """Whether a known issue of ``symptom_kind`` could explain a violation with ``signature``
     (:data:`SYMPTOM_EVIDENCE`); unknown kinds are always tried."""

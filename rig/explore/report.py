@@ -42,6 +42,8 @@ class ExploreReport:
     findings: list[dict[str, Any]] = field(default_factory=list)
     nemeses: list[dict[str, Any]] = field(default_factory=list)
     topologies: list[dict[str, Any]] = field(default_factory=list)
+    # actions the rig could not judge (rig.explore.oracles.could_not_judge): {"action", "reason"}
+    not_judged: list[dict[str, Any]] = field(default_factory=list)
 
     @property
     def actions_per_min(self) -> float:
@@ -79,7 +81,7 @@ def render_md(r: ExploreReport) -> str:
     if not r.findings:
         out.append("none found")
     out += ["| # | topology | mechanism | signature | seen | stability | minimal requests | shrink | known issue "
-            "| why | emitted YAML gave | YAML |",
+            "| why | emitted YAML, no known issue | YAML |",
             "|---|---|---|---|---|---|---|---|---|---|---|---|"] if r.findings else []
     for i, f in enumerate(r.findings, 1):
         topo = f["topology"]
@@ -88,6 +90,10 @@ def render_md(r: ExploreReport) -> str:
                    f"{f['stability']} | {f['minimal_requests'] or '-'} | "
                    f"{f['shrink_runs']} runs, {f['shrink_s']:.0f} s | {f['known_issue']} | {f['known_why'] or '-'} | "
                    f"{f['emitted_verdict'] or '-'} | {f['yaml'] or '-'} |")
+    if r.not_judged:
+        out += ["", "## Not judged (no failure: a check the verdict needed could not look; no finding)", "",
+                "| action | why |", "|---|---|"]
+        out += [f"| {n['action']} | {n['reason'][:300]} |" for n in r.not_judged]
     for i, f in enumerate(r.findings, 1):
         ev = "; ".join(f"{k}: {v}" for k, v in f["mechanism"]["evidence"].items())
         out += ["", f"### Finding {i}: `{f['mechanism']['key']}` ({f['known_issue']})", "", f["reason"][:400], "",

@@ -73,7 +73,9 @@ class Reproducer:
         self.emit(i, f, result.action)
 
     def emit(self, i: int, f: Finding, action: Action) -> None:
-        """Write the finding's suite YAML; run it once as written; match the known issues."""
+        """Write the finding's suite YAML; run it once without a known issue (``emitted_verdict``:
+        does the minimal action still fail?); match the known issues (each confirmed by a run with it,
+        ``known_why``)."""
         name = f"explore-{self.seed}-{i}"
         seed = seed_of(f"{self.seed}/emit/{i}")
         key, v = self._emitted(action, f.topology, name, seed, None)
@@ -86,7 +88,7 @@ class Reproducer:
                   f"mechanism: {f.mechanism.key}\nsignature: {f.signature}\n"
                   f"stability: {f.stability}; known issue: {f.known_issue}"
                   + (f" ({f.known_why})" if f.known_why else "") + "\n"
-                  f"as written it gave: {f.emitted_verdict}\n"
+                  f"without a known issue it gave: {f.emitted_verdict}\n"
                   + (f"topology {f.topology.variant} drawn from vLLM's knobs\n" if f.topology.variant else "")
                   + f"reproduce: pdrig e2e --config <this profile> --set suite=<this file>"
                   f"{sets_of(self.cfg(), f.topology)}")

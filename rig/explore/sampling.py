@@ -15,6 +15,10 @@ Where the sampling goes (``hop``, drawn with :data:`SAMPLE_HOPS`):
 - ``prefill``: P's hop only, one choice; it matters where a router appends P's first token to D's
   prompt (the reference is asked for the prompt D got).
 
+Not drawn when the decode runs speculative decoding (``num_speculative_tokens`` > 0): its
+rejection sampler consumes the seeded generator otherwise than the reference's plain sampler, so a
+correct D answers other tokens than the same-seed reference (rig.explore.generate.Generator).
+
 A one-hop route (decode, prefill) sends its hop with the decode fields, so ``prefill`` there is
 ``all``. ``n > 1`` is not drawn on a streamed hop (the fake server streams one choice). Every
 result passes rig.explore.refusals (a temperature always has its seed). Drawn from a stream of its

@@ -67,6 +67,10 @@ from rig.transport.records import PDRecord
 from rig.workload.sequence import ABANDONED, CANCELLED, SequenceResult
 
 PULLING_ROUTES = ("pd", "router")  # D pulls the prompt's KV over NIXL on these routes
+# Routes that send a request to D (a "prefill" step asks P only; a "pd-abandon" step never sends
+# its decode hop): the stall watcher watches D, so a sequence of none of them has no D request
+# that could stall and no-stall is not required of it.
+DECODE_ROUTES = ("pd", "decode", "router")
 # The checks that look at answers: with every request cut on purpose they have nothing to look at.
 ANSWER_CHECKS = ("token-counts", "kv-pulled", "parity", "repeat-equal")
 
@@ -309,7 +313,9 @@ def sequence_checks(sc: ScenarioConfig, obs: ScenarioObservation, result: Sequen
 def sequence_required(sc: ScenarioConfig, obs: ScenarioObservation | None = None) -> tuple[str, ...]:
     """The checks a sequence scenario must earn: the kind's (rig.judge.verdict.REQUIRED), plus
     ``kv-pulled`` when a step goes P->D and ``lease-reaped`` when a step abandons its decode hop;
-    without :data:`ANSWER_CHECKS` when ``obs`` shows every request cut on purpose
+    without ``no-stall`` when no step sends a request to D (:data:`DECODE_ROUTES`: the watcher
+    watches D, and a P-only sequence left it nothing to see); without :data:`ANSWER_CHECKS` when
+    ``obs`` shows every request cut on purpose
     (:func:`all_cut_on_purpose`: no answer was meant)."""
     base = required_checks(sc)
     spec = sc.sequence
@@ -320,6 +326,8 @@ def sequence_required(sc: ScenarioConfig, obs: ScenarioObservation | None = None
                                                               for s in spec.steps) else ()
     extra += ("repeat-equal",) if spec is not None and sc.parity and any(s.repeat_of for s in spec.steps) else ()
     names = tuple(dict.fromkeys(base + extra))
+    if spec is not None and not any(s.route in DECODE_ROUTES for s in spec.steps):
+        names = tuple(n for n in names if n != "no-stall")
     if obs is not None and all_cut_on_purpose(obs):
         names = tuple(n for n in names if n not in ANSWER_CHECKS)
     return names

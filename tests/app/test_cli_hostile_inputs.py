@@ -172,6 +172,9 @@ HOSTILE_ARGS = st.one_of(
     NOT_A_NUMBER.map(lambda v: ["explore", "--minutes", v]),
     NOT_A_NUMBER.map(lambda v: ["explore", "--cancel-share", v]),
     st.integers(min_value=100_001).map(lambda n: ["explore", "--actions", str(n)]),
+    # an empty name in a comma list: refused, not dropped into the default the user did not ask for
+    st.tuples(st.sampled_from(["--routes", "--topologies", "--nemesis", "--knobs"]),
+              st.sampled_from([",", "pd,,decode", "decode,", ",decode", " , "])).map(lambda f: ["explore", *f]),
     BAD_PORT.map(lambda p: ["proxy", "--prefill", "http://127.0.0.1:1", "--decode", "http://127.0.0.1:2", "--port", p]),
     BAD_PORT.map(lambda p: ["up", "--proxy", p]),
     NOT_A_NUMBER.map(lambda v: ["clean", "--min-age-s", v]),

@@ -336,3 +336,19 @@ def test_hold_needs_one_pd_step_and_survives_shrinking():
     result = shrink(a, lambda c: c.hold_s > 5 and c.flush_prefill, LEASE_TOPO, budget=20)
     assert result.action.hold_s == 8 and result.action.steps[0].count == 1
     assert result.action.steps[0].prompt_tokens < 64
+
+
+def test_seeded_sampling_is_drawn_only_against_a_decode_without_speculative_decoding():
+    """D's rejection sampler consumes the seed otherwise than the reference's sampler: a sampled
+    request against a spec decode would diverge while both answers are correct."""
+    from dataclasses import replace
+
+    from rig.explore.sampling import is_sampled
+    nospec = replace(LEASE_TOPO, spec_tokens=0)
+
+    def sampled(topo: Topology) -> int:
+        gen = Generator(3, topo, FIELDS, sample_share=1.0)
+        return sum(is_sampled(s) for i in range(30) for s in gen.action(i).steps)
+
+    assert sampled(LEASE_TOPO) == 0
+    assert sampled(nospec) > 0

@@ -124,6 +124,17 @@ def test_sequence_required_grows_with_pd_and_abandon_steps():
     assert set(sequence_required(scen(HEAD, gone))) - base == {"lease-reaped"}
 
 
+
+def test_a_sequence_that_sends_nothing_to_d_does_not_require_no_stall():
+    """The stall watcher watches D: a P-only sequence (or one whose only P/D step abandons its decode
+    hop) gave it nothing to see, so its "D was never sampled" is no gap that makes the verdict ERROR."""
+    p_only = {"id": "p", "route": "prefill", "prompt_tokens": 31, "max_tokens": 4}
+    gone = {"id": "gone", "route": "pd-abandon", "prompt_tokens": 8, "max_tokens": 8}
+    assert "no-stall" not in sequence_required(scen(p_only))
+    assert "no-stall" not in sequence_required(scen(p_only, gone))
+    for reaches_d in (HEAD, LOAD, {"id": "r", "route": "router", "prompt_tokens": 8, "max_tokens": 2}):
+        assert "no-stall" in sequence_required(scen(p_only, reaches_d)), reaches_d["route"]
+
 # ------------------------------------------------------------------------- lease-reaped, kv-pulled, the list
 
 def test_lease_reaped_at_its_bound_and_its_gaps():
