@@ -150,7 +150,8 @@ def cmd_up(args: argparse.Namespace) -> int:
                 print(f"{n:16s} {plan.by_name(n).role:16s} {cluster.url(n)}  ready after {ready.get(n, 0):.0f} s{cpu} "
                       f"(host load {w.load_at_start[0]:.1f} at start, {(w.load_at_ready or w.load_at_start)[0]:.1f} "
                       "at ready)")
-            print(f"warmed up in {warm_s:.1f} s (a direct request to each instance, one P/D round trip per decode)")
+            print(f"warmed up in {warm_s:.1f} s (a direct request to each instance, one P/D round trip per decode, "
+                  "then 3 timed ones: its per-request baseline)")
             _up_proxy(args, plan, names, cluster)  # --proxy: a daemon thread of this process
             print(f"endpoints: {run_dir / 'endpoints.json'}; Ctrl-C stops everything", flush=True)
             while not cluster.dead():
@@ -160,11 +161,15 @@ def cmd_up(args: argparse.Namespace) -> int:
 
 
 async def _warm_up_pairs(cfg: RigConfig, cluster: Cluster, engines: list[str]) -> None:
-    """:func:`rig.workload.warmup.warm_up` from the first started prefill to every started decode."""
+    """:func:`rig.workload.warmup.warm_up` from the first started prefill to every started decode,
+    then that decode's per-request baseline (:func:`rig.workload.baseline.measure_baseline`, seconds),
+    printed: what a scenario's P/D request costs on this deployment (not timed when the warm-up's P/D
+    round trip failed or an instance died). Raises nothing for a failed request (logged)."""
     import httpx
 
     from rig.transport.client import AiohttpTransport
     from rig.transport.endpoint import Endpoint
+    from rig.workload.baseline import measure_baseline
     from rig.workload.warmup import WarmupWatch, warm_up
 
     prefills = [n for n in engines if n in {p.name for p in cfg.prefill}]
@@ -173,9 +178,14 @@ async def _warm_up_pairs(cfg: RigConfig, cluster: Cluster, engines: list[str]) -
     async with httpx.AsyncClient(timeout=10.0) as http:
         try:
             for d in decodes:
-                await warm_up(client, http, Endpoint(prefills[0], cluster.url(prefills[0])),
-                              Endpoint(d, cluster.url(d)), lambda msg: print(msg, file=sys.stderr),
-                              WarmupWatch(cluster.cpu_s, cluster.exit_code, cfg.timeouts.warmup_s))
+                p_ep, d_ep = Endpoint(prefills[0], cluster.url(prefills[0])), Endpoint(d, cluster.url(d))
+                watch = WarmupWatch(cluster.cpu_s, cluster.exit_code, cfg.timeouts.warmup_s)
+                await warm_up(client, http, p_ep, d_ep, lambda msg: print(msg, file=sys.stderr), watch)
+                if watch.died or d in watch.pd_failed:  # a timed round trip would meet the same failure
+                    continue
+                b = await measure_baseline(client, p_ep, d_ep)
+                print(f"per-request baseline of {d}: "
+                      + (f"{b.seconds:g} s ({b.method})" if b.seconds is not None else b.error), file=sys.stderr)
         finally:
             await client.aclose()
 

@@ -2,12 +2,13 @@
 measured per-request baseline or absolute with its reason, so one suite is as fair on the 2-core CPU
 box (a P/D request in ~0.1-1 s) as on an H200 (a request in milliseconds).
 
-The baseline is ``ScenarioObservation.baseline_request_s`` (seconds per P/D request on this deployment;
-None until something measures it: the runner does not yet, so every derived bound takes its absolute
-cap, the behaviour before this module). A bound that follows it scales with the deployment's speed;
-an absolute one is a timer of vLLM's, or patience that ends as soon as the awaited state is seen
-(then a fast deployment is judged exactly as early as it gets there). Every bound, with what it
-reads and why: docs/reference/checks.md ("Judging windows").
+The baseline is ``ScenarioObservation.baseline_request_s`` (seconds per P/D request on this deployment:
+the median of a few P/D round trips to the scenario's decode right after its warm-up,
+rig.workload.baseline; None when a round trip failed or nothing measured it, e.g. ``pdrig wave``
+against ``pdrig up``: every derived bound then takes its absolute cap). A bound that follows it
+scales with the deployment's speed; an absolute one is a timer of vLLM's, or patience that ends as
+soon as the awaited state is seen (then a fast deployment is judged exactly as early as it gets
+there). Every bound, with what it reads and why: docs/reference/checks.md ("Judging windows").
 """
 
 from __future__ import annotations

@@ -166,9 +166,10 @@ class ScenarioObservation:
     # its block size in tokens: what makes kv-pulled's NIXL bytes exact.
     kv_bytes_per_block: int | None = None
     block_size: int | None = None
-    # The deployment's measured per-request time in seconds (None: not measured; the runner does not
-    # measure it yet): the judging windows that follow the deployment's speed derive from it
-    # (rig.judge.windows), and fall back to their absolute caps without it.
+    # The deployment's measured per-request time in seconds: the median P/D round trip to this
+    # decode after its warm-up (rig.workload.baseline, set by the runner; None: not measured, a
+    # round trip failed or nothing measured it): the judging windows that follow the deployment's
+    # speed derive from it (rig.judge.windows), and fall back to their absolute caps without it.
     baseline_request_s: float | None = None
 
 

@@ -26,6 +26,7 @@ from rig.judge.store_checks import cancel_summary
 from rig.judge.verdict import ScenarioVerdict, run_passed
 from rig.observe.observations import ScenarioObservation
 from rig.report.model import (
+    BaselineReport,
     CheckReport,
     DrainReport,
     EdgeScenario,
@@ -50,6 +51,7 @@ from rig.report.model import (
 )
 from rig.report.render import print_report, write_files
 from rig.transport.records import PDRecord
+from rig.workload.baseline import RequestBaseline
 
 M = TypeVar("M", bound=ReportModel)
 
@@ -83,6 +85,8 @@ class RunResult:
     # counters, fault events, ...): the kind's part of its scenario report (sections come from it).
     kinds: dict[str, str] = field(default_factory=dict)
     kind_results: dict[str, object] = field(default_factory=dict)
+    # Per decode instance, its per-request baseline measured after the warm-up (rig.workload.baseline).
+    baselines: dict[str, RequestBaseline] = field(default_factory=dict)
 
     def finish_status(self) -> str:
         """Set and return ``status`` from the verdicts unless the run was interrupted/errored."""
@@ -222,6 +226,7 @@ def build_report(result: RunResult) -> Report:
                   error=result.error, vllm_version=result.vllm_version, timings=dict(result.timings),
                   startup=result.startup, startup_profiles=result.startup_profiles,
                   not_run=list(result.not_run), config=result.config, plan=result.plan,
+                  baselines={d: from_fields(BaselineReport, b) for d, b in result.baselines.items()},
                   scenarios=[scenario_report(result, v, o) for v, o in _paired(result)])
 
 

@@ -4,7 +4,7 @@ read back with :meth:`Report.model_validate_json`.
 
 Plain data only (pydantic v2, ``extra="forbid"``: a field nobody declared is an error, not a
 silent addition): this module imports nothing of the rig but the start-up profile model (plain
-data too, rig.cluster.startup_profile), so the renderers that read it need
+data too, rig.cluster.startup_profile) and its base (rig.report.model_base), so the renderers that read it need
 neither the judge nor the workload. rig.report.build turns the runner's objects (observations,
 verdicts, the kinds' results) into it. A scenario's report is discriminated by its ``kind``
 (``ScenarioConfig.kind``); each kind carries its own result beside the verdict and the
@@ -25,21 +25,15 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import Field, model_validator
 
 from rig.cluster.startup_profile import StartupProfile
+from rig.report.model_base import BaselineReport, ReportModel
 
 REPORT_VERSION = "1.0"
 
 Verdict = Literal["PASS", "FAIL", "XFAIL", "XPASS", "ERROR"]
 RunStatus = Literal["running", "passed", "failed", "interrupted", "error", "not-run"]
-
-
-class ReportModel(BaseModel):
-    """The base of every report model: unknown fields refused, attribute docstrings as field
-    descriptions (they are the JSON Schema's ``description``)."""
-
-    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
 
 
 class CheckReport(ReportModel):
@@ -246,8 +240,8 @@ class ObservationReport(ReportModel):
     stopped: dict[str, str] = {}
     """Instances their owner stopped (not deaths) -> the owner's stop line."""
     baseline_request_s: float | None = None
-    """The deployment's measured per-request time in seconds, which the speed-following judging
-    windows derive from; None: not measured (they then use their absolute caps)."""
+    """The deployment's measured per-request time in seconds (:class:`BaselineReport`), which the
+    speed-following judging windows derive from; None: not measured (they then use their caps)."""
 
 
 class WaveReport(ReportModel):
@@ -480,6 +474,8 @@ class Report(ReportModel):
     """The config as run (ports as reserved)."""
     plan: dict[str, Any] = {}
     """Every process's argv, env and ports (``pdrig plan --json``)."""
+    baselines: dict[str, BaselineReport] = {}
+    """Per decode instance, its measured per-request baseline (the latest phase's that measured it)."""
     scenarios: list[ScenarioReport] = []
     """Judged scenarios, in run order."""
 

@@ -23,7 +23,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from rig.report.junit import Case, Suite, render_junit
-from rig.report.model import RecordReport, Report, VerdictReport
+from rig.report.model import BaselineReport, RecordReport, Report, VerdictReport
 from rig.report.sections import section_of
 from rig.report.startup_section import startup_profile_md
 
@@ -160,6 +160,7 @@ def render_summary_md(report: Report) -> str:
     lines.append(f"- config: `{report.name}`; vLLM {report.vllm_version or 'unknown'}")
     if report.timings:
         lines.append("- timings: " + ", ".join(f"{k} {v:.1f} s" for k, v in report.timings.items()))
+    lines += [f"- per-request baseline: {baseline_line(b)}" for b in report.baselines.values()]
     if report.error:
         lines.append(f"- error: {report.error}")
     counts: dict[str, int] = {}
@@ -242,6 +243,16 @@ def startup_line(name: str, f: dict[str, Any]) -> str:
     return f"{name} {state}{cpu}, load {f.get('load_at_start', 0):.1f} -> " + ("?" if end is None else f"{end:.1f}")
 
 
+def baseline_line(b: BaselineReport) -> str:
+    """'decode 0.123 s (median of 3 P/D round trips prefill -> decode after the warm-up (8-token prompt,
+    2 tokens each): 0.12, 0.123, 0.13 s)', or 'decode none (...): <why>' when it was not measured: the
+    per-request time the speed-following judging windows derive from (rig.judge.windows)."""
+    trips = ", ".join(f"{s:.3g}" for s in b.round_trips_s)
+    if b.seconds is None:
+        return f"{b.decode} none ({b.method}): {b.error}" + (f"; timed before the failure: {trips} s" if trips else "")
+    return f"{b.decode} {b.seconds:.3g} s ({b.method}: {trips} s)"
+
+
 def startup_table_md(startup: dict[str, dict[str, Any]]) -> list[str]:
     """summary.md's start-up table: per instance its outcome, seconds to ready, CPU-s, host load
     (1 min) at start and at the end of the start, and the seconds of each start-up phase; [] when
@@ -309,6 +320,8 @@ def print_report(report: Report, console: Console | None = None) -> None:
                       + escape(", ".join(report.not_run)))
     if report.timings:
         console.print("timings: " + ", ".join(f"{k} {v:.1f} s" for k, v in report.timings.items()))
+    for b in report.baselines.values():
+        console.print("per-request baseline: " + escape(baseline_line(b)))
     if report.startup:
         console.print("start-up: " + escape("; ".join(startup_line(n, f) for n, f in report.startup.items())))
     console.print(f"run directory: {escape(report.run_dir)}")

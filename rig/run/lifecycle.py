@@ -29,6 +29,7 @@ from rig.observe import metrics as m
 from rig.observe.evidence import UNKNOWN_VERSION, LogScanner, MetricPresence, settle_deaths
 from rig.observe.observations import ScenarioObservation, SnapshotStore, TransferEvidence, wait_idle
 from rig.transport.endpoint import Endpoint
+from rig.workload.baseline import RequestBaseline
 
 
 class Deployment(Protocol):
@@ -213,10 +214,12 @@ class ClusterDeployment:
 @dataclass
 class PhaseEvidence:
     """What the warm-up of a phase learnt: ``versions`` (``{instance: /version}``, "unknown" when
-    it did not answer) and which metrics the checks read each instance lacks."""
+    it did not answer), which metrics the checks read each instance lacks, and the decode's
+    measured per-request ``baseline`` (rig.workload.baseline; None when nothing measured it)."""
 
     versions: dict[str, str]
     presence: MetricPresence
+    baseline: RequestBaseline | None = None
 
 
 def decode_version(versions: dict[str, str], decode: str) -> str:

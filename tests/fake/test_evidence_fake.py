@@ -141,7 +141,8 @@ def test_decode_dying_at_warm_up_fails_its_scenarios_and_the_run_goes_on(base):
 
 def test_decode_dying_mid_scenario_fails_it_and_the_next_scenario_on_it(base):
     cfg = _cfg(base, decodes={
-        "decode": {"env": {"FAKE_VLLM_FAULT": "crash-mid-request", "FAKE_VLLM_FAULT_ARG": "3"}}},
+        # the 6th: after the warm-up's 2 and the baseline's 3 (rig.workload.baseline), the scenario's
+        "decode": {"env": {"FAKE_VLLM_FAULT": "crash-mid-request", "FAKE_VLLM_FAULT_ARG": "6"}}},
         scenarios=[scenario("hit", "decode"), scenario("next", "decode")])
     result, _ = _run(cfg)
     hit, nxt = result.observations
@@ -153,11 +154,11 @@ def test_decode_dying_mid_scenario_fails_it_and_the_next_scenario_on_it(base):
 
 
 def test_a_prefill_that_died_is_restarted_for_the_next_phase(base):
-    """P dies during phase 1's scenario (its 3rd completion; once only, so the restarted P is
-    healthy): phase 1 FAILs with P's death, phase 2 starts P again and passes."""
+    """P dies during phase 1's scenario (its 6th completion, after the warm-up's 2 and the baseline's 3;
+    once only, so the restarted P is healthy): phase 1 FAILs with P's death, phase 2 starts P again and passes."""
     once = base / "p-crashed"
     cfg = _cfg(base, decodes={"decode": {}, "decode-2": {}},
-               prefill_env={"FAKE_VLLM_FAULT": "crash-mid-request", "FAKE_VLLM_FAULT_ARG": "3",
+               prefill_env={"FAKE_VLLM_FAULT": "crash-mid-request", "FAKE_VLLM_FAULT_ARG": "6",
                             "FAKE_VLLM_FAULT_ONCE": str(once)},
                scenarios=[scenario("p-dies", "decode"), scenario("p-back", "decode-2")])
     result, run_dir = _run(cfg)
@@ -394,8 +395,8 @@ def test_attach_to_pdrig_up_names_the_dead_decode_and_the_prefill_its_owner_stop
 
     from rig.run import lifecycle as runner_mod
 
-    cfg = _cfg(base, decodes={"decode": {"env": {"FAKE_VLLM_FAULT": "crash-mid-request", "FAKE_VLLM_FAULT_ARG": "3"}}},
-               scenarios=[scenario("one", "decode")])
+    cfg = _cfg(base, decodes={"decode": {"env": {"FAKE_VLLM_FAULT": "crash-mid-request", "FAKE_VLLM_FAULT_ARG": "6"}}},
+               scenarios=[scenario("one", "decode")])  # the 6th: after the warm-up's 2 and the baseline's 3
     up = Cluster(build_plan(cfg, base / "up", resolve_model(cfg), sys.executable), 30, 3)
     owner_done = threading.Event()
 

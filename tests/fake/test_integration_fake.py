@@ -37,8 +37,9 @@ DECODES = {
     "decode-leak": {"env": {"FAKE_VLLM_FAULT": "leak-kv"}},
     "decode-fatal": {"env": {"FAKE_VLLM_FAULT": "fatal-log"}},
     # Completion 1 is the runner's warm-up; completion 2 is the scenario's decode hop.
-    # the 3rd completion: after the warm-up's direct and P/D requests
-    "decode-crash": {"env": {"FAKE_VLLM_FAULT": "crash-mid-request", "FAKE_VLLM_FAULT_ARG": "3"}},
+    # the 6th completion: after the warm-up's direct and P/D requests and the baseline's 3 timed
+    # round trips (rig.workload.baseline), the scenario's decode hop
+    "decode-crash": {"env": {"FAKE_VLLM_FAULT": "crash-mid-request", "FAKE_VLLM_FAULT_ARG": "6"}},
 }
 SCENARIOS = [
     scenario("pass", "decode"),

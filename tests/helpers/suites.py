@@ -13,14 +13,15 @@ from tests.helpers.survivors import assert_no_survivors, kill_pids, wait_no_surv
 
 
 def run_on_fakes(tmp_path: Path, scenarios: list[dict], decodes: dict[str, dict[str, Any]] | None = None,
-                 overrides: list[str] | None = None) -> tuple[Any, Path]:
-    """Run scenario dicts ``scenarios`` on fake P and D (``decodes`` as in :func:`fake_config`,
-    ``overrides`` as ``--set``); returns (result, run dir) and asserts nothing was left running."""
+                 overrides: list[str] | None = None, prefill_env: dict[str, str] | None = None) -> tuple[Any, Path]:
+    """Run scenario dicts ``scenarios`` on fake P and D (``decodes`` and ``prefill_env`` as in
+    :func:`fake_config`, ``overrides`` as ``--set``); returns (result, run dir) and asserts nothing
+    was left running."""
     from rig.config import load_config
     from rig.run.runner import SuiteRunner, new_run_dir
 
-    cfg = load_config(write_config(tmp_path, fake_config(tmp_path, decodes=decodes, scenarios=scenarios)),
-                      overrides or [])
+    cfg = load_config(write_config(tmp_path, fake_config(tmp_path, decodes=decodes, scenarios=scenarios,
+                                                         prefill_env=prefill_env)), overrides or [])
     run_dir = new_run_dir(cfg)
     try:
         result = SuiteRunner(cfg, list(cfg.scenarios), run_dir, quiet=True).run()

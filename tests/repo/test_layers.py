@@ -114,7 +114,8 @@ LAZY: dict[tuple[str, str], str] = {
         "rig.cluster.processes", "rig.config.schema", "rig.connectors.mooncake", "rig.plan.processes",
         "rig.report.model", "rig.transport.aio",
         "rig.cluster.ports", "rig.config.help", "rig.plan.compose", "rig.plan.k8s", "rig.proxy", "rig.run.runner",
-        "rig.run.topology", "rig.transport.client", "rig.transport.endpoint", "rig.workload.warmup")},
+        "rig.run.topology", "rig.transport.client", "rig.transport.endpoint", "rig.workload.baseline",
+        "rig.workload.warmup")},
     **{("rig.cli.host", m): _CLI for m in ("rig.proxy", "rig.run.hostruns", "rig.transport.aio")},
     **{("rig.cli.run", m): _CLI for m in (
         "rig.cluster.logs", "rig.cluster.preflight", "rig.explore.explorer", "rig.explore.known", "rig.explore.grammar",

@@ -38,10 +38,11 @@ def test_the_warm_up_sends_each_path_before_the_measured_requests(tmp_path):
     assert [v.verdict for v in result.verdicts] == ["PASS", "PASS"], [v.reason for v in result.verdicts]
     fields = [ln.split("completion fields: ", 1)[1].split(",")
               for ln in (run_dir / "logs" / "decode.log").read_text().splitlines() if "completion fields: " in ln]
-    # D's requests in order: warm-up direct, warm-up P/D, the logprobs path's decode hop, then the
-    # scenarios' decode hops (plain, logprobs): the first logprobs request D saw was the warm-up's.
+    # D's requests in order: warm-up direct, warm-up P/D, the logprobs path's decode hop, the
+    # baseline's 3 plain round trips (rig.workload.baseline), then the scenarios' decode hops
+    # (plain, logprobs): the first logprobs request D saw was the warm-up's.
     with_logprobs = [i for i, f in enumerate(fields) if "logprobs" in f]
-    assert len(fields) == 5 and with_logprobs == [2, 4], fields
+    assert len(fields) == 8 and with_logprobs == [2, 7], fields
 
 
 def test_paths_that_leave_blocks_on_prefill_are_warmed_without_a_round_trip():
