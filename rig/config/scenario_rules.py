@@ -95,9 +95,18 @@ def check_scenario_lengths(cfg: Instances, i: int, sc: ScenarioConfig) -> None:
                 f"max_model_len {mml}; shorten the prompt or lower max_tokens")
 
 
+def decode_n(sc: ScenarioConfig) -> list[int]:
+    """The ``n`` each decode hop of scenario ``sc`` asks for: its ``request`` fields' (edge and
+    fault kinds) and every sequence step's (``all`` then ``decode``, as RequestFields.for_hop);
+    a hop that sets none asks for 1."""
+    fields = [sc.request] + [st.request for st in (sc.sequence.steps if sc.sequence else [])]
+    return [int(f.for_hop("decode").get("n") or 1) for f in fields if f is not None]
+
+
 def check_stale_kv(cfg: Instances, i: int, sc: ScenarioConfig) -> None:
     """A stale-kv known issue of scenario ``i`` can happen: shared-params needs several prompts in
-    one request; lease-expired needs a hold (a fault or hold_between_s) longer than the NIXL lease."""
+    one request; decode-children needs ``n`` > 1 on a decode hop; lease-expired needs a hold (a fault
+    or hold_between_s) longer than the NIXL lease. Raises ValueError naming the field."""
     lease = cfg.lease_s_of(sc.prefill or cfg.prefill[0].name)
     symptom = sc.known_issue.symptom if sc.known_issue else None
     if isinstance(symptom, StaleKvSignature) and symptom.cause == "shared-params":
@@ -108,6 +117,13 @@ def check_stale_kv(cfg: Instances, i: int, sc: ScenarioConfig) -> None:
                 f"scenarios[{i}] ({sc.name}).known_issue.symptom.cause shared-params needs several "
                 f"prompts in one request; set request.prompts to 2 or more, or use cause "
                 "lease-expired")
+    elif isinstance(symptom, StaleKvSignature) and symptom.cause == "decode-children":
+        # Every child of D's parallel-sampling split reads P's blocks: no hold needed, but some
+        # decode hop must ask for n > 1 (the edge kind's request, or a sequence step's).
+        if max(decode_n(sc), default=1) < 2:
+            raise ValueError(
+                f"scenarios[{i}] ({sc.name}).known_issue.symptom.cause decode-children needs n > 1 on the "
+                "decode hop; set request.decode.n: 2 (or a sequence step's), or use cause lease-expired")
     elif sc.known_issue and sc.known_issue.symptom.kind == "stale-kv" and sc.fault is not None:
         held = max((f.stop_s or f.delay_s or 0 for f in sc.fault.faults), default=0)
         if held <= lease:

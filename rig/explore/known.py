@@ -94,6 +94,19 @@ def _stall(sym: dict[str, Any], ev: dict[str, Any]) -> list[str] | None:
     return why
 
 
+def _decode_children(m: Mechanism, ev: dict[str, Any]) -> list[str] | None:
+    """Why the decode-children stale read explains ``m``: a divergence on a choice after 0 of a
+    one-prompt request that asked for n > 1 on the decode hop only, or a stale read of one."""
+    n = ev.get("decode_children", 1)
+    if n < 2 or ev.get("prefill_children", 1) != 1:
+        return None
+    if m.kind == "divergence" and ev.get("prompts", 1) == 1 and (ev.get("choice") or 0) > 0:
+        return [f"divergence on choice {ev['choice']} of a request with n={n} on the decode hop only"]
+    if m.kind == "stale-read":
+        return [f"P logged a read of released blocks by a request with n={n} on the decode hop only"]
+    return None
+
+
 def _explains(sym: dict[str, Any], m: Mechanism) -> list[str] | None:
     """The reasons (field by field) why symptom ``sym`` explains ``m``; None when it does not."""
     ev, kind = m.evidence, sym.get("kind")
@@ -110,6 +123,8 @@ def _explains(sym: dict[str, Any], m: Mechanism) -> list[str] | None:
         if sym.get("message") and not re.search(sym["message"], ev.get("message", "")):
             return None
         return [f"HTTP {ev.get('status')} on the {ev.get('hop')} hop"]
+    if kind == "stale-kv" and sym.get("cause") == "decode-children":
+        return _decode_children(m, ev)
     if kind == "stale-kv" and m.kind == "divergence":
         if sym.get("cause") == "shared-params":
             ok = ev.get("prompts", 1) > 1 and (ev.get("choice") or 0) > 0

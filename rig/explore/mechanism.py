@@ -14,7 +14,8 @@ observation, in this order:
   ``fits``), with the prompt as D got it (an appended token counts);
 - **divergence**: the hop whose answer differs from the reference, the first wrong position (0 or
   later), the choice, and where that prompt's KV came from on D (pulled over NIXL, D's prefix
-  cache, recomputed, or a one-hop request's own), ``appended`` when a router appended P's token;
+  cache, recomputed, or a one-hop request's own), ``appended`` when a router appended P's token,
+  ``decode-n=<n>`` when D's hop asked for ``n`` > 1 choices;
 - **refusal** (a 4xx the reference serves) and **http** (a 5xx): hop, status and the message with
   its numbers blanked;
 - then what the remaining checks name: a **leak** (an instance not back to idle), a
@@ -35,7 +36,7 @@ from rig.config.blocks import BlockFacts
 from rig.explore.grammar import Topology
 from rig.explore.oracles import failed_hop, reference_serves
 from rig.judge.counters import decreases
-from rig.judge.signatures import admission_of
+from rig.judge.signatures import admission_of, children_per_prompt
 from rig.judge.verdict import ScenarioVerdict
 from rig.observe.observations import ScenarioObservation
 from rig.transport.records import PDRecord
@@ -158,10 +159,14 @@ def _divergence(obs: ScenarioObservation) -> Mechanism | None:
         pos = "0" if p.position == 0 else ">0" if p.position is not None else (p.field or "?")
         appended = r.decode_prompt is not None and len(r.decode_prompt) > len(r.prompt)
         src = kv_source(r, obs)
-        key = f"divergence:{hop}:pos={pos}:choice={p.choice or 0}:kv={src}" + (":appended" if appended else "")
+        children = children_per_prompt(r.decode, r.prompt_count)
+        key = (f"divergence:{hop}:pos={pos}:choice={p.choice or 0}:kv={src}" + (":appended" if appended else "")
+               + (f":decode-n={children}" if children > 1 else ""))
         return Mechanism("divergence", key, {"request": r.request_id, "hop": hop, "position": p.position,
                                              "choice": p.choice, "kv_source": src, "appended": appended,
-                                             "prompts": r.prompt_count, "detail": p.describe()})
+                                             "prompts": r.prompt_count, "decode_children": children,
+                                             "prefill_children": children_per_prompt(r.prefill, r.prompt_count),
+                                             "detail": p.describe()})
     return None
 
 
@@ -205,7 +210,12 @@ def _from_checks(v: ScenarioVerdict, obs: ScenarioObservation, roles: dict[str, 
         series = sorted({f"{roles.get(d.split(':', 1)[0], d.split(':', 1)[0])}:{d.split(' ')[1]}" for d in found})
         return Mechanism("counters", f"counters:{','.join(series) or '?'}", {"decreases": found[:5]})
     if "kv-integrity" in failed:
-        return Mechanism("stale-read", "stale-read:kv-integrity", {"detail": failed["kv-integrity"].detail})
+        # n > 1 on D's hop of a one-choice P answer: every child reads P's blocks (a read after the
+        # first child's done notice freed them), a mechanism of its own beside a lease expiry.
+        children = max((children_per_prompt(r.decode, r.prompt_count) for r in obs.records
+                        if children_per_prompt(r.prefill, r.prompt_count) == 1), default=1)
+        return Mechanism("stale-read", "stale-read:kv-integrity" + (":decode-n" if children > 1 else ""),
+                         {"detail": failed["kv-integrity"].detail, "decode_children": children})
     return Mechanism("checks", f"checks:{signature}", {"checks": sorted(failed)})
 
 

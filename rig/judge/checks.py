@@ -305,8 +305,10 @@ def kv_integrity_check(obs: ScenarioObservation, answered: dict[str, str] | None
             "lease housekeeping" if explained else "")
     if stale:
         ln = stale[0][1]
+        readers = len({ours for ours, _ in stale})
         return Check("kv-integrity", False,
-                     f"{len(stale)} answered request(s) read KV blocks prefill had released (lease expired): "
+                     f"{readers} answered request(s) read KV blocks prefill had released ({len(stale)} line(s); its "
+                     f"lease expired, or an earlier read of the same params freed them): "
                      f"{stale[0][0]}: " + ln[ln.find("Potentially"):][:160] + note,
                      tuple(dict.fromkeys(ours for ours, _ in stale)))
     if unknown:

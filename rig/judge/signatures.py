@@ -36,7 +36,7 @@ from rig.judge.checks import lease_released_ids, parent_request_id, prompt_index
 from rig.observe.observations import ScenarioObservation
 from rig.observe.parity import ParityResult
 from rig.observe.stall import StallFacts
-from rig.transport.records import PDRecord
+from rig.transport.records import Hop, PDRecord
 
 # Checks a request-level symptom explains on the requests that show it.
 REQUEST_CHECKS = frozenset({"completed", "token-counts", "kv-pulled", "parity", "no-errors", "no-empty"})
@@ -58,6 +58,9 @@ class RequestFacts:
     prompts: int = 1  # token-ID prompts the request carried (request.prompts)
     diverged_prompt: int | None = None  # the prompt of the first diverged choice, when parity diverged per choice
     appended: bool = False  # a router transform appended P's first token to D's prompt (PDRecord.decode_prompt)
+    decode_children: int = 1  # choices D's hop returned per prompt (n on the decode hop)
+    prefill_children: int = 1  # choices P's hop returned per prompt (n on the prefill hop)
+    diverged_choice: int | None = None  # the first diverged choice, when parity diverged per choice
 
 
 def facts_of_records(obs: ScenarioObservation) -> list[RequestFacts]:
@@ -82,8 +85,19 @@ def facts_of_records(obs: ScenarioObservation) -> list[RequestFacts]:
             remote_request_id=(r.prefill.kv_transfer_params or {}).get("remote_request_id") if r.prefill else None,
             parity=p.status if p else None, stall=r.stall, prompts=prompts,
             diverged_prompt=_diverged_prompt(r, p, prompts),
-            appended=r.decode_prompt is not None))
+            appended=r.decode_prompt is not None, decode_children=children_per_prompt(r.decode, prompts),
+            prefill_children=children_per_prompt(r.prefill, prompts),
+            diverged_choice=p.choice if p is not None and p.status == "diverged" else None))
     return out
+
+
+def children_per_prompt(hop: Hop | None, prompts: int) -> int:
+    """The choices ``hop`` answered per prompt (its ``n``; vLLM orders a several-prompt answer's
+    choices prompt by prompt, entrypoints/openai/completion/serving.py): 1 for a hop with no
+    per-choice answer."""
+    if hop is None or not hop.choices:
+        return 1
+    return max(1, len(hop.choices) // max(1, prompts))
 
 
 def _diverged_prompt(r: PDRecord, p: ParityResult | None, prompts: int) -> int | None:
@@ -252,6 +266,8 @@ def _invalid_block_lines(obs: ScenarioObservation) -> list[str]:
 def _stale(sig: StaleKvSignature, obs: ScenarioObservation, reqs: list[RequestFacts]) -> Match:
     if sig.cause == "shared-params":
         return _shared_params(sig, obs, reqs)
+    if sig.cause == "decode-children":
+        return _decode_children(sig, obs, reqs)
     lines = _invalid_block_lines(obs)
     hits, seen, shown = [], [], []
     for r in reqs:
@@ -268,6 +284,40 @@ def _stale(sig: StaleKvSignature, obs: ScenarioObservation, reqs: list[RequestFa
     expected = ("an answered request named by P's 'Potentially invalid KV blocks' line"
                 + (" whose parity diverged" if sig.parity else ""))
     return Match(frozenset(hits), frozenset({"kv-integrity", "parity", "token-counts"}), frozenset(sig.excuses),
+                 seen="; ".join(seen) or "no invalid-blocks line, no divergence", expected=expected,
+                 shown="; ".join(shown))
+
+
+def _decode_children(sig: StaleKvSignature, obs: ScenarioObservation, reqs: list[RequestFacts]) -> Match:
+    """Stale KV read by D's later parallel-sampling children (``cause: decode-children``, see
+    :class:`rig.config.StaleKvSignature`): an answered one-prompt request whose decode hop returned
+    ``n`` > 1 choices and whose prefill hop one, named by P's invalid-blocks line; a divergence
+    counts only on a choice after 0 (the first child read P's blocks before they were freed); with
+    ``parity`` (default) one is required, with ``parity: false`` it is allowed (whether P reused
+    the freed blocks before a later child read them is a race). Explains kv-integrity, kv-pulled
+    and parity on those requests."""
+    lines = _invalid_block_lines(obs)
+    hits, seen, shown = [], [], []
+    for r in reqs:
+        rid = r.remote_request_id or ""
+        named = bool(rid) and any(rid in ln for ln in lines)
+        later_choice = (r.parity == "diverged" and (r.diverged_choice or 0) > 0) or \
+            (not sig.parity and r.parity != "diverged")
+        parity = (f"choice {r.diverged_choice} diverged" if r.parity == "diverged" and r.diverged_choice is not None
+                  else f"parity {r.parity or 'not compared'}")
+        if (r.outcome == "ok" and named and r.prompts == 1 and r.decode_children > 1 and r.prefill_children == 1
+                and later_choice):
+            hits.append(r.request_id)
+            shown.append(f"{r.request_id}: n={r.decode_children} on the decode hop, P's 'Potentially invalid KV "
+                         f"blocks' line names its remote_request_id {rid} (a later child read blocks the first "
+                         f"child's done notice freed), {parity}")
+        elif named or r.parity == "diverged" or r.outcome != "ok":
+            seen.append(f"{r.request_id}: {r.outcome}, n={r.decode_children} on the decode hop, "
+                        f"n={r.prefill_children} on the prefill hop, {r.prompts} prompt(s), P's invalid-blocks line "
+                        f"{'names it' if named else 'does not name it'}, {parity}")
+    expected = ("an answered one-prompt request with n > 1 on the decode hop only, named by P's 'Potentially "
+                "invalid KV blocks' line, " + ("a choice after 0 diverged" if sig.parity else "choice 0 equal"))
+    return Match(frozenset(hits), frozenset({"kv-integrity", "kv-pulled", "parity"}), frozenset(sig.excuses),
                  seen="; ".join(seen) or "no invalid-blocks line, no divergence", expected=expected,
                  shown="; ".join(shown))
 

@@ -146,3 +146,49 @@ def test_an_error_that_could_not_look_is_not_judged_and_a_failure_or_a_death_is(
     r = ExploreReport(config="c", seed=1, run_dir="r", not_judged=[{"action": 27, "reason": gap.reason}])
     md = render_md(r)
     assert "## Not judged" in md and "| 27 | inconclusive: no-stall not checked" in md and "none found" in md
+
+
+def n_on_decode(choice: int | None, p_children: int = 1) -> tuple[ScenarioVerdict, ScenarioObservation]:
+    """A one-prompt request with n: 3 on the decode hop (F01's shape): a divergence on ``choice``,
+    or (None) a stale read alone: P's invalid-blocks line, every choice equal."""
+    r = PDRecord(request_id="x1-0", prompt_len=64, max_tokens=2, prompt=list(range(64)))
+    r.prefill = Hop(instance="prefill", status=200, token_ids=[1] * p_children,
+                    choices=[[1]] * p_children if p_children > 1 else None)
+    r.decode = Hop(instance="decode", status=200, token_ids=[1, 2] * 3, choices=[[1, 2]] * 3)
+    parity = ParityResult("diverged", position=0, pd_token=1, ref_token=5, choice=choice) if choice is not None \
+        else ParityResult("equal")
+    obs = ScenarioObservation(scenario="x1", decode="decode", prefill="prefill", records=[r], parity=[parity],
+                              evidence=TransferEvidence(external_prompt_tokens=160))
+    failed = [Check("parity", False, "diverged", ("x1-0",))] if choice is not None else []
+    failed.append(Check("kv-integrity", False, "1 answered request(s) read KV blocks prefill had released",
+                        ("x1-0",)))
+    return ScenarioVerdict("x1", "FAIL", "pass", "stale", failed), obs
+
+
+def test_n_on_the_decode_hop_is_its_own_mechanism_and_matches_its_known_issue(known):
+    v, obs = n_on_decode(choice=2)
+    m = mechanism_of(v, obs, TOPO, ROLES, "FAIL parity kv-integrity []")
+    assert m.key == "divergence:decode:pos=0:choice=2:kv=pulled:decode-n=3"
+    hit = match_known(m, known, "0.32.0")
+    assert hit is not None and hit.id == "nixl-decode-children-read-freed-blocks" and hit.in_range
+    assert "choice 2 of a request with n=3 on the decode hop only" in hit.why
+    v, obs = n_on_decode(choice=None)
+    m = mechanism_of(v, obs, TOPO, ROLES, "FAIL kv-integrity []")
+    assert m.key == "stale-read:kv-integrity:decode-n"
+    assert match_known(m, known, "0.32.0").id == "nixl-decode-children-read-freed-blocks"
+
+
+def test_choice_0_or_n_on_the_prefill_hop_is_not_the_decode_children_issue(known):
+    v, obs = n_on_decode(choice=0)
+    hit = match_known(mechanism_of(v, obs, TOPO, ROLES, "FAIL parity []"), known, "0.32.0")
+    assert hit is None or hit.id != "nixl-decode-children-read-freed-blocks"
+    v, obs = n_on_decode(choice=2, p_children=3)
+    hit = match_known(mechanism_of(v, obs, TOPO, ROLES, "FAIL parity []"), known, "0.32.0")
+    assert hit is None or hit.id != "nixl-decode-children-read-freed-blocks"
+
+
+def test_a_stale_read_with_no_hold_and_no_n_is_new(known):
+    v, obs = n_on_decode(choice=None)
+    obs.records[0].decode.choices = None
+    m = mechanism_of(v, obs, TOPO, ROLES, "FAIL kv-integrity []")
+    assert m.key == "stale-read:kv-integrity" and match_known(m, known, "0.32.0") is None

@@ -287,8 +287,10 @@ def test_stale_kv_on_an_answered_request_fails_it_and_abandoned_ones_are_houseke
     lines = [INVALID.format(rid="cmpl-p0"), INVALID.format(rid="cmpl-p1"), INVALID.format(rid="cmpl-p0"),
              "ERROR unrelated"]
     out = kv_integrity_check(obs(recs, kv_integrity_lines={"prefill": ["noise " + lines[0]] + lines[1:]}))
-    assert out == Check("kv-integrity", False, "2 answered request(s) read KV blocks prefill had released (lease "
-                        "expired): r0: " + lines[0][lines[0].find("Potentially"):][:160]
+    # one request, two lines: the count is of requests, the lines are counted beside it
+    assert out == Check("kv-integrity", False, "1 answered request(s) read KV blocks prefill had released (2 "
+                        "line(s); its lease expired, or an earlier read of the same params freed them): r0: "
+                        + lines[0][lines[0].find("Potentially"):][:160]
                         + "; 1 line(s) for requests abandoned by the rig (r1): lease housekeeping", ("r0",))
 
 
@@ -459,7 +461,8 @@ def test_kv_integrity_names_every_abandoned_request_and_cuts_the_line_at_160():
     long = INVALID.format(rid="cmpl-p0") + " " + "z" * 100
     o = obs(recs, kv_integrity_lines={"prefill": [long, INVALID.format(rid="cmpl-p2"), INVALID.format(rid="cmpl-p1")]})
     assert kv_integrity_check(o).detail == (
-        "1 answered request(s) read KV blocks prefill had released (lease expired): r0: "
+        "1 answered request(s) read KV blocks prefill had released (1 line(s); its lease expired, or an earlier read "
+        "of the same params freed them): r0: "
         + long[long.find("Potentially"):][:160] + "; 2 line(s) for requests abandoned by the rig (r1, r2): "
         "lease housekeeping")
 

@@ -1,10 +1,11 @@
 """A live slice of the regression suite (the whole suite is `make regressions`).
 
-Five scenarios of ``configs/suites/regressions.yaml`` that share one topology (prefill +
+Six scenarios of ``configs/suites/regressions.yaml`` that share one topology (prefill +
 decode-nospec of ``configs/cpu-regressions.yaml``), so one start-up covers them, each for a
 mechanism of its own: a sequence over two routes (R02), the counter split (R19), the token-in
 generate endpoint (R21), a shared-params stale read as a known issue (two prompts in one request),
-and the cached-tokens check (R15); plus R26 (a router's appended first token: wrong tokens kept in
+the cached-tokens check (R15) and the rig's own finding F01 (n: 3 on the decode hop: every child
+reads P's blocks, P logs the later reads); plus R26 (a router's appended first token: wrong tokens kept in
 D's prefix cache) on its own decode instance, decode-r26, since the bug may kill D. On vLLM
 0.32.0 (``make setup``) the expected verdicts are what docs/bug-record.md records; another
 build would change them, so the test asserts the version.
@@ -30,6 +31,7 @@ SLICE = {
     "r21-generate-endpoint-pd": "PASS",
     "two-prompts-pd": "XFAIL",
     "r15-cached-tokens-cold": "PASS",
+    "f01-n3-on-decode-hop": "XFAIL",
     "r26-append-first-token": "XFAIL",
 }
 
@@ -111,3 +113,15 @@ def test_r26_names_the_wrong_tokens_the_corrupted_cache_and_the_death(slice_run)
 def test_no_process_survives_the_slice(slice_run):
     _, run_dir, _ = slice_run
     assert processes_of_run(run_dir) == []
+
+
+def test_f01_names_every_child_reading_ps_blocks(slice_run):
+    _, _, report = slice_run
+    v, scenario = _by_name(report)["f01-n3-on-decode-hop"]
+    checks = {c["name"]: c for c in v["checks"]}
+    # the stale read and the over-pull failed, and were explained; the answer and the drains held
+    assert checks["kv-integrity"]["ok"] is False and checks["kv-pulled"]["ok"] is False
+    assert all(checks[n]["ok"] for n in ("completed", "token-counts", "alive", "idle-after"))
+    assert "n=3 on the decode hop" in v["reason"], v["reason"]
+    (rec,) = scenario["observation"]["records"]
+    assert len(rec["decode"]["choices"]) == 3
