@@ -125,7 +125,10 @@ def token_counts_check(spec: SequenceConfig, obs: ScenarioObservation, result: S
     by = {s.id: s for s in spec.steps}
     answered = [r for r in obs.records if r.outcome == "ok" and r.decode is not None]
     if not answered:
-        return Check("token-counts", None, "not checked: no answered request")
+        # Named per unanswered request: a known issue that explains their failure (a stall, a
+        # refusal) explains this check on them too; anything else leaves it not checked.
+        return Check("token-counts", None, "not checked: no answered request",
+                     tuple(r.request_id for r in obs.records if r.outcome != "ok"))
     bad: list[str] = []
     per_step: dict[str, int] = {}
     for r in answered:
@@ -205,14 +208,17 @@ def no_stall_check(result: SequenceResult, records: list[PDRecord] | None = None
     """``no-stall``: the stall watcher on D saw no freeze while requests were outstanding. Not
     checked (None) when the freeze's evidence in ``records`` is inconclusive (the engine starved
     by a loaded host, or compiling: rig.observe.stall), or when the watcher read no sample of D
-    at all (``result.stall_unwatched``: it cannot say nothing froze)."""
+    at all (``result.stall_unwatched``: it cannot say nothing froze). A failure names the requests
+    the watcher marked stalled (none named: a freeze no signature can explain request by request)."""
     n = result.stall_samples
     if result.stall_unwatched and not result.stall:
         return Check("no-stall", None, f"not checked: {result.stall_unwatched}", samples=n)
     if result.stall:
         if records and any(inconclusive_stall(r) for r in records):
             return Check("no-stall", None, f"not checked: D froze, inconclusively: {result.stall}", samples=n)
-        return Check("no-stall", False, result.stall, samples=n)
+        # Named per request, so a stall signature explains it only on the requests that show it.
+        stalled = tuple(r.request_id for r in records or [] if r.outcome == "stalled")
+        return Check("no-stall", False, result.stall, stalled, samples=n)
     return sampled(Check("no-stall", True, f"D never froze with requests waiting while requests were outstanding "
                                            f"({n} samples)"), n, "D was never sampled while requests were outstanding")
 
@@ -337,7 +343,8 @@ def judge_sequence(sc: ScenarioConfig, obs: ScenarioObservation, result: Sequenc
     """The verdict of a sequence scenario: :func:`sequence_checks` through the one engine
     (rig.judge.verdict.judge) with :func:`sequence_required`; a PASS of a sequence whose every
     request was cut on purpose says so, naming the checks that held."""
-    v = judge(sc, obs, checks=sequence_checks(sc, obs, result), required=sequence_required(sc, obs))
+    v = judge(sc, obs, checks=sequence_checks(sc, obs, result), required=sequence_required(sc, obs),
+              blocks=result.blocks if result is not None else None)
     if result is not None and all_cut_on_purpose(obs) and v.verdict == "PASS":
         v.reason = all_cancelled_reason(len(obs.records), v.checks)
     return v

@@ -61,6 +61,7 @@ class RequestFacts:
     decode_children: int = 1  # choices D's hop returned per prompt (n on the decode hop)
     prefill_children: int = 1  # choices P's hop returned per prompt (n on the prefill hop)
     diverged_choice: int | None = None  # the first diverged choice, when parity diverged per choice
+    decode_prompt_len: int | None = None  # tokens of the prompt D got when a router changed it (None: prompt_len)
 
 
 def facts_of_records(obs: ScenarioObservation) -> list[RequestFacts]:
@@ -87,7 +88,9 @@ def facts_of_records(obs: ScenarioObservation) -> list[RequestFacts]:
             diverged_prompt=_diverged_prompt(r, p, prompts),
             appended=r.decode_prompt is not None, decode_children=children_per_prompt(r.decode, prompts),
             prefill_children=children_per_prompt(r.prefill, prompts),
-            diverged_choice=p.choice if p is not None and p.status == "diverged" else None))
+            diverged_choice=p.choice if p is not None and p.status == "diverged" else None,
+            decode_prompt_len=len(r.decode_prompt) if r.decode_prompt and isinstance(r.decode_prompt[0], int)
+            else None))
     return out
 
 
@@ -208,19 +211,22 @@ def _stall(sig: StallSignature, obs: ScenarioObservation, reqs: list[RequestFact
         if ((sig.kv_usage_max is not None and f.kv_usage > sig.kv_usage_max)
                 or (sig.kv_usage_min is not None and f.kv_usage < sig.kv_usage_min)):
             misses.append(f"kv {f.kv_usage * 100:.1f}%")
+        # The blocks D needs follow the prompt D got (a router's appended first token counts).
+        d_len = r.decode_prompt_len or r.prompt_len
         if sig.admission:
-            finding, arith = admission_of(r.prompt_len, blocks, f)
+            finding, arith = admission_of(d_len, blocks, f)
             if finding != sig.admission:
                 misses.append(f"admission {finding} ({arith})")
         if misses:
             seen.append(f"{r.request_id}: stalled with " + ", ".join(misses))
         else:
             hits.append(r.request_id)
-            arith = admission_of(r.prompt_len, blocks, f)[1] if sig.admission else ""
+            arith = admission_of(d_len, blocks, f)[1] if sig.admission else ""
             # The early verdict's diagnosis already states the arithmetic: say it once.
             shown.append(f"{r.request_id}: {r.error}" + (f" [{arith}]" if arith and arith not in r.error else ""))
     detail = "; ".join(seen) or "no stalled request"
-    return Match(frozenset(hits), REQUEST_CHECKS | {"kv-integrity"}, frozenset(sig.excuses),
+    # no-stall: the sequence kind's freeze check, named per stalled request (rig.judge.sequence_checks).
+    return Match(frozenset(hits), REQUEST_CHECKS | {"kv-integrity", "no-stall"}, frozenset(sig.excuses),
                  seen=detail, expected="stall with " + ", ".join(expected), shown="; ".join(shown))
 
 

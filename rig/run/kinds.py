@@ -171,7 +171,11 @@ def _judge_fault(sc: ScenarioConfig, obs: ScenarioObservation, result: FaultResu
 
 
 async def _run_sequence(sc: ScenarioConfig, ctx: ScenarioContext, obs: ScenarioObservation) -> Any:
-    return await run_sequence_scenario(sc, ctx, obs)
+    result = await run_sequence_scenario(sc, ctx, obs)
+    # As the edge kind: a stall signature's admission is decided from the decode's block arithmetic
+    # (without it an emitted livelock scenario could never match its known issue: admission unknown).
+    result.blocks = block_facts(ctx.cfg, ctx.decode.name)
+    return result
 
 
 _WAVE = Kind(_run_wave, judge_wave)

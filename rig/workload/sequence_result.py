@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
+from rig.config.blocks import BlockFacts
 from rig.config.sequence import SequenceConfig, Step
 from rig.observe import metrics as m
 from rig.observe.observations import DrainResult
@@ -134,6 +135,9 @@ class SequenceResult:
     sample_gap_s: float = 0.0  # timeouts.sample_gap_s: the shortest (rig.judge.windows.shortfall_bound)
     router_url: str = ""  # where route router steps went ('' = no router step)
     refusals: list[RefusalProbe] = field(default_factory=list)
+    # The decode's block arithmetic (rig.run.kinds.block_facts): a stall signature's admission
+    # (rig.judge.signatures.admission_of) needs it; None leaves the admission "unknown".
+    blocks: BlockFacts | None = None
 
 
 

