@@ -21,7 +21,7 @@ import statistics
 import time
 from dataclasses import dataclass, field
 
-from rig.cluster.proctree import host_load
+from rig.cluster import proctree
 from rig.transport.client import Transport
 from rig.transport.endpoint import Endpoint
 from rig.transport.records import classify, prefill_failure
@@ -91,7 +91,7 @@ async def measure_baseline(client: Transport, prefill: Endpoint, decode: Endpoin
         if classify(d_hop) != "ok":
             return _failed(out, times, f"round trip {k + 1} of {rounds}: decode: {d_hop.error or 'empty answer'}")
         times.append(time.monotonic() - t)
-    load = host_load()
+    load = proctree.host_load()  # through the module: tests give fake servers an idle host
     return RequestBaseline(decode.name, prefill.name, round(statistics.median(times), 4),
                            [round(s, 4) for s in times], prompt_tokens, max_tokens, rounds,
                            host_load_1m=round(load[0], 2) if load is not None else None)
