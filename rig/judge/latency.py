@@ -80,7 +80,7 @@ class LatencyJudgement:
         baseline cannot explain them."""
         if self.bound is None:
             return ()
-        return tuple(w for w in self.over if w.seconds > self.bound.seconds * self.slowdown)
+        return _over(list(self.waits), Bound(self.bound.seconds * self.slowdown, self.bound.source))
 
 
 def role_of(obs: ScenarioObservation, hop: Hop, first: bool) -> str:

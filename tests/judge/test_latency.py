@@ -140,3 +140,11 @@ def test_through_the_verdict_engine_a_slow_hop_fails_an_otherwise_passing_scenar
     o = obs_of([ok_record(0)])
     v = judge(sc(), o, extra=[latency_check(o)])
     assert v.verdict == "PASS" and {c.name: c.ok for c in v.checks}["latency"] is None
+
+
+def test_on_a_starved_host_the_part_beyond_the_host_excuse_is_the_one_named():
+    starved = {"baseline_host_load_1m": 1.0, "host_load_1m": 6.0, "host_cpus": 2}  # up to 3 x slower: 15 s
+    # the first token came at 8 s (excused by the load), the stream ended at 20 s (not excused)
+    c = latency_check(observed([slow(ok_record(0), decode_s=20.0, ttft_s=8.0)], **starved))
+    assert c.ok is False
+    assert c.detail.startswith("edge-126-0: decode hop (decode) waited 20.00 s in total; bound 5 s")
