@@ -96,6 +96,11 @@ Faults (FAKE_VLLM_FAULT):
   overcap-diverge    a decode-side request that waited behind D's --max-num-seqs cap while other
                      requests held every slot answers (tok+1) % 1024 at position 0 (a planted bug for
                      pdrig explore: wrong output only under load past a scheduler cap)
+  slow-decode        decode-side requests of at least MIN prompt tokens (ARG "SECONDS[:MIN]", default
+                     "20:9": longer than the warm-up's and the per-request baseline's 8-token round
+                     trips, so the baseline stays the healthy deployment's) wait SECONDS after their
+                     KV pull before the first token, then answer the right tokens (a planted bug for
+                     the latency check and pdrig explore: a hop that waits a timeout's worth)
   teardown-traceback on SIGTERM logs what a real vLLM 0.32.0 decode logs when stopped: an
                      "EngineDeadError" traceback (then exits 0)
 """
@@ -128,7 +133,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, G
 FAULTS = ("exit-before-ready", "crash-mid-request", "stall", "http500", "diverge-at", "diverge-edge",
           "leak-kv", "empty-stream", "fatal-log", "teardown-traceback", "hang-in-startup", "exit-in-startup",
           "append-mismatch", "leak-several", "abort-lost", "stale-after-cont", "engine-killed", "p-cap-stale",
-          "seeded-skew", "overcap-diverge")
+          "seeded-skew", "overcap-diverge", "slow-decode")
 FAULT = os.environ.get("FAKE_VLLM_FAULT") or None
 FAULT_ARG = os.environ.get("FAKE_VLLM_FAULT_ARG") or ""
 VERSION = os.environ.get("FAKE_VLLM_VERSION", "0.32.0")
@@ -664,6 +669,10 @@ class Server:
                 await asyncio.sleep(PULL_S)
                 await pull_from_p(ktp)
             req.state = "running"
+            if FAULT == "slow-decode" and is_d:
+                wait_s, _, min_prompt = (FAULT_ARG or "20").partition(":")
+                if len(prompt) >= int(min_prompt or 9):
+                    await asyncio.sleep(float(wait_s))
             if stream:
                 resp = web.StreamResponse(headers={"Content-Type": "text/event-stream; charset=utf-8"})
                 await resp.prepare(request)

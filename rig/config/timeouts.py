@@ -40,6 +40,10 @@ class TimeoutsConfig(StrictModel):
                     "answered, cancelled) and scenario boundaries, at most once per this many seconds per "
                     "sampling loop: a request shorter than the period is still seen")
     drain_s: float = Field(30, gt=0, description="time to return to idle after a scenario")
+    latency_floor_s: float = Field(
+        5, ge=0,
+        description="the latency check's floor: a hop that answered within this many seconds is never a "
+                    "finding, however fast the measured per-request baseline (rig/judge/windows.py latency_bound)")
     shutdown_grace_s: float = Field(10, gt=0, description="SIGTERM -> SIGKILL delay")
 
     def stall_inconclusive_wait(self, request_s: float | None = None) -> float:

@@ -148,7 +148,8 @@ class Explorer:
         sig = signature_of(v, obs, roles)
         if sig is None:
             return None, None, v, excused
-        return mechanism_of(v, obs, topo, roles, sig, logs, _held_past_lease(action, topo)), sig, v, excused
+        return (mechanism_of(v, obs, topo, roles, sig, logs, _held_past_lease(action, topo), action.hold_s),
+                sig, v, excused)
 
     def run_judged(self, action: Action, topo: Topology, name: str, seed: int,
                    known_issue: dict[str, Any] | None) -> tuple[str | None, ScenarioVerdict, dict]:

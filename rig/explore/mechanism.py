@@ -18,6 +18,9 @@ observation, in this order:
   ``decode-n=<n>`` when D's hop asked for ``n`` > 1 choices;
 - **refusal** (a 4xx the reference serves) and **http** (a 5xx): hop, status and the message with
   its numbers blanked;
+- **slow**: the hop that waited past the latency bound (rig.judge.latency) and which part of it,
+  to its first token or in total (``slow:decode:total``), with the wait and the bound in the
+  evidence (the seconds are never in the key: the same wait is a bit longer or shorter each run);
 - then what the remaining checks name: a **leak** (an instance not back to idle), a
   **fatal-log** line (exception of a survivor), **counters** that went down, **stale-read**
   (``kv-integrity`` alone); else the check-based signature.
@@ -36,6 +39,8 @@ from rig.config.blocks import BlockFacts
 from rig.explore.grammar import Topology
 from rig.explore.oracles import failed_hop, reference_serves
 from rig.judge.counters import decreases
+from rig.judge.latency import NAME as LATENCY
+from rig.judge.latency import judge_latency
 from rig.judge.signatures import admission_of, children_per_prompt
 from rig.judge.verdict import ScenarioVerdict
 from rig.observe.observations import ScenarioObservation
@@ -50,7 +55,7 @@ _PKGS = ("/vllm/", "/site-packages/", "/tests/")
 
 @dataclass(frozen=True)
 class Mechanism:
-    """What vLLM did: ``kind`` (death, stall, divergence, refusal, http, leak, fatal-log, counters,
+    """What vLLM did: ``kind`` (death, stall, divergence, refusal, http, slow, leak, fatal-log, counters,
     stale-read, checks), ``key`` (the identity) and ``evidence`` (name -> value, for the report
     and rig.explore.known)."""
 
@@ -193,6 +198,21 @@ def _http(obs: ScenarioObservation, refusal_served: bool) -> Mechanism | None:
     return None
 
 
+def _slow(v: ScenarioVerdict, obs: ScenarioObservation, held_s: float) -> Mechanism | None:
+    """The longest hop over the latency bound when ``latency`` failed (rig.judge.latency, judged
+    again on ``obs`` with the action's ``held_s``, as the kind judged it)."""
+    if not any(c.name == LATENCY and c.ok is False for c in v.checks):
+        return None
+    j = judge_latency(obs, held_s)
+    if not j.beyond_host or j.bound is None:
+        return None
+    w = j.beyond_host[0]
+    return Mechanism("slow", f"slow:{w.hop}:{w.part}", {"request": w.request, "hop": w.hop, "part": w.part,
+                                                        "instance": w.instance, "wait_s": round(w.seconds, 3),
+                                                        "bound_s": j.bound.seconds, "bound": j.bound.source,
+                                                        "baseline_s": obs.baseline_request_s})
+
+
 def _from_checks(v: ScenarioVerdict, obs: ScenarioObservation, roles: dict[str, str],
                  signature: str) -> Mechanism:
     failed = {c.name: c for c in v.checks if c.ok is False}
@@ -220,12 +240,15 @@ def _from_checks(v: ScenarioVerdict, obs: ScenarioObservation, roles: dict[str, 
 
 
 def mechanism_of(v: ScenarioVerdict, obs: ScenarioObservation, topo: Topology, roles: dict[str, str],
-                 signature: str, logs: dict[str, str] | None = None, held_past_lease: bool = False) -> Mechanism:
+                 signature: str, logs: dict[str, str] | None = None, held_past_lease: bool = False,
+                 held_s: float = 0.0) -> Mechanism:
     """The mechanism of a violation with check-based ``signature`` (rig.explore.oracles), from the
     observation; ``logs``: the text the dead instances logged during the run (their first
     traceback names the site); ``roles`` maps instance names to prefill/decode;
     ``held_past_lease``: the action held the decode hop at least P's lease (in the evidence, for
-    the lease issues; not in the key)."""
+    the lease issues; not in the key); ``held_s``: the seconds it held the decode hop (the latency
+    check leaves such a hop out)."""
     m = (_death(obs, roles, logs or {}) or _stall(obs, topo, roles) or _divergence(obs)
-         or _http(obs, "refused-reference-serves" in signature) or _from_checks(v, obs, roles, signature))
+         or _http(obs, "refused-reference-serves" in signature) or _slow(v, obs, held_s)
+         or _from_checks(v, obs, roles, signature))
     return Mechanism(m.kind, m.key, {**m.evidence, "held_past_lease": held_past_lease})

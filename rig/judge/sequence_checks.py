@@ -24,6 +24,8 @@ what could not be looked at is "not checked", never ok.
   at D, but for gaps shorter than ``timeouts.stall_window_s`` (vLLM PR #56640: a full prefix-cache
   hit parked in WAITING_FOR_REMOTE_KVS and counted nowhere).
 - ``idle-after`` over the kind's own drains, with the bound it applied.
+- ``latency`` (not required): no answered hop waited far past the measured per-request baseline
+  (rig.judge.latency; cut and unanswered requests left out).
 - ``refusal-relayed`` (steps with route router): every router request that ended without an
   answer got D's own refusal, status and error message, as D answers the same body sent straight
   to it (bug record R27: a router must not report 200, or another error, when D refuses; vllm #23981,
@@ -60,6 +62,7 @@ from rig.judge.checks import (
     sampled,
     stream_check,
 )
+from rig.judge.latency import latency_check
 from rig.judge.verdict import ScenarioVerdict, _kv_pulled, judge, required_checks  # one kv-pulled rule
 from rig.judge.windows import shortfall_bound
 from rig.observe.observations import ScenarioObservation
@@ -311,7 +314,7 @@ def sequence_checks(sc: ScenarioConfig, obs: ScenarioObservation, result: Sequen
                                                     if spec.abandons or spec.cancels else "")
     out.append(idle_check(obs, drains=result.drains, describe=lambda d: f"{d.describe()} ({bound})")
                if result.drains else Check("idle-after", None, "not checked: no drain was observed"))
-    out += [alive_check(obs), fatal_log_check(obs), kv_integrity_check(obs)]
+    out += [alive_check(obs), fatal_log_check(obs), kv_integrity_check(obs), latency_check(obs)]
     streamed = stream_check(obs.records)
     return out + ([streamed] if streamed else [])
 

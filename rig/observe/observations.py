@@ -17,6 +17,7 @@ from typing import Any
 
 import httpx
 
+from rig.config.timeouts import TimeoutsConfig
 from rig.observe import metrics as m
 from rig.observe.parity import ParityResult
 from rig.transport.records import PDRecord
@@ -171,6 +172,16 @@ class ScenarioObservation:
     # round trip failed or nothing measured it): the judging windows that follow the deployment's
     # speed derive from it (rig.judge.windows), and fall back to their absolute caps without it.
     baseline_request_s: float | None = None
+    # The rig host's 1-minute load average when that baseline was measured, the highest read at the
+    # start and end of the scenario's requests, and the host's CPUs (rig.cluster.proctree; None:
+    # unknown): the latency check's guard against a host that starved the scenario
+    # (rig.judge.windows.load_slowdown).
+    baseline_host_load_1m: float | None = None
+    host_load_1m: float | None = None
+    host_cpus: int | None = None
+    # The waits the scenario ran with (the config's; the defaults when nothing gave them): the
+    # checks whose bounds end at one of the rig's timeouts read them here.
+    timeouts: TimeoutsConfig = field(default_factory=TimeoutsConfig)
 
 
 class SnapshotStore:

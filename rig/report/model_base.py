@@ -30,3 +30,6 @@ class BaselineReport(ReportModel):
     planned: int = 3
     method: str = ""
     error: str = ""
+    host_load_1m: float | None = None
+    """The rig host's 1-minute load average when the round trips ended (None: unknown): the latency
+    check's host-load guard compares the load around each scenario with it."""

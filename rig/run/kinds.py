@@ -26,6 +26,7 @@ from rig.judge.cached_tokens import cached_tokens_check
 from rig.judge.checks import lease_release_check, retrieval_check, stream_check
 from rig.judge.early_verdict import AdmissionReasoning
 from rig.judge.fault_checks import fault_checks
+from rig.judge.latency import latency_check
 from rig.judge.sequence_checks import judge_sequence
 from rig.judge.store_checks import judge_store
 from rig.judge.verdict import ScenarioVerdict, judge
@@ -123,6 +124,8 @@ def _judge_edge(sc: ScenarioConfig, obs: ScenarioObservation, result: Any) -> Sc
     # The checks that follow request fields: a streamed decode hop must be
     # complete and in order; fields such as n on the prefill hop must not leave blocks to the lease.
     extra = [c for c in (stream_check(obs.records),) if c is not None]
+    # every answered hop against the deployment's measured request; a held decode hop is left out
+    extra.append(latency_check(obs, sc.hold_between_s or 0.0))
     if sc.request is not None:
         extra.append(lease_release_check(obs))
     # bug record R15: D's usage.prompt_tokens_details.cached_tokens, on the scenarios that ask for it
@@ -157,8 +160,8 @@ async def _run_retrieval(sc: ScenarioConfig, ctx: ScenarioContext, obs: Scenario
 
 def _judge_retrieval(sc: ScenarioConfig, obs: ScenarioObservation, result: RetrievalResult | None) -> ScenarioVerdict:
     """The edge checks (completion, parity, transfer, liveness, idle) plus
-    rig.judge.checks.retrieval_check, through the one engine."""
-    return judge(sc, obs, extra=[retrieval_check(result)])
+    rig.judge.checks.retrieval_check and rig.judge.latency.latency_check, through the one engine."""
+    return judge(sc, obs, extra=[retrieval_check(result), latency_check(obs)])
 
 
 async def _run_fault(sc: ScenarioConfig, ctx: ScenarioContext, obs: ScenarioObservation) -> Any:

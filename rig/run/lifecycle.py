@@ -20,6 +20,7 @@ from typing import Protocol
 
 import httpx
 
+from rig.cluster import proctree
 from rig.cluster.processes import Cluster
 from rig.config import ScenarioConfig
 from rig.judge.checks import alive_check
@@ -149,7 +150,12 @@ async def _between_snapshots(sc: ScenarioConfig, deployment: Deployment, steps: 
     for s in before.values():
         store.save(f"{sc.name}-before", s)
         store.sample(sc.name, s)  # the timeline's first row per instance (counters-monotonic)
+    load_before = proctree.host_load()  # through the module: tests give fake servers an idle host
     got["result"] = await steps.run(obs)
+    # The highest 1-minute load around the requests (rig.judge.latency's host-load guard).
+    loads = [x[0] for x in (load_before, proctree.host_load()) if x is not None]
+    obs.host_load_1m = round(max(loads), 2) if loads else None
+    obs.host_cpus = proctree.host_cpus()
     evidence: TransferEvidence | None = None
     for d in deployment.decodes:  # the decodes' deltas summed (one decode in a suite's phase)
         after_d = await m.scrape(http, d.url, d.name)

@@ -433,7 +433,9 @@ class SuiteRunner:
                                   missing_metrics=warm.presence.all_missing(),
                                   kv_bytes_per_block=run.cfg.kv_bytes_per_block(ph.decode),
                                   block_size=run.cfg.instance(ph.decode).block_size or run.cfg.block_size,
-                                  baseline_request_s=warm.baseline.seconds if warm.baseline else None)
+                                  baseline_request_s=warm.baseline.seconds if warm.baseline else None,
+                                  baseline_host_load_1m=warm.baseline.host_load_1m if warm.baseline else None,
+                                  timeouts=run.cfg.timeouts)
         deployment = ClusterDeployment(cluster, ph.prefill, ph.decode, self.logs, self.attach,
                                        run.cfg.timeouts.shutdown_grace_s)
 

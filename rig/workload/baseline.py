@@ -21,6 +21,7 @@ import statistics
 import time
 from dataclasses import dataclass, field
 
+from rig.cluster import proctree
 from rig.transport.client import Transport
 from rig.transport.endpoint import Endpoint
 from rig.transport.records import classify, prefill_failure
@@ -39,7 +40,10 @@ SEED = 9_300_001
 class RequestBaseline:
     """One decode's measured per-request time: ``seconds`` (the median of ``round_trips_s``; None
     when a round trip failed, ``error`` then says which and why), measured with ``prompt_tokens``-
-    token prompts and ``max_tokens`` generated tokens through ``prefill`` -> ``decode``."""
+    token prompts and ``max_tokens`` generated tokens through ``prefill`` -> ``decode``;
+    ``host_load_1m``: the rig host's 1-minute load average when the round trips ended (None:
+    unknown), what the latency check compares the load around a scenario with
+    (rig.judge.windows.load_slowdown)."""
 
     decode: str
     prefill: str
@@ -49,6 +53,7 @@ class RequestBaseline:
     max_tokens: int = MAX_TOKENS
     planned: int = ROUND_TRIPS
     error: str = ""
+    host_load_1m: float | None = None
 
     def describe(self) -> str:
         """'0.0363 s (median of 3 P/D round trips ...)', or the reason it is None: the log line's words."""
@@ -86,8 +91,10 @@ async def measure_baseline(client: Transport, prefill: Endpoint, decode: Endpoin
         if classify(d_hop) != "ok":
             return _failed(out, times, f"round trip {k + 1} of {rounds}: decode: {d_hop.error or 'empty answer'}")
         times.append(time.monotonic() - t)
+    load = proctree.host_load()  # through the module: tests give fake servers an idle host
     return RequestBaseline(decode.name, prefill.name, round(statistics.median(times), 4),
-                           [round(s, 4) for s in times], prompt_tokens, max_tokens, rounds)
+                           [round(s, 4) for s in times], prompt_tokens, max_tokens, rounds,
+                           host_load_1m=round(load[0], 2) if load is not None else None)
 
 
 def _failed(base: RequestBaseline, times: list[float], error: str) -> RequestBaseline:

@@ -192,3 +192,39 @@ def test_a_stale_read_with_no_hold_and_no_n_is_new(known):
     obs.records[0].decode.choices = None
     m = mechanism_of(v, obs, TOPO, ROLES, "FAIL kv-integrity []")
     assert m.key == "stale-read:kv-integrity" and match_known(m, known, "0.32.0") is None
+
+
+def slow_decode(decode_s: float, ttft_s: float | None = None,
+                held_s: float = 0.0) -> tuple[ScenarioVerdict, ScenarioObservation]:
+    """One answered 12-token P/D request whose decode hop took ``decode_s`` (a 0.01 s baseline:
+    the 5 s floor is the bound), judged by the latency check as the edge kind judges it."""
+    from rig.judge.latency import latency_check
+
+    r = PDRecord(request_id="x1-0", prompt_len=12, max_tokens=2, prompt=list(range(12)), outcome="ok")
+    r.prefill = Hop(instance="prefill", status=200, latency_s=0.02, token_ids=[7])
+    r.decode = Hop(instance="decode", status=200, latency_s=decode_s, ttft_s=ttft_s, token_ids=[1, 2],
+                   usage={"prompt_tokens": 12, "completion_tokens": 2})
+    obs = ScenarioObservation(scenario="x1", decode="decode", prefill="prefill", records=[r],
+                              baseline_request_s=0.01)
+    c = latency_check(obs, held_s)
+    return ScenarioVerdict("x1", "FAIL" if c.ok is False else "PASS", "pass", c.detail, [c]), obs
+
+
+def test_a_hop_past_the_latency_bound_is_the_slow_mechanism_of_its_hop_and_part(known):
+    v, obs = slow_decode(12.0)
+    m = mechanism_of(v, obs, TOPO, ROLES, "FAIL latency []")
+    assert (m.kind, m.key) == ("slow", "slow:decode:total")
+    assert m.evidence["wait_s"] == 12.0 and m.evidence["bound_s"] == 5.0 and m.evidence["request"] == "x1-0"
+    assert m.evidence["bound"].startswith("timeouts.latency_floor_s, at least; 20 x the measured request 0.01 s")
+    assert match_known(m, known, "0.32.0") is None  # no shipped known issue is a slow hop: new
+    v, obs = slow_decode(12.1, ttft_s=12.0)  # streamed: it waited before its first token
+    assert mechanism_of(v, obs, TOPO, ROLES, "FAIL latency []").key == "slow:decode:first-token"
+    # the seconds are not in the key: a slower run of the same wait is the same finding
+    assert mechanism_of(*slow_decode(25.0), TOPO, ROLES, "FAIL latency []").key == "slow:decode:total"
+
+
+def test_a_latency_failure_judged_again_without_its_hold_is_not_made_slow():
+    v, obs = slow_decode(12.0)
+    # the action held its decode hop: judged with the hold, the hop is left out and no slow key comes
+    m = mechanism_of(v, obs, TOPO, ROLES, "FAIL latency []", held_s=2.0)
+    assert m.kind == "checks" and m.key == "checks:FAIL latency []"

@@ -21,12 +21,15 @@ ROUTES = ["pd", "decode", "prefill"]
 
 
 def explore_fake(base: Path, settings: dict[str, Any], *, prefill_env: dict[str, str] | None = None,
-                 decodes: dict[str, dict[str, Any]] | None = None) -> tuple[ExploreReport, Path]:
-    """Explore fake P and D (``prefill_env``, ``decodes`` as :func:`fake_config` takes them) with
-    ExploreSettings ``settings`` over these defaults: 1 replay, 6 shrink runs, :data:`ROUTES`, no
-    motif, no cancel. Returns the report and the run directory."""
+                 decodes: dict[str, dict[str, Any]] | None = None,
+                 timeouts: dict[str, float] | None = None) -> tuple[ExploreReport, Path]:
+    """Explore fake P and D (``prefill_env``, ``decodes`` as :func:`fake_config` takes them;
+    ``timeouts`` over a 1.5 s stall window and a 4 s drain) with ExploreSettings ``settings`` over
+    these defaults: 1 replay, 6 shrink runs, :data:`ROUTES`, no motif, no cancel. Returns the report
+    and the run directory."""
     cfg = {**fake_config(base, decodes=decodes, prefill_env=prefill_env,
-                         timeouts={"stall_window_s": 1.5, "drain_s": 4}), "nixl": {"kv_lease_duration": 2}}
+                         timeouts={"stall_window_s": 1.5, "drain_s": 4, **(timeouts or {})}),
+           "nixl": {"kv_lease_duration": 2}}
     rig_cfg = load_config(write_config(base, cfg))
     run_dir = new_run_dir(rig_cfg, "explore")
     s = ExploreSettings(**{"replays": 1, "shrink_runs": 6, "routes": ROUTES, "motifs": [], "cancel_share": 0,

@@ -180,7 +180,7 @@ def test_sequence_checks_list_and_gaps():
     assert sequence_checks(sc, obs, None)[0].ok is None
     names = [c.name for c in sequence_checks(sc, obs, res)]
     assert names == ["completed", "token-counts", "kv-pulled", "parity", "no-stall", "lease-reaped", "idle-after",
-                     "alive", "no-fatal-log", "kv-integrity"]
+                     "alive", "no-fatal-log", "kv-integrity", "latency"]
     idle = next(c for c in sequence_checks(sc, obs, res) if c.name == "idle-after")
     assert idle.ok is None and idle.detail == "not checked: no drain was observed"
     res.drains, res.idle_bound_s = [DrainResult("decode", True, 0.2, 0.0, {"waiting": 0, "running": 0,
