@@ -70,6 +70,7 @@ from rig.config.endpoints_file import base_url, by_role, read_endpoints
 from rig.errors import TransportError
 from rig.transport import aio
 from rig.transport.bodies import decode_body, prefill_body
+from rig.transport.fast import KEEPALIVE_S
 
 POLICIES = ("round-robin", "least-outstanding")
 ROUTES = ("/v1/completions", "/v1/chat/completions")
@@ -208,7 +209,10 @@ class PDProxy:
 
     async def _open(self, _app: web.Application) -> None:
         self.session = aiohttp.ClientSession(
-            connector=aiohttp.TCPConnector(limit=self.max_connections, limit_per_host=0, ttl_dns_cache=None),
+            # keepalive_timeout below vLLM's server-side 5 s (rig.transport.client.AiohttpTransport
+            # says why): a relayed hop never picks a connection vLLM is closing.
+            connector=aiohttp.TCPConnector(limit=self.max_connections, limit_per_host=0, ttl_dns_cache=None,
+                                           keepalive_timeout=KEEPALIVE_S),
             timeout=aiohttp.ClientTimeout(total=None, sock_connect=10.0, sock_read=self.timeout_s),
             read_bufsize=1 << 20, skip_auto_headers=("User-Agent",), auto_decompress=False)
 

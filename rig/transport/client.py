@@ -36,7 +36,7 @@ import httpx
 from rig.transport.answers import StreamReader, consume_sse, encode, hop_error
 from rig.transport.bodies import Prompt
 from rig.transport.endpoint import Endpoint
-from rig.transport.fast import FastTransport
+from rig.transport.fast import KEEPALIVE_S, FastTransport
 from rig.transport.hops import HopListener, HopsBase, fill_whole
 from rig.transport.records import Hop
 
@@ -85,7 +85,13 @@ class AiohttpTransport(HopsBase):
     def __init__(self, model: str, timeout_s: float = 60.0, max_connections: int = 256):
         super().__init__(model, timeout_s)
         self.session = aiohttp.ClientSession(
-            connector=aiohttp.TCPConnector(limit=max_connections, limit_per_host=0, ttl_dns_cache=None),
+            # keepalive_timeout: aiohttp keeps an idle connection 15 s by default, but vLLM's uvicorn
+            # closes it after VLLM_HTTP_TIMEOUT_KEEP_ALIVE = 5 s (vllm/envs.py); a request that picks
+            # such a connection as the server closes it fails before vLLM sees it ("ClientOSError: Can
+            # not write request body", seen on the first request of a wave round after an idle gap).
+            # The fast transport's bound (KEEPALIVE_S, 2 s) keeps every reuse well inside vLLM's.
+            connector=aiohttp.TCPConnector(limit=max_connections, limit_per_host=0, ttl_dns_cache=None,
+                                           keepalive_timeout=KEEPALIVE_S),
             # As httpx's timeout: ``timeout_s`` between bytes (a long stream may take longer in
             # all); the workloads bound a request's total time themselves (their deadline_s).
             timeout=aiohttp.ClientTimeout(total=None, sock_connect=10.0, sock_read=timeout_s),
@@ -131,7 +137,10 @@ class HttpxTransport(HopsBase):
         super().__init__(model, timeout_s)
         self.http = http or httpx.AsyncClient(
             timeout=httpx.Timeout(timeout_s, connect=10.0),
-            limits=httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections))
+            # keepalive_expiry: httpx's default (5 s) equals vLLM's server-side keep-alive, a race on
+            # every reuse near it; KEEPALIVE_S as the aiohttp transport (the comment there).
+            limits=httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections,
+                                keepalive_expiry=KEEPALIVE_S))
 
     async def _post(self, hop: Hop, url: str, body: dict[str, Any]) -> Hop:
         t0 = time.monotonic()
