@@ -324,16 +324,23 @@ def idle_check(obs: ScenarioObservation, drains=None, describe=None) -> Check:
     observation or when an instance lacks a gauge it is judged on (``obs.missing_metrics``).
     ``drains`` defaults to ``obs.drains``; ``describe(drain)`` to ``DrainResult.describe``. The
     check carries the ``/metrics`` samples the drains were judged from (``DrainResult.samples``
-    summed); idle is only ever read from a sample, so an ok check has at least one per instance."""
+    summed); idle is only ever read from a sample, so an ok check has at least one per instance.
+    An instance dead at the end of the scenario (``obs.dead``) cannot be observed idle: its drain
+    is left out and named (its death is ``alive``'s), so the check judges the living instances
+    only, and is not checked when none is left."""
     drains = obs.drains if drains is None else drains
     describe = describe or (lambda d: d.describe())
+    dead = [d.instance for d in drains if d.instance in obs.dead]
+    drains = [d for d in drains if d.instance not in obs.dead]
+    why_dead = f"{', '.join(dead)} died in the scenario (judged by alive)"
+    left_out = f"; left out: {why_dead}" if dead else ""
     gap = not_checked_for_metrics("idle-after", obs, [d.instance for d in drains], IDLE_METRICS)
     if gap:
         return gap
     if not drains:
-        return Check("idle-after", None, "not checked: no drain was observed")
+        return Check("idle-after", None, "not checked: " + (why_dead if dead else "no drain was observed"))
     not_idle = [d for d in drains if not d.idle]
-    return Check("idle-after", not not_idle, "; ".join(describe(d) for d in (not_idle or drains)),
+    return Check("idle-after", not not_idle, "; ".join(describe(d) for d in (not_idle or drains)) + left_out,
                  samples=sum(d.samples for d in drains))
 
 

@@ -115,6 +115,28 @@ def test_the_decode_assert_is_a_death_matched_by_its_fatal_line(known):
     assert hit is not None and hit.id == "router-appended-first-token" and "fatal line matching" in hit.why
 
 
+def test_the_cpu_generator_death_on_prefill_is_matched_to_its_known_issue(known):
+    # What the explorer recorded (2026-12-04): P's EngineCore died rewinding a seeded request's
+    # generator after a chunked prefill.
+    line = ("RuntimeError: CPU Generator does not use offset (first fatal line: (EngineCore pid=1) ERROR "
+            "12-04 21:06:34 [core.py:1512] EngineCore encountered a fatal error.)")
+    log = ("Traceback (most recent call last):\n"
+           '  File "/x/vllm/v1/worker/gpu_model_runner.py", line 3502, in _bookkeeping_sync\n'
+           "    gen.set_offset(gen.get_offset() - 4)\nRuntimeError: CPU Generator does not use offset\n")
+    obs = ScenarioObservation(scenario="x2", decode="decode", prefill="prefill", dead={"prefill": 0},
+                              death_lines={"prefill": line})
+    v = ScenarioVerdict("x2", "FAIL", "pass", "died", [Check("alive", False, "prefill died")])
+    m = mechanism_of(v, obs, TOPO, ROLES, "FAIL - [died:prefill]", logs={"prefill": log})
+    assert m.key == "death:prefill:RuntimeError@vllm/v1/worker/gpu_model_runner.py:_bookkeeping_sync", m.key
+    hit = match_known(m, known, "0.32.0")
+    assert hit is not None and hit.id == "cpu-seeded-chunked-prefill-death" and hit.in_range
+    on_decode = ScenarioObservation(scenario="x3", decode="decode", prefill="prefill", dead={"decode": 0},
+                                    death_lines={"decode": line})
+    m2 = mechanism_of(v, on_decode, TOPO, ROLES, "FAIL - [died:decode]", logs={"decode": log})
+    other = match_known(m2, known, "0.32.0")  # the role is part of the known issue: not this one on D
+    assert other is None or other.id != "cpu-seeded-chunked-prefill-death"
+
+
 def test_known_suites_are_read_with_the_one_loader(tmp_path):
     cfg = RigConfig.model_validate(fake_config(tmp_path))
     dup = tmp_path / "dup.yaml"

@@ -332,6 +332,19 @@ def test_idle_after_fails_naming_only_the_instances_that_did_not_drain():
     assert idle_check(obs(), drains=undecided).ok is False  # never idle when it could not be told
 
 
+def test_idle_after_leaves_out_an_instance_dead_at_the_end_and_judges_the_living():
+    err = "ConnectError: All connection attempts failed"
+    d = [DrainResult("prefill", False, 0.0, 0.0, {}, error=err), DrainResult("decode", True, 0.2, 0.0, {}, samples=2)]
+    out = idle_check(obs(drains=d, dead={"prefill": 0}))
+    assert out == Check("idle-after", True,
+                        "decode idle after 0.2 s; left out: prefill died in the scenario (judged by alive)", samples=2)
+    busy = [d[0], DrainResult("decode", False, 5.0, 0.0, {"running": 1.0}, samples=3)]
+    assert idle_check(obs(drains=busy, dead={"prefill": 0})).ok is False  # the living one is still judged
+    only_dead = idle_check(obs(drains=d[:1], dead={"prefill": 0}))
+    assert only_dead == Check("idle-after", None, "not checked: prefill died in the scenario (judged by alive)")
+    assert idle_check(obs(drains=d)).ok is False  # alive but unreachable: not idle
+
+
 # ------------------------------------------------------------------------------ streams
 
 def test_stream_complete_judges_only_streamed_answers():
