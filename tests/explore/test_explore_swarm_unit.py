@@ -10,6 +10,11 @@ from collections import Counter
 from dataclasses import replace
 from typing import Any
 
+import pytest
+
+from rig.cli import build_parser
+from rig.cli.run import SWARM_EVERY, _explore_phases
+from rig.errors import ConfigError
 from rig.explore.background import is_background
 from rig.explore.coverage import GOALS
 from rig.explore.generate import Generator, drawable_fields
@@ -198,3 +203,15 @@ def test_the_report_counts_actions_and_findings_per_segment_and_feature():
 def test_every_motif_and_route_of_the_grammar_is_a_feature():
     assert {f"motif:{m}" for m in MOTIF_WEIGHTS} <= set(CATALOGUE)
     assert field_group("prompt_logprobs") == "fields:logprobs" and field_group("user") == "fields:other"
+
+
+def test_the_cli_flags_choose_the_segments():
+    def every(*flags: str) -> int:
+        return _explore_phases(build_parser().parse_args(["explore", *flags]))["swarm_every"]
+
+    assert (every(), every("--swarm-every", "5"), every("--no-swarm"), every("--swarm-every", "0")) == \
+        (SWARM_EVERY, 5, 0, 0)
+    with pytest.raises(ConfigError, match="--no-swarm with --swarm-every 5: give one"):
+        every("--no-swarm", "--swarm-every", "5")
+    with pytest.raises(ConfigError, match="--swarm-every -1: give 0"):
+        every("--swarm-every", "-1")
