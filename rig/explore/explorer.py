@@ -6,7 +6,9 @@ deployment (rig.explore.deployment) is started once, and every action runs on it
 :func:`rig.explore.emit.scenario_of` makes of it, through the runner's
 :meth:`rig.run.runner.SuiteRunner.run_in` (the start-up, warm-up, metric snapshots, drain-to-idle,
 log scanning and death detection of ``pdrig e2e``); an instance that died is restarted by the
-runner before the next run. Every action is appended to ``history.jsonl``.
+runner before the next run. Every action is appended to ``history.jsonl``. With ``swarm_every``
+the actions of each topology come in segments, each drawing a random subset of the generator's
+features (rig.explore.swarm; the subset is in every history line).
 
 Each run is judged in three steps: the verdict engine's checks; the nemesis' designed
 consequences excused by name (rig.explore.excuses); the violation's mechanism (what vLLM did,

@@ -9,7 +9,8 @@ test re-runs candidate actions on the same live deployment.
 
 Everything drawn derives from ``(seed, action index)``: action ``i`` uses
 ``random.Random(f"{seed}/{i}")``, so the same seed and the same coverage state give the same
-actions, whatever ran before. Coverage feedback (a goal not reached yet, :mod:`rig.explore.coverage`)
+actions, whatever ran before (with swarm testing, rig.explore.swarm, the same segment's subset
+too: :meth:`Generator.narrowed`). Coverage feedback (a goal not reached yet, :mod:`rig.explore.coverage`)
 biases a share of the actions toward that goal's hint.
 """
 
