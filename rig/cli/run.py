@@ -32,6 +32,10 @@ MAX_ACTIONS = 100_000
 MAX_TOPOLOGIES = 1_000
 MAX_REPLAYS = 10_000
 MAX_MINUTES = 7 * 24 * 60  # a week
+# --swarm-every's default (rig.explore.swarm): a topology's first 12 actions draw every feature, as
+# without swarm (make explore's seed 1 found its three known failures by action 10 of its first
+# topology, docs/howto/explore.md), each further 12 a random half of them.
+SWARM_EVERY = 12
 
 
 def fresh_prompt_seeds(cfg: RigConfig, salt: str) -> RigConfig:
@@ -180,7 +184,11 @@ def _explore_phases(args: argparse.Namespace) -> dict[str, Any]:
                         ("--background-share", args.background_share)):
         if share is not None and not 0 <= share <= 1:
             raise ConfigError(f"{flag} {share}: give a share between 0 and 1")
+    if args.no_swarm and args.swarm_every:
+        raise ConfigError(f"--no-swarm with --swarm-every {args.swarm_every}: give one (--swarm-every 0 is off too)")
+    swarm = 0 if args.no_swarm else SWARM_EVERY if args.swarm_every is None else args.swarm_every
     for flag, value, top in (("--nemesis-every", args.nemesis_every, MAX_ACTIONS),
+                             ("--swarm-every", swarm, MAX_ACTIONS),
                              ("--draw-topologies", args.draw_topologies, MAX_TOPOLOGIES),
                              ("--replays", args.replays, MAX_REPLAYS), ("--shrink-runs", args.shrink_runs, MAX_REPLAYS),
                              ("--minutes", args.minutes, MAX_MINUTES)):
@@ -197,7 +205,7 @@ def _explore_phases(args: argparse.Namespace) -> dict[str, Any]:
         raise ConfigError(f"--knobs {args.knobs} chooses what drawn topologies vary: add --draw-topologies N")
     return {"nemesis_every": args.nemesis_every, "nemesis": nemesis, "cancel_share": args.cancel_share,
             "draw_topologies": args.draw_topologies, "knobs": knobs, "sample_share": args.sample_share,
-            "background_share": args.background_share}
+            "background_share": args.background_share, "swarm_every": swarm}
 
 
 def _check_history(path: Path, cfg: RigConfig) -> None:
@@ -460,6 +468,11 @@ def add_explore(sub) -> None:
                         "(pool, lease, spec, block size, prefix caching, scheduler caps, failure policy; "
                         "P's pool, caps and prefix caching; NIXL threads)")
     p.add_argument("--knobs", metavar="K1,K2", help="with --draw-topologies: the knobs drawn (default: all)")
+    p.add_argument("--swarm-every", type=int, default=None, metavar="N",
+                   help=f"swarm testing: every N actions of a topology draw from a random half of the routes, "
+                        f"motifs, cancels, prompt reuse, background, sampling, field groups and nemesis kinds; "
+                        f"a topology's first N from all (default {SWARM_EVERY}; 0: off)")
+    p.add_argument("--no-swarm", action="store_true", help="every action may draw every feature (--swarm-every 0)")
     p.add_argument("--quiet", action="store_true", help="no progress lines")
     build_args(p)
     p.set_defaults(func=cmd_explore)

@@ -70,11 +70,14 @@ def over_caps(topo: Topology, step: Step) -> bool:
     return True
 
 
-def background_steps(rng: random.Random, topo: Topology, steps: list[Step]) -> list[Step]:
-    """One or two background steps overlapping ``steps`` (the module docstring)."""
+def background_steps(rng: random.Random, topo: Topology, steps: list[Step],
+                     routes: dict[str, float] | None = None) -> list[Step]:
+    """One or two background steps overlapping ``steps`` (the module docstring), over ``routes``
+    (route -> weight; default :data:`BACKGROUND_ROUTES`)."""
+    routes = BACKGROUND_ROUTES if routes is None else routes
     out = []
     for j in range(rng.choices((1, 2), (3, 1))[0]):
-        route = rng.choices(list(BACKGROUND_ROUTES), list(BACKGROUND_ROUTES.values()))[0]
+        route = rng.choices(list(routes), list(routes.values()))[0]
         count, n, m = burst_shape(topo, route, rng)
         start = None
         if rng.random() < 0.5:
@@ -83,11 +86,12 @@ def background_steps(rng: random.Random, topo: Topology, steps: list[Step]) -> l
     return out
 
 
-def maybe_background(seed: int, index: int, topo: Topology, steps: list[Step], share: float) -> list[Step]:
-    """``steps`` followed by background steps for ``share`` of the actions (stream
-    ``{seed}/{index}/background``); ``steps`` unchanged otherwise."""
+def maybe_background(seed: int, index: int, topo: Topology, steps: list[Step], share: float,
+                     routes: dict[str, float] | None = None) -> list[Step]:
+    """``steps`` followed by background steps over ``routes`` (default :data:`BACKGROUND_ROUTES`)
+    for ``share`` of the actions (stream ``{seed}/{index}/background``); ``steps`` unchanged otherwise."""
     rng = random.Random(f"{seed}/{index}/background")
     if share <= 0 or rng.random() >= share:
         return steps
-    return [*steps, *background_steps(rng, topo, steps)]
+    return [*steps, *background_steps(rng, topo, steps, routes)]
 

@@ -6,7 +6,9 @@ deployment (rig.explore.deployment) is started once, and every action runs on it
 :func:`rig.explore.emit.scenario_of` makes of it, through the runner's
 :meth:`rig.run.runner.SuiteRunner.run_in` (the start-up, warm-up, metric snapshots, drain-to-idle,
 log scanning and death detection of ``pdrig e2e``); an instance that died is restarted by the
-runner before the next run. Every action is appended to ``history.jsonl``.
+runner before the next run. Every action is appended to ``history.jsonl``. With ``swarm_every``
+the actions of each topology come in segments, each drawing a random subset of the generator's
+features (rig.explore.swarm; the subset is in every history line).
 
 Each run is judged in three steps: the verdict engine's checks; the nemesis' designed
 consequences excused by name (rig.explore.excuses); the violation's mechanism (what vLLM did,
@@ -42,6 +44,7 @@ from rig.explore.report import ExploreReport, write_explore_report
 from rig.explore.reproduce import Reproducer
 from rig.explore.schemas import request_schemas
 from rig.explore.settings import ExploreSettings
+from rig.explore.swarm import Subset, SwarmLog, available_features, draw_subset, narrow
 from rig.explore.topologies import Variant, caps_of, draw_variants
 from rig.judge.verdict import ScenarioVerdict
 from rig.observe.observations import ScenarioObservation
@@ -105,6 +108,9 @@ class Explorer:
                                 lambda: self.runner.result.vllm_version, lambda: self.dep.cfg)
         self._runs = 0
         self._t_start = time.monotonic()
+        self.swarm = SwarmLog()  # the segments' features and findings (rig.explore.swarm)
+        self._subset: Subset | None = None  # the swarm segment the next action is drawn in
+        self._segments = 0
 
     def log(self, msg: str) -> None:
         """A progress line on stderr."""
@@ -201,6 +207,25 @@ class Explorer:
         return not (self.s.minutes and (self.report.action_s > self.s.minutes * 60
                                         or self.report.action_s - spent_before > share_s))
 
+    def _generator(self, topo: Topology, fields: dict[str, dict[str, dict]]) -> Generator:
+        """The flags' generator of ``topo`` (every feature they allow)."""
+        shares = (("cancel_share", self.s.cancel_share), ("resource_share", self.s.resource_share),
+                  ("sample_share", self.s.sample_share), ("background_share", self.s.background_share))
+        return Generator(self.s.seed, topo, fields, routes=self.s.routes or None, motifs=self.s.motifs,
+                         **{key: val for key, val in shares if val is not None})
+
+    def _segment(self, base: Generator, topo: Topology, first: bool) -> Generator:
+        """Start the next swarm segment on ``topo`` (rig.explore.swarm; ``first``: the topology's
+        first, every feature on); returns ``base`` narrowed to its subset."""
+        kinds = self.s.nemesis if self.s.nemesis_every else []  # None: every kind
+        name = topo.variant or f"{topo.prefill}+{topo.decode}"
+        self._subset = draw_subset(self.s.seed, self._segments, available_features(base, kinds), first, name,
+                                   self.s.swarm_every)
+        self._segments += 1
+        self.log(f"swarm segment {self._subset.segment} on {name}: "
+                 + ("every feature" if first else f"off: {', '.join(self._subset.off) or 'none'}"))
+        return narrow(base, self._subset)
+
     def _explore(self, fields: dict[str, dict[str, dict]], t0: float) -> None:
         decodes = self.s.decodes or [d.name for d in self.dep.base_cfg.decode]
         pairs: list[tuple[str, Variant | None]] = [(v.decode, v) for v in self.drawn] or [(d, None) for d in decodes]
@@ -209,19 +234,18 @@ class Explorer:
             topo = topology_of(self.dep.base_cfg, decode, variant)
             self.dep.use(topo)
             topo = replace(topo, chat_overhead=self.dep.chat_overhead(topo))
-            gen = Generator(self.s.seed, topo, fields, routes=self.s.routes or None, motifs=self.s.motifs,
-                            **{key: val for key, val in (("cancel_share", self.s.cancel_share),
-                                                         ("resource_share", self.s.resource_share),
-                                                         ("sample_share", self.s.sample_share),
-                                                         ("background_share", self.s.background_share))
-                               if val is not None})
+            gen = base = self._generator(topo, fields)
             self.resources.clear()  # another pair or a new deployment: no cache holds the earlier prompts
             share, mine, spent_before = (self.s.actions - done) // (len(pairs) - k), 0, self.report.action_s
             while mine < share and self._budget_left(done, spent_before, self.s.minutes * 60 / len(pairs)):
-                if self.s.nemesis_every and mine and mine % (self.s.nemesis_every + 1) == self.s.nemesis_every:
+                if self.s.swarm_every and mine % self.s.swarm_every == 0:
+                    gen = self._segment(base, topo, first=mine == 0)
+                kinds = self._subset.nemesis_kinds() if self._subset else self.s.nemesis
+                if self.s.nemesis_every and mine and mine % (self.s.nemesis_every + 1) == self.s.nemesis_every \
+                        and kinds != []:  # a swarm segment that kept no nemesis kind has no phase
                     # a phase of its own between batches of actions: inject, requests under the fault, heal,
                     # liveness (the fault kind's recovery checks)
-                    action = gen.nemesis(done, self.s.nemesis)
+                    action = gen.nemesis(done, kinds)
                 else:
                     hints = {g.name: g.hint for g in self.coverage.goals}
                     action = gen.action(done, self.coverage.unreached(), hints, self.resources)
@@ -251,7 +275,11 @@ class Explorer:
             "evidence": obs.evidence.__dict__ if obs.evidence else None,
             "prefill_evidence": obs.prefill_evidence.__dict__ if obs.prefill_evidence else None,
             "dead": obs.dead, "goals": goals, "signature": sig, "mechanism": mech.to_json() if mech else None,
-            "excused": [e.describe() for e in excused], "wall_s": obs.wall_s})
+            "excused": [e.describe() for e in excused], "wall_s": obs.wall_s,
+            **({"swarm": self._subset.to_json()} if self._subset else {})})
+        judged = mech is not None and sig is not None and not could_not_judge(v, obs)
+        if self._subset is not None:
+            self.swarm.add(self._subset, action.index, mech.key if judged and mech else None)
         if mech is None or sig is None:
             return
         if could_not_judge(v, obs):  # "not checked" is never a finding, and never ok
@@ -282,6 +310,8 @@ class Explorer:
     def _replay(self, path: Path, t0: float) -> None:
         for entry in read_history(path):
             topo = Topology(**{**entry["topology"], "sets": tuple(entry["topology"].get("sets") or ())})
+            # the segment the action was drawn in, for the report's swarm tables (None: drawn without swarm)
+            self._subset = Subset.from_json(entry["swarm"]) if entry.get("swarm") else None
             self._explore_one(action_of(entry), topo)
             self._progress(self.report.actions, t0)
 
@@ -295,6 +325,7 @@ class Explorer:
     def _write(self) -> None:
         self.report.coverage = self.coverage.table()
         self.report.findings = [f.to_json() for f in self.findings.values()]
+        self.report.swarm = self.swarm.to_json()
         self.report.runs = self._runs
         self.report.startup_s, self.report.startups = self.dep.startup_s, self.dep.startups
         self.report.vllm_version = self.runner.result.vllm_version

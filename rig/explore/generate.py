@@ -9,19 +9,21 @@ test re-runs candidate actions on the same live deployment.
 
 Everything drawn derives from ``(seed, action index)``: action ``i`` uses
 ``random.Random(f"{seed}/{i}")``, so the same seed and the same coverage state give the same
-actions, whatever ran before. Coverage feedback (a goal not reached yet, :mod:`rig.explore.coverage`)
+actions, whatever ran before (with swarm testing, rig.explore.swarm, the same segment's subset
+too: :meth:`Generator.narrowed`). Coverage feedback (a goal not reached yet, :mod:`rig.explore.coverage`)
 biases a share of the actions toward that goal's hint.
 """
 
 from __future__ import annotations
 
+import copy
 import random
 from typing import Any
 
 from rig.config.faults import Fault
 from rig.config.request_fields import CHAT_FIELDS, COMPLETIONS_FIELDS
 from rig.config.sequence import ROUTE_EVENTS, StartRule, Step
-from rig.explore.background import BACKGROUND_SHARE, maybe_background
+from rig.explore.background import BACKGROUND_ROUTES, BACKGROUND_SHARE, maybe_background
 from rig.explore.grammar import (
     CANCEL_POINTS_MS,
     CANCEL_SHARE,
@@ -74,6 +76,8 @@ INT_RANGES: dict[str, tuple[int, int]] = {"n": (1, 2), "top_k": (1, 8), "min_tok
                                           "thinking_token_budget": (1, 4)}
 NUMBERS = (0.0, 0.5, 1.0, 1.3)
 MOTIF_GOAL_WEIGHT = 3.0  # weight of an unreached goal whose hint is a motif, against 1 for the others
+# a motif sends on these routes (default {"pd"}): drawn only when the generator draws them
+MOTIF_ROUTES: dict[str, set[str]] = {"append-first-token": {"pd", "decode"}, "reuse": {"pd", "decode"}}
 
 
 def drawable_fields(schemas: dict[str, dict[str, Any]], allow_logprobs: bool = False) -> dict[str, dict[str, dict]]:
@@ -148,10 +152,31 @@ class Generator:
         bad = [m for m in motifs or [] if m not in MOTIF_WEIGHTS]
         if bad:
             raise ValueError(f"motifs: unknown {bad}; give some of {list(MOTIF_WEIGHTS)}")
-        # a motif sends on these routes: drawn only when the generator draws them
-        needs = {"append-first-token": {"pd", "decode"}, "reuse": {"pd", "decode"}}
         self.motifs = {m: w for m, w in MOTIF_WEIGHTS.items()
-                       if (motifs is None or m in motifs) and needs.get(m, {"pd"}) <= set(self.routes)}
+                       if (motifs is None or m in motifs) and MOTIF_ROUTES.get(m, {"pd"}) <= set(self.routes)}
+        # the routes a reused prompt and a background burst go over (narrowed: only the routes drawn)
+        self.resource_routes: tuple[str, ...] = RESOURCE_ROUTES
+        self.background_routes: dict[str, float] = dict(BACKGROUND_ROUTES)
+
+    def narrowed(self, routes: set[str], motifs: set[str], shares_off: set[str],
+                 fields: dict[str, dict[str, dict]]) -> Generator:
+        """A copy of this generator that draws only ``routes`` and ``motifs`` of its own (a motif
+        also only while its routes are drawn), with the shares named in ``shares_off`` (``cancel``,
+        ``resource``, ``sample``, ``background``) at 0 and request fields ``fields``; prompt resources
+        and background bursts go only over the routes kept (none left: their share is 0). Only
+        removes: what this generator does not draw, the copy does not either (rig.explore.swarm)."""
+        g = copy.copy(self)
+        g.routes = {r: w for r, w in self.routes.items() if r in routes}
+        g.motifs = {m: w for m, w in self.motifs.items()
+                    if m in motifs and MOTIF_ROUTES.get(m, {"pd"}) <= set(g.routes)}
+        g.fields = {ep: {k: t for k, t in per.items() if k in self.fields.get(ep, {})} for ep, per in fields.items()}
+        g.resource_routes = tuple(r for r in self.resource_routes if r in g.routes)
+        g.background_routes = {r: w for r, w in self.background_routes.items() if r in g.routes}
+        off = set(shares_off) | ({"resource"} if not g.resource_routes else set()) \
+            | ({"background"} if not g.background_routes else set())
+        for name in off:
+            setattr(g, f"{name}_share", 0.0)
+        return g
 
     def action(self, index: int, unreached: list[str] | None = None,
                hints: dict[str, dict[str, Any]] | None = None, resources: list[Resource] | None = None) -> Action:
@@ -221,7 +246,7 @@ class Generator:
         sample = 1.0 if hint.get("sample") and self.sample_share > 0 else self.sample_share
         back = 1.0 if hint.get("background") and self.background_share > 0 else self.background_share
         steps = maybe_sample(self.seed, action.index, action.steps, sample)
-        steps = maybe_background(self.seed, action.index, self.topo, steps, back)
+        steps = maybe_background(self.seed, action.index, self.topo, steps, back, self.background_routes)
         return action.model_copy(update={"steps": steps}) if steps is not action.steps else action
 
     def _checked(self, action: Action) -> None:
@@ -296,15 +321,15 @@ class Generator:
 
     def _reuse_resource(self, rng: random.Random, index: int, resources: list[Resource]) -> Action:
         """Action ``index`` that sends again a prompt of ``resources`` (one step, route drawn from
-        :data:`RESOURCE_ROUTES`): the whole prompt (``same_as``) or its first whole blocks
-        (``head_of``), so the instance that saw it may serve a prefix hit across actions."""
+        ``resource_routes``, default :data:`RESOURCE_ROUTES`): the whole prompt (``same_as``) or its
+        first whole blocks (``head_of``), so the instance that saw it may serve a prefix hit across actions."""
         r = rng.choice(resources).model_copy(update={"name": "r0"})
         t, bs = self.topo, self.topo.block_size
         heads = [k * bs for k in range(1, r.prompt_tokens // bs + 1) if k * bs < r.prompt_tokens]
         whole = rng.random() < 0.5 or not heads
         n = r.prompt_tokens if whole else rng.choice(heads)
         m = rng.choice([m for m in MAX_TOKENS_CHOICES if n + m <= t.max_model_len] or [1])
-        step = Step(id="s0", route=rng.choice(RESOURCE_ROUTES), prompt_tokens=n, max_tokens=m,
+        step = Step(id="s0", route=rng.choice(self.resource_routes), prompt_tokens=n, max_tokens=m,
                     **({"same_as": "@r0"} if whole else {"head_of": "@r0"}))
         action = Action(index=index, steps=[step], resources=[r], why="prompt resource")
         self._checked(action)

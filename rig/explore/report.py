@@ -21,7 +21,8 @@ class ExploreReport:
     start-up included) to the first violation, ``first_failure_actions`` the actions run by then;
     ``nemeses``: one row per nemesis phase (rig.explore.findings.nemesis_row); ``topologies``: the
     topologies drawn from vLLM's knobs (name, decode, knobs, the ``--set`` strings), [] when the
-    config's decode instances were explored."""
+    config's decode instances were explored; ``swarm``: the swarm segments and the per-feature
+    counts (rig.explore.swarm.SwarmLog.to_json: ``every``, ``segments``, ``features``), {} without swarm."""
 
     config: str
     seed: int
@@ -44,6 +45,7 @@ class ExploreReport:
     topologies: list[dict[str, Any]] = field(default_factory=list)
     # actions the rig could not judge (rig.explore.oracles.could_not_judge): {"action", "reason"}
     not_judged: list[dict[str, Any]] = field(default_factory=list)
+    swarm: dict[str, Any] = field(default_factory=dict)
 
     @property
     def actions_per_min(self) -> float:
@@ -77,6 +79,7 @@ def render_md(r: ExploreReport) -> str:
                 "|---|---|---|---|"]
         out += [f"| {t['name']} | {t['decode']} | {' '.join(f'{k}={v}' for k, v in t['knobs'].items()) or '-'} | "
                 f"`{' '.join(t['sets']) or '-'}` |" for t in r.topologies]
+    out += swarm_md(r.swarm)
     out += ["", "## Failures", ""]
     if not r.findings:
         out.append("none found")
@@ -104,6 +107,26 @@ def render_md(r: ExploreReport) -> str:
         out += ["", "## Request fields drawn (from vLLM's request models)", ""]
         out += [f"- {ep}: {', '.join(names)}" for ep, names in r.fields.items()]
     return "\n".join(out) + "\n"
+
+
+def swarm_md(swarm: dict[str, Any]) -> list[str]:
+    """explore.md's "Swarm segments" and "Swarm features" sections ([] without swarm): one row per
+    segment (its actions, the features on, the distinct failures seen in it) and per feature (actions
+    and distinct findings with it on and with it removed by swarm; not with a flag's feature off)."""
+    if not swarm:
+        return []
+    out = ["", f"## Swarm segments (a random half of the features, every {swarm['every']} actions per topology)",
+           "", "| segment | topology | actions | features on | off | failures found in it |",
+           "|---|---|---|---|---|---|"]
+    for g in swarm["segments"]:
+        on = "every feature (a topology's first segment)" if g["full"] else ", ".join(g["on"])
+        out.append(f"| {g['segment']} | {g['topology']} | {g['actions']} ({g['first']}-{g['last']}) | {on} | "
+                   f"{', '.join(g['off']) or '-'} | {', '.join(f'`{k}`' for k in g['failures']) or '-'} |")
+    out += ["", "## Swarm features (on: kept in the action's segment; off: removed by swarm)", "",
+            "| feature | actions on | actions off | findings on | findings off |", "|---|---|---|---|---|"]
+    out += [f"| {f['feature']} | {f['actions_on']} | {f['actions_off']} | {len(f['findings_on'])} | "
+            f"{len(f['findings_off'])} |" for f in swarm["features"]]
+    return out
 
 
 def junit_suite(r: ExploreReport) -> Suite:

@@ -25,7 +25,10 @@ class ExploreSettings:
     ``knobs`` (the knobs drawn, None: all of rig.explore.topologies.KNOBS); ``sample_share`` (share
     of actions with a step sampled with a fixed seed; None: rig.explore.sampling.SAMPLE_SHARE);
     ``background_share`` (share of actions with background bursts; None:
-    rig.explore.background.BACKGROUND_SHARE)."""
+    rig.explore.background.BACKGROUND_SHARE); ``swarm_every`` (swarm testing, rig.explore.swarm: every
+    this many actions of a topology a new segment draws a random subset of the features, the first
+    segment of each topology every feature; 0: off, every action may draw every feature; the CLI's
+    default is rig.cli.run.SWARM_EVERY)."""
 
     seed: int = 0
     actions: int = 50
@@ -47,3 +50,4 @@ class ExploreSettings:
     knobs: list[str] | None = None
     sample_share: float | None = None
     background_share: float | None = None
+    swarm_every: int = 0
