@@ -12,8 +12,6 @@ from rig.report.explore_model import ExploreReport, ExploreSettingsReport
 from rig.report.explore_render import junit_suite, render_md
 from rig.report.junit import render_junit
 
-__all__ = ["ExploreReport", "new_report", "render_md", "settings_report", "write_explore_report"]
-
 
 def settings_report(s: ExploreSettings) -> ExploreSettingsReport:
     """The report's record of what ``pdrig explore`` was asked for (field for field)."""

@@ -14,11 +14,12 @@ from rig.explore.excuses import excuse
 from rig.explore.explorer import nemesis_row
 from rig.explore.grammar import Action, Nemesis, Topology
 from rig.explore.oracles import signature_of
-from rig.explore.report import new_report, render_md
+from rig.explore.report import new_report
 from rig.explore.settings import ExploreSettings
 from rig.judge.checks import Check
 from rig.judge.verdict import ScenarioVerdict
 from rig.observe.observations import ScenarioObservation
+from rig.report.explore_render import render_md
 
 TOPO = Topology(prefill="prefill", decode="decode", block_size=32, max_model_len=128, usable_blocks=4, lease_s=5)
 DISCONNECT = ("Traceback (most recent call last) -> nixl_cu12._bindings.nixlRemoteDisconnectError: "
