@@ -57,10 +57,10 @@ def test_drawn_topologies_are_deployed_once_each_and_name_their_findings(base_di
     last = next(t for t in report.topologies if t.name == report.findings[-1].topology.variant)
     argv = " ".join(p["argv"] if isinstance(p["argv"], str) else " ".join(p["argv"])
                     for p in json.loads((run_dir / "plan.json").read_text())["processes"] if p["name"] == "decode")
-    if "pool" in last["knobs"]:
-        assert f"--num-gpu-blocks-override {last['knobs']['pool']}" in argv
-    if "max_num_seqs" in last["knobs"]:
-        assert f"--max-num-seqs {last['knobs']['max_num_seqs']}" in argv
+    if "pool" in last.knobs:
+        assert f"--num-gpu-blocks-override {last.knobs['pool']}" in argv
+    if "max_num_seqs" in last.knobs:
+        assert f"--max-num-seqs {last.knobs['max_num_seqs']}" in argv
     md = (run_dir / "explore.md").read_text()
     assert "## Topologies drawn from vLLM's knobs" in md
     # prompt resources: reused across actions, at least once served from D's prefix cache
