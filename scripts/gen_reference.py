@@ -9,7 +9,8 @@
 - docs/reference/scenario.md: every scenario field (``rig.config.scenarios.ScenarioConfig``) and
   which fields each kind takes (``KIND_FIELDS``).
 - docs/reference/cli.md: ``pdrig --help`` and every subcommand's help, from ``rig.cli.build_parser``.
-- schema/*.schema.json: profiles, suites (``rig.config.schema``) and configs/builds.yaml; also ``pdrig schema``.
+- schema/*.schema.json: profiles, suites (``rig.config.schema``), configs/builds.yaml, report.json
+  (``rig.report.model.Report``) and explore.json (``rig.report.explore_model.ExploreReport``); also ``pdrig schema``.
 
 tests/test_reference.py runs ``--check``: a field or flag changed without regenerating fails there.
 """

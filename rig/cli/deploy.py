@@ -290,9 +290,11 @@ def cmd_k8s(args: argparse.Namespace) -> int:
 def all_schemas() -> dict[str, dict]:
     """File name -> JSON Schema of every YAML the rig reads: profiles and suites
     (rig/config/schema.py) and the builds file (``rig.cluster.builds.BuildsFile``); and of the
-    report.json every run writes (``rig.report.model.Report``)."""
+    report.json every run writes (``rig.report.model.Report``) and the explore.json every
+    exploration writes (``rig.report.explore_model.ExploreReport``)."""
     from rig.cluster.builds import BuildsFile
     from rig.config.schema import schemas
+    from rig.report.explore_model import ExploreReport
     from rig.report.model import Report
 
     builds = BuildsFile.model_json_schema()
@@ -301,7 +303,8 @@ def all_schemas() -> dict[str, dict]:
     spec["required"] = [f for f in spec.get("required", []) if f != "name"]
     draft = "https://json-schema.org/draft/2020-12/schema"
     return {**schemas(), "builds.schema.json": {"$schema": draft, "title": "pdrig builds", **builds},
-            "report.schema.json": {"$schema": draft, **Report.model_json_schema()}}
+            "report.schema.json": {"$schema": draft, **Report.model_json_schema()},
+            "explore-report.schema.json": {"$schema": draft, **ExploreReport.model_json_schema()}}
 
 
 def cmd_schema(args: argparse.Namespace) -> int:

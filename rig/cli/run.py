@@ -344,7 +344,7 @@ def cmd_explore(args: argparse.Namespace) -> int:
     if report.status == "error":  # the reason in one line on stderr, also with --quiet
         print(f"pdrig: the exploration broke: {(report.error or 'see explore.md').splitlines()[0]}", file=sys.stderr)
         return 3
-    return 1 if any(f["known_issue"] == "new" for f in report.findings) else 0
+    return 1 if report.new_findings() else 0
 
 
 def up_endpoint_flags(path: str) -> tuple[list[str], list[str]]:

@@ -18,6 +18,7 @@ from rig.explore.background import is_background, over_caps
 from rig.explore.grammar import Action, Topology
 from rig.explore.sampling import choices_of, is_sampled
 from rig.observe.observations import ScenarioObservation
+from rig.report.explore_model import GoalReport
 
 
 @dataclass(frozen=True)
@@ -148,7 +149,7 @@ class Coverage:
         """The generator hint of goal ``name`` (``{}`` for an unknown one)."""
         return next((g.hint for g in self.goals if g.name == name), {})
 
-    def table(self) -> list[dict[str, Any]]:
-        """Rows ``{goal, description, reached, count, note}`` for the report."""
-        return [{"goal": g.name, "description": g.description, "reached": self.counts[g.name] > 0,
-                 "count": self.counts[g.name], "note": g.note} for g in self.goals]
+    def table(self) -> list[GoalReport]:
+        """The report's rows, one per goal in declaration order."""
+        return [GoalReport(goal=g.name, description=g.description, reached=self.counts[g.name] > 0,
+                           count=self.counts[g.name], note=g.note) for g in self.goals]

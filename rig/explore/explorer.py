@@ -33,14 +33,14 @@ from rig.explore.coverage import Coverage
 from rig.explore.deployment import Deployment
 from rig.explore.emit import resource_scenarios, scenario_of
 from rig.explore.excuses import Excuse, excuse
-from rig.explore.findings import Finding, nemesis_row
+from rig.explore.findings import Finding, finding_id, nemesis_row
 from rig.explore.generate import Generator, drawable_fields
 from rig.explore.grammar import RESOURCE_ROUTES, Action, Resource, Topology
 from rig.explore.history import History, action_of, read_history
 from rig.explore.known import load_known
 from rig.explore.mechanism import Mechanism, mechanism_of
 from rig.explore.oracles import could_not_judge, signature_of
-from rig.explore.report import ExploreReport, write_explore_report
+from rig.explore.report import new_report, write_explore_report
 from rig.explore.reproduce import Reproducer
 from rig.explore.schemas import request_schemas
 from rig.explore.settings import ExploreSettings
@@ -49,6 +49,7 @@ from rig.explore.topologies import Variant, caps_of, draw_variants
 from rig.judge.verdict import ScenarioVerdict
 from rig.observe.observations import ScenarioObservation
 from rig.report.build import record_report
+from rig.report.explore_model import DrawnTopologyReport, ExploreReport, NotJudgedReport, SwarmReport
 from rig.run.runner import SuiteRunner
 from rig.workload.prompts import seed_of
 
@@ -90,7 +91,7 @@ class Explorer:
     def __init__(self, cfg: RigConfig, run_dir: Path, settings: ExploreSettings, quiet: bool = False):
         self.run_dir, self.s, self.quiet = run_dir, settings, quiet
         self.history = History(run_dir / "history.jsonl")
-        self.report = ExploreReport(config=cfg.name, seed=settings.seed, run_dir=str(run_dir))
+        self.report = new_report(cfg.name, settings, run_dir)
         self.coverage = Coverage()
         self.findings: dict[str, Finding] = {}
         self.known = load_known(cfg, settings.known)
@@ -101,7 +102,7 @@ class Explorer:
         self.drawn = draw_variants(cfg, settings.seed, settings.draw_topologies, first, knobs) \
             if settings.draw_topologies else []
         self.dep = Deployment(cfg, run_dir, {v.name: v for v in self.drawn}, quiet, self.log)
-        self.report.topologies = [{"name": v.name, "decode": v.decode, "knobs": v.knobs, "sets": list(v.sets)}
+        self.report.topologies = [DrawnTopologyReport(name=v.name, decode=v.decode, knobs=v.knobs, sets=list(v.sets))
                                   for v in self.drawn]
         self.resources: list[Resource] = []  # prompts earlier actions sent (rig.explore.grammar.Resource)
         self.repro = Reproducer(self.run_judged, self.history, self.log, settings.seed, run_dir, self.known,
@@ -283,7 +284,7 @@ class Explorer:
         if mech is None or sig is None:
             return
         if could_not_judge(v, obs):  # "not checked" is never a finding, and never ok
-            self.report.not_judged.append({"action": action.index, "reason": v.reason})
+            self.report.not_judged.append(NotJudgedReport(action=action.index, reason=v.reason))
             return
         if mech.key in self.findings:
             self.findings[mech.key].seen += 1
@@ -318,14 +319,16 @@ class Explorer:
     def _progress(self, done: int, t0: float) -> None:
         el = max(time.monotonic() - t0, 1e-9)
         self._write()
-        reached = sum(1 for r in self.report.coverage if r["reached"])
+        reached = sum(1 for r in self.report.coverage if r.reached)
         self.log(f"{done} actions ({done / el * 60:.1f}/min), goals {reached}/{len(self.report.coverage)}, "
                  f"failures {len(self.findings)}")
 
     def _write(self) -> None:
         self.report.coverage = self.coverage.table()
-        self.report.findings = [f.to_json() for f in self.findings.values()]
-        self.report.swarm = self.swarm.to_json()
+        self.report.findings = [f.to_report(finding_id(self.s.seed, i))
+                                for i, f in enumerate(self.findings.values(), 1)]
+        swarm = self.swarm.to_json()
+        self.report.swarm = SwarmReport.model_validate(swarm) if swarm else None
         self.report.runs = self._runs
         self.report.startup_s, self.report.startups = self.dep.startup_s, self.dep.startups
         self.report.vllm_version = self.runner.result.vllm_version

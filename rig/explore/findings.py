@@ -10,13 +10,26 @@ from __future__ import annotations
 
 import shlex
 from dataclasses import dataclass, field
-from typing import Any
 
 from rig.config import RigConfig
 from rig.explore.excuses import Excuse, took_effect
 from rig.explore.grammar import Action, Topology
 from rig.explore.mechanism import Mechanism
 from rig.judge.verdict import ScenarioVerdict
+from rig.report.explore_model import (
+    FindingReport,
+    LivenessReport,
+    MechanismReport,
+    NemesisReport,
+    TopologyReport,
+    stability_of,
+)
+
+
+def finding_id(seed: int, n: int) -> str:
+    """The id of an exploration's ``n``-th finding (1-based): ``explore-<seed>-<n>``, the name of its
+    emitted scenario and its YAML's stem (rig.explore.reproduce)."""
+    return f"explore-{seed}-{n}"
 
 
 @dataclass
@@ -43,39 +56,39 @@ class Finding:
 
     @property
     def stability(self) -> str:
-        """'stable' (every replay showed it), 'flaky k/n', or 'not replayed'."""
-        if not self.replays:
-            return "not replayed"
-        hits = sum(s == self.mechanism.key for s in self.replays)
-        return "stable" if hits == len(self.replays) else f"flaky {hits}/{len(self.replays)}"
+        """'stable' (every replay showed it), 'flaky k/n', or 'not replayed'
+        (rig.report.explore_model.stability_of)."""
+        return stability_of(self.mechanism.key, self.replays)
 
-    def to_json(self) -> dict[str, Any]:
-        """JSON-able dict for explore.json."""
-        return {"mechanism": self.mechanism.to_json(), "signature": self.signature,
-                "topology": self.topology.__dict__, "first_action": self.action.index,
-                "action": self.action.model_dump(mode="json"), "reason": self.reason, "seen": self.seen,
-                "replays": self.replays, "stability": self.stability,
-                "minimal": self.minimal.model_dump(mode="json") if self.minimal else None,
-                "minimal_requests": self.minimal.requests() if self.minimal else None,
-                "shrink_runs": self.shrink_runs, "shrink_s": round(self.shrink_s, 1), "yaml": self.yaml_path,
-                "emitted_verdict": self.emitted_verdict, "known_issue": self.known_issue,
-                "known_why": self.known_why}
+    def to_report(self, finding_id: str) -> FindingReport:
+        """The report's record of this finding, named ``finding_id`` (:func:`finding_id`)."""
+        m = self.mechanism
+        return FindingReport(
+            id=finding_id, mechanism=MechanismReport(kind=m.kind, key=m.key, evidence=dict(m.evidence)),
+            signature=self.signature, topology=TopologyReport(**{**self.topology.__dict__,
+                                                                 "sets": list(self.topology.sets)}),
+            first_action=self.action.index, action=self.action.model_dump(mode="json"), reason=self.reason,
+            seen=self.seen, replays=list(self.replays), stability=self.stability,
+            minimal=self.minimal.model_dump(mode="json") if self.minimal else None,
+            minimal_requests=self.minimal.requests() if self.minimal else None,
+            shrink_runs=self.shrink_runs, shrink_s=round(self.shrink_s, 1), yaml=self.yaml_path,
+            emitted_verdict=self.emitted_verdict, known_issue=self.known_issue, known_why=self.known_why)
 
 
-def nemesis_row(action: Action, v: ScenarioVerdict, excused: list[Excuse] | None = None) -> dict[str, Any]:
+def nemesis_row(action: Action, v: ScenarioVerdict, excused: list[Excuse] | None = None) -> NemesisReport:
     """The report's row of one nemesis phase: action index, the fault, requests under it, the
     verdict (after the excuses), whether the fault took effect (rig.explore.excuses.took_effect),
     the liveness oracle's checks (recovery-serves, idle-after within the named bound, alive) with
     their details, and what was excused as "caused by the nemesis (kind, window)"."""
     assert action.nemesis is not None
-    live = {c.name: {"state": c.state, "detail": c.detail} for c in v.checks
+    live = {c.name: LivenessReport(state=c.state, detail=c.detail) for c in v.checks
             if c.name in ("fault-fired", "recovery-serves", "idle-after", "alive")}
     fired, how = took_effect(v)
-    return {"index": action.index, "nemesis": action.nemesis.name,
-            "faults": [f.describe() for f in action.nemesis.faults], "requests": action.nemesis.requests,
-            "heal_s": action.nemesis.heal_s, "verdict": v.verdict, "liveness": live,
-            "took_effect": fired, "effect": how if fired else f"fault NOT verified to have taken effect: {how}",
-            "excused": [e.describe() for e in excused or []]}
+    return NemesisReport(index=action.index, nemesis=action.nemesis.name,
+                         faults=[f.describe() for f in action.nemesis.faults], requests=action.nemesis.requests,
+                         heal_s=action.nemesis.heal_s, verdict=v.verdict, liveness=live, took_effect=fired,
+                         effect=how if fired else f"fault NOT verified to have taken effect: {how}",
+                         excused=[e.describe() for e in excused or []])
 
 
 def sets_of(cfg: RigConfig, topo: Topology) -> str:

@@ -19,7 +19,7 @@ from typing import Any
 
 from rig.config import ConfigError, RigConfig
 from rig.explore.emit import resource_scenarios, scenario_of, suite_yaml
-from rig.explore.findings import Finding, sets_of
+from rig.explore.findings import Finding, finding_id, sets_of
 from rig.explore.grammar import Action, Topology
 from rig.explore.known import match_known
 from rig.explore.oracles import plausible
@@ -76,7 +76,7 @@ class Reproducer:
         """Write the finding's suite YAML; run it once without a known issue (``emitted_verdict``:
         does the minimal action still fail?); match the known issues (each confirmed by a run with it,
         ``known_why``)."""
-        name = f"explore-{self.seed}-{i}"
+        name = finding_id(self.seed, i)
         seed = seed_of(f"{self.seed}/emit/{i}")
         key, v = self._emitted(action, f.topology, name, seed, None)
         f.emitted_verdict = v.verdict + ("" if key == f.mechanism.key else f" (mechanism {key})")

@@ -33,10 +33,13 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from pydantic import ValidationError
 
 from rig.cluster.builds import SuiteSpec
 from rig.config import ConfigError
-from rig.config.files import load_json, load_yaml
+from rig.config.files import MAX_JSON_BYTES, load_yaml, read_text
+from rig.errors import InputFileError
+from rig.report.explore_model import EXPLORE_REPORT_VERSION, ExploreReport
 from rig.report.grid import Grid
 
 HOLDS = {"XFAIL": "holds", "FAIL": "holds", "PASS": "does not hold", "XPASS": "does not hold"}
@@ -81,30 +84,48 @@ def exploration_overrides(run_dir: Path) -> list[str]:
     return [] if lease is None else [f"nixl.kv_lease_duration={lease}"]
 
 
+def read_exploration(run_dir: Path) -> ExploreReport:
+    """The report of the exploration in ``run_dir``: its ``explore.json`` read with
+    :meth:`ExploreReport.model_validate_json`. Raises ConfigError when the directory has none, and
+    InputFileError (a ConfigError) naming the file and the first field for one that cannot be read
+    or is not an explore report of this model's version (one an older pdrig wrote: explore again)."""
+    path = run_dir / "explore.json"
+    fix = "give the run directory of a `pdrig explore` run"
+    if not path.is_file():
+        raise ConfigError(f"--explore {run_dir}: no readable explore.json; give the run directory of a "
+                          "`pdrig explore` run (runs/<stamp>-<config>-explore)")
+    text = read_text(path, "--explore", MAX_JSON_BYTES, fix)
+    try:
+        return ExploreReport.model_validate_json(text)
+    except ValidationError as e:
+        first = e.errors()[0]
+        loc = ".".join(str(x) for x in first["loc"]) or "(top level)"
+        more = f" (and {len(e.errors()) - 1} more)" if len(e.errors()) > 1 else ""
+        raise InputFileError(f"--explore {path}: not an explore report of version {EXPLORE_REPORT_VERSION}: "
+                             f"{loc}: {first['msg'].removeprefix('Value error, ')}{more}; {fix} (an exploration "
+                             "an older pdrig recorded: run pdrig explore again)", str(path)) from None
+
+
 def collect_findings(run_dirs: list[Path]) -> list[tuple[ExploreFinding, dict[str, Any]]]:
     """Each finding with an emitted YAML in the explorations ``run_dirs`` (in their order), with
     its scenario mapping renamed to :attr:`ExploreFinding.scenario`. Raises ConfigError naming the
-    directory without an ``explore.json``, a YAML that is missing or holds no scenario, or the
-    whole set when no exploration found anything to replay."""
+    directory without an ``explore.json`` or with one that is no explore report
+    (:func:`read_exploration`), a YAML that is missing or holds no scenario, or the whole set when
+    no exploration found anything to replay."""
     out: list[tuple[ExploreFinding, dict[str, Any]]] = []
     names: set[str] = set()
     for d in run_dirs:
-        if not (d / "explore.json").is_file():
-            raise ConfigError(f"--explore {d}: no readable explore.json; give the run directory of a "
-                              "`pdrig explore` run (runs/<stamp>-<config>-explore)")
-        rep = load_json(d / "explore.json", "--explore", "give the run directory of a `pdrig explore` run",
-                        allow_nan=True)
+        rep = read_exploration(d)
         lease = exploration_overrides(d)
-        found_on = str(rep.get("vllm_version") or "")
-        findings = rep.get("findings") or []
-        for f in findings if isinstance(findings, list) else []:
-            if not isinstance(f, dict) or not isinstance(f.get("yaml"), str) or not f["yaml"]:
+        found_on = rep.vllm_version
+        for f in rep.findings:
+            if not f.yaml:  # not emitted (not replayed, or the exploration stopped first)
                 continue
             # a topology drawn from vLLM's knobs is the config plus its --sets (rig/explore/topologies.py)
-            overrides = [str(x) for x in ((f.get("topology") or {}).get("sets") or [])]
+            overrides = list(f.topology.sets)
             if not any(o.startswith("nixl.kv_lease_duration=") for o in overrides):
                 overrides += lease
-            path = Path(f["yaml"])
+            path = Path(f.yaml)
             path = path if path.is_file() else d / "findings" / path.name  # a moved run directory
             scenarios = load_yaml(path, f"--explore {d}: finding", "a findings/*.yaml of pdrig explore", list)
             if not isinstance(scenarios, list) or not scenarios or not isinstance(scenarios[0], dict):
@@ -116,8 +137,8 @@ def collect_findings(run_dirs: list[Path]) -> list[tuple[ExploreFinding, dict[st
                 name = f"{base}-{n}"
             names.add(name)
             sc = {**scenarios[0], "name": name}
-            out.append((ExploreFinding(name, str(d), str(path), found_on, f.get("signature", ""),
-                                       f.get("known_issue", "new"), f.get("stability", ""), overrides), sc))
+            out.append((ExploreFinding(name, str(d), str(path), found_on, f.signature, f.known_issue, f.stability,
+                                       overrides), sc))
     if not out:
         raise ConfigError(f"--explore {', '.join(map(str, run_dirs))}: no finding with an emitted YAML "
                           "(explore.json lists none): nothing to replay")

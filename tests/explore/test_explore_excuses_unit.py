@@ -4,6 +4,8 @@ hop past the lease; never what is judged after heal, never when the fault did no
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from rig.config.faults import Fault
@@ -12,10 +14,12 @@ from rig.explore.excuses import excuse
 from rig.explore.explorer import nemesis_row
 from rig.explore.grammar import Action, Nemesis, Topology
 from rig.explore.oracles import signature_of
-from rig.explore.report import ExploreReport, render_md
+from rig.explore.report import new_report
+from rig.explore.settings import ExploreSettings
 from rig.judge.checks import Check
 from rig.judge.verdict import ScenarioVerdict
 from rig.observe.observations import ScenarioObservation
+from rig.report.explore_render import render_md
 
 TOPO = Topology(prefill="prefill", decode="decode", block_size=32, max_model_len=128, usable_blocks=4, lease_s=5)
 DISCONNECT = ("Traceback (most recent call last) -> nixl_cu12._bindings.nixlRemoteDisconnectError: "
@@ -52,8 +56,10 @@ def test_peer_disconnect_after_sigkill_is_excused_and_named():
                                         "sigkill prefill on prefill-answered")
     assert signature_of(v, obs(), {}) is None
     row = nemesis_row(KILL_P, v, got)
-    assert row["took_effect"] and row["excused"] == [got[0].describe()]
-    md = render_md(ExploreReport(config="c", seed=1, run_dir=".", nemeses=[row]))
+    assert row.took_effect and row.excused == [got[0].describe()]
+    r = new_report("c", ExploreSettings(seed=1), Path("."))
+    r.nemeses = [row]
+    md = render_md(r)
     assert "caused by the nemesis (sigkill-prefill" in md
 
 

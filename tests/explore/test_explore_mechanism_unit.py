@@ -155,7 +155,10 @@ def test_an_error_that_could_not_look_is_not_judged_and_a_failure_or_a_death_is(
     """ERROR with nothing failed (a required check not checked) is no finding; a failed check, or a
     dead instance, under an ERROR verdict still is."""
     from rig.explore.oracles import could_not_judge
-    from rig.explore.report import ExploreReport, render_md
+    from rig.explore.report import new_report
+    from rig.explore.settings import ExploreSettings
+    from rig.report.explore_model import NotJudgedReport
+    from rig.report.explore_render import render_md
     obs = ScenarioObservation(scenario="x1", decode="decode", prefill="prefill")
     gap = ScenarioVerdict("x1", "ERROR", "pass", "inconclusive: no-stall not checked: D was never sampled",
                           [Check("no-stall", None, "not checked: D was never sampled"), Check("parity", True, "equal")])
@@ -165,7 +168,8 @@ def test_an_error_that_could_not_look_is_not_judged_and_a_failure_or_a_death_is(
     dead = ScenarioObservation(scenario="x1", decode="decode", prefill="prefill", dead={"decode": -9})
     assert not could_not_judge(gap, dead)
     assert not could_not_judge(ScenarioVerdict("x1", "FAIL", "pass", "diverged", failed.checks), obs)
-    r = ExploreReport(config="c", seed=1, run_dir="r", not_judged=[{"action": 27, "reason": gap.reason}])
+    r = new_report("c", ExploreSettings(seed=1), Path("r"))
+    r.not_judged = [NotJudgedReport(action=27, reason=gap.reason)]
     md = render_md(r)
     assert "## Not judged" in md and "| 27 | inconclusive: no-stall not checked" in md and "none found" in md
 

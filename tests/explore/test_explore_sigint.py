@@ -3,13 +3,13 @@ interrupted), the exit code is 130 and no server it started outlives it."""
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
 import sys
 import time
 
+from rig.report.explore_model import ExploreReport
 from tests.helpers.fake_rig import ROOT, fake_config, write_config
 from tests.helpers.survivors import kill_pids, wait_no_survivors
 
@@ -42,8 +42,8 @@ def test_ctrl_c_keeps_history_and_report_and_stops_every_server(tmp_path):
             rig.wait()
     assert rc == 130, (tmp_path / "rig.out").read_text(errors="replace")[-3000:]
     run_dir = hist.parent
-    report = json.loads((run_dir / "explore.json").read_text())
-    assert report["status"] == "interrupted" and report["actions"] >= 3
+    report = ExploreReport.model_validate_json((run_dir / "explore.json").read_text())
+    assert report.status == "interrupted" and report.actions >= 3
     assert len([x for x in hist.read_text().splitlines() if '"phase": "explore"' in x]) >= 3
     assert "status interrupted" in (run_dir / "explore.md").read_text()
     left = wait_no_survivors(str(tmp_path), within_s=10)

@@ -7,7 +7,7 @@ history.jsonl; the report's tables count actions and findings per segment and fe
 from __future__ import annotations
 
 from collections import Counter
-from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -20,8 +20,9 @@ from rig.explore.coverage import GOALS
 from rig.explore.generate import Generator, drawable_fields
 from rig.explore.grammar import MOTIF_WEIGHTS, NEMESIS_WEIGHTS, Action, Resource, Topology
 from rig.explore.history import History, action_of, read_history
-from rig.explore.report import ExploreReport, render_md
+from rig.explore.report import new_report
 from rig.explore.sampling import is_sampled
+from rig.explore.settings import ExploreSettings
 from rig.explore.swarm import (
     CATALOGUE,
     Subset,
@@ -31,6 +32,8 @@ from rig.explore.swarm import (
     field_group,
     narrow,
 )
+from rig.report.explore_model import SwarmReport
+from rig.report.explore_render import render_md
 from tests.helpers.explore_fields import SCHEMAS
 
 FIELDS = drawable_fields(SCHEMAS, allow_logprobs=True)
@@ -192,11 +195,12 @@ def test_the_report_counts_actions_and_findings_per_segment_and_feature():
     assert rows["cancel"]["findings_off"] == ["divergence:decode:pos=0"]
     assert (rows["route:pd"]["actions_on"], rows["route:pd"]["actions_off"], len(rows["route:pd"]["findings_on"])) \
         == (4, 0, 2)
-    md = render_md(replace(ExploreReport(config="c", seed=1, run_dir="r"), swarm=data))
+    empty = new_report("c", ExploreSettings(seed=1), Path("r"))
+    md = render_md(empty.model_copy(update={"swarm": SwarmReport.model_validate(data)}))
     assert "## Swarm segments" in md and "## Swarm features" in md
     assert "| 1 | prefill+decode | 2 (2-3) | route:pd, route:decode | cancel | `divergence:decode:pos=0` |" in md
     assert "| cancel | 2 | 2 | 1 | 1 |" in md
-    assert "Swarm" not in render_md(ExploreReport(config="c", seed=1, run_dir="r"))
+    assert "Swarm" not in render_md(empty)
     assert SwarmLog().to_json() == {}
 
 

@@ -28,6 +28,7 @@ import yaml
 from rig.cluster.processes import processes_of_run
 from rig.config import load_config
 from rig.explore.explorer import Explorer, ExploreSettings
+from rig.report.explore_model import FindingReport
 from rig.run.runner import new_run_dir
 from tests.helpers.fake_rig import LIVELOCK, ROOT, fake_config, scenario, write_config
 from tests.helpers.survivors import kill_pids, wait_no_survivors
@@ -73,9 +74,9 @@ def explored(base):
     return report, run_dir
 
 
-def finding(report, decode: str, shows: str = "") -> dict:
-    got = [f for f in report.findings if f["topology"]["decode"] == decode and shows in f["signature"]]
-    assert got, f"no failure found on {decode} within {BUDGET} actions: {[f['signature'] for f in report.findings]}"
+def finding(report, decode: str, shows: str = "") -> FindingReport:
+    got = [f for f in report.findings if f.topology.decode == decode and shows in f.signature]
+    assert got, f"no failure found on {decode} within {BUDGET} actions: {[f.signature for f in report.findings]}"
     return got[0]
 
 
@@ -102,32 +103,32 @@ def test_history_and_report_written_and_nothing_left_running(explored):
 
 def test_finds_and_shrinks_wrong_tokens_at_k_block_plus_one_with_a_field(explored, base):
     f = finding(explored[0], "decode-edge", "parity")
-    assert "parity" in f["signature"] and f["stability"] == "stable"
-    assert f["minimal_requests"] <= 3
-    steps = f["minimal"]["steps"]
+    assert "parity" in f.signature and f.stability == "stable"
+    assert f.minimal_requests <= 3
+    steps = f.minimal["steps"]
     assert any(s["prompt_tokens"] % 32 == 1 and (s.get("request") or {}).get("all") for s in steps)
-    assert f["known_issue"] == "new"
-    run = e2e(base, f["yaml"])
+    assert f.known_issue == "new"
+    run = e2e(base, f.yaml)
     assert run.returncode == 1, run.stdout[-2000:] + run.stderr[-2000:]
 
 
 def test_finds_the_admission_stall_and_matches_the_declared_known_issue(explored, base):
     f = finding(explored[0], "decode-stall", "stalled")
-    assert "stalled" in f["signature"] and f["minimal_requests"] <= 3
-    assert any(s["prompt_tokens"] >= 97 for s in f["minimal"]["steps"] if s["route"] == "pd"), f
-    assert f["known_issue"] == "spec-admission-livelock"
-    emitted = yaml.safe_load(Path(f["yaml"]).read_text())
+    assert "stalled" in f.signature and f.minimal_requests <= 3
+    assert any(s["prompt_tokens"] >= 97 for s in f.minimal["steps"] if s["route"] == "pd"), f
+    assert f.known_issue == "spec-admission-livelock"
+    emitted = yaml.safe_load(Path(f.yaml).read_text())
     assert emitted[0]["known_issue"]["id"] == "spec-admission-livelock"
-    run = e2e(base, f["yaml"])
+    run = e2e(base, f.yaml)
     assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]  # XFAIL
     assert "XFAIL" in (Path(run.stderr.split("run directory: ")[1].split()[0]) / "summary.md").read_text()
 
 
 def test_finds_and_shrinks_the_leak_with_two_prompts(explored, base):
     f = finding(explored[0], "decode-leak", "idle-after")
-    assert "idle-after" in f["signature"] and f["minimal_requests"] <= 3
-    assert any((s.get("request") or {}).get("prompts", 1) > 1 for s in f["minimal"]["steps"])
-    run = e2e(base, f["yaml"])
+    assert "idle-after" in f.signature and f.minimal_requests <= 3
+    assert any((s.get("request") or {}).get("prompts", 1) > 1 for s in f.minimal["steps"])
+    run = e2e(base, f.yaml)
     assert run.returncode == 1, run.stdout[-2000:] + run.stderr[-2000:]
 
 

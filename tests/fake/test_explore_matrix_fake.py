@@ -28,6 +28,7 @@ import yaml
 from rig.cli import main
 from rig.cluster.builds import BuildError
 from rig.run import matrix as matrix_mod
+from tests.helpers.explore_report import finding_report, write_exploration
 from tests.helpers.fake_rig import LIVELOCK, fake_config, write_config
 from tests.helpers.survivors import kill_pids, wait_no_survivors
 
@@ -78,11 +79,12 @@ def exploration(base: Path) -> Path:
     known = {"name": "explore-1-2", "description": "explore seed 1: FAIL no-stall | stalled", "prefill": "prefill",
              "decode": "decode", "prompt_tokens": 97, "max_tokens": 1, "seed": 12, "known_issue": LIVELOCK}
     findings = []
-    for sc, sig, ki in ((new, "FAIL parity", "new"), (known, "FAIL no-stall | stalled", LIVELOCK["id"])):
+    for n, (sc, sig, ki) in enumerate(((new, "FAIL parity", "new"), (known, "FAIL no-stall | stalled", LIVELOCK["id"])),
+                                      1):
         path = d / "findings" / f"{sc['name']}.yaml"
         path.write_text("# pdrig explore finding\n" + yaml.safe_dump([sc], sort_keys=False))
-        findings.append({"signature": sig, "yaml": str(path), "known_issue": ki, "stability": "stable"})
-    (d / "explore.json").write_text(json.dumps({"vllm_version": "0.32.0", "findings": findings}))
+        findings.append(finding_report(n, sig, str(path), ki))
+    write_exploration(d, "0.32.0", findings)
     (d / "config.yaml").write_text(yaml.safe_dump({"name": "fake", "nixl": {"kv_lease_duration": 5}}))
     return d
 

@@ -27,6 +27,7 @@ import yaml
 from rig.cluster.processes import processes_of_run
 from rig.config import load_config
 from rig.explore.explorer import Explorer, ExploreSettings
+from rig.report.explore_model import FindingReport
 from rig.run.runner import new_run_dir
 from tests.helpers.fake_rig import ROOT, fake_config, write_config
 from tests.helpers.suites import fake_suite_fixtures
@@ -71,9 +72,9 @@ def e2e(base: Path, yaml_path: str) -> subprocess.CompletedProcess[str]:
                           capture_output=True, text=True, timeout=300, cwd=ROOT)
 
 
-def _finding(report, pred) -> dict:
+def _finding(report, pred) -> FindingReport:
     got = [f for f in report.findings if pred(f)]
-    assert got, f"not found within {BUDGET} actions: {[(f['signature'], f['minimal']) for f in report.findings]}"
+    assert got, f"not found within {BUDGET} actions: {[(f.signature, f.minimal) for f in report.findings]}"
     return got[0]
 
 
@@ -84,28 +85,28 @@ def test_nemesis_phases_are_recorded_and_reported(explored):
     phases = [x for x in lines if x["phase"] == "nemesis"]
     assert len(phases) == len(report.nemeses) >= 5
     assert all(x["scenario"]["kind"] == "fault" and x["action"]["nemesis"] for x in phases)
-    assert all("recovery-serves" in n["liveness"] for n in report.nemeses)
+    assert all("recovery-serves" in n.liveness for n in report.nemeses)
     assert "## Nemesis phases" in (run_dir / "explore.md").read_text()
     assert processes_of_run(run_dir) == []
 
 
 def test_finds_and_shrinks_the_hang_after_a_cancel_in_a_narrow_window(explored, base_dir):
-    f = _finding(explored[0], lambda f: "idle-after" in f["signature"] and not f["action"].get("nemesis"))
-    assert f["minimal_requests"] <= 3
-    assert any(s.get("cancel_after_ms") for s in f["minimal"]["steps"]), f["minimal"]
-    emitted = yaml.safe_load(Path(f["yaml"]).read_text())
+    f = _finding(explored[0], lambda f: "idle-after" in f.signature and not f.action.get("nemesis"))
+    assert f.minimal_requests <= 3
+    assert any(s.get("cancel_after_ms") for s in f.minimal["steps"]), f.minimal
+    emitted = yaml.safe_load(Path(f.yaml).read_text())
     assert emitted[0]["kind"] == "sequence"
-    run = e2e(base_dir, f["yaml"])
+    run = e2e(base_dir, f.yaml)
     assert run.returncode == 1, run.stdout[-2000:] + run.stderr[-2000:]
 
 
 def test_finds_and_shrinks_wrong_output_after_p_was_stopped_and_resumed(explored, base_dir):
-    f = _finding(explored[0], lambda f: bool(f["action"].get("nemesis")))
-    assert "parity" in f["signature"] or "recovery-serves" in f["signature"]
-    assert f["minimal_requests"] <= 3
-    nem = f["minimal"]["nemesis"]
+    f = _finding(explored[0], lambda f: bool(f.action.get("nemesis")))
+    assert "parity" in f.signature or "recovery-serves" in f.signature
+    assert f.minimal_requests <= 3
+    nem = f.minimal["nemesis"]
     assert nem and nem["faults"][0]["action"] == "sigstop" and nem["faults"][0]["target"] == "prefill"
-    emitted = yaml.safe_load(Path(f["yaml"]).read_text())
+    emitted = yaml.safe_load(Path(f.yaml).read_text())
     assert emitted[0]["kind"] == "fault"
-    run = e2e(base_dir, f["yaml"])
+    run = e2e(base_dir, f.yaml)
     assert run.returncode == 1, run.stdout[-2000:] + run.stderr[-2000:]

@@ -47,7 +47,7 @@ def explored(base_dir):
 def test_the_widest_exploration_of_a_correct_server_finds_nothing(explored):
     report, run_dir = explored
     assert report.status == "done" and report.actions == BUDGET
-    assert report.findings == [], [(f["mechanism"]["key"], f["signature"], f["reason"][:1500], f["action"])
+    assert report.findings == [], [(f.mechanism.key, f.signature, f.reason[:1500], f.action)
                                    for f in report.findings]
     lines = [json.loads(x) for x in (run_dir / "history.jsonl").read_text().splitlines()]
     explored_ = [x for x in lines if x["phase"] in ("explore", "nemesis")]
@@ -55,6 +55,6 @@ def test_the_widest_exploration_of_a_correct_server_finds_nothing(explored):
     steps = [s for x in explored_ for s in x["action"]["steps"]]
     assert any((s.get("request") or {}).get("all") for s in steps)
     assert any(s.get("cancel_after_ms") for s in steps)
-    assert len(report.nemeses) >= 4 and all(n["took_effect"] for n in report.nemeses), report.nemeses
+    assert len(report.nemeses) >= 4 and all(n.took_effect for n in report.nemeses), report.nemeses
     assert len({x["topology"]["variant"] for x in explored_}) == 2
     assert processes_of_run(run_dir) == []

@@ -24,11 +24,11 @@ def test_the_explorer_finds_a_slow_decode_hop_as_a_slow_finding(base):
                                                          "FAKE_VLLM_FAULT_ARG": f"{WAIT_S}:9"}}},
                              timeouts={"kv_transfer_s": 4, "latency_floor_s": 1, "request_s": 40})
     f = the_finding(report)
-    key = f["mechanism"]["key"]
-    assert key in ("slow:decode:total", "slow:decode:first-token"), (key, f["reason"][:300])
-    ev = f["mechanism"]["evidence"]
+    key = f.mechanism.key
+    assert key in ("slow:decode:total", "slow:decode:first-token"), (key, f.reason[:300])
+    ev = f.mechanism.evidence
     assert ev["hop"] == "decode" and WAIT_S <= ev["wait_s"] < WAIT_S + 4 and ev["bound_s"] <= 4.0, ev
     assert ev["baseline_s"] is not None and ev["baseline_s"] < 1.0  # the baseline is the healthy deployment's
-    assert f["known_issue"] == "new"
-    assert f["reason"].startswith("latency: ") and " hop (decode) waited " in f["reason"]
-    assert f["stability"] == "stable" and f["emitted_verdict"] == "FAIL"
+    assert f.known_issue == "new"
+    assert f.reason.startswith("latency: ") and " hop (decode) waited " in f.reason
+    assert f.stability == "stable" and f.emitted_verdict == "FAIL"

@@ -26,15 +26,16 @@ def test_swarm_finds_the_sampled_seed_plant_in_a_drawn_segment_and_replays_its_s
         (base / d).mkdir()
     report, run_dir = explore_fake(base / "explore", SETTINGS, decodes=PLANT)
     f = the_finding(report)
-    key = f["mechanism"]["key"]
-    assert key.startswith("divergence:decode:pos=0") and f["stability"] == "stable"
-    segments = report.swarm["segments"]
-    assert [(g["segment"], g["first"], g["last"]) for g in segments] == [(k, 2 * k, 2 * k + 1) for k in range(5)]
-    assert segments[0]["full"] and not segments[0]["off"]
-    found_in = next(g for g in segments if g["first"] <= f["first_action"] <= g["last"])
-    assert not found_in["full"] and "sample" in found_in["on"] and key in found_in["failures"], found_in
-    sample = next(r for r in report.swarm["features"] if r["feature"] == "sample")
-    assert sample["actions_off"] >= 2 and sample["findings_off"] == [] and key in sample["findings_on"], sample
+    key = f.mechanism.key
+    assert key.startswith("divergence:decode:pos=0") and f.stability == "stable"
+    assert report.swarm is not None
+    segments = report.swarm.segments
+    assert [(g.segment, g.first, g.last) for g in segments] == [(k, 2 * k, 2 * k + 1) for k in range(5)]
+    assert segments[0].full and not segments[0].off
+    found_in = next(g for g in segments if g.first <= f.first_action <= g.last)
+    assert not found_in.full and "sample" in found_in.on and key in found_in.failures, found_in
+    sample = next(r for r in report.swarm.features if r.feature == "sample")
+    assert sample.actions_off >= 2 and sample.findings_off == [] and key in sample.findings_on, sample
     # a segment that removed sampling drew no sampled step: the plant could not show there
     lines = [json.loads(x) for x in (run_dir / "history.jsonl").read_text().splitlines()]
     explored = [x for x in lines if x["phase"] == "explore"]
@@ -47,6 +48,7 @@ def test_swarm_finds_the_sampled_seed_plant_in_a_drawn_segment_and_replays_its_s
                                                           "replays": 0, "shrink_runs": 0}, decodes=PLANT)
     again = [json.loads(x) for x in (replay_dir / "history.jsonl").read_text().splitlines()]
     assert [x["action"] for x in again if x["phase"] == "explore"] == [x["action"] for x in explored]
-    assert [(g["segment"], g["on"], g["off"], g["first"], g["last"]) for g in replayed.swarm["segments"]] == \
-        [(g["segment"], g["on"], g["off"], g["first"], g["last"]) for g in segments]
-    assert key in {r["mechanism"]["key"] for r in replayed.findings}
+    assert replayed.swarm is not None
+    assert [(g.segment, g.on, g.off, g.first, g.last) for g in replayed.swarm.segments] == \
+        [(g.segment, g.on, g.off, g.first, g.last) for g in segments]
+    assert key in {r.mechanism.key for r in replayed.findings}

@@ -45,22 +45,22 @@ def test_drawn_topologies_are_deployed_once_each_and_name_their_findings(base_di
                                knobs=["pool", "max_num_seqs", "prefix_caching"])
     report = Explorer(cfg, run_dir, settings, quiet=True).run()
     assert report.status == "done", report.error
-    assert [t["name"] for t in report.topologies] == ["t0", "t1"]
+    assert [t.name for t in report.topologies] == ["t0", "t1"]
     lines = [json.loads(x) for x in (run_dir / "history.jsonl").read_text().splitlines()]
     explored = [x for x in lines if x["phase"] == "explore"]
     assert [x["topology"]["variant"] for x in explored] == ["t0"] * 5 + ["t1"] * 5
     for t in report.topologies:
-        assert all(tuple(x["topology"]["sets"]) == tuple(t["sets"]) for x in explored
-                   if x["topology"]["variant"] == t["name"])
+        assert all(tuple(x["topology"]["sets"]) == tuple(t.sets) for x in explored
+                   if x["topology"]["variant"] == t.name)
     # the last deployment is that of the last finding's topology (findings are replayed and shrunk on
     # theirs): its knobs are in D's argv
-    last = next(t for t in report.topologies if t["name"] == report.findings[-1]["topology"]["variant"])
+    last = next(t for t in report.topologies if t.name == report.findings[-1].topology.variant)
     argv = " ".join(p["argv"] if isinstance(p["argv"], str) else " ".join(p["argv"])
                     for p in json.loads((run_dir / "plan.json").read_text())["processes"] if p["name"] == "decode")
-    if "pool" in last["knobs"]:
-        assert f"--num-gpu-blocks-override {last['knobs']['pool']}" in argv
-    if "max_num_seqs" in last["knobs"]:
-        assert f"--max-num-seqs {last['knobs']['max_num_seqs']}" in argv
+    if "pool" in last.knobs:
+        assert f"--num-gpu-blocks-override {last.knobs['pool']}" in argv
+    if "max_num_seqs" in last.knobs:
+        assert f"--max-num-seqs {last.knobs['max_num_seqs']}" in argv
     md = (run_dir / "explore.md").read_text()
     assert "## Topologies drawn from vLLM's knobs" in md
     # prompt resources: reused across actions, at least once served from D's prefix cache
@@ -68,17 +68,17 @@ def test_drawn_topologies_are_deployed_once_each_and_name_their_findings(base_di
     assert reused, "no action reused an earlier prompt"
     assert any("d-prefix-hit" in x["goals"] for x in reused), [(x["action"]["steps"], x["goals"]) for x in reused]
     # the finding on t0: its topology named, the --sets in its YAML, pdrig e2e with them FAILs
-    f = next(f for f in report.findings if f["topology"]["variant"] == "t0")
-    assert "parity" in f["signature"]
-    text = Path(f["yaml"]).read_text()
+    f = next(f for f in report.findings if f.topology.variant == "t0")
+    assert "parity" in f.signature
+    text = Path(f.yaml).read_text()
     assert "topology t0 drawn from vLLM's knobs" in text
     reproduce = next(ln for ln in text.splitlines() if ln.startswith("# reproduce:"))
     sets = shlex.split(reproduce.split("--set suite=<this file>", 1)[1])
-    assert sets[1::2] == [*report.topologies[0]["sets"], "nixl.kv_lease_duration=2"][:len(sets) // 2]
+    assert sets[1::2] == [*report.topologies[0].sets, "nixl.kv_lease_duration=2"][:len(sets) // 2]
     assert yaml.safe_load(text)[-1]["decode"] == "decode"
     profile = write_config(base_dir, _config(base_dir), "profile.yaml")
     pdrig = [sys.executable, "-c", "import sys; from rig.cli import main; sys.exit(main())"]
-    run = subprocess.run([*pdrig, "e2e", "--config", str(profile), "--set", f"suite={f['yaml']}", *sets, "--quiet"],
+    run = subprocess.run([*pdrig, "e2e", "--config", str(profile), "--set", f"suite={f.yaml}", *sets, "--quiet"],
                          capture_output=True, text=True, timeout=300, cwd=ROOT)
     assert run.returncode == 1, run.stdout[-2000:] + run.stderr[-2000:]
     assert processes_of_run(run_dir) == []

@@ -12,7 +12,7 @@ import pytest
 import rig.explore.explorer as explorer_mod
 from rig.config import load_config
 from rig.explore.explorer import Explorer, ExploreSettings
-from rig.explore.report import ExploreReport
+from rig.report.explore_model import ExploreReport, FindingReport
 from rig.run.runner import new_run_dir
 from tests.helpers.fake_rig import fake_config, write_config
 
@@ -40,8 +40,8 @@ def explore_fake(base: Path, settings: dict[str, Any], *, prefill_env: dict[str,
     return report, run_dir
 
 
-def the_finding(report: ExploreReport) -> dict[str, Any]:
+def the_finding(report: ExploreReport) -> FindingReport:
     """The one finding of ``report`` (assertion error listing them otherwise)."""
     assert report.status == "done", report.error
-    assert len(report.findings) == 1, [(f["mechanism"]["key"], f["reason"][:300]) for f in report.findings]
+    assert len(report.findings) == 1, [(f.mechanism.key, f.reason[:300]) for f in report.findings]
     return report.findings[0]

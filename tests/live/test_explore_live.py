@@ -31,13 +31,13 @@ def test_explore_finds_the_admission_livelock_from_scratch():
                                                     shrink_runs=6, stop_at_first=True, motifs=[]),
                       quiet=True).run()
     assert processes_of_run(run_dir) == []
-    stalls = [f for f in report.findings if "stalled" in f["signature"]]
+    stalls = [f for f in report.findings if "stalled" in f.signature]
     assert stalls, f"no stall found: {report.findings} (explore.md in {run_dir})"
     f = stalls[0]
-    assert f["minimal_requests"] <= 3 and f["known_issue"] == "spec-admission-livelock", f
+    assert f.minimal_requests <= 3 and f.known_issue == "spec-admission-livelock", f
     # the emitted YAML, run with the known issue, is what the finding claims: XFAIL (a sequence too)
-    assert "as written with it: XFAIL" in f["known_why"], f["known_why"]
-    sc = yaml.safe_load(Path(f["yaml"]).read_text())[0]
+    assert "as written with it: XFAIL" in f.known_why, f.known_why
+    sc = yaml.safe_load(Path(f.yaml).read_text())[0]
     assert sc["known_issue"]["id"] == "spec-admission-livelock" and sc.get("prompt_tokens", 0) >= 97
 
 
@@ -54,11 +54,11 @@ def test_explore_motifs_find_three_known_failures_from_scratch():
                                                     shrink_runs=2, known=known, cancel_share=0.0,
                                                     resource_share=0.0), quiet=True).run()
     assert processes_of_run(run_dir) == []
-    named = {f["known_issue"]: f for f in report.findings}
+    named = {f.known_issue: f for f in report.findings}
     want = {"nixl-expired-lease-read", "completions-prompts-share-first-params", "router-appended-first-token"}
-    assert want <= set(named), f"{[(f['signature'], f['known_issue']) for f in report.findings]} ({run_dir})"
+    assert want <= set(named), f"{[(f.signature, f.known_issue) for f in report.findings]} ({run_dir})"
     for ki in want:
-        sc = yaml.safe_load(Path(named[ki]["yaml"]).read_text())[0]
+        sc = yaml.safe_load(Path(named[ki].yaml).read_text())[0]
         assert sc["known_issue"]["id"] == ki
-    lease = yaml.safe_load(Path(named["nixl-expired-lease-read"]["yaml"]).read_text())[0]
+    lease = yaml.safe_load(Path(named["nixl-expired-lease-read"].yaml).read_text())[0]
     assert lease["hold_between_s"] > 5 and lease["flush_prefill"]

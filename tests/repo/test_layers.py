@@ -112,7 +112,7 @@ LAZY: dict[tuple[str, str], str] = {
     **{("rig.cli.deploy", m): _CLI for m in (
         "rig.cluster.builds", "rig.cluster.mooncake", "rig.cluster.preflight", "rig.cluster.probes",
         "rig.cluster.processes", "rig.config.schema", "rig.connectors.mooncake", "rig.plan.processes",
-        "rig.report.model", "rig.transport.aio",
+        "rig.report.explore_model", "rig.report.model", "rig.transport.aio",
         "rig.cluster.ports", "rig.config.help", "rig.plan.compose", "rig.plan.k8s", "rig.proxy", "rig.run.runner",
         "rig.run.topology", "rig.transport.client", "rig.transport.endpoint", "rig.workload.baseline",
         "rig.workload.warmup")},
