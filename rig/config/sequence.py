@@ -67,10 +67,10 @@ on ``pd-swallow-cancel`` ``answered`` comes only when the client got the answer 
 Every P/D route sends P's hop first and D's after P answered. "The decode hop before P's answer"
 is not a route: with vLLM's NIXL connector the decode hop carries P's ``kv_transfer_params`` from
 P's answer, ``remote_block_ids`` and ``remote_request_id`` among them (NixlConnector's
-``request_finished`` fills them, vllm/distributed/kv_transfer/kv_connector/v1/nixl_connector.py), and
-D reads exactly those blocks. A router cannot send the decode hop before P answered except with the
-params of another request, whose blocks P may have freed already: that reuse of old params is what
-``pd-retry`` exercises.
+``request_finished`` fills them when P's request ends: vllm/distributed/kv_transfer/kv_connector/v1/
+nixl_connector.py, in vLLM 0.32.0 its nixl/pull_scheduler.py), and D reads exactly those blocks.
+A router cannot send the decode hop before P answered except with the params of another request,
+whose blocks P may have freed already: that reuse of old params is what ``pd-retry`` exercises.
 """
 
 
