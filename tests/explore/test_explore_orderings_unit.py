@@ -12,6 +12,7 @@ from rig.config import RigConfig
 from rig.config.sequence import Step
 from rig.explore.emit import scenario_of, suite_yaml
 from rig.explore.grammar import Action, Topology
+from rig.explore.known import match_known
 from rig.explore.mechanism import mechanism_of
 from rig.explore.refusals import problems
 from rig.explore.shrink import step_variants
@@ -80,6 +81,10 @@ def test_a_retry_with_wrong_tokens_is_a_stale_read_of_cause_retry():
     m = mechanism_of(v, obs, TOPO, {"prefill": "prefill", "decode": "decode"}, "FAIL parity []")
     assert (m.kind, m.key) == ("stale-read", "stale-read:retry")
     assert m.evidence["first_attempt"].startswith("closed by the router")
+    # a known issue of cause retry explains it; a lease-expiry one does not (no hold past the lease)
+    ki = [{"id": "lease", "symptom": {"kind": "stale-kv"}},
+          {"id": "retry", "affects": ">=0.1", "symptom": {"kind": "stale-kv", "cause": "retry"}}]
+    assert match_known(m, ki, "0.32.0").id == "retry"
     # without P's line it is a divergence, still marked as a retry's
     obs.kv_integrity_lines = {"prefill": []}
     assert mechanism_of(v, obs, TOPO, {}, "FAIL parity []").key.endswith(":retry")

@@ -13,10 +13,12 @@ import json
 
 import pytest
 
+from rig.config import ConfigError, load_config
 from rig.explore.grammar import Topology
 from rig.explore.mechanism import mechanism_of
 from rig.explore.oracles import signature_of
 from rig.workload.sequence import SWALLOWED
+from tests.helpers.fake_rig import fake_config, write_config
 from tests.helpers.suites import run_on_fakes
 
 SLOW_D = {"decode-slow": {"env": {"FAKE_VLLM_TOKEN_LATENCY": "0.05"}}}
@@ -59,6 +61,19 @@ def test_a_retry_that_reads_reused_blocks_fails_as_a_stale_read_of_cause_retry(t
     m = mechanism_of(v, obs, topo, ROLES, signature_of(v, obs, ROLES) or "")
     assert m.kind == "stale-read" and m.key == "stale-read:retry", m
     assert m.evidence["cause"] == "retry" and "Potentially invalid KV blocks" in m.evidence["line"]
+
+
+def test_a_known_stale_read_of_cause_retry_is_xfail_and_the_config_holds_it_to_a_retry(tmp_path):
+    known = {"id": "retry-stale", "title": "a retried decode hop reads blocks P freed", "affects": ">=0.1",
+             "symptom": {"kind": "stale-kv", "cause": "retry"}}
+    got, _ = _run(tmp_path, [{**RETRY, "known_issue": known}],
+                  {"FAKE_VLLM_FAULT": "free-after-read", "FAKE_VLLM_FAULT_ARG": "wrong"})
+    v, _ = got["retry"]
+    assert v.verdict == "XFAIL", v.reason
+    plain = {**RETRY, "sequence": {"steps": [{**RETRY["sequence"]["steps"][0], "route": "pd", "retry_after_ms": None}]}}
+    with pytest.raises(ConfigError, match="cause retry needs a sequence step with route pd-retry"):
+        load_config(write_config(tmp_path, fake_config(tmp_path, scenarios=[{**plain, "known_issue": known}],
+                                                       decodes=SLOW_D), "plain.yaml"))
 
 
 @pytest.mark.parametrize("prefill_env", [None, {"FAKE_VLLM_FAULT": "free-after-read"}],
