@@ -101,6 +101,12 @@ Faults (FAKE_VLLM_FAULT):
                      trips, so the baseline stays the healthy deployment's) wait SECONDS after their
                      KV pull before the first token, then answer the right tokens (a planted bug for
                      the latency check and pdrig explore: a hop that waits a timeout's worth)
+  free-after-read    P (a producer) frees a request's blocks after D's first read of them (D's done
+                     notice, nixl base_worker.py): a second read of the same kv_transfer_params (a
+                     router's retry) makes P log "Potentially invalid KV blocks for unrecognized
+                     request <id> ..." (nixl/pull_worker.py); with ARG "wrong" the freed blocks were
+                     reused and the fake D that read them answers (tok+1) % 1024 at position 0 (a
+                     planted stale read for the pd-retry route); without, D's answer stays right
   teardown-traceback on SIGTERM logs what a real vLLM 0.32.0 decode logs when stopped: an
                      "EngineDeadError" traceback (then exits 0)
 """
@@ -133,7 +139,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, G
 FAULTS = ("exit-before-ready", "crash-mid-request", "stall", "http500", "diverge-at", "diverge-edge",
           "leak-kv", "empty-stream", "fatal-log", "teardown-traceback", "hang-in-startup", "exit-in-startup",
           "append-mismatch", "leak-several", "abort-lost", "stale-after-cont", "engine-killed", "p-cap-stale",
-          "seeded-skew", "overcap-diverge", "slow-decode")
+          "seeded-skew", "overcap-diverge", "slow-decode", "free-after-read")
 FAULT = os.environ.get("FAKE_VLLM_FAULT") or None
 FAULT_ARG = os.environ.get("FAKE_VLLM_FAULT_ARG") or ""
 VERSION = os.environ.get("FAKE_VLLM_VERSION", "0.32.0")
@@ -444,6 +450,7 @@ class Server:
         self.ready_at = time.monotonic() + STARTUP_DELAY
         self.n_completions, self.fatal_logged, self.n_mismatched = 0, False, 0
         self.resumed = False  # stale-after-cont: a SIGCONT came since the last prefill answer
+        self.read_ids: set[str] = set()  # free-after-read: P's request ids whose blocks D read (then freed)
         self.side_port = int(os.environ.get("VLLM_NIXL_SIDE_CHANNEL_PORT", "5600"))
         self.side_host = os.environ.get("VLLM_NIXL_SIDE_CHANNEL_HOST", "127.0.0.1")
         self.app = web.Application()
@@ -667,7 +674,8 @@ class Server:
             await req.admitted
             if self._count_prompt(req, ktp):  # D pulls the prompt's KV: waiting, stage in_progress
                 await asyncio.sleep(PULL_S)
-                await pull_from_p(ktp)
+                if await pull_from_p(ktp):  # P's blocks were freed and reused: a stale read
+                    diverge = 0
             req.state = "running"
             if FAULT == "slow-decode" and is_d:
                 wait_s, _, min_prompt = (FAULT_ARG or "20").partition(":")
@@ -796,22 +804,50 @@ class Server:
                 "remote_blocks_expiry_time": None, "transfer_mode": "pull"}
 
 
-async def pull_from_p(ktp: dict, limit_s: float = 60.0) -> None:
+async def pull_from_p(ktp: dict, limit_s: float = 60.0) -> bool:
     """The end of D's KV pull: connect to P's NIXL side channel (``remote_host``/``remote_port`` of
-    ``kv_transfer_params``) and wait until P's stand-in closes it. A SIGSTOPped P accepts nothing
-    (the kernel queues the connection), so the pull stays in progress until SIGCONT, as a NIXL read
-    from a stopped P does; a P that is gone (connection refused) or a side channel that is absent ends
-    it at once (the fake's pull then succeeds, as before). ``limit_s`` bounds the wait."""
+    ``kv_transfer_params``), name the ``remote_request_id`` read and wait until P's stand-in closes
+    it. A SIGSTOPped P accepts nothing (the kernel queues the connection), so the pull stays in
+    progress until SIGCONT, as a NIXL read from a stopped P does; a P that is gone (connection
+    refused) or a side channel that is absent ends it at once (the fake's pull then succeeds, as
+    before). ``limit_s`` bounds the wait. True when P answered ``S``: the blocks read had been freed
+    and reused (P's free-after-read fault with ARG ``wrong``), so what D read is another request's KV."""
     host, port = ktp.get("remote_host"), ktp.get("remote_port")
     if not host or not port or not os.environ.get("VLLM_NIXL_SIDE_CHANNEL_PORT"):
-        return
+        return False
     try:
         async with asyncio.timeout(limit_s):
             reader, writer = await asyncio.open_connection(host, int(port))
-            await reader.read(1)
+            writer.write(f"{ktp.get('remote_request_id') or ''}\n".encode())
+            got = await reader.read(1)
             writer.close()
+            return got == b"S"
     except (OSError, TimeoutError):
-        pass
+        return False
+
+
+def side_channel(server: Server):
+    """P's NIXL side-channel stand-in: accept and close. With the free-after-read fault it reads
+    the request id D names (pull_from_p) first: a second read of the same id finds blocks P freed
+    on D's done notice after the first read (nixl base_worker.py), so P logs what vLLM 0.32.0's
+    prefill logs then (nixl/pull_worker.py) and, with ARG ``wrong``, answers ``S`` (the freed blocks
+    were reused: D answers wrong tokens)."""
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            if FAULT == "free-after-read":
+                rid = (await asyncio.wait_for(reader.readline(), 5.0)).decode().strip()
+                if rid and rid in server.read_ids:
+                    log("ERROR", f"Potentially invalid KV blocks for unrecognized request {rid} were retrieved by "
+                                 "a decode worker. They may have expired.", "pull_worker.py:668", "EngineCore")
+                    if FAULT_ARG == "wrong":
+                        writer.write(b"S")
+                        await writer.drain()
+                server.read_ids.add(rid)
+        except (OSError, TimeoutError, UnicodeDecodeError):
+            pass
+        finally:
+            writer.close()
+    return handle
 
 
 def omit_families(text: bytes, families: set[str]) -> bytes:
@@ -859,7 +895,7 @@ async def serve(args: argparse.Namespace) -> int:
     await web.TCPSite(runner, args.host, args.port).start()
     side = None
     if os.environ.get("VLLM_NIXL_SIDE_CHANNEL_PORT"):  # NIXL side channel stand-in: accept, close
-        side = await asyncio.start_server(lambda _r, w: w.close(), "127.0.0.1", server.side_port)
+        side = await asyncio.start_server(side_channel(server), "127.0.0.1", server.side_port)
     loop.call_later(STARTUP_DELAY, lambda: print(
         f"INFO:     Application startup complete.\nINFO:     Uvicorn running on "
         f"http://{args.host}:{args.port} (Press CTRL+C to quit)", file=sys.stderr, flush=True))

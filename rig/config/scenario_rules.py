@@ -105,8 +105,9 @@ def decode_n(sc: ScenarioConfig) -> list[int]:
 
 def check_stale_kv(cfg: Instances, i: int, sc: ScenarioConfig) -> None:
     """A stale-kv known issue of scenario ``i`` can happen: shared-params needs several prompts in
-    one request; decode-children needs ``n`` > 1 on a decode hop; lease-expired needs a hold (a fault
-    or hold_between_s) longer than the NIXL lease. Raises ValueError naming the field."""
+    one request; decode-children needs ``n`` > 1 on a decode hop; retry a pd-retry step;
+    lease-expired needs a hold (a fault or hold_between_s) longer than the NIXL lease. Raises
+    ValueError naming the field."""
     lease = cfg.lease_s_of(sc.prefill or cfg.prefill[0].name)
     symptom = sc.known_issue.symptom if sc.known_issue else None
     if isinstance(symptom, StaleKvSignature) and symptom.cause == "shared-params":
@@ -124,6 +125,11 @@ def check_stale_kv(cfg: Instances, i: int, sc: ScenarioConfig) -> None:
             raise ValueError(
                 f"scenarios[{i}] ({sc.name}).known_issue.symptom.cause decode-children needs n > 1 on the "
                 "decode hop; set request.decode.n: 2 (or a sequence step's), or use cause lease-expired")
+    elif isinstance(symptom, StaleKvSignature) and symptom.cause == "retry":
+        # The retry's read of blocks the first attempt's done notice freed: no hold needed.
+        if not any(st.route == "pd-retry" for st in (sc.sequence.steps if sc.sequence else [])):
+            raise ValueError(f"scenarios[{i}] ({sc.name}).known_issue.symptom.cause retry needs a sequence step "
+                             "with route pd-retry (a decode hop sent again with the same params)")
     elif sc.known_issue and sc.known_issue.symptom.kind == "stale-kv" and sc.fault is not None:
         held = max((f.stop_s or f.delay_s or 0 for f in sc.fault.faults), default=0)
         if held <= lease:

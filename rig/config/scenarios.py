@@ -205,8 +205,9 @@ class ScenarioConfig(StrictModel):
     fault: FaultScenarioConfig | None = Field(
         None, description="kind fault's settings (rig/config/faults.py)")
     sequence: SequenceConfig | None = Field(
-        None, description="kind sequence's steps: requests over pd / decode / prefill / pd-abandon routes "
-                          "in a given order (bug record R02, R06; rig/config/sequence.py)")
+        None, description="kind sequence's steps: requests over pd / decode / prefill / pd-abandon / "
+                          "router / pd-retry / pd-swallow-cancel routes in a given order (bug record R02, R06; "
+                          "rig/config/sequence.py)")
     router: RouterConfig | None = Field(
         None, description="edge: send every request through a router instead of the rig's two hops: {} = pdrig "
                           "proxy started by the rig on a reserved port, {url: http://...} = your router; the client's "

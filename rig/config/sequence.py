@@ -11,7 +11,18 @@ A sequence scenario is a list of *steps*. Each step sends ``count`` distinct pro
 - ``pd-abandon``: the prefill hop only; the decode hop is never sent, so P holds the blocks until
   ``nixl.kv_lease_duration`` expires;
 - ``router``: one request to a router (``sequence.router``: ``pdrig proxy`` started by the rig, or a
-  router URL) that drives both hops itself; the rig sees what a client sees.
+  router URL) that drives both hops itself; the rig sees what a client sees;
+- ``pd-retry``: a router that retries the decode hop. P answers; the decode hop is sent with P's
+  ``kv_transfer_params``, closed ``retry_after_ms`` after it was sent (the router's timeout; one
+  that ended first counts as a dropped connection, its answer lost), then sent AGAIN with the SAME
+  ``kv_transfer_params``. After the first attempt's pull D tells P it is done and P frees the
+  blocks (nixl base_worker.py), so the retry may read released blocks (P logs "Potentially invalid
+  KV blocks for unrecognized request"): the retry must answer equal to the reference or fail cleanly
+  (an HTTP error; D recomputing the prompt itself is fine), never HTTP 200 with wrong tokens;
+- ``pd-swallow-cancel``: a router that swallows the client's cancel: the client closes
+  ``cancel_after_ms`` after sending, the router does not forward the abort, and P's and D's hops
+  run to completion anyway (the rig reads them to the end; the client's part is not counted as
+  answered: the step's ``answered`` event comes only for a request answered before the close).
 
 A ``pd`` step may carry a ``transform`` (rig/config/routes.py): D's request derived from the prompt
 and P's answer as a router would (append P's first token, strip or set fields, several decode hops).
@@ -36,18 +47,31 @@ from rig.config.base import MAX_SENT_TOGETHER, NAME_PATTERN, StrictModel
 from rig.config.request_fields import RequestFields
 from rig.config.routes import RouterConfig, Transform
 
-Route = Literal["pd", "decode", "prefill", "pd-abandon", "router"]
+Route = Literal["pd", "decode", "prefill", "pd-abandon", "router", "pd-retry", "pd-swallow-cancel"]
 StepEvent = Literal["sent", "prefill-answered", "decode-sent", "answered"]
-# The events each route can produce, in the order they happen. A one-hop route (decode,
-# prefill) has no prefill-answered / decode-sent: its only hop is sent, then answered; an
-# abandoned P/D request is never answered by D.
 ROUTE_EVENTS: dict[str, tuple[str, ...]] = {
     "pd": ("sent", "prefill-answered", "decode-sent", "answered"),
     "pd-abandon": ("sent", "prefill-answered"),
+    "pd-retry": ("sent", "prefill-answered", "decode-sent", "answered"),
+    "pd-swallow-cancel": ("sent", "prefill-answered", "decode-sent", "answered"),
     "decode": ("sent", "answered"),
     "prefill": ("sent", "answered"),
     "router": ("sent", "answered"),
 }
+"""The events each route can produce, in the order they happen (a step's ``start.event`` must be
+one of its reference step's). A one-hop route (decode, prefill, router) has no prefill-answered /
+decode-sent: its only hop is sent, then answered; an abandoned P/D request is never answered by D.
+On ``pd-retry`` ``decode-sent`` is the first decode attempt and ``answered`` the retry's answer;
+on ``pd-swallow-cancel`` ``answered`` comes only when the client got the answer before it closed.
+
+Every P/D route sends P's hop first and D's after P answered. "The decode hop before P's answer"
+is not a route: with vLLM's NIXL connector the decode hop carries P's ``kv_transfer_params`` from
+P's answer, ``remote_block_ids`` and ``remote_request_id`` among them (NixlConnector's
+``request_finished`` fills them when P's request ends: vllm/distributed/kv_transfer/kv_connector/v1/
+nixl_connector.py, in vLLM 0.32.0 its nixl/pull_scheduler.py), and D reads exactly those blocks.
+A router cannot send the decode hop before P answered except with the params of another request,
+whose blocks P may have freed already: that reuse of old params is what ``pd-retry`` exercises.
+"""
 
 
 class StartRule(StrictModel):
@@ -64,7 +88,11 @@ class Step(StrictModel):
     id: str = Field(pattern=NAME_PATTERN, description="the step's name (request ids are <scenario>-<id>-<k>)")
     route: Route = Field("pd", description="pd | decode (straight to D) | prefill (straight to P) | "
                                            "pd-abandon (P hop only, the decode hop never sent) | router (one "
-                                           "request to sequence.router, which drives both hops)")
+                                           "request to sequence.router, which drives both hops) | pd-retry (the "
+                                           "decode hop closed after retry_after_ms and sent again with the same "
+                                           "kv_transfer_params: a router's retry) | pd-swallow-cancel (the client "
+                                           "closes at cancel_after_ms, the router does not forward the abort: "
+                                           "both hops run to completion)")
     prompt_tokens: int = Field(ge=1, description="exact prompt length (token IDs)")
     max_tokens: int = Field(ge=1, description="completion tokens asked for")
     count: int = Field(1, ge=1, le=MAX_SENT_TOGETHER,
@@ -85,7 +113,14 @@ class Step(StrictModel):
         None, description="route pd: [lo, hi] ms; request k of the step is closed lo + k (hi - lo) / (count - 1) ms "
                           "after it was sent (a sweep over count requests): the hop in flight then is closed, no "
                           "later hop is sent, the request ends cancelled on purpose; one that finished first counts "
-                          "as answered. P and D must be idle within kv_lease_duration + idle_margin_s")
+                          "as answered. P and D must be idle within kv_lease_duration + idle_margin_s. Route "
+                          "pd-swallow-cancel (required there): when the client closes; the hops run on to the end")
+    retry_after_ms: float | None = Field(
+        None, ge=0, description="route pd-retry (required there): ms after the decode hop was sent that the router "
+                                "closes it (its timeout) and sends it again with the same kv_transfer_params; a first "
+                                "attempt that ended before counts as a dropped connection (its answer lost) and is "
+                                "retried at once. The retry must answer equal to the reference or fail with an HTTP "
+                                "error")
 
     transform: Transform | None = Field(
         None, description="route pd: D's request derived from the prompt and P's answer as a router would "
@@ -107,9 +142,27 @@ class Step(StrictModel):
         lo, hi = self.cancel_after_ms
         if not (0 <= lo <= hi < float("inf")):
             raise ValueError(f"step {self.id!r}: cancel_after_ms [{lo:g}, {hi:g}]: give [lo, hi] ms with 0 <= lo <= hi")
-        if self.route != "pd":
+        if self.route not in ("pd", "pd-swallow-cancel"):
             raise ValueError(f"step {self.id!r}: cancel_after_ms cancels a P/D request; set route: pd (route "
                              f"{self.route} has no hop to cut in between)")
+        return self
+
+    @model_validator(mode="after")
+    def _ordering_fields(self) -> Step:
+        """``pd-retry`` needs ``retry_after_ms`` (and only it takes one); ``pd-swallow-cancel`` needs
+        ``cancel_after_ms``; both send one plain decode hop (no transform, no expected refusal)."""
+        if self.retry_after_ms is not None and self.route != "pd-retry":
+            raise ValueError(f"step {self.id!r}: retry_after_ms retries the decode hop; set route: pd-retry "
+                             f"(route {self.route} sends no decode hop twice)")
+        if self.route == "pd-retry" and self.retry_after_ms is None:
+            raise ValueError(f"step {self.id!r} (route pd-retry): give retry_after_ms (ms after the decode hop was "
+                             "sent that the router closes it and sends it again)")
+        if self.route == "pd-swallow-cancel" and self.cancel_after_ms is None:
+            raise ValueError(f"step {self.id!r} (route pd-swallow-cancel): give cancel_after_ms [lo, hi] (when the "
+                             "client closes; the router runs the hops on)")
+        if self.route in ("pd-retry", "pd-swallow-cancel") and self.expect_status is not None:
+            raise ValueError(f"step {self.id!r} (route {self.route}): expect_status does not apply (the route's "
+                             "judgement is fixed: an answer equal to the reference, or a clean failure)")
         return self
 
     def cancel_at_ms(self, k: int) -> float | None:
@@ -189,6 +242,9 @@ class Step(StrictModel):
         if self.cancel_after_ms is not None:
             lo, hi = self.cancel_after_ms
             cut = f" cancelled at {lo:g}ms" if lo == hi else f" cancelled at {lo:g}-{hi:g}ms"
+            cut += " (swallowed by the router)" if self.route == "pd-swallow-cancel" else ""
+        if self.retry_after_ms is not None:
+            cut += f" decode retried after {self.retry_after_ms:g}ms"
         return f"{self.id}: {self.route}{how} {self.prompt_tokens}+{self.max_tokens} x{self.count}{when}{cut}"
 
 
@@ -317,6 +373,8 @@ class SequenceConfig(StrictModel):
 
     @property
     def cancels(self) -> bool:
-        """True when some step cancels its requests on purpose (``cancel_after_ms``): a request cut
-        after P answered leaves P's blocks to its lease, which then bounds the idle check."""
-        return any(s.cancel_after_ms is not None for s in self.steps)
+        """True when some step cancels its requests on purpose (``cancel_after_ms``) or closes a
+        decode attempt (``pd-retry``): a request cut after P answered leaves P's blocks to its lease,
+        which then bounds the idle check. A swallowed cancel (``pd-swallow-cancel``) cuts nothing: its
+        hops end by themselves and ``timeouts.drain_s`` bounds it."""
+        return any((s.cancel_after_ms is not None and s.route == "pd") or s.route == "pd-retry" for s in self.steps)

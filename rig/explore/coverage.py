@@ -19,6 +19,7 @@ from rig.explore.grammar import Action, Topology
 from rig.explore.sampling import choices_of, is_sampled
 from rig.observe.observations import ScenarioObservation
 from rig.report.explore_model import GoalReport
+from rig.workload.sequence_result import SWALLOWED
 
 
 @dataclass(frozen=True)
@@ -116,6 +117,12 @@ GOALS: tuple[Goal, ...] = (
     Goal("background-over-caps", "a background burst past every scheduler cap beside the action's own steps",
          lambda a, o, t: any(is_background(s) and over_caps(t, s) for s in a.steps)
          and any(not is_background(s) for s in a.steps) and _ok(o), {"background": True}),
+    Goal("retried", "a decode hop closed and sent again with the same kv_transfer_params, the retry judged",
+         lambda a, o, t: any(r.first_decode is not None and r.outcome in ("ok", "http_error") for r in o.records),
+         {}, "pd-retry steps are split off the drawn pd steps (their own stream), not steered by hints"),
+    Goal("cancel-swallowed", "a client cancel the router did not forward: the hops read to their end",
+         lambda a, o, t: any(r.outcome == "ok" and r.diagnosis.startswith(SWALLOWED) for r in o.records),
+         {}, "pd-swallow-cancel steps are split off the drawn pd steps (their own stream), not steered by hints"),
 )
 GOAL_NAMES = tuple(g.name for g in GOALS)
 

@@ -39,8 +39,10 @@ from rig.explore.grammar import (
     NEMESIS_REQUESTS,
     NEMESIS_STOP_S,
     NEMESIS_WEIGHTS,
+    ORDER_ROUTES,
     RESOURCE_ROUTES,
     RESOURCE_SHARE,
+    RETRY_POINTS_MS,
     ROUTE_WEIGHTS,
     START_DELAYS_MS,
     Action,
@@ -191,6 +193,7 @@ class Generator:
         if resources and own.random() < self.resource_share:
             return self._reuse_resource(own, index, resources)
         cut = random.Random(f"{self.seed}/{index}/cancel")
+        order = random.Random(f"{self.seed}/{index}/order")  # hop orderings (ORDER_ROUTES): a stream of their own
         hint: dict[str, Any] = {}
         why = ""
         if unreached and rng.random() < self.bias:
@@ -218,7 +221,7 @@ class Generator:
         steps: list[Step] = []
         for i in range(min(n_steps, MAX_STEPS)):
             answering = i == n_steps - 1 and all(s.route == "pd-abandon" for s in steps)
-            steps.append(self._step(rng, f"s{i}", steps, hint if i == 0 else {}, answering, cut))
+            steps.append(self._step(rng, f"s{i}", steps, hint if i == 0 else {}, answering, cut, order))
         action = self._widened(Action(index=index, steps=steps, why=why), hint)
         action.sequence()
         self._checked(action)
@@ -271,11 +274,15 @@ class Generator:
         return rng.randint(1, t.max_model_len - 1)
 
     def _step(self, rng: random.Random, sid: str, before: list[Step], hint: dict[str, Any],
-              answering: bool = False, cut: random.Random | None = None) -> Step:
-        """One step drawn part by part from ``rng``; its cancel time from ``cut`` (default ``rng``)."""
+              answering: bool = False, cut: random.Random | None = None, order: random.Random | None = None) -> Step:
+        """One step drawn part by part from ``rng``; its cancel time from ``cut`` (default ``rng``),
+        whether a pd step is another router's hop ordering from ``order`` (default ``rng``; :meth:`_ordered`)."""
         cut = cut or rng
-        routes = [r for r in self.routes if not (answering and r == "pd-abandon")] or ["pd"]
-        route = hint.get("route") or rng.choices(routes, [self.routes.get(r, 1.0) for r in routes])[0]
+        # the hop orderings are drawn as pd here, then split off it (_ordered): the draw is the same
+        base = [r for r in self.routes if r not in ORDER_ROUTES] + (
+            ["pd"] if "pd" not in self.routes and set(ORDER_ROUTES) & set(self.routes) else [])
+        routes = [r for r in base if not (answering and r == "pd-abandon")] or ["pd"]
+        route = hint.get("route") or rng.choices(routes, [self.routes.get(r, ROUTE_WEIGHTS[r]) for r in routes])[0]
         if answering and route == "pd-abandon":
             route = "pd"
         n = self._length(rng, hint.get("length"))
@@ -307,7 +314,9 @@ class Generator:
         if before and rng.random() < 0.7:
             ref = rng.choice(before)
             event = rng.choice(ROUTE_EVENTS[ref.route])
-            # a cancelled step may end before any later event: only 'sent' surely happens
+            # a cancelled step may end before any later event: only 'sent' surely happens; a retry
+            # refused cleanly never reaches 'answered' (rig.explore.refusals.problems)
+            event = "decode-sent" if ref.route == "pd-retry" and event == "answered" else event
             start = StartRule(after=ref.id, event="sent" if ref.cancel_after_ms else event,
                               after_ms=rng.choice(START_DELAYS_MS))
         cancel = None
@@ -316,8 +325,33 @@ class Generator:
             lo = cut.choice(CANCEL_POINTS_MS)
             hi = cut.choice([t for t in CANCEL_POINTS_MS if t >= lo]) if count > 1 else lo
             cancel = (lo, hi)
+        route, cancel, retry = self._ordered(order or rng, route, cancel, count, bool(hint.get("route")))
         return Step(id=sid, route=route, prompt_tokens=n, max_tokens=max_tokens, count=count,
-                    request=request or None, start=start, cancel_after_ms=cancel)
+                    request=request or None, start=start, cancel_after_ms=cancel, retry_after_ms=retry)
+
+    def _ordered(self, order: random.Random, route: str, cancel: tuple[float, float] | None, count: int,
+                 asked: bool = False) -> tuple[str, tuple[float, float] | None, float | None]:
+        """``(route, cancel_after_ms, retry_after_ms)`` of a step drawn as ``route``: a pd step
+        becomes one of the drawn :data:`rig.explore.grammar.ORDER_ROUTES` by weight against pd's:
+        pd-retry (its first attempt closed at a RETRY_POINTS_MS point) only without a drawn cut,
+        unless it is the only one drawn; pd-swallow-cancel (a client's cancel: only while
+        ``cancel_share`` > 0) keeps the drawn cut's time or draws one. A route a goal's hint
+        ``asked`` for stays; an ordering route asked for gets its time drawn. Every number from
+        ``order``: the rest of the step is what it was without them."""
+        if route == "pd" and not asked:
+            pool = [r for r in ("pd", *ORDER_ROUTES) if r in self.routes
+                    and (r != "pd-swallow-cancel" or self.cancel_share > 0)]
+            if cancel is not None and len(pool) > 1:
+                pool = [r for r in pool if r != "pd-retry"]  # a drawn cut stays a cut (pd-retry drops it)
+            if pool in ([], ["pd"]):
+                return route, cancel, None
+            route = order.choices(pool, [self.routes[r] for r in pool])[0]
+        if route == "pd-retry":
+            return route, None, order.choice(RETRY_POINTS_MS)
+        if route == "pd-swallow-cancel" and cancel is None:
+            lo = order.choice(CANCEL_POINTS_MS)
+            cancel = (lo, order.choice([t for t in CANCEL_POINTS_MS if t >= lo]) if count > 1 else lo)
+        return route, cancel, None
 
     def _reuse_resource(self, rng: random.Random, index: int, resources: list[Resource]) -> Action:
         """Action ``index`` that sends again a prompt of ``resources`` (one step, route drawn from

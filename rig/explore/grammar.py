@@ -27,7 +27,16 @@ from rig.config.faults import Fault
 from rig.config.sequence import SequenceConfig, Step
 
 # Route -> weight when a step is drawn (rig.config.sequence.ROUTE_EVENTS names the routes).
-ROUTE_WEIGHTS: dict[str, float] = {"pd": 6.0, "decode": 1.5, "prefill": 1.0, "pd-abandon": 0.5}
+ROUTE_WEIGHTS: dict[str, float] = {"pd": 6.0, "decode": 1.5, "prefill": 1.0, "pd-abandon": 0.5, "pd-retry": 0.75,
+                                   "pd-swallow-cancel": 0.5}
+# Hop orderings of other routers (rig.config.sequence): drawn in place of a pd step, from a random
+# stream of their own (rig.explore.generate), so the rest of every action is what it was before they
+# existed; their weight counts against pd's (a pd step becomes pd-retry with 0.75 / (6 + 0.75 + 0.5)).
+# pd-retry's first decode attempt is closed RETRY_POINTS_MS after it was sent (0: before D's pull can
+# end; 500: mostly after D answered, a connection dropped after the answer); pd-swallow-cancel's
+# client closes at CANCEL_POINTS_MS, or at the pd step's own drawn cancel time.
+ORDER_ROUTES = ("pd-retry", "pd-swallow-cancel")
+RETRY_POINTS_MS = (0.0, 20.0, 100.0, 500.0)
 # Where a later step starts: the events of the earlier step it may follow, and the delays drawn (ms).
 START_EVENTS = ("sent", "prefill-answered", "decode-sent", "answered")
 START_DELAYS_MS = (0.0, 5.0, 20.0, 100.0)

@@ -125,6 +125,9 @@ def _explains(sym: dict[str, Any], m: Mechanism) -> list[str] | None:
         return [f"HTTP {ev.get('status')} on the {ev.get('hop')} hop"]
     if kind == "stale-kv" and sym.get("cause") == "decode-children":
         return _decode_children(m, ev)
+    if kind == "stale-kv" and sym.get("cause") == "retry":
+        return ["a decode hop sent again with the same params read the blocks P freed after the first read"] \
+            if m.kind == "stale-read" and ev.get("cause") == "retry" else None
     if kind == "stale-kv" and m.kind == "divergence":
         if sym.get("cause") == "shared-params":
             ok = ev.get("prompts", 1) > 1 and (ev.get("choice") or 0) > 0

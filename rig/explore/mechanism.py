@@ -12,10 +12,13 @@ observation, in this order:
   waiting reasons, KV-fetch stages, running requests, and the block arithmetic of the request
   against the free blocks (rig.judge.signatures.admission_of: ``fits-but-waits``, ``never-fits``,
   ``fits``), with the prompt as D got it (an appended token counts);
+- **stale-read of cause retry**: a decode hop a router sent again with the same params (route
+  pd-retry) answered HTTP 200 with other tokens than the reference while P's "Potentially invalid
+  KV blocks for unrecognized request" line names those params (``stale-read:retry``);
 - **divergence**: the hop whose answer differs from the reference, the first wrong position (0 or
   later), the choice, and where that prompt's KV came from on D (pulled over NIXL, D's prefix
   cache, recomputed, or a one-hop request's own), ``appended`` when a router appended P's token,
-  ``decode-n=<n>`` when D's hop asked for ``n`` > 1 choices;
+  ``decode-n=<n>`` when D's hop asked for ``n`` > 1 choices, ``retry`` on a retried decode hop;
 - **refusal** (a 4xx the reference serves) and **http** (a 5xx): hop, status and the message with
   its numbers blanked;
 - **slow**: the hop that waited past the latency bound (rig.judge.latency) and which part of it,
@@ -23,7 +26,8 @@ observation, in this order:
   evidence (the seconds are never in the key: the same wait is a bit longer or shorter each run);
 - then what the remaining checks name: a **leak** (an instance not back to idle), a
   **fatal-log** line (exception of a survivor), **counters** that went down, **stale-read**
-  (``kv-integrity`` alone); else the check-based signature.
+  (``kv-integrity`` alone; ``stale-read:retry`` when it names a retried decode hop); else the
+  check-based signature.
 
 :class:`Mechanism` carries the key (the identity, what replays and shrinking compare) and the
 evidence a vLLM engineer needs to file it (rig.explore.known matches known issues on it).
@@ -166,12 +170,32 @@ def _divergence(obs: ScenarioObservation) -> Mechanism | None:
         src = kv_source(r, obs)
         children = children_per_prompt(r.decode, r.prompt_count)
         key = (f"divergence:{hop}:pos={pos}:choice={p.choice or 0}:kv={src}" + (":appended" if appended else "")
-               + (f":decode-n={children}" if children > 1 else ""))
+               + (f":decode-n={children}" if children > 1 else "") + (":retry" if r.first_decode else ""))
         return Mechanism("divergence", key, {"request": r.request_id, "hop": hop, "position": p.position,
                                              "choice": p.choice, "kv_source": src, "appended": appended,
                                              "prompts": r.prompt_count, "decode_children": children,
                                              "prefill_children": children_per_prompt(r.prefill, r.prompt_count),
                                              "detail": p.describe()})
+    return None
+
+
+def _retry_stale(obs: ScenarioObservation) -> Mechanism | None:
+    """A retried decode hop (route pd-retry: ``first_decode`` kept) that answered HTTP 200 with
+    other tokens than the reference while P's ``Potentially invalid KV blocks for unrecognized
+    request`` line names its params: D's retry read the blocks P freed after the first attempt's
+    read (nixl base_worker.py frees them on D's done notice), a stale read of cause ``retry``."""
+    if len(obs.parity) != len(obs.records):
+        return None
+    lines = [ln for v in obs.kv_integrity_lines.values() for ln in v if "Potentially invalid KV blocks" in ln]
+    for r, p in zip(obs.records, obs.parity, strict=True):
+        rid = (r.prefill.kv_transfer_params or {}).get("remote_request_id") if r.prefill else None
+        if r.first_decode is None or r.outcome != "ok" or p is None or p.status != "diverged" or not rid:
+            continue
+        line = next((ln for ln in lines if rid in ln), None)
+        if line is not None:
+            return Mechanism("stale-read", "stale-read:retry", {
+                "request": r.request_id, "cause": "retry", "first_attempt": r.first_decode.error or "answered",
+                "position": p.position, "detail": p.describe(), "line": line[line.find("Potentially"):][:200]})
     return None
 
 
@@ -234,8 +258,12 @@ def _from_checks(v: ScenarioVerdict, obs: ScenarioObservation, roles: dict[str, 
         # first child's done notice freed them), a mechanism of its own beside a lease expiry.
         children = max((children_per_prompt(r.decode, r.prompt_count) for r in obs.records
                         if children_per_prompt(r.prefill, r.prompt_count) == 1), default=1)
-        return Mechanism("stale-read", "stale-read:kv-integrity" + (":decode-n" if children > 1 else ""),
-                         {"detail": failed["kv-integrity"].detail, "decode_children": children})
+        retried = any(r.first_decode is not None and r.request_id in failed["kv-integrity"].requests
+                      for r in obs.records)  # the retry of a pd-retry step read what the first freed
+        return Mechanism("stale-read", "stale-read:" + ("retry" if retried else "kv-integrity")
+                         + (":decode-n" if children > 1 else ""),
+                         {"detail": failed["kv-integrity"].detail, "decode_children": children,
+                          "cause": "retry" if retried else ""})
     return Mechanism("checks", f"checks:{signature}", {"checks": sorted(failed)})
 
 
@@ -248,7 +276,7 @@ def mechanism_of(v: ScenarioVerdict, obs: ScenarioObservation, topo: Topology, r
     ``held_past_lease``: the action held the decode hop at least P's lease (in the evidence, for
     the lease issues; not in the key); ``held_s``: the seconds it held the decode hop (the latency
     check leaves such a hop out)."""
-    m = (_death(obs, roles, logs or {}) or _stall(obs, topo, roles) or _divergence(obs)
+    m = (_death(obs, roles, logs or {}) or _stall(obs, topo, roles) or _retry_stale(obs) or _divergence(obs)
          or _http(obs, "refused-reference-serves" in signature) or _slow(v, obs, held_s)
          or _from_checks(v, obs, roles, signature))
     return Mechanism(m.kind, m.key, {**m.evidence, "held_past_lease": held_past_lease})

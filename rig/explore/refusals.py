@@ -44,13 +44,14 @@ MUST_READ: dict[str, Any] = {"return_token_ids": True}  # field -> the only valu
 __all__ = ["DEFAULT_CHAT_OVERHEAD", "MUST_READ", "chat_room", "clean_fields", "problems", "step_problems"]
 CHAT_BYTES_PER_ID = 4  # "999 ": prompt IDs are below 1000 (rig/workload/prompts.py DEFAULT_HI)
 ONE_HOP = ("decode", "prefill", "router")
+P_HOP = ("pd", "pd-abandon", "pd-retry", "pd-swallow-cancel")  # routes whose prefill hop the rig sends
 
 
 def hop_limits(step: Step) -> dict[str, int]:
     """``{hop: max_tokens}`` of the hops ``step`` sends: the prefill hop of a P/D route asks for 1
     token, the decode hop (also the one hop of a one-hop route) and the reference for the step's."""
     out = {"reference": step.max_tokens}
-    if step.route in ("pd", "pd-abandon"):
+    if step.route in P_HOP:
         out["prefill"] = 1
     if step.route != "pd-abandon":
         out["decode"] = step.max_tokens
@@ -106,6 +107,9 @@ def problems(action: Action, topo: Topology) -> list[str]:
         if ref is not None and s.start is not None and ref.cancel_after_ms is not None and s.start.event != "sent":
             out.append(f"step {s.id}: starts after {ref.id} {s.start.event}, which {ref.id}'s cancel at "
                        f"{ref.cancel_after_ms[0]:g} ms may prevent: only 'sent' follows a cancelled step")
+        if ref is not None and s.start is not None and ref.route == "pd-retry" and s.start.event == "answered":
+            out.append(f"step {s.id}: starts after {ref.id} answered, which a retry refused cleanly (an HTTP "
+                       "error, a pass on route pd-retry) never reaches: start it at decode-sent at the latest")
     return out
 
 
@@ -131,7 +135,7 @@ def clean_fields(fields: dict[str, Any], route: str, max_tokens: int) -> dict[st
     sends a prefill hop), :data:`MUST_READ` fields set to their one value, ``n`` > 1 dropped unless
     sampled with a seed, ``temperature`` dropped without a ``seed``. Pure: consumes no random number."""
     out = dict(fields)
-    cap = 1 if route in ("pd", "pd-abandon") else max_tokens
+    cap = 1 if route in P_HOP else max_tokens
     if isinstance(out.get("min_tokens"), int) and out["min_tokens"] > cap:
         out["min_tokens"] = cap
     for k, v in MUST_READ.items():

@@ -99,6 +99,10 @@ def step_variants(step: Step, topo: Topology) -> list[Step]:
 
     if step.count > 1:
         upd(count=1)
+    if step.route in ("pd-retry", "pd-swallow-cancel"):
+        # the plain P/D route: a failure that stays without the retry (or the swallowed cancel)
+        # is not the hop ordering's
+        upd(route="pd", retry_after_ms=None, cancel_after_ms=None)
     if step.cancel_after_ms is not None:
         upd(cancel_after_ms=None)
         lo, hi = step.cancel_after_ms

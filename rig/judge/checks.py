@@ -264,7 +264,7 @@ def fatal_log_check(obs: ScenarioObservation) -> Check:
 
 
 def kv_integrity_check(obs: ScenarioObservation, answered: dict[str, str] | None = None,
-                       abandoned: dict[str, str] | None = None) -> Check:
+                       abandoned: dict[str, str] | None = None, retried: dict[str, str] | None = None) -> Check:
     """``kv-integrity``: no request that D *answered* had its KV read after prefill released it.
 
     vLLM's prefill logs ``Potentially invalid KV blocks for unrecognized request <id> ... They
@@ -273,9 +273,13 @@ def kv_integrity_check(obs: ScenarioObservation, answered: dict[str, str] | None
     ids to our request ids (default: from ``obs.records``: ok -> answered; stalled, timeout,
     cancelled -> abandoned). A line for an answered request is stale KV that reached a client:
     failed on that request. A line for an abandoned request is lease housekeeping, explained in
-    the detail ("<req> abandoned by the rig"); a line naming neither is counted in the detail and
-    does not fail (logs are scanned per scenario; an earlier scenario's abandoned request expires
-    later). Not checked when P's log could not be scanned (``obs.unscanned_logs``).
+    the detail ("<req> abandoned by the rig"); ``retried`` maps the ids of decode hops a router sent
+    again with the same params (route pd-retry) whose retry answered equal to the reference or
+    failed cleanly: P freed the blocks after the first attempt's read, so its line for the retry is
+    explained in the detail, not failed (a retry that answered wrong tokens belongs in
+    ``answered``); a line naming none of them is counted in the detail and does not fail (logs
+    are scanned per scenario; an earlier scenario's abandoned request expires later). Not checked
+    when P's log could not be scanned (``obs.unscanned_logs``).
     """
     if answered is None or abandoned is None:
         answered, abandoned = {}, {}
@@ -290,11 +294,16 @@ def kv_integrity_check(obs: ScenarioObservation, answered: dict[str, str] | None
     lines = [ln for v in obs.kv_integrity_lines.values() for ln in v if "Potentially invalid KV blocks" in ln]
     stale: list[tuple[str, str]] = []
     explained: list[str] = []
+    again: list[str] = []  # retried decode hops whose retry was right or failed cleanly
     unknown = 0  # lines naming no request of this scenario
     for ln in lines:
         hit = next((ours for rid, ours in answered.items() if rid in ln), None)
         if hit is not None:
             stale.append((hit, ln))
+            continue
+        retry = next((ours for rid, ours in (retried or {}).items() if rid in ln), None)
+        if retry is not None:
+            again.append(retry)
             continue
         gone = next((ours for rid, ours in abandoned.items() if rid in ln), None)
         if gone is not None:
@@ -303,6 +312,9 @@ def kv_integrity_check(obs: ScenarioObservation, answered: dict[str, str] | None
             unknown += 1
     note = (f"; {len(explained)} line(s) for requests abandoned by the rig ({', '.join(sorted(set(explained)))}): "
             "lease housekeeping" if explained else "")
+    note += (f"; {len(again)} line(s) for decode hops sent again with the same params ({', '.join(sorted(set(again)))}"
+             "): the retry read blocks P freed after the first attempt, and answered the reference's tokens or "
+             "failed cleanly" if again else "")
     if stale:
         ln = stale[0][1]
         readers = len({ours for ours, _ in stale})

@@ -4,14 +4,21 @@ what could not be looked at is "not checked", never ok.
 
 - ``completed``: every request ended with D's (or, route prefill, P's) answer; an abandoned
   request (route pd-abandon) counts when P answered its prefill hop, a request cancelled on purpose
-  (``cancel_after_ms``) when it was cut or answered first. Failed per request, named
-  with its step, outcome and diagnosis.
+  (``cancel_after_ms``) when it was cut or answered first, a retried one (route pd-retry) when its
+  retry answered or was refused with an HTTP error (a clean failure), a swallowed cancel's (route
+  pd-swallow-cancel) when its hops ran to D's answer. Failed per request, named with its step,
+  outcome and diagnosis.
 - ``token-counts``: per step, every answered request has ``max_tokens`` completion tokens and
   ``prompt_tokens`` prompt tokens in its usage (times ``request.prompts``, completion also times
   ``n``; a chat step's prompt count is the template's, not checked), and as many token IDs.
-- ``kv-pulled``: only the ``pd`` and ``router`` steps' answered requests: their prompts came over NIXL (or D's
-  own prefix cache), as many transfers as requests (rig.judge.verdict's rule; straight-to-D
-  requests compute their prompt on D and are left out).
+- ``kv-pulled``: only the ``pd``, ``router`` and ``pd-swallow-cancel`` steps' answered requests: their
+  prompts came over NIXL (or D's own prefix cache), as many transfers as requests (rig.judge.verdict's
+  rule; straight-to-D requests compute their prompt on D and are left out, and so are pd-retry's,
+  whose retry may recompute the prompt on D).
+- ``kv-integrity``: no answered request read KV P had released (rig.judge.checks); on a pd-retry
+  step P's line for the retry is the route's mechanism (P freed the blocks after the first
+  attempt's read) and fails only when the retry answered HTTP 200 with other tokens than the
+  reference (:func:`integrity_maps`; parity fails on it too).
 - ``no-stall``: D never froze with requests waiting while requests were outstanding; the
   detail is the diagnosis, naming the steps whose requests were outstanding (a run check: a
   known issue excuses it with ``excuses: [no-stall]``).
@@ -38,7 +45,8 @@ A step with ``expect_status`` counts as completed when every one of its requests
 HTTP status; its requests have no answer to count or compare.
 
 A sequence whose every request the rig cut on purpose (``cancel_after_ms`` fired before an
-answer, or a ``pd-abandon`` step: :func:`all_cut_on_purpose`) has no answer to judge:
+answer, or a ``pd-abandon`` step: :func:`all_cut_on_purpose`), or whose retried decode hops were
+refused cleanly (:func:`nothing_to_answer`), has no answer to judge:
 :data:`ANSWER_CHECKS` are "not checked" saying so and not required (:func:`sequence_required`),
 the run-level checks (completed, no-stall, idle-after, alive, no-fatal-log) still judge it, and a
 PASS reads "all N requests cancelled on purpose", as a wave's does (rig.judge.wave_checks).
@@ -67,13 +75,15 @@ from rig.judge.verdict import ScenarioVerdict, _kv_pulled, judge, required_check
 from rig.judge.windows import shortfall_bound
 from rig.observe.observations import ScenarioObservation
 from rig.transport.records import PDRecord
-from rig.workload.sequence import ABANDONED, CANCELLED, SequenceResult
+from rig.workload.sequence import ABANDONED, CANCELLED, SWALLOWED, SequenceResult
 
-PULLING_ROUTES = ("pd", "router")  # D pulls the prompt's KV over NIXL on these routes
+# D pulls the prompt's KV over NIXL on these routes. Not pd-retry: its retry may find P's blocks
+# freed and D may recompute the prompt itself (fine), and D's counters count both attempts' pulls.
+PULLING_ROUTES = ("pd", "router", "pd-swallow-cancel")
 # Routes that send a request to D (a "prefill" step asks P only; a "pd-abandon" step never sends
 # its decode hop): the stall watcher watches D, so a sequence of none of them has no D request
 # that could stall and no-stall is not required of it.
-DECODE_ROUTES = ("pd", "decode", "router")
+DECODE_ROUTES = ("pd", "decode", "router", "pd-retry", "pd-swallow-cancel")
 # The checks that look at answers: with every request cut on purpose they have nothing to look at.
 ANSWER_CHECKS = ("token-counts", "kv-pulled", "parity", "repeat-equal")
 
@@ -88,6 +98,16 @@ def all_cut_on_purpose(obs: ScenarioObservation) -> bool:
                                      for r in obs.records)
 
 
+def nothing_to_answer(obs: ScenarioObservation) -> bool:
+    """True when ``obs`` has requests and none was meant to have an answer: each was cut on
+    purpose (:func:`all_cut_on_purpose`'s rule) or is a retried decode hop (route pd-retry,
+    ``first_decode`` kept) whose retry was refused with an HTTP error, a clean failure."""
+    return bool(obs.records) and all((r.outcome == "cancelled" and (r.diagnosis.startswith(CANCELLED)
+                                                                    or r.diagnosis == ABANDONED))
+                                     or (r.first_decode is not None and r.outcome == "http_error")
+                                     for r in obs.records)
+
+
 def _step_of(result: SequenceResult) -> dict[str, tuple[str, str]]:
     return {e.request_id: (e.step, e.route) for e in result.entries}
 
@@ -95,6 +115,8 @@ def _step_of(result: SequenceResult) -> dict[str, tuple[str, str]]:
 def _ended_well(rec: PDRecord, route: str, expect_status: int | None = None) -> bool:
     if route == "pd-abandon":
         return rec.outcome == "cancelled" and rec.diagnosis == ABANDONED
+    if route == "pd-retry":  # the retry answered, or failed cleanly: an HTTP error, never a hang
+        return rec.outcome in ("ok", "http_error")
     if expect_status is not None:
         return rec.outcome == "http_error" and rec.decode is not None and rec.decode.status == expect_status
     return rec.outcome == "ok" or (rec.outcome == "cancelled" and rec.diagnosis.startswith(CANCELLED))
@@ -111,9 +133,14 @@ def completed_check(obs: ScenarioObservation, result: SequenceResult, spec: Sequ
     if not bad:
         n_ab = sum(1 for r in obs.records if steps[r.request_id][1] == "pd-abandon")
         n_cut = sum(1 for r in obs.records if r.outcome == "cancelled" and r.diagnosis.startswith(CANCELLED))
-        return Check("completed", True, f"{len(obs.records) - n_ab - n_cut} answered"
+        n_fail = sum(1 for r in obs.records if steps[r.request_id][1] == "pd-retry" and r.outcome == "http_error")
+        n_swallow = sum(1 for r in obs.records if r.diagnosis.startswith(SWALLOWED))
+        return Check("completed", True, f"{len(obs.records) - n_ab - n_cut - n_fail - n_swallow} answered"
                      + (f", {n_ab} abandoned after P answered" if n_ab else "")
-                     + (f", {n_cut} cancelled on purpose (cancel_after_ms)" if n_cut else ""))
+                     + (f", {n_cut} cancelled on purpose (cancel_after_ms)" if n_cut else "")
+                     + (f", {n_fail} retried decode hop(s) refused cleanly (pd-retry)" if n_fail else "")
+                     + (f", {n_swallow} run to completion after the client closed (the router swallowed the "
+                        "cancel)" if n_swallow else ""))
     text = "; ".join(f"{r.request_id} (step {steps[r.request_id][0]}"
                      + (f", expected HTTP {expected[steps[r.request_id][0]]}" if expected.get(steps[r.request_id][0])
                         else "") + f"): {r.outcome}"
@@ -281,6 +308,29 @@ def lease_reaped_check(result: SequenceResult, lease_s: float, margin_s: float,
     return Check("lease-reaped", after <= bound, text, samples=reap.samples)  # reaped_ms: seen in a sample
 
 
+def integrity_maps(obs: ScenarioObservation, result: SequenceResult) -> tuple[dict[str, str], ...]:
+    """``(answered, abandoned, retried)`` for rig.judge.checks.kv_integrity_check: P's request ids
+    (``remote_request_id``) -> ours. A pd-retry request whose retry answered equal to the reference,
+    or failed cleanly, is ``retried`` (P freed its blocks after the first attempt's read: the line is
+    the route's mechanism, not stale KV that reached a client); one that answered other tokens, or
+    was not compared, is ``answered``."""
+    routes = {e.request_id: e.route for e in result.entries}
+    answered: dict[str, str] = {}
+    abandoned: dict[str, str] = {}
+    retried: dict[str, str] = {}
+    for i, r in enumerate(obs.records):
+        rid = (r.prefill.kv_transfer_params or {}).get("remote_request_id") if r.prefill else None
+        if not rid:
+            continue
+        p = obs.parity[i] if i < len(obs.parity) else None
+        if routes.get(r.request_id) == "pd-retry" and (r.outcome == "http_error" or (
+                r.outcome == "ok" and p is not None and p.status == "equal")):
+            retried[rid] = r.request_id
+        else:
+            (answered if r.outcome == "ok" else abandoned)[rid] = r.request_id
+    return answered, abandoned, retried
+
+
 def sequence_checks(sc: ScenarioConfig, obs: ScenarioObservation, result: SequenceResult | None) -> list[Check]:
     """The checks of a sequence scenario (module docstring), for rig.judge.verdict.judge."""
     if result is None or sc.sequence is None:
@@ -289,8 +339,9 @@ def sequence_checks(sc: ScenarioConfig, obs: ScenarioObservation, result: Sequen
     out = [completed_check(obs, result, spec)]
     pulling = any(s.route in PULLING_ROUTES for s in spec.steps)
     repeats = sc.parity and any(s.repeat_of for s in spec.steps)
-    if all_cut_on_purpose(obs):
-        why = f"not checked: all {len(obs.records)} requests were cancelled on purpose: no answer to "
+    if nothing_to_answer(obs):
+        how = "cancelled on purpose" if all_cut_on_purpose(obs) else "cancelled on purpose or refused on their retry"
+        why = f"not checked: all {len(obs.records)} requests were {how}: no answer to "
         out.append(Check("token-counts", None, why + "count"))
         out += [Check("kv-pulled", None, why + "show a transfer for")] if pulling else []
         out += [Check("parity", None, why + "compare")] if sc.parity else []
@@ -314,7 +365,8 @@ def sequence_checks(sc: ScenarioConfig, obs: ScenarioObservation, result: Sequen
                                                     if spec.abandons or spec.cancels else "")
     out.append(idle_check(obs, drains=result.drains, describe=lambda d: f"{d.describe()} ({bound})")
                if result.drains else Check("idle-after", None, "not checked: no drain was observed"))
-    out += [alive_check(obs), fatal_log_check(obs), kv_integrity_check(obs), latency_check(obs)]
+    out += [alive_check(obs), fatal_log_check(obs), kv_integrity_check(obs, *integrity_maps(obs, result)),
+            latency_check(obs)]
     streamed = stream_check(obs.records)
     return out + ([streamed] if streamed else [])
 
@@ -324,8 +376,8 @@ def sequence_required(sc: ScenarioConfig, obs: ScenarioObservation | None = None
     ``kv-pulled`` when a step goes P->D and ``lease-reaped`` when a step abandons its decode hop;
     without ``no-stall`` when no step sends a request to D (:data:`DECODE_ROUTES`: the watcher
     watches D, and a P-only sequence left it nothing to see); without :data:`ANSWER_CHECKS` when
-    ``obs`` shows every request cut on purpose
-    (:func:`all_cut_on_purpose`: no answer was meant)."""
+    ``obs`` shows every request cut on purpose or refused on its retry
+    (:func:`nothing_to_answer`: no answer was meant)."""
     base = required_checks(sc)
     spec = sc.sequence
     extra: tuple[str, ...] = ("kv-pulled",) if spec is not None and any(s.route in PULLING_ROUTES
@@ -337,7 +389,7 @@ def sequence_required(sc: ScenarioConfig, obs: ScenarioObservation | None = None
     names = tuple(dict.fromkeys(base + extra))
     if spec is not None and not any(s.route in DECODE_ROUTES for s in spec.steps):
         names = tuple(n for n in names if n != "no-stall")
-    if obs is not None and all_cut_on_purpose(obs):
+    if obs is not None and nothing_to_answer(obs):
         names = tuple(n for n in names if n not in ANSWER_CHECKS)
     return names
 

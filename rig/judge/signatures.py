@@ -62,6 +62,7 @@ class RequestFacts:
     prefill_children: int = 1  # choices P's hop returned per prompt (n on the prefill hop)
     diverged_choice: int | None = None  # the first diverged choice, when parity diverged per choice
     decode_prompt_len: int | None = None  # tokens of the prompt D got when a router changed it (None: prompt_len)
+    retried: bool = False  # a router sent the decode hop again with the same params (route pd-retry)
 
 
 def facts_of_records(obs: ScenarioObservation) -> list[RequestFacts]:
@@ -90,7 +91,7 @@ def facts_of_records(obs: ScenarioObservation) -> list[RequestFacts]:
             prefill_children=children_per_prompt(r.prefill, prompts),
             diverged_choice=p.choice if p is not None and p.status == "diverged" else None,
             decode_prompt_len=len(r.decode_prompt) if r.decode_prompt and isinstance(r.decode_prompt[0], int)
-            else None))
+            else None, retried=r.first_decode is not None))
     return out
 
 
@@ -276,7 +277,7 @@ def _stale(sig: StaleKvSignature, obs: ScenarioObservation, reqs: list[RequestFa
         return _decode_children(sig, obs, reqs)
     lines = _invalid_block_lines(obs)
     hits, seen, shown = [], [], []
-    for r in reqs:
+    for r in [r for r in reqs if r.retried] if sig.cause == "retry" else reqs:  # retry: the retried hops only
         rid = r.remote_request_id
         named = rid is not None and rid != "" and any(rid in ln for ln in lines)
         diverged = r.parity == "diverged"
@@ -287,7 +288,8 @@ def _stale(sig: StaleKvSignature, obs: ScenarioObservation, reqs: list[RequestFa
         elif named or diverged or r.outcome != "ok":
             seen.append(f"{r.request_id}: {r.outcome}, P's invalid-blocks line "
                         f"{'names it' if named else 'does not name it'}, parity {r.parity or 'not compared'}")
-    expected = ("an answered request named by P's 'Potentially invalid KV blocks' line"
+    expected = (("a retried decode hop" if sig.cause == "retry" else "an answered request")
+                + " named by P's 'Potentially invalid KV blocks' line"
                 + (" whose parity diverged" if sig.parity else ""))
     return Match(frozenset(hits), frozenset({"kv-integrity", "parity", "token-counts"}), frozenset(sig.excuses),
                  seen="; ".join(seen) or "no invalid-blocks line, no divergence", expected=expected,

@@ -139,6 +139,9 @@ class RecordReport(ReportModel):
     """The non-disaggregated reference answer parity compared with."""
     decode_prompt: list[Any] | None = None
     """The prompt D got when a router transform changed it (None: the request's prompt)."""
+    first_decode: HopReport | None = None
+    """Route pd-retry: the decode hop's first attempt, closed or lost by the router before it sent
+    the same request again (``decode`` is the retry); None = sent once."""
 
     @property
     def completion_tokens(self) -> int | None:
@@ -361,6 +364,8 @@ class SequenceEntryReport(ReportModel):
     ended_ms: float | None = None
     outcome: str = "pending"
     diagnosis: str = ""
+    first_attempt: str = ""
+    """Route pd-retry: how the decode hop's first attempt ended before the retry ('' otherwise)."""
 
     @property
     def sent_ms(self) -> float | None:

@@ -260,6 +260,10 @@ class PDRecord(RequestRecord):
     # The prompt D got when a router transform changed it (P's first token appended,
     # rig.transport.hops.derive_decode); None = ``prompt``. Parity is computed for this prompt.
     decode_prompt: list[Any] | None = field(repr=False, default=None)
+    # Route pd-retry: the decode hop's first attempt, which the router closed (or whose answer it
+    # lost) before it sent the same request, the same kv_transfer_params, again; ``decode`` is the
+    # retry. None = the decode hop was sent once.
+    first_decode: Hop | None = None
 
     @property
     def intentional(self) -> bool:

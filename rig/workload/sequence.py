@@ -12,9 +12,11 @@ Routes: ``pd`` (P hop with ``do_remote_decode``, then D hop with P's ``kv_transf
 ``decode`` (one request straight to D, never any ``kv_transfer_params``), ``prefill`` (one plain
 request to P), ``pd-abandon`` (P hop only; outcome ``cancelled``, "abandoned by the scenario"),
 ``router`` (one request to the router, ``pdrig proxy`` the rig started or the user's URL, which
-drives both hops). A one-hop request keeps its hop in ``PDRecord.decode`` (the hop that answered;
-its ``instance`` says where it went: ``router`` for the router route) so the checks every kind
-shares read it unchanged.
+drives both hops), ``pd-retry`` and ``pd-swallow-cancel`` (a router that retries the decode hop
+with the same params, one that swallows the client's cancel: rig.workload.sequence_steps). A
+one-hop request keeps its hop in ``PDRecord.decode`` (the hop that answered; its ``instance``
+says where it went: ``router`` for the router route) so the checks every kind shares read it
+unchanged.
 
 A ``pd`` step's ``transform`` derives D's request(s) from the prompt and P's answer
 (rig.transport.hops.derive_decode); with ``decode_hops`` > 1 one P answer feeds several decode
@@ -56,12 +58,13 @@ from rig.observe.parity import record_parity
 from rig.observe.stall import StallWatcher, watch
 from rig.transport.client import cancel_task
 from rig.transport.endpoint import Endpoint
-from rig.transport.hops import derive_decode
-from rig.transport.records import PDRecord, classify, prefill_failure
+from rig.transport.hops import DecodeRequest, derive_decode
+from rig.transport.records import Hop, PDRecord, classify, prefill_failure
 from rig.workload.prompts import make_prompt, resolve, seed_of
 from rig.workload.sequence_result import (
     ABANDONED,
     CANCELLED,
+    SWALLOWED,
     GaugeGap,
     LeaseReap,
     RefusalProbe,
@@ -70,39 +73,12 @@ from rig.workload.sequence_result import (
     at_d,
     step_of,
 )
+from rig.workload.sequence_steps import StepState, probe_refusals, retried_decode, swallowed
 
 # The result types (defined in rig.workload.sequence_result) are importable from the executor's
 # module too: the judge, the report and the tests name them by the kind.
-__all__ = ["ABANDONED", "CANCELLED", "GaugeGap", "LeaseReap", "RefusalProbe", "SequenceEntry", "SequenceResult",
-           "run_sequence_scenario", "step_of"]
-
-
-class _StepState:
-    """How far the requests of one step got: per event, how many reached it; how many ended."""
-
-    def __init__(self, step: Step):
-        self.step = step
-        self.n = step.count * step.decode_hops  # records of the step
-        self.reached: dict[str, int] = {}
-        self.ended = 0
-        self.changed = asyncio.Condition()
-
-    async def mark(self, event: str) -> None:
-        self.reached[event] = self.reached.get(event, 0) + 1
-        async with self.changed:
-            self.changed.notify_all()
-
-    async def end(self) -> None:
-        self.ended += 1
-        async with self.changed:
-            self.changed.notify_all()
-
-    async def wait(self, event: str) -> bool:
-        """True once every request reached ``event``; False once that can no longer happen."""
-        n = self.n
-        async with self.changed:
-            await self.changed.wait_for(lambda: self.reached.get(event, 0) >= n or self.ended >= n)
-        return self.reached.get(event, 0) >= n
+__all__ = ["ABANDONED", "CANCELLED", "SWALLOWED", "GaugeGap", "LeaseReap", "RefusalProbe", "SequenceEntry",
+           "SequenceResult", "run_sequence_scenario", "step_of"]
 
 
 class _Sequence:
@@ -113,7 +89,7 @@ class _Sequence:
         self.sc, self.ctx, self.obs, self.spec = sc, ctx, obs, sc.sequence
         self.result = SequenceResult()
         self.t0 = time.monotonic()
-        self.states = {s.id: _StepState(s) for s in self.spec.steps}
+        self.states = {s.id: StepState(s) for s in self.spec.steps}
         self.entries: dict[str, SequenceEntry] = {}
         self.tasks: dict[str, asyncio.Task] = {}  # by the group's first request id
         self.groups: dict[str, list[PDRecord]] = {}  # first request id -> the records of one P answer
@@ -172,6 +148,8 @@ class _Sequence:
                 at_ms = s.cancel_at_ms(int(recs[0].request_id.rsplit("-", 1)[1]) // s.decode_hops)
                 if at_ms is None:
                     await self._route(s, recs)
+                elif s.route == "pd-swallow-cancel":
+                    await swallowed(self._route(s, recs), at_ms, lambda: self._client_closed(recs, at_ms))
                 else:
                     await self._cut(s, recs, at_ms)
         except TimeoutError:
@@ -208,6 +186,17 @@ class _Sequence:
             hop = "decode" if "decode-sent" in e.events_ms else "prefill"
             rec.outcome, rec.diagnosis = "cancelled", f"{CANCELLED}: {hop} hop closed {at_ms:g} ms after it was sent"
 
+    def _client_closed(self, recs: list[PDRecord], at_ms: float) -> None:
+        """Route pd-swallow-cancel: the client closed ``at_ms`` after sending; the hops run on."""
+        for rec in recs:
+            self.entries[rec.request_id].events_ms["client-closed"] = self.ms()
+            rec.diagnosis = f"{SWALLOWED} (client closed at {at_ms:g} ms)"
+
+    async def _answered(self, s: Step, rec: PDRecord) -> None:
+        """``answered`` when the client got the answer: not after a swallowed cancel's close."""
+        if rec.outcome == "ok" and "client-closed" not in self.entries[rec.request_id].events_ms:
+            await self._reach(s, rec, "answered")
+
     def _repeat_prompt(self, s: Step, rec: PDRecord) -> bool:
         """Fill ``rec.prompt`` from the prompt D got in step ``s.repeat_of`` (its request of the same
         index modulo its count); False (request ended ``cancelled``) when that request never got
@@ -234,8 +223,7 @@ class _Sequence:
             rec.decode = await client.direct(ep, rec.prompt, rec.max_tokens, fields=s.fields_for("decode"),
                                              endpoint=s.endpoint)
             self._finish(rec)
-            if rec.outcome == "ok":
-                await self._reach(s, rec, "answered")
+            await self._answered(s, rec)
             return
         rec.prefill = await client.prefill(p, rec.prompt, fields=s.fields_for("prefill"), endpoint=s.endpoint)
         for sib in recs[1:]:
@@ -264,18 +252,31 @@ class _Sequence:
                 r.decode_prompt = list(want.prompt)
             self.decode_fields[r.request_id] = (want.fields, want.reference_fields, want.strip)
             r.decode_sent_at = time.monotonic()
-            tasks.append(asyncio.create_task(client.decode(d, want.prompt, want.max_tokens, ktp, fields=want.fields,
-                                                           endpoint=s.endpoint, strip=want.strip)))
+            tasks.append(asyncio.create_task(
+                self._retried(s, r, want, ktp) if s.route == "pd-retry" else
+                client.decode(d, want.prompt, want.max_tokens, ktp, fields=want.fields, endpoint=s.endpoint,
+                              strip=want.strip)))
         await self._reach_all(s, recs, "decode-sent")
         try:
             for r, task in zip(recs, tasks, strict=True):
                 r.decode = await task
                 self._finish(r)
-                if r.outcome == "ok":
-                    await self._reach(s, r, "answered")
+                await self._answered(s, r)
         finally:
             for task in tasks:
                 await cancel_task(task)
+
+    async def _retried(self, s: Step, rec: PDRecord, want: DecodeRequest, ktp: dict) -> Hop:
+        """Route pd-retry's decode hop (rig.workload.sequence_steps.retried_decode): the retry's hop,
+        the first attempt kept in ``rec.first_decode``."""
+        async def again() -> None:
+            self.entries[rec.request_id].events_ms["retry-sent"] = self.ms()
+            rec.decode_sent_at = time.monotonic()  # the latency of the hop judged: the retry's
+
+        assert s.retry_after_ms is not None  # the config validator guarantees it for route pd-retry
+        got = await retried_decode(self.ctx.client, self.ctx.decode, want, ktp, s.endpoint, s.retry_after_ms, again)
+        rec.first_decode, self.entries[rec.request_id].first_attempt = got.first, got.how
+        return got.retry
 
     @staticmethod
     def _finish(rec: PDRecord) -> None:
@@ -431,7 +432,7 @@ class _Sequence:
             for t in steps + watchers:
                 await cancel_task(t)
         await self._drain(before)
-        await self._probe_refusals()
+        self.result.refusals += await probe_refusals(ctx, self.spec, self.entries.values(), self._by_id)
         await self._parity()
         return self.result
 
@@ -472,21 +473,6 @@ class _Sequence:
             prompt = rec.decode_prompt if rec.decode_prompt is not None else rec.prompt
             return await ctx.client.direct(ctx.prefill, prompt, rec.max_tokens, fields=fields, endpoint=s.endpoint)
         self.obs.parity = await record_parity(self.obs.records, reference, self.sc.parity_tolerance)
-
-    async def _probe_refusals(self) -> None:
-        """Every router request that ended without an answer, sent once more straight to D with
-        the same body: what D itself answers (:class:`RefusalProbe`), for the ``refusal-relayed``
-        check (bug record R27: a router must pass D's refusal on, never report 200)."""
-        ctx, by_step = self.ctx, {s.id: s for s in self.spec.steps}
-        for e in self.entries.values():
-            rec = self._by_id[e.request_id]
-            if e.route != "router" or rec.outcome in ("ok", "cancelled", "stalled") or rec.decode is None:
-                continue
-            s = by_step[e.step]
-            hop = await ctx.client.direct(ctx.decode, rec.prompt, rec.max_tokens, fields=s.fields_for("decode"),
-                                          endpoint=s.endpoint)
-            self.result.refusals.append(RefusalProbe(rec.request_id, rec.decode.status, rec.decode.error or "",
-                                                     hop.status, hop.error or ""))
 
 
 async def run_sequence_scenario(sc: ScenarioConfig, ctx: Any, obs: ScenarioObservation) -> SequenceResult:

@@ -16,15 +16,23 @@ from rig.config.sequence import SequenceConfig, Step
 from rig.observe import metrics as m
 from rig.observe.observations import DrainResult
 
+# The routes that send the rig's own decode hop with P's kv_transfer_params (rig.config.sequence).
+D_HOP_ROUTES = ("pd", "pd-retry", "pd-swallow-cancel")
+
 ABANDONED = "abandoned by the scenario: the decode hop is never sent (P holds the blocks until its lease)"
 CANCELLED = "cancelled by the scenario (cancel_after_ms)"
+SWALLOWED = ("the client closed (cancel_after_ms) and the router did not forward the abort: the hops ran to "
+             "completion")
 
 
 @dataclass
 class SequenceEntry:
     """One request of a sequence: its step and route, and the milliseconds from the scenario's
     start at which it reached each event (``sent``, ``prefill-answered``, ``decode-sent``,
-    ``answered``) and ``ended``; None = never."""
+    ``answered``; ``cut`` when the rig closed it, ``retry-sent`` when route pd-retry sent its
+    decode hop again, ``client-closed`` when route pd-swallow-cancel's client closed while the
+    hops ran on) and ``ended``; None = never. ``first_attempt``: route pd-retry, how the first
+    decode attempt ended."""
 
     request_id: str
     step: str
@@ -33,6 +41,7 @@ class SequenceEntry:
     ended_ms: float | None = None
     outcome: str = "pending"
     diagnosis: str = ""
+    first_attempt: str = ""
 
     @property
     def sent_ms(self) -> float | None:
@@ -145,7 +154,7 @@ def at_d(entries: Iterable[SequenceEntry]) -> set[str]:
     """Ids of the requests outstanding at D: a decode hop sent (``pd``) or a straight-to-D request sent,
     not ended. A router step's requests are not counted: when its router sends the decode hop is not seen."""
     return {e.request_id for e in entries if e.ended_ms is None and (
-        (e.route == "pd" and "decode-sent" in e.events_ms) or (e.route == "decode" and "sent" in e.events_ms))}
+        (e.route in D_HOP_ROUTES and "decode-sent" in e.events_ms) or (e.route == "decode" and "sent" in e.events_ms))}
 
 
 def step_of(spec: SequenceConfig, request_id: str, scenario: str) -> Step | None:

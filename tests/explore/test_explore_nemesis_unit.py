@@ -15,7 +15,7 @@ from rig.config.faults import Fault
 from rig.config.sequence import Step
 from rig.explore.emit import scenario_of, suite_yaml
 from rig.explore.generate import Generator
-from rig.explore.grammar import NEMESIS_WEIGHTS, Action, Nemesis, Topology
+from rig.explore.grammar import NEMESIS_WEIGHTS, RETRY_POINTS_MS, Action, Nemesis, Topology
 from rig.explore.history import History, read_history
 from rig.explore.shrink import action_variants, shrink, step_variants
 from tests.helpers.fake_rig import fake_config
@@ -34,7 +34,8 @@ def test_cancels_are_drawn_from_the_seed_and_emitted_as_cancel_after_ms(tmp_path
     assert [a.model_dump() for a in drawn] == [a.model_dump() for a in again]
     cut = [a for a in drawn if any(s.cancel_after_ms for s in a.steps)]
     assert len(cut) >= 10
-    assert all(s.route == "pd" for a in cut for s in a.steps if s.cancel_after_ms)
+    # a cut is a P/D request's: the plain route's, or a client's cancel a router swallows
+    assert all(s.route in ("pd", "pd-swallow-cancel") for a in cut for s in a.steps if s.cancel_after_ms)
     a = cut[0]
     cfg = _validate(tmp_path, scenario_of(a, TOPO, "x00001"))
     sc = cfg.scenarios[0]
@@ -213,11 +214,43 @@ def test_cancels_and_resources_draw_from_streams_of_their_own():
         return [{k: ({**v, "event": "?"} if k == "start" and v else v) for k, v in s.model_dump().items()
                  if k != "cancel_after_ms"} for s in a.steps]
 
-    none, all_cut = Generator(1, TOPO, cancel_share=0), Generator(1, TOPO, cancel_share=1)
+    # without the hop orderings: a drawn cut decides which of them a pd step may become (their own
+    # stream: test_hop_orderings_draw_from_a_stream_of_their_own)
+    plain = ["pd", "decode", "prefill", "pd-abandon"]
+    none, all_cut = Generator(1, TOPO, cancel_share=0, routes=plain), Generator(1, TOPO, cancel_share=1, routes=plain)
     pairs = [(none.action(i), all_cut.action(i)) for i in range(60)]
     assert all(shape(a) == shape(b) for a, b in pairs)
     assert any(s.cancel_after_ms for _, b in pairs for s in b.steps)
     assert not any(s.cancel_after_ms for a, _ in pairs for s in a.steps)
+
+
+def test_hop_orderings_draw_from_a_stream_of_their_own():
+    # a pd step may become pd-retry / pd-swallow-cancel; everything else of every action, and every
+    # other step, is what it is without them (the seeds' documented actions keep their shapes), but
+    # for the event a later step starts on: a swallowed cancel's, and a retry's answer, may never come
+    def shape(a: Action) -> list[dict]:
+        return [{k: ({**v, "event": "?"} if k == "start" and v else v) for k, v in s.model_dump().items()
+                 if k not in ("route", "retry_after_ms", "cancel_after_ms")}
+                | {"pd-family": s.route in ("pd", "pd-retry", "pd-swallow-cancel")} for s in a.steps]
+
+    plain = Generator(3, TOPO, routes=["pd", "decode", "prefill", "pd-abandon"])
+    every = Generator(3, TOPO)
+    pairs = [(plain.action(i), every.action(i)) for i in range(80)]
+    assert all(shape(a) == shape(b) for a, b in pairs)
+    steps = [s for _, b in pairs for s in b.steps]
+    retry = [s for s in steps if s.route == "pd-retry"]
+    swallow = [s for s in steps if s.route == "pd-swallow-cancel"]
+    assert retry and swallow and any(s.route == "pd" for s in steps)
+    assert all(s.retry_after_ms in RETRY_POINTS_MS and s.cancel_after_ms is None for s in retry)
+    assert all(s.cancel_after_ms is not None for s in swallow)
+    # the steps left plain are the same steps, with the same cuts
+    for a, b in pairs:
+        for x, y in zip(a.steps, b.steps, strict=True):
+            if y.route == x.route:
+                assert x.model_copy(update={"start": None}) == y.model_copy(update={"start": None})
+    # a client's cancel is a cut: --cancel-share 0 draws no swallowed cancel either
+    assert not any(s.route == "pd-swallow-cancel" for i in range(80)
+                   for s in Generator(3, TOPO, cancel_share=0).action(i).steps)
 
 
 @pytest.mark.parametrize("flags, says", [
