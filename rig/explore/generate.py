@@ -279,8 +279,9 @@ class Generator:
         whether a pd step is another router's hop ordering from ``order`` (default ``rng``; :meth:`_ordered`)."""
         cut = cut or rng
         # the hop orderings are drawn as pd here, then split off it (_ordered): the draw is the same
+        # (pd stands for them only when one of them can be drawn: a swallowed cancel needs cuts on)
         base = [r for r in self.routes if r not in ORDER_ROUTES] + (
-            ["pd"] if "pd" not in self.routes and set(ORDER_ROUTES) & set(self.routes) else [])
+            ["pd"] if "pd" not in self.routes and self._orderings() else [])
         routes = [r for r in base if not (answering and r == "pd-abandon")] or ["pd"]
         route = hint.get("route") or rng.choices(routes, [self.routes.get(r, ROUTE_WEIGHTS[r]) for r in routes])[0]
         if answering and route == "pd-abandon":
@@ -329,6 +330,11 @@ class Generator:
         return Step(id=sid, route=route, prompt_tokens=n, max_tokens=max_tokens, count=count,
                     request=request or None, start=start, cancel_after_ms=cancel, retry_after_ms=retry)
 
+    def _orderings(self) -> list[str]:
+        """The :data:`rig.explore.grammar.ORDER_ROUTES` this generator can draw: those of its routes,
+        pd-swallow-cancel only while ``cancel_share`` > 0 (it is a client's cancel)."""
+        return [r for r in ORDER_ROUTES if r in self.routes and (r != "pd-swallow-cancel" or self.cancel_share > 0)]
+
     def _ordered(self, order: random.Random, route: str, cancel: tuple[float, float] | None, count: int,
                  asked: bool = False) -> tuple[str, tuple[float, float] | None, float | None]:
         """``(route, cancel_after_ms, retry_after_ms)`` of a step drawn as ``route``: a pd step
@@ -339,8 +345,7 @@ class Generator:
         ``asked`` for stays; an ordering route asked for gets its time drawn. Every number from
         ``order``: the rest of the step is what it was without them."""
         if route == "pd" and not asked:
-            pool = [r for r in ("pd", *ORDER_ROUTES) if r in self.routes
-                    and (r != "pd-swallow-cancel" or self.cancel_share > 0)]
+            pool = [r for r in ("pd", *ORDER_ROUTES) if r == "pd" and r in self.routes or r in self._orderings()]
             if cancel is not None and len(pool) > 1:
                 pool = [r for r in pool if r != "pd-retry"]  # a drawn cut stays a cut (pd-retry drops it)
             if pool in ([], ["pd"]):

@@ -136,7 +136,9 @@ def draw_subset(seed: int, segment: int, available: tuple[str, ...], full: bool 
     coins = {f: rng.random() < KEEP for f in CATALOGUE}
     on = {f for f in available if full or coins[f]}
     routes = [f"route:{r}" for r in ANSWERED if f"route:{r}" in available]
-    if routes and not on & set(routes):
+    # a swallowed cancel is drawn only with cuts on (rig.explore.generate.Generator._orderings)
+    drawable = {r for r in routes if r != "route:pd-swallow-cancel" or "cancel" in on}
+    if routes and not on & drawable:
         on.add("route:pd" if "route:pd" in routes else routes[0])
     return Subset(segment, tuple(f for f in CATALOGUE if f in on), available, full, topology, every)
 

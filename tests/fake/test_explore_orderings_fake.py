@@ -19,9 +19,9 @@ def test_the_explorer_finds_a_retry_that_reads_reused_blocks(base):
                                     "shrink_runs": 3},
                              prefill_env={"FAKE_VLLM_FAULT": "free-after-read", "FAKE_VLLM_FAULT_ARG": "wrong"})
     f = the_finding(report)
-    assert f["mechanism"]["key"] == "stale-read:retry", (f["mechanism"], f["reason"][:300])
-    assert f["mechanism"]["evidence"]["cause"] == "retry"
-    assert f["known_issue"] == "new" and f["emitted_verdict"] == "FAIL" and f["stability"] == "stable"
-    assert f["minimal_requests"] == 1
-    steps = yaml.safe_load(Path(f["yaml"]).read_text())[0]["sequence"]["steps"]
+    assert f.mechanism.key == "stale-read:retry", (f.mechanism, f.reason[:300])
+    assert f.mechanism.evidence["cause"] == "retry"
+    assert f.known_issue == "new" and f.emitted_verdict == "FAIL" and f.stability == "stable"
+    assert f.minimal_requests == 1
+    steps = yaml.safe_load(Path(f.yaml).read_text())[0]["sequence"]["steps"]
     assert any(s["route"] == "pd-retry" and "retry_after_ms" in s for s in steps), steps
