@@ -22,7 +22,8 @@ class ExploreReport:
     ``nemeses``: one row per nemesis phase (rig.explore.findings.nemesis_row); ``topologies``: the
     topologies drawn from vLLM's knobs (name, decode, knobs, the ``--set`` strings), [] when the
     config's decode instances were explored; ``swarm``: the swarm segments and the per-feature
-    counts (rig.explore.swarm.SwarmLog.to_json: ``every``, ``segments``, ``features``), {} without swarm."""
+    counts (rig.explore.swarm.SwarmLog.to_json: ``every``, ``segments``, ``features``), {} without swarm;
+    ``history_checks``: the whole-history checks (rig.explore.whole_history.HistoryCheck.to_json)."""
 
     config: str
     seed: int
@@ -46,6 +47,7 @@ class ExploreReport:
     # actions the rig could not judge (rig.explore.oracles.could_not_judge): {"action", "reason"}
     not_judged: list[dict[str, Any]] = field(default_factory=list)
     swarm: dict[str, Any] = field(default_factory=dict)
+    history_checks: list[dict[str, Any]] = field(default_factory=list)
 
     @property
     def actions_per_min(self) -> float:
@@ -80,6 +82,7 @@ def render_md(r: ExploreReport) -> str:
         out += [f"| {t['name']} | {t['decode']} | {' '.join(f'{k}={v}' for k, v in t['knobs'].items()) or '-'} | "
                 f"`{' '.join(t['sets']) or '-'}` |" for t in r.topologies]
     out += swarm_md(r.swarm)
+    out += history_md(r.history_checks)
     out += ["", "## Failures", ""]
     if not r.findings:
         out.append("none found")
@@ -91,7 +94,7 @@ def render_md(r: ExploreReport) -> str:
         where = f"{topo.get('variant') or ''} {topo['prefill']}+{topo['decode']}".strip()
         out.append(f"| {i} | {where} | `{f['mechanism']['key']}` | `{f['signature']}` | {f['seen']} | "
                    f"{f['stability']} | {f['minimal_requests'] or '-'} | "
-                   f"{f['shrink_runs']} runs, {f['shrink_s']:.0f} s | {f['known_issue']} | {f['known_why'] or '-'} | "
+                   f"{_shrunk(f)} | {f['known_issue']} | {f['known_why'] or '-'} | "
                    f"{f['emitted_verdict'] or '-'} | {f['yaml'] or '-'} |")
     if r.not_judged:
         out += ["", "## Not judged (no failure: a check the verdict needed could not look; no finding)", "",
@@ -101,12 +104,32 @@ def render_md(r: ExploreReport) -> str:
         ev = "; ".join(f"{k}: {v}" for k, v in f["mechanism"]["evidence"].items())
         out += ["", f"### Finding {i}: `{f['mechanism']['key']}` ({f['known_issue']})", "", f["reason"][:400], "",
                 f"Mechanism evidence: {ev[:1200]}"]
+        if f.get("note"):
+            out += ["", f["note"]]
         if f["yaml"] and Path(f["yaml"]).is_file():
             out += ["", "```yaml", Path(f["yaml"]).read_text().rstrip(), "```"]
     if r.fields:
         out += ["", "## Request fields drawn (from vLLM's request models)", ""]
         out += [f"- {ep}: {', '.join(names)}" for ep, names in r.fields.items()]
     return "\n".join(out) + "\n"
+
+
+def _shrunk(f: dict[str, Any]) -> str:
+    """The finding's shrink cell: runs and seconds, or 'unshrunk' for a whole-history finding."""
+    if f.get("scope") == "whole-history":
+        return f"unshrunk (actions {', '.join(map(str, f.get('actions') or []))})"
+    return f"{f['shrink_runs']} runs, {f['shrink_s']:.0f} s"
+
+
+def history_md(checks: list[dict[str, Any]]) -> list[str]:
+    """explore.md's "Whole-history checks" table ([] when none ran): check, state, detail, samples
+    (the actions, or gaps between actions, judged)."""
+    if not checks:
+        return []
+    out = ["", "## Whole-history checks (over every action of each deployment life, after the run)", "",
+           "| check | state | detail | samples |", "|---|---|---|---|"]
+    out += [f"| {c['check']} | {c['state']} | {c['detail'][:600]} | {c['samples']} |" for c in checks]
+    return out
 
 
 def swarm_md(swarm: dict[str, Any]) -> list[str]:
