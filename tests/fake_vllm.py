@@ -77,10 +77,11 @@ Faults (FAKE_VLLM_FAULT):
                      request HTTP 500, /health 503, and exits with code 0 a second later
                      (vllm/entrypoints/launcher.py's shutdown)
   crossed-kv         once: the first decode-side request of >= ARG prompt tokens (default 9: longer than
-                     the rig's warm-up and baseline prompts) and >= 4 completion tokens after another
-                     such request with a different prompt is answered with the tokens of that earlier
-                     prompt (its KV read from the other request's blocks; a planted bug for the
-                     explorer's whole-history crossed-answers check)
+                     the rig's warm-up and baseline prompts) and >= 4 completion tokens that comes after
+                     another such request with a different prompt AND a shorter request between them
+                     (the rig's warm-up: the earlier one was another action's) is answered with the
+                     tokens of that earlier prompt (its KV read from the other request's blocks; a
+                     planted bug for the explorer's whole-history crossed-answers check)
   hang-in-startup    stop in start-up phase ARG (0-based index into STARTUP_LINES, default 3:
                      model load) after logging its line: no more output, no CPU use, never ready
   exit-in-startup    exit with code 3 in start-up phase ARG (default 2) after a traceback ending
@@ -454,6 +455,7 @@ class Server:
         self.resumed = False  # stale-after-cont: a SIGCONT came since the last prefill answer
         self.last_d_prompt: list[int] | None = None  # crossed-kv: the last long decode-side prompt
         self.crossed = False  # crossed-kv: fired (once)
+        self.warmed_since = False  # crossed-kv: a short request (the rig's warm-up) came since that prompt
         self.side_port = int(os.environ.get("VLLM_NIXL_SIDE_CHANNEL_PORT", "5600"))
         self.side_host = os.environ.get("VLLM_NIXL_SIDE_CHANNEL_HOST", "127.0.0.1")
         self.app = web.Application()
@@ -766,10 +768,16 @@ class Server:
     def _crossed(self, prompt: list[int], n_out: int, is_d: bool) -> list[int]:
         """The prompt whose tokens D answers: ``prompt``, or under crossed-kv (once) the previous
         long decode-side prompt (see the fault list)."""
-        if FAULT != "crossed-kv" or not is_d or len(prompt) < int(float(FAULT_ARG or 9)) or n_out < 4:
+        if FAULT != "crossed-kv" or not is_d or self.crossed:
+            return prompt
+        if len(prompt) < int(float(FAULT_ARG or 9)):  # the rig's warm-up: the next action's request is due
+            self.warmed_since = self.last_d_prompt is not None
+            return prompt
+        if n_out < 4:
             return prompt
         prev, self.last_d_prompt = self.last_d_prompt, prompt
-        if prev is None or prev == prompt or self.crossed:
+        if prev is None or prev == prompt or not self.warmed_since:
+            self.warmed_since = False
             return prompt
         self.crossed = True
         log("INFO", f"crossed-kv: answering with the tokens of another prompt ({len(prev)} tokens)", "fake:1")
