@@ -9,8 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from rig.explore.lives import Lives, counter_windows, prompt_key, source_key, watched_values
-from rig.explore.whole_history import (check_conservation, check_crossed, check_outcomes, check_quiet,
-                                       run_checks)
+from rig.explore.whole_history import check_conservation, check_crossed, check_outcomes, check_quiet, run_checks
 from rig.observe import metrics as m
 
 EXT = source_key("external_kv_transfer")
@@ -230,9 +229,9 @@ def test_run_checks_names_the_four_checks():
 
 # --- lives and counter windows -------------------------------------------------------------------
 def test_counter_windows_read_the_first_and_last_timeline_rows_and_lives_number_restarts():
-    rows = [{"instance": "d", "wall": 1.0, "life": 7.0, "counters": {f'{m.PROMPT_TOKENS}{{engine="0"}}': 5.0,
-                                                                      f'{m.PROMPT_TOKENS_BY_SOURCE}{{source="external_kv_transfer"}}': 3.0,
-                                                                      "process_cpu_seconds_total": 9.0}},
+    first = {f'{m.PROMPT_TOKENS}{{engine="0"}}': 5.0, "process_cpu_seconds_total": 9.0,
+             f'{m.PROMPT_TOKENS_BY_SOURCE}{{source="external_kv_transfer"}}': 3.0}
+    rows = [{"instance": "d", "wall": 1.0, "life": 7.0, "counters": first},
             {"instance": "d", "wall": 2.0, "life": 8.0, "counters": {f'{m.PROMPT_TOKENS}{{engine="0"}}': 1.0}}]
     w = counter_windows(rows, {"d": None}, {"d": "decode"})
     assert w["d"]["pre"] is None and w["d"]["start"]["values"] == {m.PROMPT_TOKENS: 5.0, EXT: 3.0}
