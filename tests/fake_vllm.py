@@ -76,6 +76,12 @@ Faults (FAKE_VLLM_FAULT):
                      "Engine core proc EngineCore died unexpectedly" and EngineDeadError, answers that
                      request HTTP 500, /health 503, and exits with code 0 a second later
                      (vllm/entrypoints/launcher.py's shutdown)
+  crossed-kv         once: the first decode-side request of >= ARG prompt tokens (default 9: longer than
+                     the rig's warm-up and baseline prompts) and >= 4 completion tokens that comes after
+                     another such request with a different prompt AND a shorter request between them
+                     (the rig's warm-up: the earlier one was another action's) is answered with the
+                     tokens of that earlier prompt (its KV read from the other request's blocks; a
+                     planted bug for the explorer's whole-history crossed-answers check)
   hang-in-startup    stop in start-up phase ARG (0-based index into STARTUP_LINES, default 3:
                      model load) after logging its line: no more output, no CPU use, never ready
   exit-in-startup    exit with code 3 in start-up phase ARG (default 2) after a traceback ending
@@ -139,7 +145,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, G
 FAULTS = ("exit-before-ready", "crash-mid-request", "stall", "http500", "diverge-at", "diverge-edge",
           "leak-kv", "empty-stream", "fatal-log", "teardown-traceback", "hang-in-startup", "exit-in-startup",
           "append-mismatch", "leak-several", "abort-lost", "stale-after-cont", "engine-killed", "p-cap-stale",
-          "seeded-skew", "overcap-diverge", "slow-decode", "free-after-read")
+          "seeded-skew", "overcap-diverge", "slow-decode", "free-after-read", "crossed-kv")
 FAULT = os.environ.get("FAKE_VLLM_FAULT") or None
 FAULT_ARG = os.environ.get("FAKE_VLLM_FAULT_ARG") or ""
 VERSION = os.environ.get("FAKE_VLLM_VERSION", "0.32.0")
@@ -338,6 +344,9 @@ class Metrics:
                 for values in itertools.product(*(LABEL_VALUES[label] for label in extra)):
                     metric.labels(*self.lv, *values)
             setattr(self, attr, metric)
+        # vLLM's API server exposes prometheus_client's process collector: a process's life
+        Gauge("process_start_time_seconds", "Start time of the process since unix epoch in seconds.",
+              registry=self.registry).set(round(time.time(), 2))
 
 
 class Req:
@@ -451,6 +460,9 @@ class Server:
         self.n_completions, self.fatal_logged, self.n_mismatched = 0, False, 0
         self.resumed = False  # stale-after-cont: a SIGCONT came since the last prefill answer
         self.read_ids: set[str] = set()  # free-after-read: P's request ids whose blocks D read (then freed)
+        self.last_d_prompt: list[int] | None = None  # crossed-kv: the last long decode-side prompt
+        self.crossed = False  # crossed-kv: fired (once)
+        self.warmed_since = False  # crossed-kv: a short request (the rig's warm-up) came since that prompt
         self.side_port = int(os.environ.get("VLLM_NIXL_SIDE_CHANNEL_PORT", "5600"))
         self.side_host = os.environ.get("VLLM_NIXL_SIDE_CHANNEL_HOST", "127.0.0.1")
         self.app = web.Application()
@@ -686,7 +698,7 @@ class Server:
                 await resp.prepare(request)
             if FAULT == "overcap-diverge" and is_d and req.capped:
                 diverge = 0
-            for i, tok in enumerate(generate(prompt, n_out, diverge, salt_of(0))):
+            for i, tok in enumerate(generate(self._crossed(prompt, n_out, is_d), n_out, diverge, salt_of(0))):
                 await asyncio.sleep(TOKEN_LATENCY)
                 if i == crash_at:
                     if FAULT_ONCE:
@@ -760,6 +772,24 @@ class Server:
         except ConnectionResetError:
             pass
         return resp
+
+    def _crossed(self, prompt: list[int], n_out: int, is_d: bool) -> list[int]:
+        """The prompt whose tokens D answers: ``prompt``, or under crossed-kv (once) the previous
+        long decode-side prompt (see the fault list)."""
+        if FAULT != "crossed-kv" or not is_d or self.crossed:
+            return prompt
+        if len(prompt) < int(float(FAULT_ARG or 9)):  # the rig's warm-up: the next action's request is due
+            self.warmed_since = self.last_d_prompt is not None
+            return prompt
+        if n_out < 4:
+            return prompt
+        prev, self.last_d_prompt = self.last_d_prompt, prompt
+        if prev is None or prev == prompt or not self.warmed_since:
+            self.warmed_since = False
+            return prompt
+        self.crossed = True
+        log("INFO", f"crossed-kv: answering with the tokens of another prompt ({len(prev)} tokens)", "fake:1")
+        return prev
 
     @staticmethod
     def _choice_text(prompt: list[int], toks: list[int], lp_k: int | None, echo: bool) -> dict:

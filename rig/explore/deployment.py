@@ -20,6 +20,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
+import httpx
 import yaml
 
 from rig.cluster.builds import launch_vllm_version
@@ -32,6 +33,7 @@ from rig.connectors.mooncake import MASTER_ROLE
 from rig.explore.grammar import Topology
 from rig.explore.probe import chat_overhead
 from rig.explore.topologies import Variant, variant_of_sets
+from rig.observe.metrics import MetricSnapshot, parse_metrics
 from rig.plan.processes import build_plan
 from rig.run.runner import resolve_model
 
@@ -121,6 +123,23 @@ class Deployment:
             src = self.cluster.log_source(n) if self.cluster is not None else None
             mark = marks.get(n)
             out[n] = (src.since(mark) or "") if src is not None and mark is not None else ""
+        return out
+
+    def scrape(self, names: list[str], timeout_s: float = 5.0) -> dict[str, MetricSnapshot | None]:
+        """One ``/metrics`` scrape of each of ``names`` (None for an instance that is not up or
+        does not answer): the explorer's reading before it hands an action to the runner
+        (rig.explore.lives)."""
+        out: dict[str, MetricSnapshot | None] = {}
+        for n in names:
+            out[n] = None
+            if self.cluster is None or n not in self.cluster.procs:
+                continue
+            try:
+                r = httpx.get(f"{self.cluster.url(n)}/metrics", timeout=timeout_s)
+                r.raise_for_status()
+                out[n] = parse_metrics(r.text, n)
+            except (httpx.HTTPError, ValueError):
+                pass
         return out
 
     def stop(self) -> None:

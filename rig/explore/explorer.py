@@ -36,8 +36,9 @@ from rig.explore.excuses import Excuse, excuse
 from rig.explore.findings import Finding, finding_id, nemesis_row
 from rig.explore.generate import Generator, drawable_fields
 from rig.explore.grammar import RESOURCE_ROUTES, Action, Resource, Topology
-from rig.explore.history import History, action_of, read_history
-from rig.explore.known import load_known
+from rig.explore.history import History, action_of, counter_fields, read_history, record_entries
+from rig.explore.known import load_known, match_known
+from rig.explore.lives import Lives
 from rig.explore.mechanism import Mechanism, mechanism_of
 from rig.explore.oracles import could_not_judge, signature_of
 from rig.explore.report import new_report, write_explore_report
@@ -46,10 +47,17 @@ from rig.explore.schemas import request_schemas
 from rig.explore.settings import ExploreSettings
 from rig.explore.swarm import Subset, SwarmLog, available_features, draw_subset, narrow
 from rig.explore.topologies import Variant, caps_of, draw_variants
+from rig.explore.whole_history import HistoryFailure, run_checks
 from rig.judge.verdict import ScenarioVerdict
+from rig.observe.metrics import MetricSnapshot
 from rig.observe.observations import ScenarioObservation
-from rig.report.build import record_report
-from rig.report.explore_model import DrawnTopologyReport, ExploreReport, NotJudgedReport, SwarmReport
+from rig.report.explore_model import (
+    DrawnTopologyReport,
+    ExploreReport,
+    HistoryCheckReport,
+    NotJudgedReport,
+    SwarmReport,
+)
 from rig.run.runner import SuiteRunner
 from rig.workload.prompts import seed_of
 
@@ -112,6 +120,11 @@ class Explorer:
         self.swarm = SwarmLog()  # the segments' features and findings (rig.explore.swarm)
         self._subset: Subset | None = None  # the swarm segment the next action is drawn in
         self._segments = 0
+        self.lives = Lives()  # deployment lives (rig.explore.lives)
+        self._pre: dict[str, MetricSnapshot | None] = {}  # the explorer's scrape before the last run
+        self.entries: list[dict[str, Any]] = []  # this run's exploring history lines (whole-history checks)
+        self.history_findings: dict[str, Finding] = {}  # by mechanism key (rig.explore.whole_history)
+        self._history_judged = False
 
     def log(self, msg: str) -> None:
         """A progress line on stderr."""
@@ -139,6 +152,7 @@ class Explorer:
         cluster = self.dep.use(topo)
         pair = [topo.prefill, topo.decode]
         marks = self.dep.marks(pair)
+        self._pre = self.dep.scrape(pair)  # no request of the rig in flight here (rig.explore.lives)
         out = self.runner.run_in(cluster, cfg, cfg.scenarios[-1:] if origin else list(cfg.scenarios),
                                  keep=KEEP_IN_REPORT)
         self._runs += 1
@@ -184,6 +198,7 @@ class Explorer:
                 self._replay(Path(self.s.replay), t0)
             else:
                 self._explore(fields, t0)
+            self._judge_history()
             for i, f in enumerate(self.findings.values(), 1):
                 self.repro.process(i, f, self.s.replays, self.s.shrink_runs, lambda: self._runs)
                 self._write()
@@ -195,6 +210,7 @@ class Explorer:
         finally:
             self.dep.stop()
             self.history.close()
+            self._judge_history()  # also after an interrupt: the history so far is checked
             self.report.wall_s = time.monotonic() - t0
             self._write()
         if interrupted is not None:
@@ -267,17 +283,21 @@ class Explorer:
         self.report.action_s += time.monotonic() - t
         if action.nemesis is not None:
             self.report.nemeses.append(nemesis_row(action, v, excused))
-        self.history.append({
+        roles = {topo.prefill: "prefill", topo.decode: "decode"}
+        entry = {
             "phase": "nemesis" if action.nemesis is not None else "explore", "index": action.index,
             "topology": topo.__dict__,
             "action": action.model_dump(mode="json"), "scenario": sc, "verdict": v.verdict, "reason": v.reason,
             "checks": [{"name": c.name, "state": c.state, "detail": c.detail} for c in v.checks],
-            "records": [record_report(r).model_dump(mode="json") for r in obs.records],
+            "records": record_entries(obs),
+            **counter_fields(obs, self._pre, roles, self.lives, (topo.variant, topo.prefill, topo.decode)),
             "evidence": obs.evidence.__dict__ if obs.evidence else None,
             "prefill_evidence": obs.prefill_evidence.__dict__ if obs.prefill_evidence else None,
             "dead": obs.dead, "goals": goals, "signature": sig, "mechanism": mech.to_json() if mech else None,
             "excused": [e.describe() for e in excused], "wall_s": obs.wall_s,
-            **({"swarm": self._subset.to_json()} if self._subset else {})})
+            **({"swarm": self._subset.to_json()} if self._subset else {})}
+        self.history.append(entry)
+        self.entries.append(entry)
         judged = mech is not None and sig is not None and not could_not_judge(v, obs)
         if self._subset is not None:
             self.swarm.add(self._subset, action.index, mech.key if judged and mech else None)
@@ -316,6 +336,43 @@ class Explorer:
             self._explore_one(action_of(entry), topo)
             self._progress(self.report.actions, t0)
 
+    def _judge_history(self) -> None:
+        """The whole-history checks over this run's exploring actions (rig.explore.whole_history),
+        once: their table in the report, and each distinct failure a finding matched to the known
+        issues by mechanism. Not replayed or shrunk (it names several actions): it says so."""
+        if self._history_judged or not self.entries:
+            return
+        self._history_judged = True
+        checks = run_checks(self.entries)
+        self.report.history_checks = [HistoryCheckReport.model_validate(c.to_json()) for c in checks]
+        by_index = {e.get("index"): e for e in self.entries}
+        for fail in (f for c in checks for f in c.failures):
+            if fail.key in self.history_findings:
+                self.history_findings[fail.key].seen += 1
+                continue
+            self.history_findings[fail.key] = self._history_finding(fail, by_index)
+            self.log(f"whole history: new failure {fail.key}: {fail.detail[:200]}")
+
+    def _history_finding(self, fail: HistoryFailure, by_index: dict[Any, dict[str, Any]]) -> Finding:
+        """The finding of one whole-history failure: its first named action and topology, the
+        known issue matched on its mechanism, or new."""
+        first = by_index.get(fail.actions[0]) or self.entries[0]
+        t = first["topology"]
+        f = Finding(fail.mechanism(), f"history {fail.key}", Topology(**{**t, "sets": tuple(t.get("sets") or ())}),
+                    action_of(first), fail.detail, actions=list(fail.actions), requests=list(fail.requests),
+                    scope="whole-history",
+                    note=f"not replayed or shrunk: a whole-history finding names {len(fail.actions)} action(s) "
+                         f"({', '.join(map(str, fail.actions))}); replaying them as a set is not built")
+        hit = match_known(f.mechanism, self.known, self.runner.result.vllm_version)
+        if hit is not None:
+            f.known_issue, f.known_why = hit.label(), f"matched by mechanism: {hit.why}"
+        else:
+            f.known_why = f"no known issue explains {fail.key}"
+        if self.report.first_failure_s is None:
+            self.report.first_failure_s = time.monotonic() - self._t_start
+            self.report.first_failure_actions = self.report.actions
+        return f
+
     def _progress(self, done: int, t0: float) -> None:
         el = max(time.monotonic() - t0, 1e-9)
         self._write()
@@ -325,8 +382,8 @@ class Explorer:
 
     def _write(self) -> None:
         self.report.coverage = self.coverage.table()
-        self.report.findings = [f.to_report(finding_id(self.s.seed, i))
-                                for i, f in enumerate(self.findings.values(), 1)]
+        self.report.findings = [f.to_report(finding_id(self.s.seed, i)) for i, f in
+                                enumerate((*self.findings.values(), *self.history_findings.values()), 1)]
         swarm = self.swarm.to_json()
         self.report.swarm = SwarmReport.model_validate(swarm) if swarm else None
         self.report.runs = self._runs

@@ -37,7 +37,9 @@ class Finding:
     """One distinct violation: its ``mechanism`` (the identity), ``signature`` (the failed checks
     and symptoms), the action that first showed it, how often the exploration saw it, its replays
     (mechanism keys seen), the minimal action and the shrink runs and seconds it took, the emitted
-    YAML and the known issue it matches (id, or "new") with ``known_why``."""
+    YAML and the known issue it matches (id, or "new") with ``known_why``. A whole-history finding
+    (rig.explore.whole_history, ``scope`` "whole-history") names its ``actions`` and ``requests``;
+    ``note`` says why it was not replayed or shrunk."""
 
     mechanism: Mechanism
     signature: str
@@ -53,6 +55,10 @@ class Finding:
     emitted_verdict: str = ""
     known_issue: str = "new"
     known_why: str = ""
+    scope: str = "action"
+    actions: list[int] = field(default_factory=list)
+    requests: list[str] = field(default_factory=list)
+    note: str = ""
 
     @property
     def stability(self) -> str:
@@ -72,7 +78,9 @@ class Finding:
             minimal=self.minimal.model_dump(mode="json") if self.minimal else None,
             minimal_requests=self.minimal.requests() if self.minimal else None,
             shrink_runs=self.shrink_runs, shrink_s=round(self.shrink_s, 1), yaml=self.yaml_path,
-            emitted_verdict=self.emitted_verdict, known_issue=self.known_issue, known_why=self.known_why)
+            emitted_verdict=self.emitted_verdict, known_issue=self.known_issue, known_why=self.known_why,
+            scope=self.scope, actions=self.actions or [self.action.index], requests=list(self.requests),
+            note=self.note)
 
 
 def nemesis_row(action: Action, v: ScenarioVerdict, excused: list[Excuse] | None = None) -> NemesisReport:

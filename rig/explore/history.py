@@ -1,6 +1,8 @@
 """``history.jsonl``: every action with its requests, answers, timings, verdict and metrics deltas,
 one JSON object per line, appended (and flushed) as each action ends (Jepsen's history: recorded
-first, checked by the oracles, kept whatever happens next). ``pdrig explore --replay`` reads it back."""
+first, checked by the oracles, kept whatever happens next). ``pdrig explore --replay`` reads it back.
+Each exploring line also carries what the whole-history checks read (rig.explore.whole_history):
+the deployment life, the counter windows and a prompt identity per request (rig.explore.lives)."""
 
 from __future__ import annotations
 
@@ -10,6 +12,10 @@ from typing import Any
 
 from rig.config.files import json_lines
 from rig.explore.grammar import Action
+from rig.explore.lives import Lives, counter_windows, prompt_key
+from rig.observe.metrics import MetricSnapshot
+from rig.observe.observations import ScenarioObservation
+from rig.report.build import record_report
 
 
 class History:
@@ -42,3 +48,23 @@ def read_history(path: Path) -> list[dict[str, Any]]:
 def action_of(entry: dict[str, Any]) -> Action:
     """The :class:`Action` recorded in a history entry (raises pydantic's ValidationError)."""
     return Action.model_validate(entry["action"])
+
+
+def record_entries(obs: ScenarioObservation) -> list[dict[str, Any]]:
+    """The action's records as the history keeps them (rig.report.build.record_report: no prompt),
+    each with ``prompt_key`` (rig.explore.lives.prompt_key of the prompt D got: a router's
+    transform's when it changed it) and ``prompt_count``: what the whole-history checks
+    compare across actions without keeping the prompts."""
+    return [{**record_report(r).model_dump(mode="json"),
+             "prompt_key": prompt_key(r.decode_prompt if r.decode_prompt is not None else r.prompt),
+             "prompt_count": r.prompt_count} for r in obs.records]
+
+
+def counter_fields(obs: ScenarioObservation, pre: dict[str, MetricSnapshot | None], roles: dict[str, str],
+                   lives: Lives, topology: tuple[str, ...]) -> dict[str, Any]:
+    """The history fields of one action the whole-history checks read (rig.explore.lives):
+    ``counters`` (each instance's pre/start/end readings), ``life``, ``life_end``,
+    ``life_known`` and ``idle_after`` (every drain ended idle: nothing of the rig in flight after it)."""
+    windows = counter_windows(obs.timeline, pre, roles)
+    return {"counters": windows, **lives.of_action(topology, windows),
+            "idle_after": bool(obs.drains) and all(d.idle is True for d in obs.drains)}

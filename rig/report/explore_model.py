@@ -150,6 +150,15 @@ class FindingReport(ReportModel):
     """The known issue that explains it (its id, with a note), or ``new``."""
     known_why: str = ""
     """Why it matched (field by field, how it was confirmed), or why none did."""
+    scope: Literal["action", "whole-history"] = "action"
+    """``whole-history``: found by a check over every action of a deployment life
+    (rig.explore.whole_history), not by one action's verdict."""
+    actions: list[int] = []
+    """The indices of the actions it involves (one for an action's finding)."""
+    requests: list[str] = []
+    """The request ids a whole-history finding names."""
+    note: str = ""
+    """Why it was not replayed or shrunk (a whole-history finding), or ''."""
 
     @model_validator(mode="after")
     def _stability_says_replays(self) -> FindingReport:
@@ -264,6 +273,25 @@ class SwarmReport(ReportModel):
     features: list[SwarmFeatureReport]
 
 
+class HistoryFailureReport(ReportModel):
+    """One failure a whole-history check found (rig.explore.whole_history.HistoryFailure)."""
+
+    model_config = ConfigDict(extra="allow")  # the check's own evidence fields, named by each check
+    actions: list[int] = []
+    requests: list[str] = []
+
+
+class HistoryCheckReport(ReportModel):
+    """One whole-history check (rig.explore.whole_history.HistoryCheck) over the whole run."""
+
+    check: str
+    state: Literal["ok", "failed", "not checked"]
+    detail: str
+    samples: int = 0
+    """The actions (or gaps between actions) it judged (count)."""
+    failures: list[HistoryFailureReport] = []
+
+
 class ExploreReport(ReportModel):
     """A whole exploration: explore.json. Written after every action and on every exit path."""
 
@@ -310,6 +338,8 @@ class ExploreReport(ReportModel):
     not_judged: list[NotJudgedReport] = []
     swarm: SwarmReport | None = None
     """The swarm segments and features (None: swarm off, or no action ran)."""
+    history_checks: list[HistoryCheckReport] = []
+    """The whole-history checks, run after exploring (or replaying)."""
 
     def new_findings(self) -> list[FindingReport]:
         """The findings no known issue explains (``pdrig explore`` exits 1 when there is one)."""

@@ -73,6 +73,23 @@ def _swarm(r: ExploreReport) -> list[str]:
                   f"{len(f.findings_off)} |" for f in sw.features]
 
 
+def _history(r: ExploreReport) -> list[str]:
+    """The "Whole-history checks" table ([] when none ran): check, state, detail, samples (the
+    actions, or gaps between actions, judged)."""
+    if not r.history_checks:
+        return []
+    out = ["", "## Whole-history checks (over every action of each deployment life, after the run)", "",
+           "| check | state | detail | samples |", "|---|---|---|---|"]
+    return out + [f"| {c.check} | {c.state} | {c.detail[:600]} | {c.samples} |" for c in r.history_checks]
+
+
+def _shrunk(f: FindingReport) -> str:
+    """A finding's shrink cell: runs and seconds, or 'unshrunk' for a whole-history finding."""
+    if f.scope == "whole-history":
+        return f"unshrunk (actions {', '.join(map(str, f.actions))})"
+    return f"{f.shrink_runs} runs, {f.shrink_s:.0f} s"
+
+
 def _failures(r: ExploreReport) -> list[str]:
     out = ["", "## Failures", ""]
     if not r.findings:
@@ -84,7 +101,7 @@ def _failures(r: ExploreReport) -> list[str]:
         where = f"{f.topology.variant} {f.topology.prefill}+{f.topology.decode}".strip()
         out.append(f"| {i} | {where} | `{f.mechanism.key}` | `{f.signature}` | {f.seen} | "
                    f"{f.stability} | {f.minimal_requests or '-'} | "
-                   f"{f.shrink_runs} runs, {f.shrink_s:.0f} s | {f.known_issue} | {f.known_why or '-'} | "
+                   f"{_shrunk(f)} | {f.known_issue} | {f.known_why or '-'} | "
                    f"{f.emitted_verdict or '-'} | {f.yaml or '-'} |")
     return out
 
@@ -103,6 +120,8 @@ def _finding_section(i: int, f: FindingReport) -> list[str]:
     ev = "; ".join(f"{k}: {v}" for k, v in f.mechanism.evidence.items())
     out = ["", f"### Finding {i}: `{f.mechanism.key}` ({f.known_issue})", "", f.reason[:400], "",
            f"Mechanism evidence: {ev[:1200]}"]
+    if f.note:
+        out += ["", f.note]
     if f.yaml and Path(f.yaml).is_file():
         out += ["", "```yaml", Path(f.yaml).read_text().rstrip(), "```"]
     return out
@@ -110,7 +129,8 @@ def _finding_section(i: int, f: FindingReport) -> list[str]:
 
 def render_md(r: ExploreReport) -> str:
     """explore.md of ``r`` (Markdown)."""
-    out = [*_head(r), *_coverage(r), *_nemeses(r), *_topologies(r), *_swarm(r), *_failures(r), *_not_judged(r)]
+    out = [*_head(r), *_coverage(r), *_nemeses(r), *_topologies(r), *_swarm(r), *_history(r), *_failures(r),
+           *_not_judged(r)]
     for i, f in enumerate(r.findings, 1):
         out += _finding_section(i, f)
     if r.fields:
