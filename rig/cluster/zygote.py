@@ -66,6 +66,7 @@ VLLM_PRELOAD = ("uvloop", "vllm.entrypoints.serve.utils.api_utils", "vllm.utils.
 # an instance may not change them (its fork would not see the change).
 START_ENV_PREFIXES = ("PYTHON", "LD_", "OMP_", "KMP_", "GOMP_", "MKL_", "OPENBLAS_", "MALLOC_")
 READY = "ready"
+_SENTINEL = "PDRIG_ZYGOTE_SENTINEL"  # in the zygote's environment while it imports, read by no one by name
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -90,19 +91,30 @@ def main(argv: list[str] | None = None) -> int:
 
 def _import_watching_env(modules: Iterable[str]) -> set[str]:
     """Import ``modules`` (one that is missing is skipped, on stderr), recording every key read
-    through ``os.environ`` (``[]``, ``get``, ``in``, ``os.getenv``) meanwhile."""
-    read: set[str] = set()
+    by name through ``os.environ`` (``[]``, ``get``, ``in``, ``os.getenv``) meanwhile.
+
+    Reads that walk the whole environment (``items()``, ``copy()``, ``dict(os.environ)``:
+    tqdm's and networkx's prefix scans, platform's subprocess environment, seen with vLLM 0.32.0)
+    name every key; they are told apart by a sentinel key nobody reads by name: a place in the
+    code (caller's code object and line) that read the sentinel walks, and its reads do not count."""
+    sites: dict[str, set[tuple]] = {}
     base = type(os.environ)
+
+    def note(key: object) -> None:
+        if isinstance(key, str):
+            caller = sys._getframe(2)
+            sites.setdefault(key, set()).add((caller.f_code, caller.f_lineno))
 
     class Watching(base):  # type: ignore[misc,valid-type]
         def __getitem__(self, key):
-            read.add(key)
+            note(key)
             return base.__getitem__(self, key)
 
         def __contains__(self, key):
-            read.add(key)
+            note(key)
             return base.__contains__(self, key)
 
+    os.environ[_SENTINEL] = "1"
     os.environ.__class__ = Watching
     try:
         for mod in modules:
@@ -112,7 +124,9 @@ def _import_watching_env(modules: Iterable[str]) -> set[str]:
                 print(f"zygote: {mod} not preloaded: {e}", file=sys.stderr, flush=True)
     finally:
         os.environ.__class__ = base
-    return read
+        os.environ.pop(_SENTINEL, None)
+    walks = sites.pop(_SENTINEL, set())
+    return {key for key, at in sites.items() if at - walks}
 
 
 def _send(msg: dict) -> None:
@@ -199,7 +213,7 @@ def _fork(req: dict) -> int:
         os.close(log)
         if req.get("first_line"):  # the rig's start marker, before anything the program writes
             os.write(1, req["first_line"].replace("{pid}", str(os.getpid())).encode())
-        code = _become(argv, req["env"], req.get("cpus") or (), req.get("cwd"))
+        code = _become(argv, req["env"], req.get("cpus") or (), req.get("cwd"), req.get("hooks") or ())
         _finalize()
     except BaseException:  # noqa: BLE001 - a child must end by os._exit, whatever happened
         with contextlib.suppress(Exception):
@@ -222,9 +236,11 @@ def _finalize() -> None:
         atexit._run_exitfuncs()
 
 
-def _become(argv: list[str], env: dict[str, str], cpus: Iterable[int], cwd: str | None) -> int:
-    """In the child: the instance's signals, environment, CPUs and argv, then its program; returns
-    its exit code as the interpreter would (``sys.exit`` codes, 1 after an uncaught exception)."""
+def _become(argv: list[str], env: dict[str, str], cpus: Iterable[int], cwd: str | None,
+            hooks: Iterable[str] = ()) -> int:
+    """In the child: the instance's signals, environment, CPUs and argv, the ``hooks`` (Python
+    files run first), then its program; returns its exit code as the interpreter would
+    (``sys.exit`` codes, 1 after an uncaught exception)."""
     signal.signal(signal.SIGINT, signal.default_int_handler)
     for sig in (signal.SIGTERM, signal.SIGCHLD, signal.SIGHUP):
         signal.signal(sig, signal.SIG_DFL)
@@ -235,7 +251,12 @@ def _become(argv: list[str], env: dict[str, str], cpus: Iterable[int], cwd: str 
     if cpus:
         os.sched_setaffinity(0, set(cpus))
     try:
+        for hook in hooks:
+            runpy.run_path(hook, run_name="__zygote_hook__")
         if argv[1] == "-m":
+            # Preloaded, the module is in sys.modules; under -m it is only __main__ (and runpy
+            # warns of a module found before its execution): run it fresh, its imports cached.
+            sys.modules.pop(argv[2], None)
             sys.argv = [argv[2], *argv[3:]]  # runpy sets argv[0] to the module's file, as -m does
             runpy.run_module(argv[2], run_name="__main__", alter_sys=True)
         else:
@@ -377,7 +398,7 @@ class Zygote:
         return sorted(k for k in changed if k in self.env_read or k.startswith(START_ENV_PREFIXES))
 
     def spawn(self, argv: list[str], env: dict[str, str], log_path: str, cpus: Iterable[int] = (),
-              first_line: str = "", timeout_s: float = 1200.0) -> ForkedChild:
+              first_line: str = "", hooks: Iterable[str] = (), timeout_s: float = 1200.0) -> ForkedChild:
         """Fork one child running ``argv`` (``PYTHON -m MODULE ...`` or ``PYTHON SCRIPT ...``) with
         exactly ``env``, its output appended to ``log_path`` after ``first_line`` (``{pid}`` = its PID),
         on ``cpus`` (() = the zygote's).
@@ -391,7 +412,7 @@ class Zygote:
                               "zygote started or imported; use launch.layout fast, or the same value for "
                               "every instance")
         req = {"argv": list(argv), "env": env, "log": log_path, "cpus": sorted(cpus), "cwd": os.getcwd(),
-               "first_line": first_line}
+               "first_line": first_line, "hooks": list(hooks)}
         with self._lock:
             with self._reply:
                 self._replies.clear()

@@ -139,7 +139,7 @@ class LaunchConfig(StrictModel):
         default_factory=lambda: ["{python}", "-m", "vllm.entrypoints.openai.api_server"],
         min_length=1)
     host: str = Field("127.0.0.1", description="bind address; loopback unless you mean otherwise")
-    layout: Literal["fast", "zygote", "production"] | None = Field(
+    layout: Literal["fast", "zygote", "zygote-fork", "production"] | None = Field(
         None, description="the process layout of every vLLM server (rig/plan/processes.py LAYOUT_ENV): "
                           "fast = the model runs inside the EngineCore process (uni-process executor, "
                           "VLLM_ENABLE_V1_MULTIPROCESSING=0: API server + EngineCore, one process fewer, "

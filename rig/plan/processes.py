@@ -53,12 +53,15 @@ CPU_ENV = {
 LAYOUT_ENV: dict[str, dict[str, str]] = {
     "fast": {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"},
     "zygote": {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"},
+    "zygote-fork": {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"},
     "production": {},
 }
 LAYOUT_WORDS = {  # pdrig plan's header
     "fast": "the model runs inside each server's EngineCore process, VLLM_ENABLE_V1_MULTIPROCESSING=0",
     "zygote": "as fast, each server forked from one process that imported torch and vLLM once "
               "(rig/cluster/zygote.py); the argv below is what it runs",
+    "zygote-fork": "as zygote, and each server's EngineCore forked from it, not spawned "
+                   "(rig/cluster/zygote_fork_engine.py)",
     "production": "each server starts as vLLM starts it by default",
 }
 COMMON_ENV = {

@@ -133,6 +133,14 @@ def start_zygote(plan: Plan, reaper: Reaper | None) -> Zygote:
     return zygote
 
 
+def zygote_hooks(plan: Plan) -> tuple[str, ...]:
+    """Files a zygote child runs before its program: with ``launch.layout: zygote-fork``,
+    rig/cluster/zygote_fork_engine.py (EngineCore forked, not spawned)."""
+    if plan.layout != "zygote-fork":
+        return ()
+    return (str(Path(__file__).resolve().parents[1] / "zygote_fork_engine.py"),)
+
+
 class Local:
     """The :class:`~rig.cluster.backends.base.Backend` of processes the rig launches from ``plan``
     (its files, directories, argv, env, pins), stopped within ``grace_s`` seconds."""
@@ -143,7 +151,7 @@ class Local:
         self.plan, self.grace_s = plan, grace_s
         self._reaper: Reaper | None = Reaper(grace_s)
         # Started now, so its imports overlap what the rig does before the first spawn.
-        self._zygote: Zygote | None = start_zygote(plan, self._reaper) if plan.layout == "zygote" else None
+        self._zygote: Zygote | None = start_zygote(plan, self._reaper) if plan.layout.startswith("zygote") else None
 
     def refusal(self, specs: list[ProcessSpec]) -> str:
         """The configured CPUs this host does not offer, else the ports already bound ('' when none)."""
@@ -172,7 +180,8 @@ class Local:
             try:
                 popen: subprocess.Popen | ForkedChild = self._zygote.spawn(
                     list(spec.argv), env, spec.log_path, spec.cpus if startup_cpus is None else startup_cpus,
-                    first_line=start_marker(spec.name, 0).replace("(pid 0)", "(pid {pid})"))
+                    first_line=start_marker(spec.name, 0).replace("(pid 0)", "(pid {pid})"),
+                    hooks=zygote_hooks(self.plan))
             except ZygoteError as e:
                 raise ClusterError(f"{spec.name}: {e}", spec.name, log_tail(self._zygote.log_path)) from e
         else:
