@@ -198,7 +198,6 @@ def bare_startup(config: str, overrides: list[str], work: Path, names: list[str]
     import httpx
 
     from rig.cluster.backends.local import start_zygote, zygote_hooks
-
     from rig.cluster.mooncake import master_binary
     from rig.config import load_config
     from rig.plan.processes import build_plan

@@ -21,7 +21,6 @@ A backend's methods take the :class:`Running` record the cluster keeps for a sta
 from __future__ import annotations
 
 import socket
-import subprocess
 from dataclasses import dataclass
 from typing import Protocol
 
