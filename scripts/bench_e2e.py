@@ -142,8 +142,11 @@ def layout_startups(config: str, overrides: list[str], work: Path, layouts: list
             before = os.getloadavg()[0]
             b = bare_startup(config, [*overrides, f"launch.layout={lay}"], work, label=f"bare-{lay}-{i + 1}")
             samples.append({"layout": lay, "round": i + 1, "pair_ready_s": b["pair_ready_s"], "ready_s": b["ready_s"],
-                            "cpu_s": b["cpu_s"], "load_before": before, "load_after": os.getloadavg()[0]})
-            print(f"bare P+D, launch.layout={lay} (round {i + 1}): {b['pair_ready_s']:.1f} s, CPU-s {b['cpu_s']}, "
+                            "cpu_s": b["cpu_s"], "load_before": before, "load_after": os.getloadavg()[0],
+                            **{k: b[k] for k in ("zygote_s", "zygote_cpu_s", "pair_ready_after_zygote_s") if k in b}})
+            zyg = (f" (zygote imports {b['zygote_s']:.1f} s / {b['zygote_cpu_s']:.1f} CPU-s, then the pair "
+                   f"{b['pair_ready_after_zygote_s']:.1f} s)" if "zygote_s" in b else "")
+            print(f"bare P+D, launch.layout={lay} (round {i + 1}): {b['pair_ready_s']:.1f} s{zyg}, CPU-s {b['cpu_s']}, "
                   f"load {before:.2f} -> {samples[-1]['load_after']:.2f}", flush=True)
     return samples
 
@@ -185,10 +188,16 @@ def bare_startup(config: str, overrides: list[str], work: Path, names: list[str]
     answer, stop them. ``python`` is the interpreter put into ``launch.command`` (a build's);
     the logs go under ``work/<label or bare or bare-all>/logs``.
 
+    With ``launch.layout: zygote`` the instances are forked from the fork server
+    (rig.cluster.zygote), started first: ``pair_ready_s`` counts from its start (its imports
+    included), ``zygote_s`` is its imports alone, ``pair_ready_after_zygote_s`` counts from the
+    forks, and ``zygote_cpu_s`` is its own CPU-s (shared by every instance of a deployment).
+
     Returns ``{ready_s: {key: s}, pair_ready_s (the last ready), cpu_s: {key: CPU-s to ready}}``.
     Raises RuntimeError when one exits or is not ready within ``timeout_s``; nothing outlives it."""
     import httpx
 
+    from rig.cluster.backends.local import start_zygote, zygote_hooks
     from rig.cluster.mooncake import master_binary
     from rig.config import load_config
     from rig.plan.processes import build_plan
@@ -200,17 +209,26 @@ def bare_startup(config: str, overrides: list[str], work: Path, names: list[str]
     plan = build_plan(cfg, run_dir, resolve_model(cfg), python, master_binary(cfg))
     specs = ({"prefill": plan.by_name(cfg.prefill[0].name), "decode": plan.by_name(cfg.decode[0].name)}
              if names is None else {n: plan.by_name(n) for n in names})
-    procs: dict[str, subprocess.Popen] = {}
+    procs: dict[str, Any] = {}
     cpu: dict[str, dict[int, float]] = {role: {} for role in specs}
     ready: dict[str, float] = {}
+    zygote, extra = None, {}
     try:
         t0 = time.monotonic()
+        if plan.layout.startswith("zygote"):
+            zygote = start_zygote(plan, None)
+            extra["zygote_s"] = zygote.wait_ready(timeout_s)
+        t_fork = time.monotonic()
         for role, spec in specs.items():
             for path, content in spec.files.items():
                 Path(path).parent.mkdir(parents=True, exist_ok=True)
                 Path(path).write_text(content)
             for d in spec.dirs:
                 Path(d).mkdir(parents=True, exist_ok=True)
+            if zygote is not None:
+                procs[role] = zygote.spawn(list(spec.argv), {**os.environ, **spec.env}, spec.log_path,
+                                           spec.cpus if pin else (), hooks=zygote_hooks(plan))
+                continue
             with open(spec.log_path, "ab") as log:
                 procs[role] = subprocess.Popen(list(spec.argv), env={**os.environ, **spec.env}, stdout=log,
                                                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
@@ -235,13 +253,30 @@ def bare_startup(config: str, overrides: list[str], work: Path, names: list[str]
                 if time.monotonic() - t0 > timeout_s:
                     raise RuntimeError(f"not ready within {timeout_s:.0f} s: {sorted(set(specs) - set(ready))}")
                 time.sleep(0.25)
+                if zygote is not None:
+                    extra["zygote_cpu_s"] = round(_own_cpu(zygote.pid), 2)
     finally:
         _stop(list(procs.values()))
+        if zygote is not None:
+            zygote.close()
+    if zygote is not None:
+        extra["pair_ready_after_zygote_s"] = max(ready.values()) - (t_fork - t0)
     return {"ready_s": ready, "pair_ready_s": max(ready.values()),
-            "cpu_s": {role: round(sum(seen.values()), 2) for role, seen in cpu.items()}}
+            "cpu_s": {role: round(sum(seen.values()), 2) for role, seen in cpu.items()}, **extra}
 
 
-def _stop(procs: list[subprocess.Popen], grace_s: float = 10.0) -> None:
+def _own_cpu(pid: int) -> float:
+    """User + system CPU seconds of ``pid`` alone (0.0 when gone)."""
+    import psutil
+
+    try:
+        t = psutil.Process(pid).cpu_times()
+    except psutil.Error:
+        return 0.0
+    return t.user + t.system
+
+
+def _stop(procs: list[Any], grace_s: float = 10.0) -> None:
     """SIGTERM every process group, SIGKILL what is left after ``grace_s``."""
     for p in procs:
         with contextlib.suppress(ProcessLookupError):

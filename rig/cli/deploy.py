@@ -41,8 +41,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(asdict(plan), indent=1))
         return 0
-    other = "production" if plan.layout == "fast" else "fast"
-    print(f"# launch.layout: {plan.layout}: {LAYOUT_WORDS[plan.layout]}; --set launch.layout={other} for the other\n")
+    other = " or ".join(f"--set launch.layout={lay}" for lay in LAYOUT_WORDS if lay != plan.layout)
+    print(f"# launch.layout: {plan.layout}: {LAYOUT_WORDS[plan.layout]}; {other} for another\n")
     for p in plan.processes:
         print(f"# {p.name} ({p.role}) http://{p.host}:{p.port}  log {p.log_path}")
         if p.applied_after_spawn():

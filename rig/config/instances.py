@@ -139,11 +139,13 @@ class LaunchConfig(StrictModel):
         default_factory=lambda: ["{python}", "-m", "vllm.entrypoints.openai.api_server"],
         min_length=1)
     host: str = Field("127.0.0.1", description="bind address; loopback unless you mean otherwise")
-    layout: Literal["fast", "production"] | None = Field(
+    layout: Literal["fast", "zygote", "zygote-fork", "production"] | None = Field(
         None, description="the process layout of every vLLM server (rig/plan/processes.py LAYOUT_ENV): "
                           "fast = the model runs inside the EngineCore process (uni-process executor, "
                           "VLLM_ENABLE_V1_MULTIPROCESSING=0: API server + EngineCore, one process fewer, "
-                          "about half the CPU start-up); production = exactly as vLLM starts a server by "
+                          "about half the CPU start-up); zygote = fast, each server forked from one process per "
+                          "deployment that imported torch and vLLM once (rig/cluster/zygote.py; local "
+                          "processes only); production = exactly as vLLM starts a server by "
                           "default (on CPU: API server, EngineCore and a worker process). None = fast on "
                           "device cpu, production on cuda")
     env: dict[str, str] = Field(default_factory=dict, description="added to every instance")

@@ -48,12 +48,20 @@ CPU_ENV = {
 # CPU server is three processes (API server, EngineCore, worker) and "fast" is two: the model runs
 # inside EngineCore (vllm/v1/executor/uniproc_executor.py), one torch + vLLM import fewer.
 # "production" adds nothing: each server starts exactly as vLLM starts it by default.
+# "zygote" is "fast" forked from one fork server per deployment that imported torch and vLLM once
+# (rig/cluster/zygote.py): the API server's imports saved; EngineCore is still spawned and imports.
 LAYOUT_ENV: dict[str, dict[str, str]] = {
     "fast": {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"},
+    "zygote": {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"},
+    "zygote-fork": {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"},
     "production": {},
 }
 LAYOUT_WORDS = {  # pdrig plan's header
     "fast": "the model runs inside each server's EngineCore process, VLLM_ENABLE_V1_MULTIPROCESSING=0",
+    "zygote": "as fast, each server forked from one process that imported torch and vLLM once "
+              "(rig/cluster/zygote.py); the argv below is what it runs",
+    "zygote-fork": "as zygote, and each server's EngineCore forked from it, not spawned "
+                   "(rig/cluster/zygote_fork_engine.py)",
     "production": "each server starts as vLLM starts it by default",
 }
 COMMON_ENV = {

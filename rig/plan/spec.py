@@ -77,7 +77,7 @@ class Plan:
     run_dir: str
     model_path: str
     processes: tuple[ProcessSpec, ...]
-    # launch.layout as resolved (RigConfig.layout): "fast" or "production" (rig/plan/processes.py LAYOUT_ENV)
+    # launch.layout as resolved (RigConfig.layout): "fast", "zygote" or "production" (rig/plan/processes.py LAYOUT_ENV)
     layout: str = "production"
 
     def by_name(self, name: str) -> ProcessSpec:

@@ -21,7 +21,6 @@ A backend's methods take the :class:`Running` record the cluster keeps for a sta
 from __future__ import annotations
 
 import socket
-import subprocess
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -36,13 +35,29 @@ from rig.plan.spec import ProcessSpec, probe_host
 CONNECTING = "connecting"
 
 
+class ChildProcess(Protocol):
+    """What the cluster reads of a process it launched: ``subprocess.Popen``, or a child of the
+    zygote layout's fork server (rig.cluster.zygote.ForkedChild), which has the same four."""
+
+    pid: int
+    returncode: int | None
+
+    def poll(self) -> int | None:
+        """None while it runs, else its exit code (negative: killed by that signal)."""
+        ...
+
+    def wait(self, timeout: float | None = None) -> int:
+        """Its exit code; raises subprocess.TimeoutExpired after ``timeout`` seconds."""
+        ...
+
+
 @dataclass
 class Running:
     """A started instance: its spec, Popen handle (None when the rig did not launch a process of
     its own: a container, an attached endpoint) and when it started and became ready (monotonic s)."""
 
     spec: ProcessSpec
-    popen: subprocess.Popen | None
+    popen: ChildProcess | None
     started_at: float
     ready_after_s: float | None = None
 

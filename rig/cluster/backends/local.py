@@ -7,7 +7,9 @@ and stop marker lines (rig.cluster.logs). Every process, and every child it spaw
 run's marker in its environment (:func:`processes_of_run`). Teardown is SIGTERM to the group,
 SIGKILL after the grace period (rig.cluster.reaper.kill_groups), never ``pkill -f``; a
 :class:`~rig.cluster.reaper.Reaper` watchdog covers the exits no Python code survives. CPU pins
-and priorities are rig.cluster.scheduling's.
+and priorities are rig.cluster.scheduling's. With ``launch.layout: zygote`` the vLLM servers are
+forked from one fork server per deployment that has imported torch and vLLM once
+(rig.cluster.zygote): the same argv, environment, session, log and signals, without the imports.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from rig.cluster.probes import busy_ports
 from rig.cluster.reaper import Reaper, kill_groups
 from rig.cluster.scheduling import lower_engine_priority, lower_group_priority, pin_cpus, unavailable_cpus
 from rig.cluster.startup import StartupWatch, group_cpu_s
+from rig.cluster.zygote import VLLM_PRELOAD, ForkedChild, Zygote, ZygoteError
 from rig.connectors.mooncake import MASTER_ROLE
 from rig.errors import ClusterError
 from rig.plan.spec import Plan, ProcessSpec
@@ -109,6 +112,35 @@ def owns_port(run: Running) -> bool:
                        "stop that server", run.spec.name, log_tail(run.spec.log_path))
 
 
+def start_zygote(plan: Plan, reaper: Reaper | None) -> Zygote:
+    """The fork server of ``plan``'s vLLM servers (rig.cluster.zygote), registered with ``reaper``:
+    the interpreter of their argv, the ``-m`` module they run with :data:`VLLM_PRELOAD` (a vLLM
+    module) or nothing else, and the environment they all share with the run's marker; stderr
+    into ``logs/zygote.log``. Raises ClusterError when the servers do not share one interpreter."""
+    specs = [s for s in plan.processes if s.role != MASTER_ROLE]
+    pythons = {s.argv[0] for s in specs}
+    if len(pythons) != 1:
+        raise ClusterError(f"launch.layout zygote needs one interpreter for every server, got {sorted(pythons)}")
+    argv = specs[0].argv
+    module = [argv[2]] if len(argv) > 2 and argv[1] == "-m" else []
+    preload = [*VLLM_PRELOAD, *module] if module and module[0].startswith("vllm.") else module
+    shared = {k: v for k, v in specs[0].env.items() if all(s.env.get(k) == v for s in specs)}
+    env = {**os.environ, **shared, RUN_MARKER: str(Path(plan.run_dir).resolve())}
+    zygote = Zygote(pythons.pop(), preload, env, Path(plan.run_dir) / "logs" / "zygote.log",
+                    label=str(Path(plan.run_dir).resolve()))
+    if reaper is not None:
+        reaper.add(zygote.pid)
+    return zygote
+
+
+def zygote_hooks(plan: Plan) -> tuple[str, ...]:
+    """Files a zygote child runs before its program: with ``launch.layout: zygote-fork``,
+    rig/cluster/zygote_fork_engine.py (EngineCore forked, not spawned)."""
+    if plan.layout != "zygote-fork":
+        return ()
+    return (str(Path(__file__).resolve().parents[1] / "zygote_fork_engine.py"),)
+
+
 class Local:
     """The :class:`~rig.cluster.backends.base.Backend` of processes the rig launches from ``plan``
     (its files, directories, argv, env, pins), stopped within ``grace_s`` seconds."""
@@ -118,6 +150,8 @@ class Local:
     def __init__(self, plan: Plan, grace_s: float):
         self.plan, self.grace_s = plan, grace_s
         self._reaper: Reaper | None = Reaper(grace_s)
+        # Started now, so its imports overlap what the rig does before the first spawn.
+        self._zygote: Zygote | None = start_zygote(plan, self._reaper) if plan.layout.startswith("zygote") else None
 
     def refusal(self, specs: list[ProcessSpec]) -> str:
         """The configured CPUs this host does not offer, else the ports already bound ('' when none)."""
@@ -141,17 +175,27 @@ class Local:
         # The marker is inherited by EngineCore and workers, so leak checks can find every
         # process of a run (processes_of_run) whatever its argv looks like.
         env = {**os.environ, **spec.env, RUN_MARKER: str(Path(self.plan.run_dir).resolve())}
-        with open(spec.log_path, "ab") as log:  # the child keeps its own copy of the descriptor
-            popen = subprocess.Popen(list(spec.argv), env=env, stdout=log, stderr=subprocess.STDOUT,
-                                     stdin=subprocess.DEVNULL, start_new_session=True)
-        append_marker(spec.log_path, start_marker(spec.name, popen.pid))
+        started_at = time.monotonic()  # a zygote's imports still under way count as this start's
+        if self._zygote is not None and spec.role != MASTER_ROLE:
+            try:
+                popen: subprocess.Popen | ForkedChild = self._zygote.spawn(
+                    list(spec.argv), env, spec.log_path, spec.cpus if startup_cpus is None else startup_cpus,
+                    first_line=start_marker(spec.name, 0).replace("(pid 0)", "(pid {pid})"),
+                    hooks=zygote_hooks(self.plan))
+            except ZygoteError as e:
+                raise ClusterError(f"{spec.name}: {e}", spec.name, log_tail(self._zygote.log_path)) from e
+        else:
+            with open(spec.log_path, "ab") as log:  # the child keeps its own copy of the descriptor
+                popen = subprocess.Popen(list(spec.argv), env=env, stdout=log, stderr=subprocess.STDOUT,
+                                         stdin=subprocess.DEVNULL, start_new_session=True)
+            append_marker(spec.log_path, start_marker(spec.name, popen.pid))
         if self._reaper is not None:
             self._reaper.add(popen.pid)  # start_new_session: pgid == pid
         # Inherited by every thread and child it starts; the pass after ready covers any race.
         pin_cpus(popen.pid, spec.cpus if startup_cpus is None else startup_cpus)
         if spec.nice:
             lower_group_priority(popen.pid, spec.nice)
-        return Running(spec=spec, popen=popen, started_at=time.monotonic())
+        return Running(spec=spec, popen=popen, started_at=started_at)
 
     def watch(self, run: Running) -> StartupWatch:
         """Its log file and process group (a Mooncake master has no vLLM phases)."""
@@ -214,7 +258,13 @@ class Local:
                 self._reaper.remove(p.pid)
 
     def close(self) -> None:
-        """Close the reaper (it kills whatever is still registered, nothing after a full stop)."""
+        """Close the zygote (it stops any child still alive), then the reaper (it kills whatever
+        is still registered, nothing after a full stop)."""
+        if self._zygote is not None:
+            self._zygote.close(self.grace_s)
+            if self._reaper is not None:
+                self._reaper.remove(self._zygote.pid)
+            self._zygote = None
         if self._reaper is not None:
             self._reaper.close()
             self._reaper = None
