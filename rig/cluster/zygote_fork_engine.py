@@ -23,4 +23,4 @@ def _then_fork(cls, vllm_config):
     os.environ["VLLM_WORKER_MULTIPROC_METHOD"] = "fork"
 
 
-CpuPlatform.check_and_update_config = classmethod(_then_fork)  # type: ignore[method-assign]
+CpuPlatform.check_and_update_config = classmethod(_then_fork)  # type: ignore[method-assign,assignment]

@@ -65,7 +65,7 @@ def test_launch_env_overrides_the_layout():
 
 
 def test_unknown_layout_is_one_error_naming_the_field():
-    with pytest.raises(ConfigError, match=r"launch\.layout.*'fast' or 'production'"):
+    with pytest.raises(ConfigError, match=r"launch\.layout.*'fast', 'zygote', 'zygote-fork' or 'production'"):
         load_config(CONFIGS / "cpu-tiny.yaml", ["launch.layout=slow"])
 
 
