@@ -45,8 +45,8 @@ lint: check-venv  ## ruff (rig, tests, scripts), mypy (rig), the import-layers c
 	PYTHONPATH=$(CURDIR) $(VENV)/bin/lint-imports --no-cache
 	PYTHONPATH=$(CURDIR) $(PY) -m pytest -q -p no:cacheprovider tests/repo/test_layers.py tests/repo/test_sizes.py
 
-test-fast: check-venv  ## unit and fake-server tests only (no live vLLM), on every CPU (pytest-xdist, a test file per worker)
-	$(PY) -m pytest -m "not e2e" -n auto --dist loadfile $(ARGS)
+test-fast: check-venv  ## unit and fake-server tests only (no live vLLM), on 4 workers (pytest-xdist, a test file per worker: they mostly wait on fake servers)
+	$(PY) -m pytest -m "not e2e" -n 4 --dist loadfile $(ARGS)
 
 e2e-mooncake: check-venv  ## master + P + D with NIXL + the Mooncake store, store scenarios
 	$(PDRIG) e2e --config configs/cpu-tiny-mooncake.yaml $(ARGS)
